@@ -1,0 +1,45 @@
+# The two commands of the README: `make demo` and `make test`. Each does its own set-up.
+SHELL := /bin/bash
+VENV := .venv/bin
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+HOSTS ?= 4
+
+.PHONY: setup demo test pytest sanity lint lab-up lab-down lab-status bench build
+
+setup:
+	@sh scripts/setup.sh
+
+demo: setup
+	$(VENV)/python -m lab demo --hosts $(HOSTS)
+
+test: setup
+	$(VENV)/pytest -q -p no:cacheprovider
+	sh scripts/sanity.sh
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory build
+
+pytest: setup
+	$(VENV)/pytest -q -p no:cacheprovider
+
+sanity: setup
+	sh scripts/sanity.sh
+
+lint: setup
+	$(VENV)/ansible-lint --profile production
+
+build: setup
+	$(VENV)/ansible-galaxy collection build --force --output-path /tmp/constellation-build >/dev/null
+	@echo "collection build: ok"
+
+lab-up: setup
+	$(VENV)/python -m lab up --hosts $(HOSTS)
+
+lab-down: setup
+	$(VENV)/python -m lab down
+
+lab-status: setup
+	$(VENV)/python -m lab status
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(VENV)/python $$b || exit 1; done

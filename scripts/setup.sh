@@ -1,0 +1,50 @@
+#!/bin/sh
+# Installs everything the project needs on a Debian 12 machine (run as root).
+# Idempotent: a second run installs nothing and takes about a second.
+set -eu
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+DEB_PACKAGES="swtpm swtpm-tools libtss2-dev pkg-config wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git"
+
+missing=""
+for p in $DEB_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "setup: installing Debian packages:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # etcd-server and ssh would start system services; the project starts its own on loopback.
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    apt-get install -y -qq --no-install-recommends $missing
+    rm -f /usr/sbin/policy-rc.d
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.deps-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+    echo "setup: installing Python dependencies (pinned in pyproject.toml)"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+    rm -f .venv/.deps-*
+    touch "$stamp"
+fi
+
+# collections/ansible_collections/constellation/cluster -> repository root, so that
+# ansible.cfg's collections_path finds constellation.cluster (DESIGN.md section 2).
+mkdir -p collections/ansible_collections/constellation
+[ -L collections/ansible_collections/constellation/cluster ] || ln -sfn ../../.. collections/ansible_collections/constellation/cluster
+
+# ansible-test's virtual environments download get-pip.py from a host that is not reachable
+# here; this stand-in uses ensurepip plus pip (ENVIRONMENT.md, ansible-test).
+GETPIP="$HOME/.ansible/test/cache/get_pip_24_2.py"
+if [ ! -f "$GETPIP" ]; then
+    mkdir -p "$(dirname "$GETPIP")"
+    cp scripts/get_pip_standin.py "$GETPIP"
+fi
+echo "setup: ok ($ROOT)"
