@@ -29,8 +29,11 @@ fi
 stamp=.venv/.deps-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
     echo "setup: installing Python dependencies (pinned in pyproject.toml)"
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+    log=$(mktemp)
+    if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e ".[dev]"; } >"$log" 2>&1; then
+        grep -v "^WARNING: Location" "$log" >&2; rm -f "$log"; exit 1
+    fi
+    rm -f "$log"
     rm -f .venv/.deps-*
     touch "$stamp"
 fi
