@@ -1,0 +1,42 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The project's own exceptions. The Core raises them; adapters (modules, plugins,
+servers) turn them into a clear message (``fail_json(msg=str(err))``), never a traceback."""
+
+from __future__ import annotations
+
+
+class ConstellationError(Exception):
+    """Base class of every error the Core raises on purpose."""
+
+
+class InputError(ConstellationError, ValueError):
+    """Bad input: names the field and what was expected."""
+
+    def __init__(self, field: str, expected: str, got: object = None):
+        self.field = field
+        self.expected = expected
+        self.got = got
+        msg = "%s: expected %s" % (field, expected)
+        if got is not None:
+            msg += ", got %r" % (got,)
+        super().__init__(msg)
+
+
+class AttestationError(ConstellationError):
+    """An attestation document, quote or certificate was refused."""
+
+
+class StateError(ConstellationError):
+    """An operation is not allowed in the current state (e.g. a second activation)."""
+
+
+class ExternalCommandError(ConstellationError):
+    """A program we run (wg, wireguard-go, kubeadm, swtpm_setup) failed."""
+
+    def __init__(self, argv, rc: int, stderr: str):
+        self.argv = list(argv)
+        self.rc = rc
+        self.stderr = stderr
+        super().__init__("%s exited with %d: %s" % (" ".join(self.argv[:3]), rc, stderr.strip()[-500:]))
