@@ -1,0 +1,64 @@
+"""python -m lab {up,down,status,tamper,exec,prove,demo}: the lab of simulated hosts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from lab.core import Lab, LabError
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
+    p.add_argument("--name", default="lab", help="lab name (namespaces cl-<name>-*), default: lab")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="build N simulated hosts (repairs a broken lab)")
+    up.add_argument("--hosts", type=int, default=4)
+    up.add_argument("--no-tpm", action="store_true", help="skip swtpm (network only)")
+    sub.add_parser("down", help="remove every namespace, process, mount and file of the lab")
+    sub.add_parser("status", help="show the hosts and their parts")
+    t = sub.add_parser("tamper", help="extend a PCR of HOST differently, to stand for a modified host")
+    t.add_argument("host")
+    t.add_argument("--pcr", type=int, default=9)
+    e = sub.add_parser("exec", help="run a command inside HOST (or 'admin')")
+    e.add_argument("host")
+    e.add_argument("argv", nargs=argparse.REMAINDER)
+    sub.add_parser("prove", help="verify every host's TPM quote and ping all pairs")
+    d = sub.add_parser("demo", help="build the lab and show the result")
+    d.add_argument("--hosts", type=int, default=4)
+    args = p.parse_args(argv)
+    lab = Lab(args.name)
+    try:
+        if args.cmd == "up":
+            lab.up(hosts=args.hosts, tpm=not args.no_tpm)
+            print("lab %s: %d hosts up; inventory: %s" % (lab.name, len(lab.hosts), lab.inventory_dir))
+        elif args.cmd == "down":
+            lab.down()
+            print("lab %s: down" % lab.name)
+        elif args.cmd == "status":
+            print(json.dumps(lab.status(), indent=2))
+        elif args.cmd == "tamper":
+            lab.tamper(args.host, args.pcr)
+            print("lab %s: %s PCR %d tampered" % (lab.name, args.host, args.pcr))
+        elif args.cmd == "exec":
+            argv_ = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            run = lab.admin_run if args.host == "admin" else lab.host(args.host).run
+            proc = run(argv_, check=False, capture_output=False)
+            return proc.returncode
+        elif args.cmd == "prove":
+            from lab.prove import prove, print_report
+            report = prove(lab)
+            print_report(report)
+            return 0 if report["ok"] else 1
+        elif args.cmd == "demo":
+            from lab.demo import demo
+            return demo(lab, args.hosts)
+    except LabError as err:
+        print("lab: error: %s" % err, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,416 @@
+"""The lab: N simulated hosts on one machine (DESIGN.md section 5).
+
+Each host is a network namespace ``cl-<lab>-h<i>`` joined to the others through a bridge
+namespace ``cl-<lab>-br`` (which also holds the admin address .1, the "operator's machine").
+Each host also gets a private mount namespace with its own ``/run`` (so ``wireguard-go``'s
+UAPI sockets and pid files never collide), its own swtpm on 127.0.0.1:2321 inside its network
+namespace, and a directory where its node agent runs. Nothing is created in the root network
+namespace: no veth, no address, no route, so nothing is ever routed out.
+
+Everything the lab creates can be found again from names alone (namespace prefix, state dir),
+so ``down`` cleans up after a crash of ``up`` half-way, and ``up`` repairs a broken lab.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+STATE_ROOT = Path(os.environ.get("CONSTELLATION_LAB_STATE", "/var/lib/constellation-lab"))
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SUBNET = ipaddress.ip_network("10.42.0.0/24")
+ADMIN_IP = "10.42.0.1"
+FIRST_HOST_OCTET = 11
+TPM_PORT = 2321
+AGENT_PORT = 9000
+MAX_HOSTS = 64
+NAME_RE = re.compile(r"^[a-z0-9]{1,8}$")
+
+# The lab's simulated measured boot: each host's boot chain measures the same named image
+# into these PCRs, as firmware, kernel and command line would.
+LAB_IMAGE = "constellation-lab-image-v1"
+MEASURED_PCRS = (4, 9, 11)
+
+
+class LabError(Exception):
+    pass
+
+
+def image_digest(image: str, pcr: int) -> bytes:
+    """The digest the boot chain of ``image`` extends into ``pcr``."""
+    return hashlib.sha256(("%s/pcr%d" % (image, pcr)).encode()).digest()
+
+
+def expected_pcr(digests: List[bytes]) -> bytes:
+    """A SHA-256 PCR after extending each digest into the all-zero reset value."""
+    value = b"\0" * 32
+    for d in digests:
+        value = hashlib.sha256(value + d).digest()
+    return value
+
+
+def lab_measurements(image: str = LAB_IMAGE) -> Dict[str, dict]:
+    """The measurements policy of a lab image, computed from the image (never read back
+    from the hosts, so a tampered host fails), in Constellation's JSON shape."""
+    return {
+        str(pcr): {"expected": expected_pcr([image_digest(image, pcr)]).hex(), "warnOnly": False}
+        for pcr in MEASURED_PCRS
+    }
+
+
+def _run(argv: List[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    proc = subprocess.run(argv, check=False, **kw)
+    if check and proc.returncode != 0:
+        raise LabError("%s failed (%d): %s" % (" ".join(argv), proc.returncode, (proc.stderr or "").strip()))
+    return proc
+
+
+def _netns_list() -> List[str]:
+    out = _run(["ip", "netns", "list"], check=False).stdout or ""
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _mountpoints() -> List[str]:
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            points.append(line.split()[4].replace("\\040", " "))
+    return points
+
+
+def _pids_in_netns(ns: str) -> List[int]:
+    out = _run(["ip", "netns", "pids", ns], check=False).stdout or ""
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _kill_all(pids: List[int], timeout: float = 3.0) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if Path("/proc/%d" % p).exists() and not _is_zombie(p)]
+        if alive:
+            time.sleep(0.02)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class Host:
+    lab: "Lab"
+    index: int
+
+    @property
+    def name(self) -> str:
+        return "h%d" % self.index
+
+    @property
+    def netns(self) -> str:
+        return "cl-%s-%s" % (self.lab.name, self.name)
+
+    @property
+    def public_ip(self) -> str:
+        return str(SUBNET.network_address + FIRST_HOST_OCTET - 1 + self.index)
+
+    @property
+    def public_endpoint(self) -> str:
+        return "%s:%d" % (self.public_ip, AGENT_PORT)
+
+    @property
+    def dir(self) -> Path:
+        return self.lab.state_dir / "hosts" / self.name
+
+    @property
+    def mount_ns_file(self) -> Path:
+        return self.lab.state_dir / "mnt" / self.name
+
+    @property
+    def tcti(self) -> str:
+        return "swtpm:host=127.0.0.1,port=%d" % TPM_PORT
+
+    @property
+    def nsenter_prefix(self) -> List[str]:
+        return ["nsenter", "--mount=%s" % self.mount_ns_file, "--net=/run/netns/%s" % self.netns]
+
+    def run(self, argv: List[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+        """Runs argv inside this host's network and mount namespaces."""
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(self.nsenter_prefix + list(argv), check=check, **kw)
+
+    def popen(self, argv: List[str], **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.nsenter_prefix + list(argv), **kw)
+
+
+@dataclass
+class Lab:
+    name: str = "lab"
+    state_root: Path = field(default_factory=lambda: STATE_ROOT)
+    inventory_dir: Optional[Path] = None
+
+    def __post_init__(self):
+        if not NAME_RE.match(self.name):
+            raise LabError("lab name: expected 1-8 characters [a-z0-9], got %r" % self.name)
+        self.state_root = Path(self.state_root)
+        if self.inventory_dir is None and self.name == "lab":
+            self.inventory_dir = REPO_ROOT / "inventories" / "lab"
+        self._count = None
+
+    # -- names ------------------------------------------------------------------------
+    @property
+    def state_dir(self) -> Path:
+        return self.state_root / self.name
+
+    @property
+    def bridge_netns(self) -> str:
+        return "cl-%s-br" % self.name
+
+    @property
+    def ns_prefix(self) -> str:
+        return "cl-%s-" % self.name
+
+    @property
+    def ca_dir(self) -> Path:
+        return self.state_dir / "ca"
+
+    def _state(self) -> dict:
+        try:
+            return json.loads((self.state_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_state(self, **values) -> None:
+        state = self._state()
+        state.update(values)
+        tmp = self.state_dir / "state.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.state_dir / "state.json")
+
+    @property
+    def hosts(self) -> List[Host]:
+        count = self._count if self._count is not None else int(self._state().get("hosts", 0))
+        return [Host(self, i) for i in range(1, count + 1)]
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise LabError("no host %r in lab %r (hosts: %s)" % (name, self.name, ", ".join(h.name for h in self.hosts)))
+
+    def admin_run(self, argv: List[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+        """Runs argv on the admin machine: the bridge namespace, address .1."""
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(["ip", "netns", "exec", self.bridge_netns] + list(argv), check=check, **kw)
+
+    # -- up -----------------------------------------------------------------------------
+    def up(self, hosts: int = 3, tpm: bool = True, image: str = LAB_IMAGE) -> "Lab":
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise LabError("hosts: expected 1..%d, got %d" % (MAX_HOSTS, hosts))
+        state = self._state()
+        if state.get("phase") == "up" and state.get("hosts") == hosts and state.get("tpm") == tpm \
+                and state.get("image") == image and self.healthy():
+            return self
+        # Anything else (a crash half-way, another size): start from a clean slate.
+        self.down()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._count = hosts
+        self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image)
+        self._make_mount_dir()
+        self._make_bridge()
+        for h in self.hosts:
+            self._make_host(h)
+        if tpm:
+            self._start_tpms(image)
+        self._write_state(phase="up")
+        self.write_inventory()
+        return self
+
+    def _make_mount_dir(self) -> None:
+        # Persistent mount namespaces are bind mounts of /proc/PID/ns/mnt; the folder that
+        # holds them must be a private mount (as ip netns does with /run/netns).
+        mnt = self.state_dir / "mnt"
+        mnt.mkdir(parents=True, exist_ok=True)
+        if str(mnt) not in _mountpoints():
+            _run(["mount", "--bind", str(mnt), str(mnt)])
+        _run(["mount", "--make-private", str(mnt)])
+
+    def _make_bridge(self) -> None:
+        br = self.bridge_netns
+        _run(["ip", "netns", "add", br])
+        _run(["ip", "-n", br, "link", "set", "lo", "up"])
+        _run(["ip", "-n", br, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", br, "addr", "add", "%s/%d" % (ADMIN_IP, SUBNET.prefixlen), "dev", "br0"])
+        _run(["ip", "-n", br, "link", "set", "br0", "up"])
+
+    def _make_host(self, h: Host) -> None:
+        _run(["ip", "netns", "add", h.netns])
+        _run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+        # Both ends are created straight inside namespaces: nothing appears in the root one.
+        _run(["ip", "-n", h.netns, "link", "add", "eth0", "type", "veth", "peer", "name", h.name,
+              "netns", self.bridge_netns])
+        _run(["ip", "-n", self.bridge_netns, "link", "set", h.name, "master", "br0", "up"])
+        _run(["ip", "-n", h.netns, "addr", "add", "%s/%d" % (h.public_ip, SUBNET.prefixlen), "dev", "eth0"])
+        _run(["ip", "-n", h.netns, "link", "set", "eth0", "up"])
+        h.dir.mkdir(parents=True, exist_ok=True)
+        (h.dir / "agent").mkdir(exist_ok=True)
+        # A private mount namespace with its own /run: wireguard-go's UAPI sockets
+        # (/run/wireguard), the agent's runtime files and pid files stay per host.
+        h.mount_ns_file.touch()
+        _run(["unshare", "--mount=%s" % h.mount_ns_file, "--propagation", "private", "sh", "-c",
+              "mount -t tmpfs -o mode=0755 lab-run /run && mkdir -p /run/wireguard /run/sshd"])
+
+    def _start_tpms(self, image: str) -> None:
+        from lab.swtpm import SwTPM
+
+        self.ca_dir.mkdir(parents=True, exist_ok=True)
+        for h in self.hosts:
+            tpm = SwTPM(h.dir / "tpm", port=TPM_PORT, ek_cert=True, ca_dir=self.ca_dir, netns=h.netns)
+            tpm.start()
+        # The simulated boot chain measures the image into each host's TPM.
+        for h in self.hosts:
+            self.measure(h, {pcr: image_digest(image, pcr) for pcr in MEASURED_PCRS})
+
+    def measure(self, h: Host, digests: Dict[int, bytes]) -> None:
+        """Extends PCRs of a host's TPM (inside its namespace, where its swtpm listens)."""
+        args = []
+        for pcr, digest in sorted(digests.items()):
+            args += ["--extend", "%d=%s" % (pcr, digest.hex())]
+        h.run(self.host_python() + ["-m", "lab.hostcmd", "--tcti", h.tcti] + args)
+
+    def host_python(self) -> List[str]:
+        return [str(REPO_ROOT / ".venv" / "bin" / "python")] if (REPO_ROOT / ".venv").exists() else ["python3"]
+
+    def tamper(self, name: str, pcr: int = 9) -> None:
+        """Stands for a modified host: its boot chain measured something else."""
+        self.measure(self.host(name), {pcr: hashlib.sha256(b"tampered boot component").digest()})
+
+    # -- inventory ----------------------------------------------------------------------
+    def write_inventory(self) -> Optional[Path]:
+        if self.inventory_dir is None:
+            return None
+        inv = Path(self.inventory_dir)
+        (inv / "group_vars" / "all").mkdir(parents=True, exist_ok=True)
+        (inv / "bin").mkdir(exist_ok=True)
+        hosts = self.hosts
+        host_vars = {}
+        for h in hosts:
+            shell = inv / "bin" / ("%s-sh" % h.name)
+            shell.write_text("#!/bin/sh\nexec %s /bin/sh \"$@\"\n" % " ".join(h.nsenter_prefix))
+            shell.chmod(0o755)
+            host_vars[h.name] = {
+                "constellation_public_ip": h.public_ip,
+                "constellation_public_endpoint": h.public_endpoint,
+                "constellation_tpm_tcti": h.tcti,
+                "lab_netns": h.netns,
+                "ansible_connection": "local",
+                "ansible_shell_executable": str(shell),
+                "ansible_python_interpreter": self.host_python()[0],
+            }
+        inventory = {
+            "all": {
+                "children": {
+                    "coordinators": {"hosts": {hosts[0].name: host_vars[hosts[0].name]}} if hosts else {},
+                    "nodes": {"hosts": {h.name: host_vars[h.name] for h in hosts[1:]}},
+                },
+            }
+        }
+        import yaml
+
+        _atomic_write(inv / "hosts.yml", "# Written by `python -m lab up`; do not edit.\n" + yaml.safe_dump(
+            inventory, sort_keys=False, default_flow_style=False))
+        measurements = lab_measurements(self._state().get("image", LAB_IMAGE))
+        _atomic_write(inv / "measurements.json", json.dumps(measurements, indent=2) + "\n")
+        _atomic_write(inv / "group_vars" / "all" / "lab.yml", "# Written by `python -m lab up`.\n" + yaml.safe_dump({
+            "constellation_lab_name": self.name,
+            "constellation_lab_admin_ip": ADMIN_IP,
+            "constellation_lab_ca_cert": str(self.ca_dir / "issuercert.pem"),
+            "constellation_measurements": measurements,
+        }, sort_keys=False))
+        return inv
+
+    # -- status -------------------------------------------------------------------------
+    def status(self) -> List[dict]:
+        existing = set(_netns_list())
+        rows = []
+        for h in self.hosts:
+            rows.append({
+                "host": h.name,
+                "netns": h.netns in existing,
+                "public_ip": h.public_ip,
+                "mount_ns": str(h.mount_ns_file) in _mountpoints(),
+                "tpm": self._tpm_alive(h),
+            })
+        return rows
+
+    def _tpm_alive(self, h: Host) -> bool:
+        pidfile = h.dir / "tpm" / "swtpm.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return False
+        return Path("/proc/%d" % pid).exists() and not _is_zombie(pid)
+
+    def healthy(self) -> bool:
+        state = self._state()
+        if state.get("phase") != "up" or self.bridge_netns not in _netns_list():
+            return False
+        for row in self.status():
+            if not (row["netns"] and row["mount_ns"] and (row["tpm"] or not state.get("tpm"))):
+                return False
+        return True
+
+    # -- down ---------------------------------------------------------------------------
+    def down(self) -> None:
+        """Removes every namespace, process, mount and file of this lab; safe to repeat."""
+        namespaces = [ns for ns in _netns_list() if ns.startswith(self.ns_prefix)]
+        pids = []
+        for ns in namespaces:
+            pids += _pids_in_netns(ns)
+        _kill_all(sorted(set(pids)))
+        mnt = str(self.state_dir / "mnt")
+        for point in sorted((p for p in _mountpoints() if p == mnt or p.startswith(mnt + "/")), reverse=True):
+            _run(["umount", "-l", point], check=False)
+        for ns in namespaces:
+            _run(["ip", "netns", "del", ns], check=False)
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        if self.inventory_dir is not None and (Path(self.inventory_dir) / "hosts.yml").exists():
+            shutil.rmtree(self.inventory_dir, ignore_errors=True)
+        self._count = 0
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
