@@ -290,10 +290,16 @@ class Lab:
     def _start_tpms(self, image: str) -> None:
         from lab.swtpm import SwTPM
 
+        from concurrent.futures import ThreadPoolExecutor
+
         self.ca_dir.mkdir(parents=True, exist_ok=True)
-        for h in self.hosts:
-            tpm = SwTPM(h.dir / "tpm", port=TPM_PORT, ek_cert=True, ca_dir=self.ca_dir, netns=h.netns)
-            tpm.start()
+        tpms = [SwTPM(str(h.dir / "tpm"), port=TPM_PORT, ek_cert=True, ca_dir=str(self.ca_dir), netns=h.netns)
+                for h in self.hosts]
+        # The first manufacture creates the lab's local CA (the "TPM vendor"); the others
+        # only ask it for certificates, so they can run side by side.
+        tpms[0].start()
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda t: t.start(), tpms[1:]))
         # The simulated boot chain measures the image into each host's TPM.
         for h in self.hosts:
             self.measure(h, {pcr: image_digest(image, pcr) for pcr in MEASURED_PCRS})
@@ -303,7 +309,15 @@ class Lab:
         args = []
         for pcr, digest in sorted(digests.items()):
             args += ["--extend", "%d=%s" % (pcr, digest.hex())]
-        h.run(self.host_python() + ["-m", "lab.hostcmd", "--tcti", h.tcti] + args)
+        self.host_cmd(h, ["--tcti", h.tcti] + args)
+
+    def host_cmd(self, h: Host, args: List[str]) -> str:
+        """Runs ``python -m lab.hostcmd ARGS`` inside host h; returns its stdout."""
+        proc = h.run(["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT)] + self.host_python()
+                     + ["-m", "lab.hostcmd"] + args, check=False)
+        if proc.returncode != 0:
+            raise LabError("%s: lab.hostcmd %s failed: %s" % (h.name, " ".join(args[:3]), proc.stderr.strip()[-800:]))
+        return proc.stdout
 
     def host_python(self) -> List[str]:
         return [str(REPO_ROOT / ".venv" / "bin" / "python")] if (REPO_ROOT / ".venv").exists() else ["python3"]
@@ -351,7 +365,7 @@ class Lab:
         _atomic_write(inv / "group_vars" / "all" / "lab.yml", "# Written by `python -m lab up`.\n" + yaml.safe_dump({
             "constellation_lab_name": self.name,
             "constellation_lab_admin_ip": ADMIN_IP,
-            "constellation_lab_ca_cert": str(self.ca_dir / "issuercert.pem"),
+            "constellation_lab_tpm_ca_cert": str(self.ca_dir / "swtpm-localca-rootca-cert.pem"),
             "constellation_measurements": measurements,
         }, sort_keys=False))
         return inv
