@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
+
 STATE_ROOT = Path(os.environ.get("CONSTELLATION_LAB_STATE", "/var/lib/constellation-lab"))
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUBNET = ipaddress.ip_network("10.42.0.0/24")
@@ -53,9 +55,9 @@ def image_digest(image: str, pcr: int) -> bytes:
 
 def expected_pcr(digests: List[bytes]) -> bytes:
     """A SHA-256 PCR after extending each digest into the all-zero reset value."""
-    value = b"\0" * 32
+    value = bytes(32)
     for d in digests:
-        value = hashlib.sha256(value + d).digest()
+        value = extend_digest(value, d)
     return value
 
 
