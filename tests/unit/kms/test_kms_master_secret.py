@@ -19,7 +19,7 @@ def test_json_format_is_constellations():
     secret = kms.MasterSecret(b"\xfb\xff" * 16, b"\xfe" * 32)
     doc = json.loads(secret.to_json())
     # Go encoding/json writes []byte as standard base64 with padding
-    assert doc == {"key": "+/" * 21 + "+/8=", "salt": "/v7+" * 10 + "/v7+/v4="}
+    assert doc == {"key": "+//7//v/" * 5 + "+/8=", "salt": "/v7+" * 10 + "/v4="}
     assert kms.MasterSecret.from_json(json.dumps(doc)) == secret
 
 
