@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     if args.attest:
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import vtpm
 
-        issuer = vtpm.QEMUVTPMIssuer(tcti=args.tcti)
+        issuer = vtpm.VTPMIssuer(tcti=args.tcti)
         sys.stdout.write(issuer.issue(args.user_data.encode(), bytes.fromhex(args.attest)).decode())
     return 0
 

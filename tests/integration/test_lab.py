@@ -138,3 +138,19 @@ def test_inventory_holds_hosts_endpoints_tcti_and_the_image_policy(tmp_path, lab
     assert all(len(bytes.fromhex(m["expected"])) == 32 and not m["warnOnly"] for m in policy.values())
     lab.down()
     assert not inv.exists()
+
+
+def test_prove_verifies_quotes_and_refuses_a_tampered_host(lab_factory):
+    from lab.prove import prove
+
+    lab = lab_factory("tprv", hosts=3, tpm=True)
+    report = prove(lab)
+    assert report["ok"], report
+    assert [r["ping_ok"] for r in report["rows"]] == [2, 2, 2]
+    lab.tamper("h2")
+    report = prove(lab)
+    assert not report["ok"]
+    by_host = {r["host"]: r for r in report["rows"]}
+    assert by_host["h1"]["attested"] and by_host["h3"]["attested"]
+    assert not by_host["h2"]["attested"]
+    assert "PCR 9" in by_host["h2"]["error"]
