@@ -1,0 +1,435 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Attested TLS (SPEC.md 1) on Python's ``ssl`` and ``cryptography``.
+
+Server side: the client's 32-byte nonce arrives as SNI (std base64). For every connection the
+server takes a fresh ECDSA P-256 key, asks its issuer for an attestation document binding
+SHA-256(SubjectPublicKeyInfo) to that nonce, puts the document into a self-signed certificate
+and swaps a per-connection SSLContext with that certificate in, all inside ``sni_callback``.
+
+Client side: a fresh nonce per connection, the handshake without stdlib verification, then
+the whole certificate check (validity, self-signature, attestation, key binding) *before* the
+caller gets the socket, so no application byte is ever sent to an unverified peer.
+
+Only the server is attested. The mutual mode (server nonce carried in the acceptable-CA list)
+cannot be built on the stdlib (SPEC.md 7.3); see docs/atls.md for how the join flow binds the
+node's attestation to the connection instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import concurrent.futures
+import datetime
+import hashlib
+import hmac
+import os
+import queue
+import secrets
+import socket
+import ssl
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
+    Issuer, Validation, Validator)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AttestationError, ConstellationError, InputError)
+
+NONCE_SIZE = 32
+ALPN_PROTOCOLS = ("http/1.1", "h2")
+COMMON_NAME = "Constellation"
+CERT_VALIDITY = datetime.timedelta(hours=2)
+ATTESTATION_TIMEOUT = 30.0  # seconds, as Constellation's attestationTimeout
+HANDSHAKE_TIMEOUT = 10.0  # seconds, connect and TLS handshake each
+KEY_POOL_SIZE = 4
+
+_T = TypeVar("_T")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def encode_nonce(nonce: bytes) -> str:
+    """The SNI form of a nonce: standard base64 with padding (44 characters for 32 bytes)."""
+    return base64.b64encode(nonce).decode("ascii")
+
+
+def decode_nonce(server_name: Optional[str]) -> bytes:
+    """Inverse of :func:`encode_nonce`; refuses anything that is not exactly 32 bytes."""
+    if not server_name:
+        raise AttestationError("client sent no nonce (SNI is empty)")
+    if len(server_name) != 44:
+        raise AttestationError("client nonce (SNI) must be 44 base64 characters, got %d" % len(server_name))
+    try:
+        nonce = base64.b64decode(server_name.encode("ascii"), validate=True)
+    except (ValueError, binascii.Error):
+        raise AttestationError("client nonce (SNI) is not standard base64") from None
+    if len(nonce) != NONCE_SIZE:
+        raise AttestationError("client nonce (SNI) must decode to %d bytes, got %d" % (NONCE_SIZE, len(nonce)))
+    return nonce
+
+
+def spki_hash(public_key) -> bytes:
+    """SHA-256 of the DER SubjectPublicKeyInfo: the attestation user data of an aTLS certificate."""
+    der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).digest()
+
+
+def build_certificate(priv_key, extensions: Iterable[Tuple[str, bytes]],
+                      not_before: datetime.datetime, not_after: datetime.datetime) -> x509.Certificate:
+    """A self-signed ``CN=Constellation`` certificate carrying each (OID, value) as a
+    non-critical extension (SPEC.md 1.4). Exposed so tests can build hostile certificates."""
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, COMMON_NAME)])
+    builder = (x509.CertificateBuilder()
+               .subject_name(name).issuer_name(name)
+               .public_key(priv_key.public_key())
+               .serial_number(secrets.randbelow(2 ** 128 - 1) + 1)
+               .not_valid_before(not_before).not_valid_after(not_after))
+    for oid, value in extensions:
+        builder = builder.add_extension(x509.UnrecognizedExtension(x509.ObjectIdentifier(oid), value), critical=False)
+    return builder.sign(priv_key, hashes.SHA256())
+
+
+_EXECUTOR_LOCK = threading.Lock()
+_EXECUTOR: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _with_deadline(what: str, timeout: float, func: Callable[..., _T], *args) -> _T:
+    """Runs func in a worker thread and gives up after timeout seconds (a hung TPM or a
+    validator fetching remote collateral must not hang a handshake forever)."""
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="atls")
+    future = _EXECUTOR.submit(func, *args)
+    try:
+        return future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise AttestationError("%s timed out after %.1f s" % (what, timeout)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Client side
+
+
+@dataclass
+class AttestedConnection:
+    """A handshake-complete TLS socket whose peer passed attestation."""
+    sock: ssl.SSLSocket
+    validation: Validation
+    variant_oid: str
+    peer_certificate: bytes  # DER
+
+
+def parse_endpoint(endpoint: Union[str, Tuple[str, int]], field: str = "endpoint") -> Tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or a (host, port) tuple."""
+    if isinstance(endpoint, tuple) and len(endpoint) == 2:
+        host, port = endpoint
+    elif isinstance(endpoint, str):
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host:
+            raise InputError(field, "host:port", endpoint)
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+    else:
+        raise InputError(field, "host:port", endpoint)
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        raise InputError(field, "host:port with a numeric port", endpoint) from None
+    if not 0 < port < 65536 or not host:
+        raise InputError(field, "host:port with a port in 1-65535", endpoint)
+    return str(host), port
+
+
+_CLIENT_CONTEXT: Optional[ssl.SSLContext] = None
+
+
+def client_context() -> ssl.SSLContext:
+    """The client SSLContext. Shared: the nonce lives in each connection's SNI, not in the
+    context, and the client never offers a session, so sharing cannot weaken freshness."""
+    global _CLIENT_CONTEXT
+    with _EXECUTOR_LOCK:
+        if _CLIENT_CONTEXT is None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            # The stdlib checks nothing; verify_peer_certificate checks everything.
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.options |= ssl.OP_NO_TICKET
+            ctx.set_alpn_protocols(list(ALPN_PROTOCOLS))
+            _CLIENT_CONTEXT = ctx
+        return _CLIENT_CONTEXT
+
+
+def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator], nonce: bytes,
+                            now: Optional[datetime.datetime] = None,
+                            attestation_timeout: float = ATTESTATION_TIMEOUT) -> Tuple[Validation, str]:
+    """SPEC.md 1.5: returns (validation, variant OID) or raises AttestationError with the reason."""
+    if not der:
+        raise AttestationError("peer presented no certificate")
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as err:
+        raise AttestationError("peer certificate is not valid X.509: %s" % err) from None
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if now < cert.not_valid_before_utc:
+        raise AttestationError("peer certificate is not valid yet (not before %s, now %s)"
+                               % (cert.not_valid_before_utc.isoformat(), now.isoformat(timespec="seconds")))
+    if now > cert.not_valid_after_utc:
+        raise AttestationError("peer certificate has expired (not after %s, now %s)"
+                               % (cert.not_valid_after_utc.isoformat(), now.isoformat(timespec="seconds")))
+    try:
+        cert.verify_directly_issued_by(cert)
+    except (ValueError, TypeError, InvalidSignature) as err:
+        raise AttestationError("peer certificate is not validly self-signed: %s" % (err or "bad signature")) from None
+    expected_user_data = spki_hash(cert.public_key())
+    try:
+        extensions = list(cert.extensions)
+    except (ValueError, x509.DuplicateExtension, x509.UnsupportedGeneralNameType) as err:
+        raise AttestationError("peer certificate has malformed extensions: %s" % err) from None
+    by_oid = {v.oid: v for v in validators}
+    for ext in extensions:
+        validator = by_oid.get(ext.oid.dotted_string)
+        if validator is None:
+            continue
+        document = getattr(ext.value, "value", None)
+        if not isinstance(document, bytes):
+            raise AttestationError("attestation extension %s does not hold raw bytes" % ext.oid.dotted_string)
+        try:
+            validation = _with_deadline("attestation validation", attestation_timeout,
+                                        validator.validate, document, nonce)
+        except AttestationError as err:
+            raise AttestationError("attestation refused: %s" % err) from None
+        except ConstellationError as err:
+            raise AttestationError("attestation refused: %s" % err) from None
+        if not hmac.compare_digest(bytes(validation.user_data), expected_user_data):
+            raise AttestationError(
+                "attestation is bound to another key: user data %s != SHA-256 of the certificate's public key %s"
+                " (relayed attestation?)" % (bytes(validation.user_data).hex(), expected_user_data.hex()))
+        return validation, ext.oid.dotted_string
+    raise AttestationError("peer certificate carries no attestation of an accepted variant: found OIDs [%s], "
+                           "accepted [%s]" % (", ".join(e.oid.dotted_string for e in extensions),
+                                              ", ".join(sorted(by_oid))))
+
+
+def client_handshake(raw_sock: socket.socket, validators: Sequence[Validator], *,
+                     timeout: float = HANDSHAKE_TIMEOUT,
+                     attestation_timeout: float = ATTESTATION_TIMEOUT,
+                     nonce: Optional[bytes] = None) -> AttestedConnection:
+    """Runs the aTLS client handshake on a connected socket. On any failure the socket is
+    closed (nothing but the handshake was sent) and AttestationError says why."""
+    if not validators:
+        raise InputError("validators", "at least one attestation validator")
+    nonce = os.urandom(NONCE_SIZE) if nonce is None else nonce
+    if len(nonce) != NONCE_SIZE:
+        raise InputError("nonce", "%d bytes" % NONCE_SIZE, len(nonce))
+    raw_sock.settimeout(timeout)
+    try:
+        tls = client_context().wrap_socket(raw_sock, server_hostname=encode_nonce(nonce),
+                                           do_handshake_on_connect=False)
+    except (ssl.SSLError, OSError) as err:
+        raw_sock.close()
+        raise AttestationError("aTLS handshake failed: %s" % err) from None
+    try:
+        try:
+            tls.do_handshake()
+        except (ssl.SSLError, OSError) as err:
+            raise AttestationError("aTLS handshake failed: %s" % (err or type(err).__name__)) from None
+        if tls.session_reused:
+            raise AttestationError("peer resumed a TLS session: every connection must be attested afresh")
+        validation, oid = verify_peer_certificate(tls.getpeercert(binary_form=True), validators, nonce,
+                                                  attestation_timeout=attestation_timeout)
+    except BaseException:
+        tls.close()
+        raise
+    return AttestedConnection(sock=tls, validation=validation, variant_oid=oid,
+                              peer_certificate=tls.getpeercert(binary_form=True))
+
+
+def connect(endpoint: Union[str, Tuple[str, int]], validators: Sequence[Validator], *,
+            timeout: float = HANDSHAKE_TIMEOUT,
+            attestation_timeout: float = ATTESTATION_TIMEOUT) -> AttestedConnection:
+    """Connects to an aTLS endpoint and returns only once the peer passed attestation."""
+    host, port = parse_endpoint(endpoint)
+    try:
+        raw_sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as err:
+        raise ConstellationError("cannot connect to %s:%d: %s" % (host, port, err)) from None
+    try:
+        return client_handshake(raw_sock, validators, timeout=timeout, attestation_timeout=attestation_timeout)
+    except AttestationError as err:
+        raise AttestationError("%s:%d: %s" % (host, port, err)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Server side
+
+
+@dataclass
+class PooledKey:
+    """A one-time server key with the work that does not depend on the nonce done ahead."""
+    priv_key: ec.EllipticCurvePrivateKey
+    priv_key_pem: bytes
+    spki_hash: bytes
+    context: ssl.SSLContext  # fresh, holds no certificate yet
+
+
+def server_context() -> ssl.SSLContext:
+    """A server SSLContext with aTLS's parameters and no certificate."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # No session tickets and no resumption: each connection carries its own attestation.
+    ctx.options |= ssl.OP_NO_TICKET
+    ctx.num_tickets = 0
+    ctx.set_alpn_protocols(list(ALPN_PROTOCOLS))
+    return ctx
+
+
+def new_key(priv_key: Optional[ec.EllipticCurvePrivateKey] = None) -> PooledKey:
+    """A server key (fresh unless given) with its PEM, SPKI hash and a fresh SSLContext."""
+    priv_key = priv_key or ec.generate_private_key(ec.SECP256R1())
+    pem = priv_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+    return PooledKey(priv_key, pem, spki_hash(priv_key.public_key()), server_context())
+
+
+class _KeyPool:
+    """Keeps a few ECDSA keys (and their SSLContexts) ready. Each is handed out once."""
+
+    def __init__(self, size: int):
+        self._queue: "queue.Queue[PooledKey]" = queue.Queue(maxsize=max(size, 0) or 1)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        if size > 0:
+            self._thread = threading.Thread(target=self._fill, name="atls-key-pool", daemon=True)
+            self._thread.start()
+
+    def _fill(self) -> None:
+        while not self._stop.is_set():
+            entry = new_key()
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(entry, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+
+    def take(self) -> PooledKey:
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return new_key()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+
+def _load_certificate(ctx: ssl.SSLContext, key: PooledKey, cert: x509.Certificate) -> None:
+    """ssl only loads key material from a path: use an anonymous memory file, never the disk."""
+    pem = key.priv_key_pem + cert.public_bytes(serialization.Encoding.PEM)
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        fd = memfd_create("atls", getattr(os, "MFD_CLOEXEC", 0))
+        try:
+            os.write(fd, pem)
+            ctx.load_cert_chain("/proc/self/fd/%d" % fd)
+        finally:
+            os.close(fd)
+        return
+    with tempfile.TemporaryDirectory() as tmp:  # 0700, removed at once
+        path = os.path.join(tmp, "cert.pem")
+        with open(path, "wb") as f:
+            f.write(pem)
+        ctx.load_cert_chain(path)
+
+
+class AttestedServerContext:
+    """Server half of aTLS. ``context`` is the listening SSLContext; every handshake through it
+    gets its own key, attestation document and certificate.
+
+    ``issuer=None`` makes plain self-signed certificates without attestation (SPEC.md 1.2 mode
+    "server no issuer"). Subclasses may override :meth:`certificate_for` (tests build hostile
+    servers that way).
+    """
+
+    def __init__(self, issuer: Optional[Issuer], *, key_pool_size: int = KEY_POOL_SIZE,
+                 validity: datetime.timedelta = CERT_VALIDITY,
+                 attestation_timeout: float = ATTESTATION_TIMEOUT):
+        self.issuer = issuer
+        self.validity = validity
+        self.attestation_timeout = attestation_timeout
+        self._pool = _KeyPool(key_pool_size)
+        self.context = server_context()
+        self.context.sni_callback = self._on_client_hello
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> "AttestedServerContext":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def issue(self, user_data: bytes, nonce: bytes) -> bytes:
+        if self.issuer is None:
+            raise AttestationError("this server has no issuer")
+        return _with_deadline("attestation", self.attestation_timeout, self.issuer.issue, user_data, nonce)
+
+    def certificate_for(self, nonce: bytes) -> Tuple[PooledKey, x509.Certificate]:
+        """The key and certificate for one connection whose client sent nonce."""
+        key = self._pool.take()
+        now = datetime.datetime.now(datetime.timezone.utc)
+        extensions: List[Tuple[str, bytes]] = []
+        if self.issuer is not None:
+            extensions.append((self.issuer.oid, self.issue(key.spki_hash, nonce)))
+        return key, build_certificate(key.priv_key, extensions, now - self.validity, now + self.validity)
+
+    def _on_client_hello(self, ssl_sock, server_name, _base_ctx):
+        # Exceptions here would only surface as an unraisable-hook print: record the reason on
+        # the socket for accept_handshake() and answer with an alert instead.
+        try:
+            nonce = decode_nonce(server_name)
+        except AttestationError as err:
+            ssl_sock.atls_refusal = str(err)
+            return ssl.ALERT_DESCRIPTION_ILLEGAL_PARAMETER
+        try:
+            key, cert = self.certificate_for(nonce)
+            _load_certificate(key.context, key, cert)
+            ssl_sock.context = key.context
+        except Exception as err:  # pylint: disable=broad-except
+            ssl_sock.atls_refusal = "cannot attest this connection: %s" % err
+            return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
+        return None
+
+    def accept_handshake(self, raw_sock: socket.socket, timeout: float = HANDSHAKE_TIMEOUT) -> ssl.SSLSocket:
+        """Server handshake on an accepted socket; closes it and raises AttestationError on failure."""
+        raw_sock.settimeout(timeout)
+        try:
+            tls = self.context.wrap_socket(raw_sock, server_side=True, do_handshake_on_connect=False)
+        except (ssl.SSLError, OSError) as err:
+            raw_sock.close()
+            raise AttestationError("aTLS handshake failed: %s" % err) from None
+        try:
+            tls.do_handshake()
+        except (ssl.SSLError, OSError) as err:
+            reason = getattr(tls, "atls_refusal", None)
+            tls.close()
+            raise AttestationError(reason or "aTLS handshake failed: %s" % (err or type(err).__name__)) from None
+        return tls

@@ -1,0 +1,44 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ``dummy`` variant (SPEC.md 1.7): no TPM, no security.
+
+The document is the JSON ``{"UserData": <b64>, "Nonce": <b64>}``, exactly what Constellation's
+FakeIssuer produces, so aTLS can be exercised without a TPM. It proves nothing about the peer
+and must never be configured outside tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import DUMMY, Validation
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
+
+
+class DummyIssuer:
+    oid = DUMMY.oid
+
+    def issue(self, user_data: bytes, nonce: bytes) -> bytes:
+        return json.dumps({
+            "UserData": base64.b64encode(user_data).decode("ascii"),
+            "Nonce": base64.b64encode(nonce).decode("ascii"),
+        }).encode("ascii")
+
+
+class DummyValidator:
+    oid = DUMMY.oid
+
+    def validate(self, document: bytes, nonce: bytes) -> Validation:
+        try:
+            parsed = json.loads(document)
+            user_data = base64.b64decode(parsed["UserData"], validate=True)
+            doc_nonce = base64.b64decode(parsed["Nonce"], validate=True)
+        except (ValueError, TypeError, KeyError, binascii.Error) as err:
+            raise AttestationError("dummy attestation document is malformed: %s" % err) from None
+        if not hmac.compare_digest(doc_nonce, nonce):
+            raise AttestationError("dummy attestation document was made for another nonce")
+        return Validation(user_data=user_data)
