@@ -477,9 +477,13 @@ def decode_base64(value: object, field: str, max_bytes: int = SALT_LENGTH_MAX) -
 # Secret files
 
 
-def write_secret_file(path: str, data: bytes, mode: int = 0o600) -> None:
+def write_secret_file(path: str, data: bytes, mode: int = 0o600, exclusive: bool = False) -> bool:
     """Writes data atomically: temp file in the same folder (created 0600), fsync, rename,
-    fsync of the folder. A failure leaves any previous file untouched."""
+    fsync of the folder. A failure leaves any previous file untouched.
+
+    With exclusive, an existing file is never replaced (the temp file is hard-linked into
+    place, which fails if the name exists, even when another process won a race); returns
+    False then. Returns True when the file was written."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
     try:
@@ -488,7 +492,15 @@ def write_secret_file(path: str, data: bytes, mode: int = 0o600) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -500,6 +512,7 @@ def write_secret_file(path: str, data: bytes, mode: int = 0o600) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return True
 
 
 def secret_file_state(path: str, data: Optional[bytes], mode: int = 0o600) -> Dict[str, object]:

@@ -95,3 +95,12 @@ def test_secret_file_state_refuses_non_regular(tmp_path):
     with pytest.raises(InputError) as err:
         kms.secret_file_state(str(tmp_path / "link"), b"x")
     assert err.value.field == "dest"
+
+
+def test_write_secret_file_exclusive_never_replaces(tmp_path):
+    path = str(tmp_path / "ms.json")
+    assert kms.write_secret_file(path, b"first", exclusive=True) is True
+    assert kms.write_secret_file(path, b"second", exclusive=True) is False
+    assert open(path, "rb").read() == b"first"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert os.listdir(str(tmp_path)) == ["ms.json"]

@@ -1,0 +1,123 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin master_secret: makes constellation-mastersecret.json on the controller.
+
+An action plugin, not a module, because the master secret belongs to the admin's controller
+(like Constellation's CLI) and because Ansible Vault output needs the play's vault secrets,
+which only the controller has. The documentation is in plugins/modules/master_secret.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.parsing.vault import AnsibleVaultError, VaultLib, is_encrypted, match_encrypt_secret
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
+    MASTER_SECRET_FILE_SIZE_MAX,
+    MasterSecret,
+    write_secret_file,
+)
+
+ARGUMENT_SPEC = dict(
+    path=dict(type="path", required=True),
+    vault=dict(type="bool", default=False),
+    vault_id=dict(type="str"),
+)
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp
+        validation = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
+        if validation.error_messages:
+            raise AnsibleActionFail("; ".join(validation.error_messages))
+        args = validation.validated_parameters
+        path = args["path"]
+        if not os.path.isabs(path):
+            path = os.path.join(self._loader.get_basedir(), path)
+        result.update(path=path, changed=False)
+
+        if os.path.lexists(path):
+            result["vault_encrypted"] = self._check_existing(path, args)
+            return result
+
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            raise AnsibleActionFail("path: expected an existing directory for %s" % path)
+        content = MasterSecret.generate().to_json().encode()
+        if args["vault"]:
+            content = self._encrypt(content, args["vault_id"])
+        result.update(changed=True, vault_encrypted=args["vault"])
+        if self._task.diff:
+            result["diff"] = dict(before_header=path, after_header=path,
+                                  before="path: %s\nexists: false\n" % path,
+                                  after="path: %s\nexists: true\nmode: '0600'\nvault_encrypted: %s\n"
+                                        % (path, str(args["vault"]).lower()))
+        if self._task.check_mode:
+            return result
+        try:
+            written = write_secret_file(path, content, exclusive=True)
+        except OSError as err:
+            raise AnsibleActionFail("path: could not write %s: %s" % (path, err.strerror)) from None
+        if not written:
+            # another fork (same task, other host) created it first: that one is kept
+            result.update(changed=False, vault_encrypted=self._check_existing(path, args))
+            result.pop("diff", None)
+        return result
+
+    def _vault(self):
+        vault = getattr(self._loader, "_vault", None)
+        return vault if vault is not None else VaultLib([])
+
+    def _encrypt(self, content, vault_id):
+        secrets = self._vault().secrets
+        if not secrets:
+            raise AnsibleActionFail("vault: expected vault secrets in the play "
+                                    "(--vault-id or --vault-password-file) to encrypt the master secret")
+        try:
+            matched = match_encrypt_secret(secrets, encrypt_vault_id=vault_id)
+        except AnsibleVaultError:
+            raise AnsibleActionFail("vault_id: expected one of the play's vault IDs (%s), got %r"
+                                    % (", ".join(v for v, _s in secrets), vault_id)) from None
+        return VaultLib(secrets).encrypt(content, secret=matched[1], vault_id=matched[0])
+
+    def _check_existing(self, path, args):
+        """Never overwrites; checks that what is there is a master secret when it can read it."""
+        if not os.path.isfile(path):
+            raise AnsibleActionFail("path: %s exists and is not a regular file; not overwritten" % path)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(MASTER_SECRET_FILE_SIZE_MAX * 4)
+        except OSError as err:
+            raise AnsibleActionFail("path: cannot read existing %s: %s" % (path, err.strerror)) from None
+        encrypted = is_encrypted(data)
+        if encrypted:
+            if not self._vault().secrets:
+                self._display.warning("master_secret: %s is vault-encrypted and the play has no vault "
+                                      "secret; it was kept but not checked" % path)
+                return True
+            try:
+                data = self._vault().decrypt(data)
+            except AnsibleVaultError:
+                raise AnsibleActionFail("path: %s is vault-encrypted with a secret this play does not have; "
+                                        "not overwritten" % path) from None
+        elif args["vault"]:
+            self._display.warning("master_secret: %s exists unencrypted; it was kept as it is (never "
+                                  "overwritten). Encrypt it with ansible-vault encrypt." % path)
+        try:
+            MasterSecret.from_json(data, "path")
+        except ConstellationError as err:
+            raise AnsibleActionFail("%s is not a valid Constellation master secret (%s); not overwritten"
+                                    % (path, err)) from None
+        return encrypted
