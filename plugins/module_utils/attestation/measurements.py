@@ -1,0 +1,193 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The measurements policy: expected PCR values, enforced or warn-only (SPEC.md 2.6).
+
+JSON shape as Constellation's ``measurements.M``: ``{"4": {"expected": "<hex>", "warnOnly": false}}``;
+a bare hex string as value is the legacy form and means enforced.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import PCRCheck
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
+
+PCR_COUNT = 24
+# 32 bytes for TPM SHA-256 PCRs, 48 for TDX RTMRs (SPEC.md 2.6).
+_ALLOWED_LENGTHS = (32, 48)
+PCR_INDEX_CLUSTER_ID = 15
+
+
+@dataclass(frozen=True)
+class Measurement:
+    expected: bytes
+    warn_only: bool = False
+
+
+@dataclass
+class Measurements:
+    """PCR index -> Measurement. ``compare`` is what validators call."""
+
+    pcrs: Dict[int, Measurement] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        lengths = set()
+        for index, measurement in self.pcrs.items():
+            _check_index(index)
+            if len(measurement.expected) not in _ALLOWED_LENGTHS:
+                raise InputError("measurements[%d].expected" % index, "32 or 48 bytes",
+                                 "%d bytes" % len(measurement.expected))
+            lengths.add(len(measurement.expected))
+        if len(lengths) > 1:
+            raise InputError("measurements", "all expected values of equal length",
+                             sorted(lengths))
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Measurements":
+        if not isinstance(data, Mapping):
+            raise InputError("measurements", "a mapping of PCR index to {expected, warnOnly}",
+                             type(data).__name__)
+        pcrs: Dict[int, Measurement] = {}
+        for key, value in data.items():
+            index = _parse_index(key)
+            name = "measurements[%d]" % index
+            if isinstance(value, str):
+                pcrs[index] = Measurement(_parse_hex("%s" % name, value), False)
+                continue
+            if isinstance(value, (bytes, bytearray)):
+                pcrs[index] = Measurement(bytes(value), False)
+                continue
+            if not isinstance(value, Mapping):
+                raise InputError(name, "a hex string or {expected, warnOnly}", type(value).__name__)
+            unknown = set(value) - {"expected", "warnOnly", "warn_only"}
+            if unknown:
+                raise InputError(name, "only the keys expected and warnOnly", sorted(unknown))
+            if "expected" not in value:
+                raise InputError(name + ".expected", "a hex string", None)
+            warn_only = value.get("warnOnly", value.get("warn_only", False))
+            if not isinstance(warn_only, bool):
+                raise InputError(name + ".warnOnly", "a boolean", warn_only)
+            expected = value["expected"]
+            if isinstance(expected, (bytes, bytearray)):
+                expected = bytes(expected)
+            else:
+                expected = _parse_hex(name + ".expected", expected)
+            pcrs[index] = Measurement(expected, warn_only)
+        return cls(pcrs)
+
+    def to_dict(self) -> Dict[str, Dict[str, object]]:
+        return {str(index): {"expected": m.expected.hex(), "warnOnly": m.warn_only}
+                for index, m in sorted(self.pcrs.items())}
+
+    @classmethod
+    def loads(cls, text: str) -> "Measurements":
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise InputError("measurements", "valid JSON", str(err))
+        return cls.from_dict(data)
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def load(cls, path: str) -> "Measurements":
+        with open(path, encoding="utf-8") as handle:
+            return cls.loads(handle.read())
+
+    def save(self, path: str) -> None:
+        """Atomic: temp file in the same directory, fsync, rename."""
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".measurements.", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(self.dumps())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def compare(self, pcrs: Mapping[int, bytes]) -> Tuple[List[PCRCheck], List[str]]:
+        """Checks quoted PCR values against the policy, ascending by index.
+
+        Returns the per-PCR table and the warn-only mismatches; raises AttestationError on the
+        first enforced mismatch (naming the PCR, expected and found value).
+        """
+        checks: List[PCRCheck] = []
+        warnings: List[str] = []
+        failures: List[str] = []
+        for index in sorted(self.pcrs):
+            measurement = self.pcrs[index]
+            found: Optional[bytes] = pcrs.get(index)
+            found_hex = found.hex() if found is not None else ""
+            ok = found is not None and found == measurement.expected
+            checks.append(PCRCheck(index, measurement.expected.hex(), found_hex, measurement.warn_only, ok))
+            if ok:
+                continue
+            message = "PCR %d: expected %s, found %s" % (
+                index, measurement.expected.hex(), found_hex or "nothing (not quoted)")
+            if measurement.warn_only:
+                warnings.append(message + " (warn-only)")
+            else:
+                failures.append(message)
+        if failures:
+            raise MeasurementsMismatch("measurements mismatch: " + "; ".join(failures), checks, warnings)
+        return checks, warnings
+
+
+class MeasurementsMismatch(AttestationError):
+    """An enforced PCR did not match; carries the full table for reports (verify.yml)."""
+
+    def __init__(self, message: str, checks: List[PCRCheck], warnings: List[str]):
+        super().__init__(message)
+        self.checks = checks
+        self.warnings = warnings
+
+
+def expected_pcr15(cluster_id: bytes) -> bytes:
+    """PCR 15 after the node lock: SHA-256(0^32 || SHA-256(cluster_id)) (SPEC.md 2.7)."""
+    return extend_digest(bytes(32), hashlib.sha256(cluster_id).digest())
+
+
+def extend_digest(old: bytes, digest: bytes) -> bytes:
+    """What TPM2_PCR_Extend does to a SHA-256 PCR."""
+    return hashlib.sha256(old + digest).digest()
+
+
+def _check_index(index: int) -> None:
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < PCR_COUNT:
+        raise InputError("measurements", "PCR index in 0..%d" % (PCR_COUNT - 1), index)
+
+
+def _parse_index(key: object) -> int:
+    if isinstance(key, int) and not isinstance(key, bool):
+        index = key
+    elif isinstance(key, str) and key.isdigit():
+        index = int(key)
+    else:
+        raise InputError("measurements", "PCR index in 0..%d" % (PCR_COUNT - 1), key)
+    _check_index(index)
+    return index
+
+
+def _parse_hex(name: str, value: object) -> bytes:
+    if not isinstance(value, str):
+        raise InputError(name, "a hex string", type(value).__name__)
+    try:
+        raw = binascii.unhexlify(value.strip())
+    except (binascii.Error, ValueError):
+        raise InputError(name, "hex (only hex is accepted, not base64)", value)
+    if len(raw) not in _ALLOWED_LENGTHS:
+        raise InputError(name, "32 or 48 bytes of hex (64 or 96 characters)", "%d bytes" % len(raw))
+    return raw
