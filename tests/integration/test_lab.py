@@ -154,3 +154,14 @@ def test_prove_verifies_quotes_and_refuses_a_tampered_host(lab_factory):
     assert by_host["h1"]["attested"] and by_host["h3"]["attested"]
     assert not by_host["h2"]["attested"]
     assert "PCR 9" in by_host["h2"]["error"]
+
+
+def test_ansible_runs_tasks_inside_lab_hosts_through_the_inventory(tmp_path, lab_factory):
+    inv = tmp_path / "inv"
+    lab_factory("tans", hosts=2, inventory_dir=inv)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"),
+               PATH="%s:%s" % (REPO_ROOT / ".venv" / "bin", os.environ["PATH"]))
+    proc = subprocess.run(["ansible", "all", "-i", str(inv / "hosts.yml"), "-m", "ansible.builtin.command",
+                           "-a", "ip -o -4 addr show eth0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "10.42.0.11/24" in proc.stdout and "10.42.0.12/24" in proc.stdout
