@@ -102,6 +102,12 @@ def build_certificate(priv_key, extensions: Iterable[Tuple[str, bytes]],
     return builder.sign(priv_key, hashes.SHA256())
 
 
+def _prefixed(err: AttestationError, prefix: str) -> AttestationError:
+    err.args = (prefix + str(err),) + tuple(err.args[1:])
+    err.__traceback__ = None
+    return err
+
+
 _EXECUTOR_LOCK = threading.Lock()
 _EXECUTOR: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
@@ -213,7 +219,8 @@ def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator
             validation = _with_deadline("attestation validation", attestation_timeout,
                                         validator.validate, document, nonce)
         except AttestationError as err:
-            raise AttestationError("attestation refused: %s" % err) from None
+            # Keep the type and its details (e.g. the PCR table of a measurements mismatch).
+            raise _prefixed(err, "attestation refused: ")
         except ConstellationError as err:
             raise AttestationError("attestation refused: %s" % err) from None
         if not hmac.compare_digest(bytes(validation.user_data), expected_user_data):
@@ -272,7 +279,7 @@ def connect(endpoint: Union[str, Tuple[str, int]], validators: Sequence[Validato
     try:
         return client_handshake(raw_sock, validators, timeout=timeout, attestation_timeout=attestation_timeout)
     except AttestationError as err:
-        raise AttestationError("%s:%d: %s" % (host, port, err)) from None
+        raise _prefixed(err, "%s:%d: " % (host, port))
 
 
 # ---------------------------------------------------------------------------------------------
