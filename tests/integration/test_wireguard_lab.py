@@ -130,3 +130,111 @@ def test_bad_lists_leave_live_interface_untouched(wg_lab):
             _converge(wg, items, exclusive=True)
         assert err.value.field.startswith("peers"), what
         assert _config(wg.show("wg0")) == before, what
+
+
+# ---------------------------------------------------------------- modules via ansible-playbook
+
+INTERFACE_PLAY = """
+- name: WireGuard interfaces
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Interface with a key generated on the host
+      constellation.cluster.wireguard_interface:
+        name: wg0
+        address: "{{ vpn_ips[inventory_hostname] }}/16"
+        private_key_file: "{{ key_dir }}/{{ inventory_hostname }}.key"
+"""
+
+PEERS_PLAY = """
+- name: WireGuard peers from an explicit list
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Peers
+      constellation.cluster.wireguard_peers:
+        interface: wg0
+        exclusive: true
+        peers: "{{ wg_peers[inventory_hostname] }}"
+"""
+
+
+def _playbook(inv: Path, play: Path, extra: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH="%s:%s" % (REPO / ".venv" / "bin", os.environ.get("PATH", "")))
+    return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inv / "hosts.yml"), str(play),
+                           "-e", "@%s" % extra] + list(args), capture_output=True, text=True, env=env, timeout=300)
+
+
+def _recap(out: str) -> dict:
+    recap = {}
+    for line in out.split("PLAY RECAP", 1)[1].splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[1] == ":":
+            recap[parts[0]] = {k: int(v) for k, v in (p.split("=") for p in parts[2:] if "=" in p)}
+    return recap
+
+
+def test_modules_through_ansible_playbook(lab_factory, tmp_path):
+    inv = tmp_path / "inv"
+    lab = lab_factory("wgp", hosts=3, tpm=False, inventory_dir=inv)
+    hosts = lab.hosts
+    key_dir = tmp_path / "keys"
+    key_dir.mkdir()
+    extra = tmp_path / "vars.yml"
+    extra.write_text(yaml.safe_dump({"key_dir": str(key_dir), "vpn_ips": {h.name: VPN_IPS[i] for i, h in enumerate(hosts)}}))
+    (tmp_path / "iface.yml").write_text(INTERFACE_PLAY)
+    (tmp_path / "peers.yml").write_text(PEERS_PLAY)
+
+    run = _playbook(inv, tmp_path / "iface.yml", extra)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert all(r["changed"] == 1 for r in _recap(run.stdout).values())
+    run = _playbook(inv, tmp_path / "iface.yml", extra)
+    assert run.returncode == 0 and all(r["changed"] == 0 for r in _recap(run.stdout).values()), run.stdout[-3000:]
+    for h in hosts:
+        assert (key_dir / ("%s.key" % h.name)).stat().st_mode & 0o777 == 0o600
+    pub_keys = {h.name: h.run(["wg", "show", "wg0", "public-key"]).stdout.strip() for h in hosts}
+
+    # The peer list is explicit data, not derived from the play's hosts.
+    data = yaml.safe_load(extra.read_text())
+    data["wg_peers"] = _mesh(hosts, pub_keys)
+    extra.write_text(yaml.safe_dump(data))
+    run = _playbook(inv, tmp_path / "peers.yml", extra, "--diff")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "PrivateKey" not in run.stdout and "AllowedIPs = 10.118.0.11/32" in run.stdout
+    for h in hosts:
+        for j, other in enumerate(hosts):
+            if other is not h:
+                assert _ping(h, VPN_IPS[j])
+    run = _playbook(inv, tmp_path / "peers.yml", extra)
+    assert run.returncode == 0 and all(r["changed"] == 0 for r in _recap(run.stdout).values()), run.stdout[-3000:]
+    # --limit cannot drop peers: h1 still gets its full list.
+    run = _playbook(inv, tmp_path / "peers.yml", extra, "--limit", "h1")
+    assert run.returncode == 0 and _recap(run.stdout)["h1"]["changed"] == 0
+    assert len(WireGuard(CommandRunner(hosts[0].nsenter_prefix)).show("wg0").peers) == 2
+
+    live_before = {h.name: _config(WireGuard(CommandRunner(h.nsenter_prefix)).show("wg0")) for h in hosts}
+
+    # Check mode: reports the removal, changes nothing.
+    data["wg_peers"]["h1"] = data["wg_peers"]["h1"][:1]
+    extra.write_text(yaml.safe_dump(data))
+    run = _playbook(inv, tmp_path / "peers.yml", extra, "--check", "--diff", "--limit", "h1")
+    assert run.returncode == 0 and _recap(run.stdout)["h1"]["changed"] == 1
+    assert _config(WireGuard(CommandRunner(hosts[0].nsenter_prefix)).show("wg0")) == live_before["h1"]
+
+    # Bad input on every host: a clear error naming the field, nothing touched anywhere.
+    good = _mesh(hosts, pub_keys)
+    for name, bad in {
+        "peers[2].pub_key": {h: good[h] + [{"pub_key": "bogus", "vpn_ip": "10.118.0.40"}] for h in good},
+        "peers[1].vpn_ip": {h: [good[h][0], dict(good[h][1], vpn_ip="192.168.0.1")] for h in good},
+        "peers[1].vpn_ip ": {h: [good[h][0], dict(good[h][1], vpn_ip=good[h][0]["vpn_ip"])] for h in good},
+        "peers[1].pub_key": {h: [good[h][0], dict(good[h][0], vpn_ip="10.118.0.40")] for h in good},
+    }.items():
+        data["wg_peers"] = bad
+        extra.write_text(yaml.safe_dump(data))
+        run = _playbook(inv, tmp_path / "peers.yml", extra)
+        assert run.returncode != 0
+        assert name.strip() + ": expected" in run.stdout, run.stdout[-2000:]
+        assert "Traceback" not in run.stdout
+        for h in hosts:
+            assert _config(WireGuard(CommandRunner(h.nsenter_prefix)).show("wg0")) == live_before[h.name], name
