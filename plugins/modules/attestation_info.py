@@ -1,0 +1,189 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: attestation_info
+short_description: Read a host's TPM PCRs and produce an attestation document for a nonce
+version_added: "0.1.0"
+description:
+  - Reads the SHA-256 PCR bank (PCRs 0 to 23) of the host's TPM.
+  - Given O(nonce), also produces an attestation document for that nonce, in the format of the
+    chosen O(variant) (for C(qemu-vtpm) the JSON document Constellation's verifiers accept: a TPM quote over
+    every allocated PCR bank, bound to SHA-256(SHA-256(user data || nonce))).
+  - To check a host against a measurements policy from the controller, use
+    M(constellation.cluster.verify_attestation), which verifies the document instead of just returning it.
+author: constellation.cluster contributors
+options:
+  tcti:
+    description:
+      - The TPM to use, as a TCTI string as tpm2-tools spells it, for example C(device:/dev/tpmrm0) or
+        C(swtpm:host=127.0.0.1,port=2321).
+      - Defaults to the TPM resource manager C(device:/dev/tpmrm0).
+    type: str
+  variant:
+    description:
+      - The attestation variant of the document. C(dummy) is an unsigned test document that proves nothing.
+    type: str
+    choices: [qemu-vtpm, dummy]
+    default: qemu-vtpm
+  nonce:
+    description:
+      - The verifier's nonce, as hex or as standard base64. Without it no document is produced.
+    type: str
+  user_data:
+    description:
+      - Data bound into the document next to the nonce, as UTF-8 text (Constellation's verification service
+        uses C(VerifyService)).
+    type: str
+    default: ""
+  event_log_path:
+    description:
+      - The raw TCG event log put into the document. A missing file (as with swtpm) means no event log.
+    type: path
+    default: /sys/kernel/security/tpm0/binary_bios_measurements
+attributes:
+  check_mode:
+    support: full
+    details: The module never changes PCRs; it behaves the same in check mode.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: >-
+      Always reports C(changed=false). The first quote on a TPM creates the attestation key and persists it
+      at handle 0x81008F01, as Constellation's issuer does; later quotes reuse it.
+notes:
+  - Requires the Python package tpm2-pytss on the host.
+seealso:
+  - module: constellation.cluster.verify_attestation
+"""
+
+EXAMPLES = r"""
+- name: Read the PCRs of the node
+  constellation.cluster.attestation_info:
+  register: node_attestation
+
+- name: Attest a swtpm-backed lab host for a verifier's nonce
+  constellation.cluster.attestation_info:
+    tcti: swtpm:host=127.0.0.1,port=2321
+    nonce: "{{ lookup('ansible.builtin.password', '/dev/null', chars=['hexdigits'], length=64) }}"
+    user_data: VerifyService
+  register: doc
+"""
+
+RETURN = r"""
+pcrs:
+  description: The SHA-256 PCR bank, PCR index (as a string) to lower-case hex.
+  returned: always
+  type: dict
+  sample: {"0": "0000000000000000000000000000000000000000000000000000000000000000"}
+initialized:
+  description: Whether PCR 15 is non-zero, that is whether the node has been bound to a cluster.
+  returned: always
+  type: bool
+  sample: false
+variant:
+  description: The attestation variant.
+  returned: always
+  type: str
+  sample: qemu-vtpm
+oid:
+  description: The OID of the variant, as carried in aTLS certificates.
+  returned: always
+  type: str
+  sample: 1.3.9900.5.1
+nonce:
+  description: The nonce the document was made for, as lower-case hex.
+  returned: when O(nonce) is set
+  type: str
+  sample: 0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20
+document:
+  description: The attestation document (JSON text).
+  returned: when O(nonce) is set
+  type: str
+  sample: '{"Attestation": {"ak_pub": "...", "quotes": []}, "InstanceInfo": null, "UserData": "VmVyaWZ5U2VydmljZQ=="}'
+"""
+
+import base64
+import binascii
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import from_string
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+
+_HEX = re.compile(r"^(?:[0-9a-fA-F]{2})+$")
+
+
+def _decode_nonce(text):
+    """Hex first (a hex string never contains base64 padding), then standard base64."""
+    text = text.strip()
+    if _HEX.match(text):
+        return bytes.fromhex(text)
+    try:
+        nonce = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        nonce = b""
+    if not nonce:
+        raise InputError("nonce", "a non-empty hex or standard base64 string", text)
+    return nonce
+
+
+def _issuer(variant, tcti, event_log_path):
+    if variant == "dummy":
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer
+        return DummyIssuer()
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMIssuer
+    return VTPMIssuer(tcti, event_log_path=event_log_path)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            tcti=dict(type="str"),
+            variant=dict(type="str", choices=["qemu-vtpm", "dummy"], default="qemu-vtpm"),
+            nonce=dict(type="str"),
+            user_data=dict(type="str", default=""),
+            event_log_path=dict(type="path", default="/sys/kernel/security/tpm0/binary_bios_measurements"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        variant = from_string(p["variant"])
+        tpm.require_tpm2_pytss()
+        pcrs = tpm.read_pcrs(p["tcti"], "sha256")
+        result = dict(
+            changed=False,
+            variant=variant.name,
+            oid=variant.oid,
+            pcrs={str(i): pcrs[i].hex() for i in sorted(pcrs)},
+            initialized=pcrs.get(tpm.PCR_INDEX_CLUSTER_ID, bytes(32)) != bytes(32),
+        )
+        if p["nonce"] is not None:
+            nonce = _decode_nonce(p["nonce"])
+            issuer = _issuer(variant.name, p["tcti"], p["event_log_path"])
+            try:
+                document = issuer.issue(p["user_data"].encode("utf-8"), nonce)
+            finally:
+                close = getattr(issuer, "close", None)
+                if close is not None:
+                    close()
+            result.update(nonce=nonce.hex(), document=document.decode("utf-8"))
+    except ConstellationError as err:
+        module.fail_json(msg=str(err))
+    except Exception as err:  # pylint: disable=broad-except
+        # tpm2-pytss errors (no TPM, TCTI unreachable) are not ours; name the TPM we tried.
+        module.fail_json(msg="tcti %s: cannot use the TPM: %s" % (p["tcti"] or tpm.DEFAULT_TCTI, err))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

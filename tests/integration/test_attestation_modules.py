@@ -1,0 +1,224 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Real ansible-playbook runs of attestation_info and verify_attestation against local aTLS
+servers backed by swtpm: one booted as the policy says, one "tampered" (PCR 4 differs)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
+
+pytestmark = pytest.mark.slow
+
+if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
+    pytest.skip("swtpm is not installed", allow_module_level=True)
+
+vtpm = pytest.importorskip("ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm")
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (  # noqa: E402
+    Measurements, extend_digest)
+from lab.swtpm import SwTPM, free_port  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_BIN = os.path.join(ROOT, ".venv", "bin")
+PYTHON = os.path.join(VENV_BIN, "python") if os.path.exists(os.path.join(VENV_BIN, "python")) else sys.executable
+
+IMAGE_DIGEST = hashlib.sha256(b"lab image kernel+initrd").digest()
+TAMPERED_DIGEST = hashlib.sha256(b"modified kernel").digest()
+PCR4 = extend_digest(bytes(32), IMAGE_DIGEST)
+
+
+class Server:
+    """aTLS server on 127.0.0.1 in a thread; records bytes received after each handshake."""
+
+    def __init__(self, issuer):
+        self.ctx = atls.AttestedServerContext(issuer)
+        self.received = []
+        self.handshakes = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.endpoint = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                tls = self.ctx.accept_handshake(sock)
+            except AttestationError:
+                continue
+            self.handshakes += 1
+            data = b""
+            tls.settimeout(5)
+            try:
+                while True:
+                    chunk = tls.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                pass
+            tls.close()
+            self.received.append(data)
+
+    def close(self):
+        self._stop.set()
+        self._listener.close()
+        self._thread.join(timeout=2)
+        self.ctx.close()
+
+
+def _start_tpm(path, digest):
+    last = None
+    for _ in range(5):
+        swtpm = SwTPM(str(path), free_port())
+        try:
+            swtpm.start()
+            break
+        except Exception as err:  # pylint: disable=broad-except
+            last = err
+    else:
+        raise last
+    tpm.extend_pcr(swtpm.tcti, 4, digest)
+    return swtpm
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    os.environ.setdefault("TSS2_LOG", "all+none")
+    started = []
+    try:
+        good_tpm = _start_tpm(tmp_path_factory.mktemp("good"), IMAGE_DIGEST)
+        started.append(good_tpm)
+        bad_tpm = _start_tpm(tmp_path_factory.mktemp("tampered"), TAMPERED_DIGEST)
+        started.append(bad_tpm)
+        issuers = [vtpm.VTPMIssuer(t.tcti, event_log_path=None) for t in (good_tpm, bad_tpm)]
+        servers = [Server(i) for i in issuers]
+        yield {"good_tpm": good_tpm, "good": servers[0], "tampered": servers[1]}
+        for server in servers:
+            server.close()
+        for issuer in issuers:
+            issuer.close()
+    finally:
+        for swtpm in started:
+            swtpm.stop()
+
+
+def run_playbook(tmp_path, tasks, *extra):
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": tasks}]))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+               PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""), ANSIBLE_NOCOLOR="1",
+               TSS2_LOG="all+none")
+    argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-e", "ansible_connection=local",
+            "-e", "ansible_python_interpreter=%s" % PYTHON, str(playbook)] + list(extra)
+    return subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def dump(name, path):
+    return {"name": "dump " + name, "ansible.builtin.copy": {
+        "content": "{{ %s | to_json }}" % name, "dest": str(path), "mode": "0600"}, "check_mode": False}
+
+
+def test_attestation_info_and_verify_attestation(hosts, tmp_path):
+    policy = {"4": {"expected": PCR4.hex(), "warnOnly": False}, "8": "00" * 32,
+              "14": {"expected": "11" * 32, "warnOnly": True}}
+    (tmp_path / "measurements.json").write_text(json.dumps(policy))
+    nonce = bytes(range(32))
+    tasks = [
+        {"name": "info", "constellation.cluster.attestation_info": {
+            "tcti": hosts["good_tpm"].tcti, "nonce": nonce.hex(), "user_data": "VerifyService",
+            "event_log_path": str(tmp_path / "no-event-log")}, "register": "info"},
+        dump("info", tmp_path / "info.json"),
+        {"name": "verify from file", "constellation.cluster.verify_attestation": {
+            "endpoint": hosts["good"].endpoint, "measurements_path": "measurements.json"}, "register": "verified"},
+        dump("verified", tmp_path / "verified.json"),
+        {"name": "verify inline", "constellation.cluster.verify_attestation": {
+            "endpoint": hosts["good"].endpoint, "measurements": {"4": PCR4.hex()}}, "register": "inline"},
+        dump("inline", tmp_path / "inline.json"),
+    ]
+    proc = run_playbook(tmp_path, tasks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    info = json.loads((tmp_path / "info.json").read_text())
+    assert info["changed"] is False
+    assert info["pcrs"]["4"] == PCR4.hex() and len(info["pcrs"]) == 24
+    assert info["initialized"] is False and info["oid"] == "1.3.9900.5.1"
+    # The document really is a qemu-vtpm attestation for our nonce and user data.
+    validation = vtpm.VTPMValidator(Measurements.from_dict({"4": PCR4.hex()})).validate(
+        info["document"].encode(), nonce)
+    assert validation.user_data == b"VerifyService"
+    with pytest.raises(AttestationError):
+        vtpm.VTPMValidator(Measurements.from_dict({"4": PCR4.hex()})).validate(info["document"].encode(), b"x" * 32)
+
+    verified = json.loads((tmp_path / "verified.json").read_text())
+    assert verified["changed"] is False and verified["oid"] == "1.3.9900.5.1"
+    assert [(r["index"], r["ok"], r["warn_only"]) for r in verified["pcrs"]] == [
+        (4, True, False), (8, True, False), (14, False, True)]
+    assert verified["pcrs"][0]["found"] == PCR4.hex()
+    assert verified["measurements"]["4"] == PCR4.hex()
+    assert any("PCR 14" in w for w in verified["warnings"])
+    assert "[WARNING]" in proc.stderr and "PCR 14" in proc.stderr  # shown as a warning
+    inline = json.loads((tmp_path / "inline.json").read_text())
+    assert [r["index"] for r in inline["pcrs"]] == [4]
+    # verify_attestation sends nothing over the channel
+    assert hosts["good"].received and all(data == b"" for data in hosts["good"].received)
+
+
+def test_tampered_host_fails_with_pcr_named(hosts, tmp_path):
+    before = len(hosts["tampered"].received)
+    tasks = [{"name": "verify tampered", "constellation.cluster.verify_attestation": {
+        "endpoint": hosts["tampered"].endpoint, "measurements": {"4": PCR4.hex(), "8": "00" * 32}}}]
+    proc = run_playbook(tmp_path, tasks)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "PCR 4: expected %s, found %s" % (PCR4.hex(), extend_digest(bytes(32), TAMPERED_DIGEST).hex()) in out
+    assert "failed=1" in out
+    assert len(hosts["tampered"].received) > before
+    assert all(data == b"" for data in hosts["tampered"].received)
+
+
+def test_check_mode_and_bad_input(hosts, tmp_path):
+    tasks = [
+        {"name": "info check mode", "constellation.cluster.attestation_info": {"tcti": hosts["good_tpm"].tcti},
+         "register": "info"},
+        dump("info", tmp_path / "info.json"),
+        {"name": "bad nonce", "constellation.cluster.attestation_info": {
+            "tcti": hosts["good_tpm"].tcti, "nonce": "not a nonce!"}, "register": "bad_nonce", "ignore_errors": True},
+        dump("bad_nonce", tmp_path / "bad_nonce.json"),
+        {"name": "no policy", "constellation.cluster.verify_attestation": {"endpoint": hosts["good"].endpoint},
+         "register": "no_policy", "ignore_errors": True},
+        dump("no_policy", tmp_path / "no_policy.json"),
+        {"name": "bad endpoint", "constellation.cluster.verify_attestation": {
+            "endpoint": "127.0.0.1", "measurements": {"4": PCR4.hex()}}, "register": "bad_endpoint",
+         "ignore_errors": True},
+        dump("bad_endpoint", tmp_path / "bad_endpoint.json"),
+    ]
+    proc = run_playbook(tmp_path, tasks, "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "info.json").read_text())["pcrs"]["4"] == PCR4.hex()
+    assert "nonce: expected a non-empty hex or standard base64 string" in json.loads(
+        (tmp_path / "bad_nonce.json").read_text())["msg"]
+    assert "measurements: expected a measurements policy" in json.loads(
+        (tmp_path / "no_policy.json").read_text())["msg"]
+    assert "endpoint: expected host:port" in json.loads((tmp_path / "bad_endpoint.json").read_text())["msg"]
