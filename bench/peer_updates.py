@@ -35,7 +35,7 @@ def _records(n: int, offset: int = 0) -> list[PeerRecord]:
 
 def _median_us(fn, repeat: int) -> float:
     times = []
-    for _ in range(repeat):
+    for dummy_run in range(repeat):
         start = time.perf_counter_ns()
         fn()
         times.append(time.perf_counter_ns() - start)

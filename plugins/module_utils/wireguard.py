@@ -176,7 +176,7 @@ def _parse_endpoint(value: str, field_name: str) -> str:
     expected = "an endpoint 'IP:port' or '[IPv6]:port' with a literal IP address"
     if not isinstance(value, str) or ":" not in value:
         raise InputError(field_name, expected, value)
-    host, _, port_text = value.rpartition(":")
+    host, dummy_sep, port_text = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     try:
@@ -636,7 +636,7 @@ class WireGuard:
             return "kernel"
         self.runner.run(["wireguard-go", name], env=WIREGUARD_GO_ENV)
         # wireguard-go daemonises before its UAPI socket is ready: wait for it, bounded.
-        for _ in range(100):
+        for dummy_attempt in range(100):
             if self.show(name) is not None:
                 return "wireguard-go"
             time.sleep(0.05)

@@ -11,12 +11,12 @@ module: wireguard_interface
 short_description: Create a WireGuard interface with a private key generated on the host
 version_added: "0.1.0"
 description:
-  - Creates (or removes) a WireGuard interface: kernel WireGuard where the kernel has it, else C(wireguard-go).
+  - Creates (or removes) a WireGuard interface, with kernel WireGuard where the kernel has it, else C(wireguard-go).
   - Generates the interface's X25519 private key on the managed host if O(private_key_file) does not exist
     (mode 0600, written atomically). The key never leaves the host; the module returns the public key.
   - Sets the private key, listen port, address and MTU and brings the interface up, each only if it differs.
     Peers are left untouched; manage them with M(constellation.cluster.wireguard_peers).
-author: constellation.cluster contributors
+author: Constellation cluster contributors (@constellation-cluster)
 extends_documentation_fragment:
   - constellation.cluster.wireguard
 options:

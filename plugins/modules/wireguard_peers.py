@@ -12,7 +12,7 @@ short_description: Converge the peers of a WireGuard interface to an explicit li
 version_added: "0.1.0"
 description:
   - Compares an explicit, complete peer list with the live interface (C(wg show <if> dump)) and applies only
-    the difference with one C(wg set): new peers are added, changed peers are updated in place (their sessions
+    the difference with one C(wg set). New peers are added, changed peers are updated in place (their sessions
     survive), peers marked absent (or, with O(exclusive), not listed) are removed. Peers that did not change
     are not touched, so their tunnels are never torn down by an unrelated change.
   - The list is never derived from the hosts of the current play, so C(--limit) cannot drop peers.
@@ -20,7 +20,7 @@ description:
     duplicate VPN IP or key, not the interface's own key); an invalid list, or an empty list with
     O(exclusive), fails and leaves the interface as it was.
   - A VPN IP given to a new key replaces the peer that held it before (Constellation diffs by AllowedIPs).
-author: constellation.cluster contributors
+author: Constellation cluster contributors (@constellation-cluster)
 extends_documentation_fragment:
   - constellation.cluster.wireguard
 options:

@@ -17,7 +17,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.peers import
     VPNIPAllocator,
 )
 
-KEYS = [wgmod.pub_key_from_priv_key(wgmod.generate_priv_key()) for _ in range(40)]
+KEYS = [wgmod.pub_key_from_priv_key(wgmod.generate_priv_key()) for dummy_i in range(40)]
 
 
 def rec(i: int, public_ip: str | None = None, key: int | None = None) -> PeerRecord:
@@ -28,7 +28,7 @@ def rec(i: int, public_ip: str | None = None, key: int | None = None) -> PeerRec
 
 def test_allocation_ranges_and_reuse():
     alloc = VPNIPAllocator()
-    assert [alloc.allocate("coordinator") for _ in range(2)] == ["10.118.0.1", "10.118.0.2"]
+    assert [alloc.allocate("coordinator") for dummy_i in range(2)] == ["10.118.0.1", "10.118.0.2"]
     assert alloc.allocate("node") == "10.118.0.11"
     assert alloc.allocate("admin") == "10.118.0.12"
     assert alloc.allocate("node") == "10.118.0.13"
@@ -43,7 +43,7 @@ def test_allocation_ranges_and_reuse():
 
 def test_coordinator_range_exhausts():
     alloc = VPNIPAllocator()
-    ips = [alloc.allocate("coordinator") for _ in range(10)]
+    ips = [alloc.allocate("coordinator") for dummy_i in range(10)]
     assert ips[-1] == "10.118.0.10"
     with pytest.raises(StateError):
         alloc.allocate("coordinator")
@@ -52,7 +52,7 @@ def test_coordinator_range_exhausts():
 
 def test_small_cidr_node_range_exhausts_before_broadcast():
     alloc = VPNIPAllocator("10.9.0.0/28")
-    assert [alloc.allocate("node") for _ in range(4)] == ["10.9.0.11", "10.9.0.12", "10.9.0.13", "10.9.0.14"]
+    assert [alloc.allocate("node") for dummy_i in range(4)] == ["10.9.0.11", "10.9.0.12", "10.9.0.13", "10.9.0.14"]
     with pytest.raises(StateError):
         alloc.allocate("node")
 

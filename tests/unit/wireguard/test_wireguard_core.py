@@ -29,7 +29,7 @@ def _pub() -> str:
     return wgmod.pub_key_from_priv_key(wgmod.generate_priv_key())
 
 
-K1, K2, K3, K4 = (_pub() for _ in range(4))
+K1, K2, K3, K4 = (_pub() for dummy_i in range(4))
 
 
 def _live(*peers: LivePeer, pub_key: str | None = None) -> InterfaceState:
@@ -83,7 +83,7 @@ def test_key_file_created_0600_and_stable(tmp_path):
     os.chmod(path, 0o644)
     fixed, changed = wgmod.ensure_key_file(path)
     assert changed and fixed.pub_key == state.pub_key and stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert [n for n in os.listdir(tmp_path)] == ["wg0.key"]  # no temp files left
+    assert os.listdir(tmp_path) == ["wg0.key"]  # no temp files left
 
 
 def test_key_file_with_garbage_is_an_input_error(tmp_path):
