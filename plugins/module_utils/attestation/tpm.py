@@ -9,7 +9,6 @@ TCTI strings as tpm2-tools spell them: ``device:/dev/tpmrm0`` (default) or
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from contextlib import contextmanager
 from typing import Dict, Iterable, Iterator, List, Optional
@@ -19,6 +18,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 try:
     from tpm2_pytss import ESAPI, ESYS_TR, TPM2_ALG, TPM2_CAP, TPM2_RC, TPMT_HA, TPML_DIGEST_VALUES
     from tpm2_pytss import TPML_PCR_SELECTION, TPMS_PCR_SELECTION, TSS2_Exception
+    from tpm2_pytss.utils import NoSuchIndex
     HAS_TPM2_PYTSS = True
     TPM2_PYTSS_IMPORT_ERROR = None
 except ImportError as _err:  # ansible-test's import sanity runs without third-party packages
@@ -147,6 +147,13 @@ class TPM:
         with self.lock:
             self.esapi.pcr_extend(ESYS_TR.parse("pcr%d" % index), values)
 
+    def nv_read_raw(self, nv_index: int) -> bytes:
+        """``nv_read`` for tpm2-pytss' create_ek_template, which wants NoSuchIndex when missing."""
+        try:
+            return self.nv_read(nv_index)
+        except _MissingIndex:
+            raise NoSuchIndex(nv_index)
+
     def nv_read(self, nv_index: int, chunk: int = 1024) -> bytes:
         """Whole NV index, read in chunks (TPMs limit one read to ~1 KiB). Missing -> AttestationError."""
         with self.lock:
@@ -154,7 +161,7 @@ class TPM:
                 handle = self.esapi.tr_from_tpmpublic(nv_index)
             except TSS2_Exception as err:
                 if _is_missing(err):
-                    raise AttestationError("TPM NV index 0x%08x is not defined" % nv_index)
+                    raise _MissingIndex("TPM NV index 0x%08x is not defined" % nv_index)
                 raise AttestationError("TPM NV index 0x%08x: %s" % (nv_index, err))
             try:
                 public, _name = self.esapi.nv_read_public(handle)
@@ -167,6 +174,10 @@ class TPM:
                 return data
             finally:
                 self.esapi.tr_close(handle)
+
+
+class _MissingIndex(AttestationError):
+    pass
 
 
 def _is_missing(err) -> bool:
@@ -219,6 +230,3 @@ def is_initialized(tcti: Optional[str]) -> bool:
     with open_tpm(tcti) as tpm:
         return tpm.pcr_read("sha256", [PCR_INDEX_CLUSTER_ID])[PCR_INDEX_CLUSTER_ID] != bytes(32)
 
-
-def sha256(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()

@@ -1,0 +1,303 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Variant ``qemu-vtpm-ek`` (ours, DESIGN.md 4 step 6): the AK is trusted only after it was
+certified through the TPM's EK certificate chain plus credential activation.
+
+``qemu-vtpm`` trusts whatever AK a document names, so any software TPM can attest. This
+variant closes that gap with a one-time **enrollment** before the one-shot issue/validate:
+
+1. node: ``issuer.enrollment_request()`` -> EK certificate (read from NV 0x01c00002) + AK public.
+2. verifier: ``begin_enrollment(request, ca_certs)`` checks the EK certificate chains to the
+   pinned CAs and the AK is a restricted signing key, then TPM2_MakeCredential (in software,
+   with the EK public key from the certificate) binds a random secret to the AK's name.
+3. node: ``issuer.activate_credential(challenge)``: only the TPM that holds both that EK and an
+   object with that AK name can recover the secret (TPM2_ActivateCredential).
+4. verifier: ``finish_enrollment(pending, secret)`` -> ``CertifiedAK`` record (AK public + EK
+   certificate), which the verifier stores (e.g. in the inventory).
+
+``VTPMEKValidator`` then validates documents exactly as ``qemu-vtpm`` does, but trusts an AK
+only if it is one of the certified records whose EK certificate still chains to the CAs it is
+given. The document format is unchanged (SPEC.md 2.1), so aTLS needs nothing new.
+
+OID: ``2.25.<uuid>`` (X.667: an OID under 2.25 built from a random UUID needs no registration
+and cannot collide with Constellation's 1.3.9900.x list or anyone else's). UUID
+241c91c2-3113-4d53-a5db-bc1635b92a53, chosen at random for this project.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import hmac
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Variant, register
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (
+    ALL_PCRS,
+    AKInfo,
+    VTPMIssuer,
+    VTPMValidator,
+    parse_ak,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
+
+try:
+    from tpm2_pytss import ESYS_TR, TPM2_ALG, TPM2_SE, TPM2B_ENCRYPTED_SECRET, TPM2B_ID_OBJECT, TPMT_PUBLIC, TPMT_SYM_DEF
+    from tpm2_pytss import TSS2_Exception
+    from tpm2_pytss.internal.templates import ek_template
+    from tpm2_pytss.utils import create_ek_template, make_credential
+    HAS_TPM2_PYTSS = True
+except ImportError:
+    HAS_TPM2_PYTSS = False
+
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    HAS_CRYPTOGRAPHY = True
+except ImportError:
+    HAS_CRYPTOGRAPHY = False
+
+QEMU_VTPM_EK = register(Variant("qemu-vtpm-ek", "2.25.48000548495140104094697751808415705683"))
+
+EK_CERT_NV_INDEX_RSA = 0x01C00002
+_MAX_CHAIN = 5
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(value, field: str) -> bytes:
+    if not isinstance(value, str):
+        raise InputError(field, "base64 text", type(value).__name__)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(field, "valid base64", value[:40])
+
+
+# ------------------------------------------------------------------------------ certificates
+
+
+def load_ca_certs(sources: Iterable) -> List["x509.Certificate"]:
+    """CA certificates from PEM paths, PEM/DER bytes or Certificate objects (bundles allowed)."""
+    certs: List[x509.Certificate] = []
+    for source in sources:
+        if isinstance(source, x509.Certificate):
+            certs.append(source)
+            continue
+        data = source
+        if isinstance(source, str):
+            with open(source, "rb") as handle:
+                data = handle.read()
+        try:
+            if b"-----BEGIN" in data:
+                certs.extend(x509.load_pem_x509_certificates(data))
+            else:
+                certs.append(x509.load_der_x509_certificate(data))
+        except ValueError as err:
+            raise InputError("ca_certs", "PEM or DER X.509 certificates", str(err))
+    if not certs:
+        raise InputError("ca_certs", "at least one CA certificate", "none")
+    return certs
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _check_validity(cert: "x509.Certificate", what: str) -> None:
+    now = _now()
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise AttestationError("%s %s is outside its validity period" % (what, cert.subject.rfc4514_string()))
+
+
+def _is_ca(cert: "x509.Certificate") -> bool:
+    try:
+        return cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        return False
+
+
+def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -> "x509.Certificate":
+    """The EK certificate must chain, link by link (issuer name + signature + validity), to a
+    self-signed root among ``ca_certs``; intermediates must be among ``ca_certs`` too."""
+    try:
+        cert = x509.load_der_x509_certificate(ek_cert_der)
+    except ValueError as err:
+        raise AttestationError("EK certificate cannot be parsed: %s" % err)
+    _check_validity(cert, "EK certificate")
+    if not isinstance(cert.public_key(), rsa.RSAPublicKey):
+        raise AttestationError("EK certificate does not hold an RSA key")
+    current = cert
+    for _ in range(_MAX_CHAIN):
+        issuer = None
+        for candidate in ca_certs:
+            if candidate.subject != current.issuer or not _is_ca(candidate):
+                continue
+            try:
+                current.verify_directly_issued_by(candidate)
+            except (ValueError, TypeError, Exception):  # InvalidSignature or unsupported algorithm
+                continue
+            issuer = candidate
+            break
+        if issuer is None:
+            raise AttestationError("EK certificate does not chain to the trusted CAs: no trusted issuer %s "
+                                   "for %s" % (current.issuer.rfc4514_string(), current.subject.rfc4514_string()))
+        _check_validity(issuer, "CA certificate")
+        if issuer.subject == issuer.issuer:
+            return cert
+        current = issuer
+    raise AttestationError("EK certificate chain is longer than %d" % _MAX_CHAIN)
+
+
+def ek_public_from_cert(cert: "x509.Certificate"):
+    """The EK's TPMT_PUBLIC as the TCG default template (EK-RSA2048) creates it, with the
+    certificate's modulus: what TPM2_MakeCredential needs (symmetric scheme, name algorithm)."""
+    key = cert.public_key()
+    if not isinstance(key, rsa.RSAPublicKey) or key.key_size != 2048:
+        raise AttestationError("EK certificate key is not RSA-2048")
+    public, _ = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-RSA2048").template.publicArea.marshal())  # a copy
+    public.unique.rsa = key.public_numbers().n.to_bytes(256, "big")
+    return public
+
+
+# --------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class CertifiedAK:
+    """An AK proven to live in a TPM whose EK certificate chains to the fleet's CA."""
+    ak_pub: bytes
+    ek_cert: bytes
+
+    def to_dict(self) -> Dict[str, str]:
+        return {"ak_pub": _b64(self.ak_pub), "ek_cert": _b64(self.ek_cert)}
+
+    @classmethod
+    def from_dict(cls, data) -> "CertifiedAK":
+        if not isinstance(data, dict):
+            raise InputError("certified_ak", "a mapping with ak_pub and ek_cert", type(data).__name__)
+        return cls(_unb64(data.get("ak_pub"), "certified_ak.ak_pub"), _unb64(data.get("ek_cert"), "certified_ak.ek_cert"))
+
+
+@dataclass(frozen=True)
+class PendingEnrollment:
+    """Verifier-side state between challenge and response. The secret never leaves the verifier
+    except encrypted to the EK."""
+    secret: bytes
+    record: CertifiedAK
+
+
+def begin_enrollment(request: Dict[str, str], ca_certs: Sequence) -> Tuple[Dict[str, str], PendingEnrollment]:
+    """Checks the EK chain and the AK, and returns (challenge for the node, pending state)."""
+    certs = load_ca_certs(ca_certs)
+    ek_cert = _unb64(request.get("ek_cert") if isinstance(request, dict) else None, "enrollment.ek_cert")
+    ak_pub = _unb64(request.get("ak_pub"), "enrollment.ak_pub")
+    cert = verify_ek_cert(ek_cert, certs)
+    ak = parse_ak(ak_pub)  # restricted signing key with pinned algorithms, or refuse now
+    secret = os.urandom(32)
+    credential_blob, encrypted_secret = make_credential(ek_public_from_cert(cert), secret, ak.name)
+    challenge = {"credential_blob": _b64(credential_blob.marshal()), "secret": _b64(encrypted_secret.marshal())}
+    return challenge, PendingEnrollment(secret, CertifiedAK(ak_pub, ek_cert))
+
+
+def finish_enrollment(pending: PendingEnrollment, response: bytes) -> CertifiedAK:
+    if not isinstance(response, (bytes, bytearray)) or not hmac.compare_digest(bytes(response), pending.secret):
+        raise AttestationError("credential activation failed: the TPM did not recover the secret, so the AK "
+                               "does not live in the TPM that owns the certified EK")
+    return pending.record
+
+
+def enroll(issuer: "VTPMEKIssuer", ca_certs: Sequence) -> CertifiedAK:
+    """All four steps in one process (the lab; a verifier with direct access to the node)."""
+    challenge, pending = begin_enrollment(issuer.enrollment_request(), ca_certs)
+    return finish_enrollment(pending, issuer.activate_credential(challenge))
+
+
+# ----------------------------------------------------------------------------- issuer side
+
+
+class VTPMEKIssuer(VTPMIssuer):
+    """The ``qemu-vtpm`` issuer plus the node's half of the enrollment."""
+
+    oid = QEMU_VTPM_EK.oid
+
+    def ek_cert(self) -> bytes:
+        with self._lock:
+            tpm, _ak = self._open()
+            return tpm.nv_read(EK_CERT_NV_INDEX_RSA)
+
+    def enrollment_request(self) -> Dict[str, str]:
+        return {"ek_cert": _b64(self.ek_cert()), "ak_pub": _b64(self.ak_pub)}
+
+    def activate_credential(self, challenge: Dict[str, str]) -> bytes:
+        """TPM2_ActivateCredential with the EK (recreated from its template) and our AK."""
+        if not isinstance(challenge, dict):
+            raise InputError("challenge", "a mapping with credential_blob and secret", type(challenge).__name__)
+        blob_raw = _unb64(challenge.get("credential_blob"), "challenge.credential_blob")
+        secret_raw = _unb64(challenge.get("secret"), "challenge.secret")
+        try:
+            blob, _ = TPM2B_ID_OBJECT.unmarshal(blob_raw)
+            secret, _ = TPM2B_ENCRYPTED_SECRET.unmarshal(secret_raw)
+        except (TSS2_Exception, ValueError, TypeError) as err:
+            raise InputError("challenge", "TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET", str(err))
+        with self._lock:
+            tpm, ak = self._open()
+            esapi = tpm.esapi
+            _cert, template = create_ek_template("EK-RSA2048", tpm.nv_read_raw)
+            ek, _pub, _cd, _ch, _ct = esapi.create_primary(None, template, ESYS_TR.ENDORSEMENT)
+            session = None
+            try:
+                # The EK's policy is PolicySecret(TPM_RH_ENDORSEMENT) (TCG EK Credential Profile).
+                session = esapi.start_auth_session(ESYS_TR.NONE, ESYS_TR.NONE, TPM2_SE.POLICY,
+                                                   TPMT_SYM_DEF(algorithm=TPM2_ALG.NULL), TPM2_ALG.SHA256)
+                esapi.policy_secret(ESYS_TR.ENDORSEMENT, session, b"", b"", b"", 0)
+                try:
+                    recovered = esapi.activate_credential(ak, ek, blob, secret, session2=session)
+                except TSS2_Exception as err:
+                    raise AttestationError("TPM2_ActivateCredential refused the challenge: %s" % err)
+                return bytes(recovered)
+            finally:
+                if session is not None:
+                    esapi.flush_context(session)
+                esapi.flush_context(ek)
+
+
+# -------------------------------------------------------------------------- verifier side
+
+
+class VTPMEKValidator(VTPMValidator):
+    """``qemu-vtpm`` validation with AK trust only through certified, still-chaining records."""
+
+    oid = QEMU_VTPM_EK.oid
+
+    def __init__(self, measurements: Measurements, ca_certs: Sequence, certified_aks: Sequence,
+                 pcr_selection: Sequence[int] = ALL_PCRS, check_event_log: bool = True):
+        super().__init__(measurements, pcr_selection, check_event_log)
+        certs = load_ca_certs(ca_certs)
+        self._trusted: Dict[bytes, CertifiedAK] = {}
+        self.rejected_records: List[Tuple[CertifiedAK, str]] = []
+        for record in certified_aks:
+            if isinstance(record, dict):
+                record = CertifiedAK.from_dict(record)
+            try:
+                verify_ek_cert(record.ek_cert, certs)
+            except AttestationError as err:
+                self.rejected_records.append((record, str(err)))
+                continue
+            self._trusted[record.ak_pub] = record
+
+    def trust_ak(self, ak_pub: bytes, ak: AKInfo) -> None:
+        if ak_pub in self._trusted:
+            return
+        for record, reason in self.rejected_records:
+            if record.ak_pub == ak_pub:
+                raise AttestationError("AK is not trusted: its enrollment record's %s" % reason)
+        raise AttestationError("AK is not certified: it was never enrolled through an EK certificate of the "
+                               "trusted CAs with credential activation (AK name %s)" % ak.name.hex())
