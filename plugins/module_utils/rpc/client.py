@@ -1,0 +1,272 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Clients of the agent's pubapi, admin channel and vpnapi (docs/protocol.md).
+
+``AgentClient.connect`` returns only after the agent passed attestation (aTLS verifies before
+the first application byte), so nothing here is ever sent to an unverified agent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
+    CHANNEL_STDERR,
+    CHANNEL_STDIN,
+    CHANNEL_STDOUT,
+    KIND_DATA,
+    KIND_END,
+    KIND_EOF,
+    KIND_MSG,
+    FrameStream,
+    ProtocolError,
+    b64d,
+    b64e,
+    raise_for_end,
+)
+
+ADMIN_AUTH_CONTEXT = b"constellation-admin-auth-v1\x00"
+JOIN_CONTEXT = b"constellation-join-v1\x00"
+DEFAULT_TIMEOUT = 60.0
+
+
+def admin_auth_message(challenge: bytes, server_spki_hash: bytes) -> bytes:
+    """What the admin signs: a fresh server challenge bound to this connection's server key."""
+    return ADMIN_AUTH_CONTEXT + challenge + server_spki_hash
+
+
+def join_user_data(server_spki_hash: bytes, node_vpn_pub_key: bytes, disk_uuid: str) -> bytes:
+    """User data of a joining node's attestation: binds this connection and the request."""
+    return hashlib.sha256(JOIN_CONTEXT + server_spki_hash + node_vpn_pub_key + disk_uuid.encode("utf-8")).digest()
+
+
+def sign_admin(priv_key, message: bytes) -> bytes:
+    if isinstance(priv_key, ed25519.Ed25519PrivateKey):
+        return priv_key.sign(message)
+    if isinstance(priv_key, ec.EllipticCurvePrivateKey) and isinstance(priv_key.curve, ec.SECP256R1):
+        return priv_key.sign(message, ec.ECDSA(hashes.SHA256()))
+    raise InputError("admin_priv_key", "an Ed25519 or ECDSA P-256 private key", type(priv_key).__name__)
+
+
+def load_priv_key(data: bytes):
+    """An admin private key from PEM (PKCS#8/traditional) or OpenSSH format, unencrypted."""
+    for loader in (serialization.load_pem_private_key, serialization.load_ssh_private_key):
+        try:
+            return loader(data, password=None)
+        except (ValueError, TypeError, serialization.UnsupportedAlgorithm):
+            continue
+    raise InputError("admin_priv_key", "an unencrypted PEM or OpenSSH private key")
+
+
+@dataclass
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+class AgentClient:
+    """One connection to an agent. Requests run one after another on it."""
+
+    def __init__(self, sock: socket.socket, server_spki_hash: Optional[bytes] = None,
+                 attested: Optional[atls.AttestedConnection] = None):
+        self.sock = sock
+        self.stream = FrameStream(sock)
+        self.server_spki_hash = server_spki_hash
+        self.attested = attested
+
+    # -- connecting
+    @classmethod
+    def connect(cls, endpoint: str, validators: Sequence, *, sock: Optional[socket.socket] = None,
+                timeout: float = DEFAULT_TIMEOUT) -> "AgentClient":
+        """aTLS to the agent's public endpoint; ``sock``: an already connected TCP socket."""
+        if sock is None:
+            conn = atls.connect(endpoint, validators)
+        else:
+            conn = atls.client_handshake(sock, validators)
+        conn.sock.settimeout(timeout)
+        from cryptography import x509
+        cert = x509.load_der_x509_certificate(conn.peer_certificate)
+        return cls(conn.sock, atls.spki_hash(cert.public_key()), conn)
+
+    @classmethod
+    def connect_plain(cls, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT,
+                      sock: Optional[socket.socket] = None) -> "AgentClient":
+        """Plain TCP (the vpnapi inside the VPN)."""
+        if sock is None:
+            host, port = atls.parse_endpoint(endpoint)
+            try:
+                sock = socket.create_connection((host, port), timeout=timeout)
+            except OSError as err:
+                raise ConstellationError("cannot connect to %s: %s" % (endpoint, err)) from None
+        sock.settimeout(timeout)
+        return cls(sock)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "AgentClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- generic
+    def call(self, method: str, params: Optional[Dict[str, Any]] = None,
+             on_log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+        """A request whose answer is optional log lines and an END."""
+        self.stream.send_request(method, params)
+        while True:
+            frame = self.stream.recv()
+            if frame.kind == KIND_END:
+                return raise_for_end(frame.message)
+            if frame.kind == KIND_MSG and "log" in frame.message:
+                if on_log is not None:
+                    on_log(str(frame.message["log"]))
+                continue
+            raise ProtocolError("%s: unexpected %s frame in the answer" % (method, frame.kind_name))
+
+    # -- pubapi
+    def get_state(self) -> Dict[str, Any]:
+        return self.call("GetState")
+
+    def activate_as_coordinator(self, kms_uri: str, measurement_salt: bytes, admin_pub_key: str,
+                                storage_uri: Optional[str] = None, cluster_config: Optional[Dict] = None,
+                                on_log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+        params = {"kms_uri": kms_uri, "measurement_salt": b64e(measurement_salt), "admin_pub_key": admin_pub_key,
+                  "cluster_config": cluster_config or {}}
+        if storage_uri:
+            params["storage_uri"] = storage_uri
+        return self.call("ActivateAsCoordinator", params, on_log)
+
+    def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str], bytes]) -> Dict[str, Any]:
+        """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid)`` derives the key."""
+        self.stream.send_request("ActivateAsNode", params)
+        step = self.stream.recv_msg("the node's disk UUID")
+        uuid = step.get("state_disk_uuid")
+        if not isinstance(uuid, str):
+            raise ProtocolError("ActivateAsNode: the node sent no state_disk_uuid")
+        pub_key = b64d(step.get("node_vpn_pub_key"), "node_vpn_pub_key", 32)
+        self.stream.send_msg({"state_disk_key": b64e(disk_key_for(uuid))})
+        result = self.stream.recv_end()
+        result["state_disk_uuid"] = uuid
+        result["node_vpn_pub_key"] = b64e(pub_key)
+        return result
+
+    def activate_additional_nodes(self, node_public_endpoints: List[str],
+                                  on_log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+        return self.call("ActivateAdditionalNodes", {"node_public_endpoints": list(node_public_endpoints)}, on_log)
+
+    def recover(self, kms_uri: str) -> Dict[str, Any]:
+        return self.call("Recover", {"kms_uri": kms_uri})
+
+    def issue_join_ticket(self, disk_uuid: str, node_vpn_pub_key: bytes, issuer,
+                          on_ticket: Callable[[Dict[str, Any]], None], is_control_plane: bool = False) -> Dict[str, Any]:
+        """The joining node's side. ``issuer`` attests this node; ``on_ticket(ticket)`` locks and
+        configures the node (raising aborts the join); then the Coordinator records the peer."""
+        if self.server_spki_hash is None:
+            raise ProtocolError("IssueJoinTicket needs an aTLS connection")
+        self.stream.send_request("IssueJoinTicket", {"disk_uuid": disk_uuid, "node_vpn_pub_key": b64e(node_vpn_pub_key),
+                                                     "is_control_plane": bool(is_control_plane)})
+        step = self.stream.recv_msg("a nonce")
+        nonce = b64d(step.get("nonce"), "nonce", 32)
+        document = issuer.issue(join_user_data(self.server_spki_hash, node_vpn_pub_key, disk_uuid), nonce)
+        self.stream.send_msg({"attestation": b64e(document), "variant_oid": issuer.oid})
+        step = self.stream.recv_msg("a join ticket")
+        ticket = step.get("ticket")
+        if not isinstance(ticket, dict):
+            raise ProtocolError("IssueJoinTicket: the answer holds no ticket")
+        on_ticket(ticket)
+        self.stream.send_msg({"joined": True})
+        return self.stream.recv_end()
+
+    # -- admin channel
+    def admin_auth(self, priv_key) -> Dict[str, Any]:
+        if self.server_spki_hash is None:
+            raise ProtocolError("AdminAuth needs an aTLS connection")
+        self.stream.send_request("AdminAuth", {})
+        step = self.stream.recv_msg("a challenge")
+        challenge = b64d(step.get("challenge"), "challenge", 32)
+        self.stream.send_msg({"signature": b64e(sign_admin(priv_key, admin_auth_message(challenge,
+                                                                                        self.server_spki_hash)))})
+        return self.stream.recv_end()
+
+    def exec_command(self, cmd=None, argv: Optional[List[str]] = None, stdin: bytes = b"",
+                     cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
+                     on_stdout: Optional[Callable[[bytes], None]] = None,
+                     on_stderr: Optional[Callable[[bytes], None]] = None) -> ExecResult:
+        params: Dict[str, Any] = {}
+        if argv is not None:
+            params["argv"] = list(argv)
+        else:
+            params["cmd"] = cmd
+        if cwd:
+            params["cwd"] = cwd
+        if env:
+            params["env"] = dict(env)
+        if timeout:
+            params["timeout"] = timeout
+        self.stream.send_request("Exec", params)
+        self.stream.send_data(CHANNEL_STDIN, stdin or b"")
+        self.stream.send_eof(CHANNEL_STDIN)
+        out: Dict[int, List[bytes]] = {CHANNEL_STDOUT: [], CHANNEL_STDERR: []}
+        sinks = {CHANNEL_STDOUT: on_stdout, CHANNEL_STDERR: on_stderr}
+        while True:
+            frame = self.stream.recv()
+            if frame.kind == KIND_DATA and frame.channel in out:
+                out[frame.channel].append(frame.data)
+                if sinks[frame.channel] is not None:
+                    sinks[frame.channel](frame.data)
+            elif frame.kind == KIND_EOF:
+                continue
+            elif frame.kind == KIND_END:
+                result = raise_for_end(frame.message)
+                return ExecResult(int(result.get("exit_code", -1)), b"".join(out[CHANNEL_STDOUT]),
+                                  b"".join(out[CHANNEL_STDERR]))
+            else:
+                raise ProtocolError("Exec: unexpected %s frame" % frame.kind_name)
+
+    def put_file(self, data, path: str, mode: Optional[int] = None) -> Dict[str, Any]:
+        """``data``: bytes or a binary file object (read in chunks)."""
+        params: Dict[str, Any] = {"path": path}
+        if mode is not None:
+            params["mode"] = int(mode)
+        self.stream.send_request("PutFile", params)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            self.stream.send_data(CHANNEL_STDIN, bytes(data))
+        else:
+            while True:
+                chunk = data.read(1 << 20)
+                if not chunk:
+                    break
+                self.stream.send_data(CHANNEL_STDIN, chunk)
+        self.stream.send_eof(CHANNEL_STDIN)
+        return self.stream.recv_end()
+
+    def fetch_file(self, path: str, sink) -> Dict[str, Any]:
+        """``sink``: a binary file object or a callable taking bytes."""
+        write = sink if callable(sink) else sink.write
+        self.stream.send_request("FetchFile", {"path": path})
+        self.stream.recv_data_until_eof(CHANNEL_STDOUT, write)
+        return self.stream.recv_end()
+
+    # -- vpnapi
+    def get_update(self, resource_version: int) -> Dict[str, Any]:
+        return self.call("GetUpdate", {"resource_version": int(resource_version)})
+
+    def get_data_key(self, data_key_id: str, length: int = 32) -> bytes:
+        return b64d(self.call("GetDataKey", {"data_key_id": data_key_id, "length": length}).get("data_key"),
+                    "data_key", length)
+
