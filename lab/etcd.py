@@ -1,0 +1,159 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A real etcd (Debian's etcd-server 3.4) on loopback, for the lab and the tests.
+
+``Etcd(data_dir, client_port, peer_port).start()`` runs ``/usr/bin/etcd`` as its own process
+(its pid is kept; ``stop()`` ends exactly that process), waits until the client port answers,
+and ``endpoint`` gives ``127.0.0.1:<client_port>`` for ``EtcdStore``. Restarting with the same
+``data_dir`` keeps the data. A tmpfs directory (/dev/shm) keeps the fsyncs cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from typing import List, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+
+ETCD = "/usr/bin/etcd"
+_READY_TIMEOUT = 10.0
+_STOP_TIMEOUT = 5.0
+
+
+def free_ports(count: int, bindaddr: str = "127.0.0.1") -> List[int]:
+    """``count`` distinct ports that were free just now (held open together while choosing)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind((bindaddr, 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def tmpfs_dir() -> Optional[str]:
+    """/dev/shm if it is a writable directory (etcd's fsyncs are then nearly free), else None."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class Etcd:
+    """One single-member etcd: ``start()``, ``stop()``, ``endpoint``."""
+
+    def __init__(self, data_dir: str, client_port: int, peer_port: int, host: str = "127.0.0.1",
+                 name: str = "lab", extra_args: Optional[List[str]] = None):
+        self.data_dir = os.path.abspath(data_dir)
+        self.client_port = int(client_port)
+        self.peer_port = int(peer_port)
+        self.host = host
+        self.name = name
+        self.extra_args = list(extra_args or [])
+        self.log_path = self.data_dir.rstrip("/") + ".log"
+        self._proc: Optional[subprocess.Popen] = None
+
+    @property
+    def endpoint(self) -> str:
+        return "%s:%d" % (self.host, self.client_port)
+
+    @property
+    def url(self) -> str:
+        return "http://%s" % self.endpoint
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc is not None else None
+
+    def argv(self) -> List[str]:
+        peer_url = "http://%s:%d" % (self.host, self.peer_port)
+        return [
+            ETCD, "--name", self.name, "--data-dir", self.data_dir,
+            "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", "%s=%s" % (self.name, peer_url),
+            "--heartbeat-interval", "10", "--election-timeout", "100",
+            "--log-level", "warn",
+        ] + self.extra_args
+
+    def start(self) -> "Etcd":
+        if self._proc is not None and self._proc.poll() is None:
+            return self
+        if not os.path.exists(ETCD):
+            raise StateError("%s is missing (apt-get install etcd-server)" % ETCD)
+        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                          start_new_session=True)
+        deadline = time.monotonic() + _READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                rc = self._proc.returncode
+                self._proc = None
+                raise StateError("etcd exited with %d at start-up: %s" % (rc, self._log_tail()))
+            if self._ready():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise StateError("etcd on %s not ready within %.0f s: %s" % (self.endpoint, _READY_TIMEOUT, self._log_tail()))
+
+    def _ready(self) -> bool:
+        # A linearizable read succeeds only once the member has a leader.
+        req = urllib.request.Request(self.url + "/v3/kv/range", data=json.dumps({"key": "AA=="}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=1) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.log_path, "rb") as handle:
+                return handle.read()[-800:].decode("utf-8", "replace").strip()
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Ends this etcd (SIGTERM to its pid, SIGKILL after a grace period); the data dir stays."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=_STOP_TIMEOUT)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash), for tests of recovery."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=_STOP_TIMEOUT)
+
+    def destroy(self) -> None:
+        """Stops etcd and removes its data dir and log."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        try:
+            os.unlink(self.log_path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "Etcd":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
