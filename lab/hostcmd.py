@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     p.add_argument("--user-data", default="lab-proof")
     args = p.parse_args(argv)
     for item in args.extend:
-        pcr, _, digest = item.partition("=")
+        pcr, digest = item.split("=", 1)
         tpm.extend_pcr(args.tcti, int(pcr), bytes.fromhex(digest))
     if args.attest:
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import vtpm

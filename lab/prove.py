@@ -56,6 +56,7 @@ def print_report(report: Dict) -> None:
     print("%-5s %-12s %-10s %-12s %s" % ("host", "public_ip", "quote", "pings", "PCR 4 / 9 / 11 (found)"))
     for r in report["rows"]:
         pcrs = " / ".join(r["pcrs"].get(i, "-") for i in (4, 9, 11)) if r["attested"] else r["error"]
-        print("%-5s %-12s %-10s %-12s %s" % (r["host"], r["public_ip"], "verified" if r["attested"] else "REFUSED",
-                                            "%d/%d" % (r["ping_ok"], r["ping_total"]), pcrs))
+        quote = "verified" if r["attested"] else "REFUSED"
+        pings = "%d/%d" % (r["ping_ok"], r["ping_total"])
+        print("%-5s %-12s %-10s %-12s %s" % (r["host"], r["public_ip"], quote, pings, pcrs))
     print("lab: %s" % ("every host attested and reachable" if report["ok"] else "NOT all hosts proven"))

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.lab
 
 def _root_state(lab: Lab) -> dict:
     """Everything a lab could leave behind in the root namespace."""
-    netns = sorted(n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    netns = sorted(n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
                    .stdout.split() if n.startswith("cl-"))
     links = sorted(line.split(":")[1].strip() for line in subprocess.run(
-        ["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines())
+        ["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout.splitlines())
     wg_dir = Path("/var/run/wireguard")
     wg = sorted(os.listdir(wg_dir)) if wg_dir.exists() else []
     with open("/proc/self/mountinfo") as f:
@@ -75,7 +75,7 @@ def test_eight_hosts_up_and_down_leave_no_trace(tmp_path):
 
 def test_addresses_exist_only_inside_namespaces(lab_factory):
     lab = lab_factory("taddr", hosts=2)
-    root_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+    root_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
     for h in lab.hosts:
         assert h.public_ip not in root_addrs
         assert h.public_ip in h.run(["ip", "-o", "addr"]).stdout
@@ -162,6 +162,7 @@ def test_ansible_runs_tasks_inside_lab_hosts_through_the_inventory(tmp_path, lab
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"),
                PATH="%s:%s" % (REPO_ROOT / ".venv" / "bin", os.environ["PATH"]))
     proc = subprocess.run(["ansible", "all", "-i", str(inv / "hosts.yml"), "-m", "ansible.builtin.command",
-                           "-a", "ip -o -4 addr show eth0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+                           "-a", "ip -o -4 addr show eth0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "10.42.0.11/24" in proc.stdout and "10.42.0.12/24" in proc.stdout
