@@ -28,14 +28,19 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple, Union
 from urllib.parse import quote, unquote_plus
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError,
     InputError,
 )
+
+try:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+except ImportError:  # a host without it can still parse URIs; deriving says what is missing
+    HAS_CRYPTOGRAPHY = False
+else:
+    HAS_CRYPTOGRAPHY = True
 
 # Constellation's constants (SPEC.md 3.3).
 DEK_PREFIX = "key-"
@@ -114,6 +119,9 @@ def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
     The raw primitive: the empty salt of RFC 5869 A.3 is allowed here, the cluster KMS
     refuses it one level up.
     """
+    if not HAS_CRYPTOGRAPHY:
+        raise ConstellationError("deriving keys needs the Python library cryptography, which is not "
+                                 "installed for this Python interpreter")
     _check_bytes("ikm", ikm, 1, None)
     _check_bytes("salt", salt, 0, None)
     _check_bytes("info", info, 0, None)
@@ -270,7 +278,7 @@ class ClusterKMS:
     def emergency_ssh_ca_seed(self) -> bytes:
         return self.derive_key(EMERGENCY_SSH_CA_KEY_ID, DERIVED_KEY_LENGTH_DEFAULT)
 
-    def emergency_ssh_ca_priv_key(self) -> Ed25519PrivateKey:
+    def emergency_ssh_ca_priv_key(self) -> "Ed25519PrivateKey":
         """The emergency SSH CA (RFC 016): an ed25519 key made from the derived seed."""
         return Ed25519PrivateKey.from_private_bytes(self.emergency_ssh_ca_seed())
 

@@ -14,10 +14,11 @@ description:
   - Derives a key as Constellation's KeyService does, HKDF-SHA256 of the master secret with info
     C(key-) + key ID, on the host that holds the KMS URI or the master secret file.
   - Writes the key to O(dest) (mode 0600, atomically) and/or returns it, but returns it only when the task
-    itself has C(no_log: true), so the key cannot end up in the output.
+    itself has C(no_log=true), so the key cannot end up in the output.
   - Only the cluster KMS (C(kms://cluster-kms)) can derive keys here; AWS, Azure and GCP URIs are
     validated and then refused with a clear error.
-author: constellation.cluster contributors
+author:
+  - constellation.cluster contributors (@constellation-cluster)
 options:
   kms_uri:
     description:
@@ -25,7 +26,7 @@ options:
     type: str
   master_secret_path:
     description:
-      - Path on the host of a C(constellation-mastersecret.json) file (C({"key": <base64>, "salt": <base64>})).
+      - Path on the host of a C(constellation-mastersecret.json) file (with the fields C(key) and C(salt), both base64).
       - Mutually exclusive with O(kms_uri).
     type: path
   key_id:
@@ -54,16 +55,19 @@ options:
     default: raw
   return_key:
     description:
-      - Return the key (as hex when O(format=raw)) in RV(key). Requires C(no_log: true) on the task.
+      - Return the key (as hex when O(format=raw)) in RV(key). Requires C(no_log=true) on the task.
     type: bool
     default: false
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: The diff shows file metadata (exists, mode, size, whether the content matches), never the key.
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second run reports no change.
     support: full
 notes:
   - Either O(dest) or O(return_key=true) is needed; otherwise the derived key would go nowhere.
@@ -114,7 +118,7 @@ key:
 
 import base64
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
@@ -124,6 +128,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
     secret_file_state,
     state_disk_key_id,
     write_secret_file,
+    HAS_CRYPTOGRAPHY,
     STATE_DISK_KEY_LENGTH,
 )
 
@@ -160,6 +165,8 @@ def main():
         required_one_of=[("kms_uri", "master_secret_path"), ("key_id", "disk_uuid")],
         supports_check_mode=True,
     )
+    if not HAS_CRYPTOGRAPHY:
+        module.fail_json(msg=missing_required_lib("cryptography"))
     p = module.params
     if p["return_key"] and not module.no_log:
         module.fail_json(msg="return_key: expected the task to have no_log: true, so the key cannot "

@@ -12,7 +12,7 @@ short_description: Create a Constellation master secret file on the controller, 
 version_added: "0.1.0"
 description:
   - Generates a 32-byte master key and a 32-byte salt, as Constellation's CLI does, and writes them as
-    C(constellation-mastersecret.json) (C({"key": <base64>, "salt": <base64>})) with mode 0600.
+    C(constellation-mastersecret.json) (with the fields C(key) and C(salt), both base64) with mode 0600.
   - Never overwrites an existing file. An existing file is checked (decrypted with the play's vault
     secrets if it is vault-encrypted) and the task fails if it is not a master secret.
   - With O(vault=true) the file is encrypted with Ansible Vault, using the play's vault secrets.
@@ -20,7 +20,8 @@ description:
     file is created, the other hosts report it unchanged.
   - Read it back with C(lookup('ansible.builtin.file', path) | constellation.cluster.kms_uri); the file lookup
     decrypts vault files.
-author: constellation.cluster contributors
+author:
+  - constellation.cluster contributors (@constellation-cluster)
 options:
   path:
     description:
@@ -38,16 +39,24 @@ options:
     type: str
 attributes:
   action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
     support: full
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: The diff shows the path, mode and whether the file is vault-encrypted; never the secret.
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second run reports no change.
     support: full
+    details: An existing file is never overwritten.
   platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
     platforms: posix
+    details: Runs on the controller whatever the host.
 seealso:
   - plugin: constellation.cluster.kms_uri
     plugin_type: filter

@@ -193,6 +193,7 @@ _TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "
 @given(secret=_TEXT | st.text(alphabet=string.printable.strip() + "%+&=#?", min_size=1, max_size=64),
        name=st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,40}\Z"))
 def test_azure_round_trip(secret, name):
-    params = dict(AZURE, clientSecret=secret, keyName=name)
+    params = dict(AZURE)
+    params.update(clientSecret=secret, keyName=name)
     uri = kms.format_kms_uri("azure", **params)
     assert dict(kms.parse_uri(uri).params) == params
