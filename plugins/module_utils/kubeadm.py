@@ -436,9 +436,9 @@ def audit_policy() -> dict:
     return {"apiVersion": AUDIT_API_VERSION, "kind": "Policy", "rules": [{"level": "Metadata"}]}
 
 
-def _kubelet_extra_args(params) -> list:
+def _kubelet_extra_args(params, with_provider_id: bool) -> list:
     args = [("cloud-provider", params.cloud_provider), ("node-ip", params.node_vpn_ip)]
-    if params.provider_id:
+    if with_provider_id and params.provider_id:
         args.append(("provider-id", params.provider_id))
     return args
 
@@ -456,7 +456,7 @@ def render_init(params: InitParams) -> list:
         "nodeRegistration": {
             "name": params.node_name,
             "criSocket": params.cri_socket,
-            "kubeletExtraArgs": _extra_args(_kubelet_extra_args(params), api),
+            "kubeletExtraArgs": _extra_args(_kubelet_extra_args(params, True), api),
         },
         "localAPIEndpoint": {"advertiseAddress": params.node_vpn_ip, "bindPort": KUBERNETES_PORT},
     }
@@ -544,7 +544,8 @@ def render_join(params: JoinParams) -> list:
         "nodeRegistration": {
             "name": params.node_name,
             "criSocket": params.cri_socket,
-            "kubeletExtraArgs": _extra_args(_kubelet_extra_args(params), api),
+            # On join the provider ID goes into the KubeletConfiguration document instead (SPEC.md §5).
+            "kubeletExtraArgs": _extra_args(_kubelet_extra_args(params, False), api),
         },
         "discovery": {"bootstrapToken": {
             "apiServerEndpoint": params.api_server_endpoint,

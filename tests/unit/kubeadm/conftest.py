@@ -1,0 +1,61 @@
+"""Fixtures for the kubeadm tests. ``kubeadm_double`` is the TEST DOUBLE of the kubeadm executable
+(tests/doubles/kubeadm): kubeadm cannot be installed here, so the Core is driven through it at the
+process boundary."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+KUBEADM_DOUBLE = os.path.join(REPO, "tests", "doubles", "kubeadm")
+
+
+class DoubleLog:
+    """The invocations the kubeadm test double recorded (one JSON object per line)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def entries(self):
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    def commands(self):
+        return [e["argv"][:2] for e in self.entries()]
+
+
+@pytest.fixture
+def double_log(tmp_path, monkeypatch):
+    path = str(tmp_path / "kubeadm-double.log")
+    monkeypatch.setenv("KUBEADM_DOUBLE_LOG", path)
+    monkeypatch.delenv("KUBEADM_DOUBLE_CLUSTER", raising=False)
+    return DoubleLog(path)
+
+
+@pytest.fixture
+def control_plane_dir(tmp_path):
+    return str(tmp_path / "cp" / "kubernetes")
+
+
+@pytest.fixture
+def init_params(control_plane_dir, tmp_path):
+    def make(**overrides):
+        values = dict(kubernetes_version="v1.31.1", node_name="control-plane-0", node_vpn_ip="10.118.0.1",
+                      kubernetes_dir=control_plane_dir, patches_dir=str(tmp_path / "patches"))
+        values.update(overrides)
+        return core.InitParams(**values)
+    return make
+
+
+@pytest.fixture
+def initialised(double_log, control_plane_dir, init_params):
+    """A control plane initialised by the test double; returns the InitResult."""
+    kubeadm = core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir)
+    return core.init_control_plane(kubeadm, init_params(), upload_certs=True)
