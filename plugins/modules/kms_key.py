@@ -179,6 +179,9 @@ def main():
         else:
             kms = ClusterKMS(MasterSecret.from_file(p["master_secret_path"]))
         if p["disk_uuid"] is not None:
+            if p["length"] != STATE_DISK_KEY_LENGTH:
+                module.fail_json(msg="length: expected %d for a state disk key (or leave it out), got %d"
+                                     % (STATE_DISK_KEY_LENGTH, p["length"]))
             key_id = state_disk_key_id(p["disk_uuid"])
             length = STATE_DISK_KEY_LENGTH
         else:
