@@ -30,7 +30,7 @@ _READY_TIMEOUT = 5.0
 
 def free_port(bindaddr: str = "127.0.0.1") -> int:
     """A port P such that P and P+1 (swtpm's control channel) were both free just now."""
-    for _ in range(50):
+    for _attempt in range(50):
         with socket.socket() as first:
             first.bind((bindaddr, 0))
             port = first.getsockname()[1]

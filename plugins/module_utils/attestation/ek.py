@@ -33,7 +33,7 @@ import datetime
 import hmac
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Variant, register
@@ -135,7 +135,7 @@ def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -
     if not isinstance(cert.public_key(), rsa.RSAPublicKey):
         raise AttestationError("EK certificate does not hold an RSA key")
     current = cert
-    for _ in range(_MAX_CHAIN):
+    for _attempt in range(_MAX_CHAIN):
         issuer = None
         for candidate in ca_certs:
             if candidate.subject != current.issuer or not _is_ca(candidate):
@@ -162,7 +162,7 @@ def ek_public_from_cert(cert: "x509.Certificate"):
     key = cert.public_key()
     if not isinstance(key, rsa.RSAPublicKey) or key.key_size != 2048:
         raise AttestationError("EK certificate key is not RSA-2048")
-    public, _ = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-RSA2048").template.publicArea.marshal())  # a copy
+    public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-RSA2048").template.publicArea.marshal())  # a copy
     public.unique.rsa = key.public_numbers().n.to_bytes(256, "big")
     return public
 
@@ -243,8 +243,8 @@ class VTPMEKIssuer(VTPMIssuer):
         blob_raw = _unb64(challenge.get("credential_blob"), "challenge.credential_blob")
         secret_raw = _unb64(challenge.get("secret"), "challenge.secret")
         try:
-            blob, _ = TPM2B_ID_OBJECT.unmarshal(blob_raw)
-            secret, _ = TPM2B_ENCRYPTED_SECRET.unmarshal(secret_raw)
+            blob, _unused1 = TPM2B_ID_OBJECT.unmarshal(blob_raw)
+            secret, _unused1 = TPM2B_ENCRYPTED_SECRET.unmarshal(secret_raw)
         except (TSS2_Exception, ValueError, TypeError) as err:
             raise InputError("challenge", "TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET", str(err))
         with self._lock:

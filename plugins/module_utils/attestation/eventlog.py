@@ -87,7 +87,7 @@ def parse(raw: bytes) -> Tuple[Dict[int, int], List[Event]]:
     if not 0 < count <= _MAX_DIGESTS:
         raise AttestationError("event log header lists %d algorithms" % count)
     sizes: Dict[int, int] = {}
-    for _ in range(count):
+    for _attempt in range(count):
         alg = header.u16("algorithmId")
         sizes[alg] = header.u16("digestSize")
     if _SHA256 not in sizes:
@@ -102,7 +102,7 @@ def parse(raw: bytes) -> Tuple[Dict[int, int], List[Event]]:
         if n_digests > _MAX_DIGESTS:
             raise AttestationError("event %d lists %d digests" % (len(events), n_digests))
         digests: Dict[int, bytes] = {}
-        for _ in range(n_digests):
+        for _attempt in range(n_digests):
             alg = reader.u16("digest algorithmId")
             if alg not in sizes:
                 raise AttestationError("event %d uses algorithm 0x%04x not declared in the header" % (len(events), alg))

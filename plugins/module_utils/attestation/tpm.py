@@ -111,7 +111,7 @@ class TPM:
         alg = bank_id(bank)
         wanted = sorted(set(indices))
         values: Dict[int, bytes] = {}
-        for _ in range(PCR_COUNT + 1):  # bounded: each round reads at least one PCR
+        for _attempt in range(PCR_COUNT + 1):  # bounded: each round reads at least one PCR
             if not wanted:
                 break
             batch = wanted[:_PCR_READ_BATCH]
@@ -229,4 +229,3 @@ def is_initialized(tcti: Optional[str]) -> bool:
     """PCR 15 (SHA-256 bank) differs from all zeros."""
     with open_tpm(tcti) as tpm:
         return tpm.pcr_read("sha256", [PCR_INDEX_CLUSTER_ID])[PCR_INDEX_CLUSTER_ID] != bytes(32)
-

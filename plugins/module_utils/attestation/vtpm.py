@@ -17,7 +17,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
@@ -56,7 +56,7 @@ except ImportError:
 try:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+    from cryptography.hazmat.primitives.asymmetric import ec, padding
     from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
     HAS_CRYPTOGRAPHY = True
 except ImportError:
@@ -191,7 +191,7 @@ class VTPMIssuer:
         between makes us read and quote again (bounded)."""
         with self._lock:
             tpm, ak = self._open()
-            for _ in range(5):
+            for _attempt in range(5):
                 values = tpm.pcr_read(bank, indices)
                 quoted, signature = tpm.esapi.quote(ak, make_selection({bank: indices}), tpm_nonce)
                 attest_raw = bytes(quoted.attestationData)

@@ -20,7 +20,7 @@ if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
 
 def _start(path, **kwargs) -> SwTPM:
     last = None
-    for _ in range(5):  # a free port may be taken between probing and binding
+    for _attempt in range(5):  # a free port may be taken between probing and binding
         tpm = SwTPM(str(path), free_port(), **kwargs)
         try:
             return tpm.start()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 
 import pytest
 from cryptography.hazmat.primitives import hashes
@@ -81,7 +80,7 @@ def test_document_shape_follows_go_encoding(issuer):
         assert list(quote) == ["quote", "raw_sig", "pcrs"]
         assert sorted(quote["pcrs"]["pcrs"], key=int) == [str(i) for i in range(24)]
         assert list(quote["pcrs"]["pcrs"]) == sorted(str(i) for i in range(24))  # Go sorts keys as strings
-    attest, _ = TPMS_ATTEST.unmarshal(base64.b64decode(att["quotes"][1]["quote"]))
+    attest, _unused1 = TPMS_ATTEST.unmarshal(base64.b64decode(att["quotes"][1]["quote"]))
     expected = make_tpm_nonce(None, make_extra_data(b"VerifyService", NONCE))
     assert bytes(attest.extraData) == expected
 
@@ -92,7 +91,7 @@ def test_ak_is_persisted_and_reused(swtpm, issuer):
         assert second.ak_pub == ak_pub
     with ESAPI(swtpm.tcti) as esapi:
         handle = esapi.tr_from_tpmpublic(AK_PERSISTENT_HANDLE)
-        public, _, _ = esapi.read_public(handle)
+        public, _unused1, _unused2 = esapi.read_public(handle)
         assert public.publicArea.marshal() == ak_pub
         attrs = public.publicArea.objectAttributes
         assert attrs & TPMA_OBJECT.RESTRICTED and attrs & TPMA_OBJECT.SIGN_ENCRYPT
@@ -185,14 +184,14 @@ def test_unrestricted_ak_forging_a_quote_is_refused(swtpm, issuer, validator):
     PCR 9 is different. Only the AK's 'restricted' attribute stops it."""
     genuine = json.loads(issuer.issue(b"u", NONCE))
     quote = [q for q in genuine["Attestation"]["quotes"] if q["pcrs"]["hash"] == 11][0]
-    attest, _ = TPMS_ATTEST.unmarshal(base64.b64decode(quote["quote"]))
+    attest, _unused1 = TPMS_ATTEST.unmarshal(base64.b64decode(quote["quote"]))
     claimed = {int(k): base64.b64decode(v) for k, v in quote["pcrs"]["pcrs"].items()}
     forged_blob = attest.marshal()
     attrs = TPMA_OBJECT.SIGN_ENCRYPT | TPMA_OBJECT.FIXEDTPM | TPMA_OBJECT.FIXEDPARENT | \
         TPMA_OBJECT.SENSITIVEDATAORIGIN | TPMA_OBJECT.USERWITHAUTH
     template = TPMT_PUBLIC.parse("rsa2048:rsassa-sha256:null", objectAttributes=attrs)
     with ESAPI(swtpm.tcti) as esapi:
-        key, public, _, _, _ = esapi.create_primary(None, TPM2B_PUBLIC(publicArea=template), ESYS_TR.OWNER)
+        key, public, _unused1, _unused2, _unused3 = esapi.create_primary(None, TPM2B_PUBLIC(publicArea=template), ESYS_TR.OWNER)
         try:
             ticket = TPMT_TK_HASHCHECK(tag=TPM2_ST.HASHCHECK, hierarchy=TPM2_RH.NULL)
             scheme = TPMT_SIG_SCHEME(scheme=TPM2_ALG.NULL)
