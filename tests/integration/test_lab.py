@@ -19,15 +19,16 @@ pytestmark = pytest.mark.lab
 
 
 def _root_state(lab: Lab) -> dict:
-    """Everything a lab could leave behind in the root namespace."""
+    """Everything this lab could leave behind in the root namespace (other labs may run
+    side by side, so namespaces and mounts are filtered by this lab's names)."""
     netns = sorted(n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
-                   .stdout.split() if n.startswith("cl-"))
+                   .stdout.split() if n.startswith(lab.ns_prefix))
     links = sorted(line.split(":")[1].strip() for line in subprocess.run(
         ["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout.splitlines())
     wg_dir = Path("/var/run/wireguard")
     wg = sorted(os.listdir(wg_dir)) if wg_dir.exists() else []
     with open("/proc/self/mountinfo") as f:
-        mounts = sorted(line.split()[4] for line in f if str(lab.state_root) in line.split()[4])
+        mounts = sorted(line.split()[4] for line in f if str(lab.state_dir) in line.split()[4])
     procs = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
