@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -62,7 +63,7 @@ def load_priv_key(data: bytes):
     for loader in (serialization.load_pem_private_key, serialization.load_ssh_private_key):
         try:
             return loader(data, password=None)
-        except (ValueError, TypeError, serialization.UnsupportedAlgorithm):
+        except (ValueError, TypeError, UnsupportedAlgorithm):
             continue
     raise InputError("admin_priv_key", "an unencrypted PEM or OpenSSH private key")
 

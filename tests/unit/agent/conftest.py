@@ -1,0 +1,91 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Agent unit tests: real swtpm, memory store, a recording VPN (WireGuard itself runs in the lab tests)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import List
+
+import pytest
+
+from lab.swtpm import SwTPM, free_port
+from ansible_collections.constellation.cluster.plugins.module_utils import core
+from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
+
+os.environ.setdefault("TSS2_LOG", "all+none")
+
+if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
+    pytest.skip("swtpm is not installed", allow_module_level=True)
+
+
+class RecordingVPN:
+    """Stands in for WireGuard in Core unit tests: remembers what it was told."""
+
+    vpn_cidr = "10.118.0.0/16"
+
+    def __init__(self):
+        self.address = None
+        self.priv_key = None
+        self.peers: List = []
+        self.setups = 0
+
+    def setup(self, vpn_ip, priv_key):
+        self.address, self.priv_key = vpn_ip, priv_key
+        self.setups += 1
+
+    def set_peers(self, records, own_pub_key):
+        self.peers = [r for r in records if r.vpn_pub_key != own_pub_key]
+        return True
+
+
+def start_swtpm(path) -> SwTPM:
+    last = None
+    for _ in range(5):
+        tpm = SwTPM(str(path), free_port())
+        try:
+            return tpm.start()
+        except Exception as err:  # pylint: disable=broad-except
+            last = err
+    raise last
+
+
+@pytest.fixture
+def swtpm(tmp_path):
+    tpm = start_swtpm(tmp_path / "tpm")
+    yield tpm
+    tpm.stop()
+
+
+@pytest.fixture
+def swtpm_factory(tmp_path):
+    """swtpm_factory() -> a started SwTPM of its own (stopped afterwards)."""
+    started = []
+
+    def make():
+        tpm = start_swtpm(tmp_path / ("tpm%d" % len(started)))
+        started.append(tpm)
+        return tpm
+
+    yield make
+    for tpm in started:
+        tpm.stop()
+
+
+@pytest.fixture
+def make_core(tmp_path):
+    """make_core(swtpm, store=None, name="n1", public_ip=...) -> (Core, RecordingVPN)"""
+    counter = [0]
+
+    def make(tpm, store=None, public_ip=None, disk_uuid=None):
+        counter[0] += 1
+        state_dir = tmp_path / ("agent%d" % counter[0])
+        state_dir.mkdir()
+        vpn = RecordingVPN()
+        c = core.Core(store if store is not None else MemoryStore(), core.TPMDevice(tpm.tcti), vpn, str(state_dir),
+                      public_ip or "10.42.0.%d" % (10 + counter[0]), disk_uuid or core.new_disk_uuid())
+        return c, vpn
+
+    return make

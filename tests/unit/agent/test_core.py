@@ -1,0 +1,238 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Core's state machine and node lock, on a real swtpm."""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
+
+State = core.State
+
+
+def admin_pem() -> str:
+    key = ed25519.Ed25519PrivateKey.generate()
+    return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+@pytest.fixture
+def secret():
+    return kms.MasterSecret.generate()
+
+
+def activate(c, secret, salt=None, pem=None):
+    return c.activate_as_coordinator(secret.to_uri(), salt or os.urandom(32), pem or admin_pem())
+
+
+def test_fresh_node_accepts_init_and_coordinator_activation_locks_pcr15_first(swtpm, make_core, secret):
+    c, vpn = make_core(swtpm)
+    assert c.load() == State.ACCEPTING_INIT
+    salt = os.urandom(32)
+    result = activate(c, secret, salt)
+    cluster_id = kms.ClusterKMS(secret).cluster_id(salt)
+    assert result.cluster_id == cluster_id
+    assert result.coordinator_vpn_ip == "10.118.0.1"
+    assert c.state == State.ACTIVATING_NODES and c.role == "coordinator"
+    assert c.tpm.pcr15() == expected_pcr15(cluster_id)
+    assert vpn.address == "10.118.0.1"
+    assert c.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(c.disk_uuid)
+    assert oct(os.stat(os.path.join(c.state_dir, core.STATE_DISK_KEY_FILE)).st_mode & 0o777) == "0o600"
+
+
+def test_second_activation_is_refused_and_pcr15_extended_once(swtpm, make_core, secret):
+    c, _vpn = make_core(swtpm)
+    c.load()
+    salt = os.urandom(32)
+    activate(c, secret, salt)
+    with pytest.raises(StateError, match="AcceptingInit"):
+        activate(c, secret, salt)
+    with pytest.raises(StateError, match="AcceptingInit"):
+        c.activate_as_node_begin({})
+    assert c.tpm.pcr15() == expected_pcr15(kms.ClusterKMS(secret).cluster_id(salt))
+
+
+def test_concurrent_activations_exactly_one_wins(swtpm, make_core, secret):
+    c, _vpn = make_core(swtpm)
+    c.load()
+    salts = [os.urandom(32) for _ in range(4)]
+    barrier = threading.Barrier(len(salts))
+    outcomes = []
+
+    def run(salt):
+        barrier.wait()
+        try:
+            outcomes.append(("ok", activate(c, secret, salt)))
+        except StateError as err:
+            outcomes.append(("refused", err))
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in salts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    winners = [o for kind, o in outcomes if kind == "ok"]
+    assert len(winners) == 1 and len(outcomes) == len(salts)
+    # PCR 15 was extended exactly once, with the winner's cluster ID.
+    assert c.tpm.pcr15() == expected_pcr15(winners[0].cluster_id)
+
+
+def test_bad_input_is_refused_before_the_point_of_no_return(swtpm, make_core, secret):
+    c, _vpn = make_core(swtpm)
+    c.load()
+    with pytest.raises(InputError, match="measurement_salt"):
+        c.activate_as_coordinator(secret.to_uri(), os.urandom(31), admin_pem())
+    with pytest.raises(InputError, match="admin_pub_key"):
+        c.activate_as_coordinator(secret.to_uri(), os.urandom(32), "not a key")
+    with pytest.raises(InputError, match="kms_uri"):
+        c.activate_as_coordinator("kms://cluster-kms?key=&salt=", os.urandom(32), admin_pem())
+    assert c.state == State.ACCEPTING_INIT
+    assert c.tpm.pcr15() == bytes(32)
+
+
+def _node_params(cluster_id, salt, coordinator_pub, admin):
+    return {"node_vpn_ip": "10.118.0.11", "coordinator_vpn_ip": "10.118.0.1", "cluster_id": base64.b64encode(cluster_id).decode(),
+            "measurement_salt": base64.b64encode(salt).decode(), "admin_pub_key": admin,
+            "peers": [{"vpn_ip": "10.118.0.1", "vpn_pub_key": coordinator_pub, "public_ip": "10.42.0.11",
+                       "role": "coordinator"}]}
+
+
+def test_node_activation_two_steps(tmp_path, swtpm, make_core, secret):
+    c, vpn = make_core(swtpm)
+    c.load()
+    salt = os.urandom(32)
+    cluster_id = kms.ClusterKMS(secret).cluster_id(salt)
+    coordinator_pub = pub_key_from_priv_key(generate_priv_key())
+    step = c.activate_as_node_begin(_node_params(cluster_id, salt, coordinator_pub, admin_pem()))
+    assert c.state == State.NODE_WAITING_FOR_CLUSTER_JOIN
+    assert c.tpm.pcr15() == expected_pcr15(cluster_id)
+    assert step.state_disk_uuid == c.disk_uuid
+    assert vpn.address == "10.118.0.11" and [p.vpn_ip for p in vpn.peers] == ["10.118.0.1"]
+    disk_key = kms.ClusterKMS(secret).state_disk_key(step.state_disk_uuid)
+    assert c.activate_as_node_finish(disk_key)["state"] == "IsNode"
+    assert c.read_disk_key() == disk_key
+    with pytest.raises(StateError):
+        c.activate_as_node_begin(_node_params(cluster_id, salt, coordinator_pub, admin_pem()))
+
+
+def test_node_activation_interrupted_between_steps_fails(swtpm, make_core, secret):
+    c, _vpn = make_core(swtpm)
+    c.load()
+    salt = os.urandom(32)
+    cluster_id = kms.ClusterKMS(secret).cluster_id(salt)
+    c.activate_as_node_begin(_node_params(cluster_id, salt, pub_key_from_priv_key(generate_priv_key()), admin_pem()))
+    c.abort_node_activation("coordinator went away")
+    assert c.state == State.FAILED
+    with pytest.raises(StateError):
+        c.activate_as_node_finish(os.urandom(32))
+
+
+def test_restart_restores_the_state(swtpm, make_core, secret):
+    store = MemoryStore()
+    c, _vpn = make_core(swtpm, store=store)
+    c.load()
+    result = activate(c, secret)
+    version = c.add_node_peer(c.reserve_node_ip(), pub_key_from_priv_key(generate_priv_key()), "10.42.0.20")
+    again, vpn2 = make_core(swtpm, store=store)
+    assert again.load() == State.ACTIVATING_NODES
+    assert again.cluster_id == result.cluster_id and again.role == "coordinator"
+    assert vpn2.address == "10.118.0.1" and [p.vpn_ip for p in vpn2.peers] == ["10.118.0.11"]
+    assert again.get_update(version) == {"resource_version": version}
+    # The restored Coordinator still refuses a second activation.
+    with pytest.raises(StateError):
+        activate(again, secret)
+
+
+def test_initialized_tpm_without_state_is_failed(swtpm, make_core, secret):
+    c, _vpn = make_core(swtpm)
+    c.load()
+    activate(c, secret)
+    stranger, _ = make_core(swtpm)  # empty store, same (initialized) TPM
+    assert stranger.load() == State.FAILED
+    with pytest.raises(StateError):
+        activate(stranger, secret)
+
+
+def test_recover_after_tpm_reset(swtpm_factory, make_core, secret):
+    tpm = swtpm_factory()
+    if True:
+        store = MemoryStore()
+        c, _vpn = make_core(tpm, store=store)
+        c.load()
+        result = activate(c, secret)
+        tpm.stop()
+        tpm.start()  # a reboot: PCRs reset
+        again, _ = make_core(tpm, store=store, disk_uuid=c.disk_uuid)
+        assert again.load() == State.ACCEPTING_INIT and again.recovery_pending
+        with pytest.raises(StateError):
+            activate(again, secret)  # a node holding a cluster's state is not fresh
+        with pytest.raises(StateError, match="cluster ID"):
+            again.recover(kms.MasterSecret.generate().to_uri())
+        assert again.tpm.pcr15() == bytes(32)
+        assert again.recover(secret.to_uri())["state"] == "ActivatingNodes"
+        assert again.tpm.pcr15() == expected_pcr15(result.cluster_id)
+        with pytest.raises(StateError):
+            again.recover(secret.to_uri())
+
+
+def test_join_ticket_with_inconsistent_cluster_id_is_refused_before_lock(swtpm, make_core, secret):
+    c, _vpn = make_core(swtpm)
+    c.load()
+    salt = os.urandom(32)
+    ticket = core.JoinTicket(os.urandom(32), salt, os.urandom(32), os.urandom(32), "10.118.0.12", (), "10.118.0.1",
+                             admin_pem())
+    with pytest.raises(StateError, match="cluster ID"):
+        c.join(ticket)
+    assert c.tpm.pcr15() == bytes(32) and c.state == State.ACCEPTING_INIT
+
+
+def test_join_then_update(swtpm, swtpm_factory, make_core, secret):
+    coordinator_tpm = swtpm
+    coord, _ = make_core(coordinator_tpm)
+    coord.load()
+    activate(coord, secret)
+    ip = coord.reserve_node_ip()
+    node_dir_tpm = swtpm_factory()
+    if True:
+        node, vpn = make_core(node_dir_tpm)
+        node.load()
+        ticket = coord.issue_join_ticket(node.disk_uuid, ip)
+        assert "secrets" in repr(ticket) and base64.b64encode(ticket.state_disk_key).decode() not in repr(ticket)
+        node.join(core.JoinTicket.from_dict(ticket.to_dict()))
+        assert node.state == State.IS_NODE
+        assert node.tpm.pcr15() == expected_pcr15(coord.cluster_id)
+        assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)
+        coord.add_node_peer(ip, node.vpn_pub_key, "10.42.0.30")
+        other = pub_key_from_priv_key(generate_priv_key())
+        coord.add_node_peer(coord.reserve_node_ip(), other, "10.42.0.31")
+        assert node.apply_update(coord.get_update(node.resource_version))
+        assert other in [p.vpn_pub_key for p in vpn.peers]
+        assert not node.apply_update(coord.get_update(node.resource_version))
+        assert coord.get_update(node.resource_version) == {"resource_version": node.resource_version}
+
+
+def test_get_data_key_refuses_reserved_ids_and_disk_uuids(swtpm, make_core, secret):
+    c, _ = make_core(swtpm)
+    c.load()
+    with pytest.raises(StateError):
+        c.get_data_key("foo", 32)
+    activate(c, secret)
+    assert c.get_data_key("foo", 16) == kms.ClusterKMS(secret).derive_key("foo", 16)
+    for bad in ("measurementSecret", "ca_emergency_ssh", "", c.disk_uuid):
+        with pytest.raises(InputError):
+            c.get_data_key(bad, 32)
+    with pytest.raises(InputError, match="length"):
+        c.get_data_key("foo", 0)
+    assert peerstore.load_kms_data(c.store)["kms_uri"] == secret.to_uri()
