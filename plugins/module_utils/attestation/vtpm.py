@@ -190,20 +190,31 @@ class VTPMIssuer:
         PCRs are read before and the quote's digest is checked against them; a PCR extended in
         between makes us read and quote again (bounded)."""
         with self._lock:
-            tpm, ak = self._open()
-            for _attempt in range(5):
-                values = tpm.pcr_read(bank, indices)
-                quoted, signature = tpm.esapi.quote(ak, make_selection({bank: indices}), tpm_nonce)
-                attest_raw = bytes(quoted.attestationData)
-                attest, _size = TPMS_ATTEST.unmarshal(attest_raw)
-                digest = bytes(attest.attested.quote.pcrDigest)
-                hash_name = _HASHLIB_NAMES[int(signature.signature.rsassa.hash)] \
-                    if int(signature.sigAlg) in (TPM2_ALG.RSASSA, TPM2_ALG.RSAPSS) \
-                    else _HASHLIB_NAMES[int(signature.signature.ecdsa.hash)]
-                if hashlib.new(hash_name, b"".join(values[i] for i in sorted(values))).digest() == digest:
-                    break
+            try:
+                return self._quote_locked(tpm_nonce, bank, indices)
+            except TSS2_Exception as err:
+                # the TPM may have restarted (swtpm): drop the context, reconnect on the next call
+                tpm, self._tpm, self._ak = self._tpm, None, None
+                if tpm is not None:
+                    tpm.close()
+                raise AttestationError("TPM quote failed (%s): %s" % (self.tcti, err))
+
+    def _quote_locked(self, tpm_nonce: bytes, bank: int, indices: Sequence[int]) -> Dict:
+        tpm, ak = self._open()
+        for _attempt in range(5):
+            values = tpm.pcr_read(bank, indices)
+            quoted, signature = tpm.esapi.quote(ak, make_selection({bank: indices}), tpm_nonce)
+            attest_raw = bytes(quoted.attestationData)
+            attest, _size = TPMS_ATTEST.unmarshal(attest_raw)
+            if int(signature.sigAlg) == TPM2_ALG.ECDSA:
+                hash_name = _HASHLIB_NAMES[int(signature.signature.ecdsa.hash)]
             else:
-                raise AttestationError("PCRs kept changing while quoting (5 attempts)")
+                hash_name = _HASHLIB_NAMES[int(signature.signature.rsassa.hash)]
+            pcr_digest = hashlib.new(hash_name, b"".join(values[i] for i in sorted(values))).digest()
+            if pcr_digest == bytes(attest.attested.quote.pcrDigest):
+                break
+        else:
+            raise AttestationError("PCRs kept changing while quoting (5 attempts)")
         return {
             "quote": _b64(attest_raw),
             "raw_sig": _b64(signature.marshal()),

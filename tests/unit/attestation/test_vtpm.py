@@ -275,3 +275,14 @@ def test_event_log_replays_against_quote(fresh_swtpm, tmp_path):
 def test_missing_event_log_is_omitted(swtpm, tmp_path):
     with VTPMIssuer(swtpm.tcti, event_log_path=str(tmp_path / "nope")) as iss:
         assert "event_log" not in json.loads(iss.issue(b"u", NONCE))["Attestation"]
+
+
+def test_issuer_survives_tpm_restart(fresh_swtpm):
+    with VTPMIssuer(fresh_swtpm.tcti, event_log_path=None, banks=["sha256"]) as iss:
+        first = iss.ak_pub
+        fresh_swtpm.stop()
+        with pytest.raises(AttestationError, match="TPM quote failed|cannot open TPM"):
+            iss.issue(b"u", NONCE)
+        fresh_swtpm.start()
+        document = iss.issue(b"u", NONCE)  # reconnected; the AK persisted in the TPM state
+        assert json.loads(document)["Attestation"]["ak_pub"] == base64.b64encode(first).decode()
