@@ -377,10 +377,11 @@ def parse_uri(uri: str, field: str = "uri") -> BackendURI:
     if "/" in authority and authority.split("/", 1)[1]:
         raise InputError(field + " path", "no path after the backend name", _preview(authority))
     backend = authority.rstrip("/")
+    if "@" in backend or ":" in backend:
+        raise InputError(field + " backend", "a bare backend name (no user info, no port)")
     backends = _BACKENDS[scheme]
     if backend not in backends:
-        raise InputError(field + " backend", "one of " + ", ".join(backends),
-                         _preview(backend.split("@")[-1]))
+        raise InputError(field + " backend", "one of " + ", ".join(backends), _preview(backend))
     names = backends[backend]
     if not names:
         if qmark and query:

@@ -89,6 +89,8 @@ def test_open_kms_cluster():
     ("", "uri"),
     ("kms://vault?key=a", "uri backend"),
     ("kms://terraform?key=a", "uri backend"),
+    ("kms://admin@cluster-kms?key=%s&salt=%s" % (GOOD_KEY, GOOD_SALT), "uri backend"),
+    ("kms://cluster-kms:443?key=%s&salt=%s" % (GOOD_KEY, GOOD_SALT), "uri backend"),
     ("storage://cluster-kms?key=a", "uri backend"),
     ("kms://cluster-kms", "key"),
     ("kms://cluster-kms?salt=%s" % GOOD_SALT, "key"),
