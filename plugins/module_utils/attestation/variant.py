@@ -36,11 +36,19 @@ def register(variant: Variant) -> Variant:
     return variant
 
 
+# Variants of ours that live in their own module and register themselves on import.
+_LAZY = {"qemu-vtpm-ek": "ek"}
+
+
 def from_string(name: str) -> Variant:
+    if name not in VARIANTS and name in _LAZY:
+        import importlib
+
+        importlib.import_module("ansible_collections.constellation.cluster.plugins.module_utils.attestation." + _LAZY[name])
     try:
         return VARIANTS[name]
     except KeyError:
-        raise InputError("attestation_variant", "one of %s" % ", ".join(sorted(VARIANTS)), name)
+        raise InputError("attestation_variant", "one of %s" % ", ".join(sorted(set(VARIANTS) | set(_LAZY))), name)
 
 
 @dataclass
