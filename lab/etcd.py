@@ -33,7 +33,7 @@ def free_ports(count: int, bindaddr: str = "127.0.0.1") -> List[int]:
     """``count`` distinct ports that were free just now (held open together while choosing)."""
     socks = []
     try:
-        for _ in range(count):
+        for dummy in range(count):
             sock = socket.socket()
             sock.bind((bindaddr, 0))
             socks.append(sock)

@@ -474,9 +474,9 @@ class EtcdStore(_BaseStore):
                 raise InputError(field, "an http:// or https:// endpoint", endpoint)
         rest = rest.rstrip("/")
         if rest.startswith("["):
-            host, _, port_text = rest[1:].partition("]:")
+            host, _sep, port_text = rest[1:].partition("]:")
         else:
-            host, _, port_text = rest.rpartition(":")
+            host, _sep, port_text = rest.rpartition(":")
         try:
             port = int(port_text)
         except ValueError:

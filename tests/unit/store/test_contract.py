@@ -46,10 +46,10 @@ def test_items_sorted_and_prefix_isolated(store):
         store.put(key, key.encode())
     assert store.items("peerPrefix") == [("peerPrefix10.118.0.1", b"peerPrefix10.118.0.1"),
                                          ("peerPrefix10.118.0.2", b"peerPrefix10.118.0.2")]
-    assert [k for k, _ in store.items("peer")] == ["peer", "peerPrefix10.118.0.1", "peerPrefix10.118.0.2",
-                                                  "peersResourceVersion"]
+    expected = ["peer", "peerPrefix10.118.0.1", "peerPrefix10.118.0.2", "peersResourceVersion"]
+    assert [k for k, dummy in store.items("peer")] == expected
     everything = store.items("")
-    assert [k for k, _ in everything] == sorted(k for k, _ in everything)
+    assert [k for k, dummy in everything] == sorted(k for k, dummy in everything)
     assert len(everything) == 6
     assert store.items("nothing-here") == []
 
@@ -106,13 +106,13 @@ def test_concurrent_increments_shared_handle(store):
 
     def work():
         try:
-            for _ in range(25):
+            for dummy in range(25):
                 with store.transaction() as tx:
                     _increment(tx)
         except Exception as err:  # pragma: no cover - reported below
             errors.append(err)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
+    threads = [threading.Thread(target=work) for dummy in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -130,12 +130,12 @@ def test_concurrent_increments_separate_handles(store_factory):
     def work():
         try:
             own = store_factory()
-            for _ in range(15):
+            for dummy in range(15):
                 own.update(_increment)
         except Exception as err:  # pragma: no cover - reported below
             errors.append(err)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
+    threads = [threading.Thread(target=work) for dummy in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -143,7 +143,7 @@ def test_concurrent_increments_separate_handles(store_factory):
     assert not errors
     check = store_factory()
     assert check.get("counter") == b"120"
-    assert [k for k, _ in check.items("log/")] == ["log/%06d" % i for i in range(120)]
+    assert [k for k, dummy in check.items("log/")] == ["log/%06d" % i for i in range(120)]
 
 
 def test_update_returns_result_and_validates_attempts(store):

@@ -26,7 +26,7 @@ import sys
 from ansible_collections.constellation.cluster.plugins.module_utils.store import FileStore
 store = FileStore(sys.argv[1])
 loops = int(sys.argv[2])
-for _ in range(loops):
+for dummy in range(loops):
     with store.transaction() as tx:
         version = int(tx.get_default("version", b"0"))
         tx.put("list/%06d" % version, b"x" * 2048)
@@ -54,7 +54,7 @@ def test_kill_9_never_leaves_a_broken_file(tmp_path):
     path = tmp_path / "state.json"
     rng = random.Random(7)
     last = 0
-    for _ in range(20):
+    for dummy in range(20):
         child = subprocess.Popen([sys.executable, "-c", WRITER, str(path), "100000", "report"],
                                  env=_env(), stdout=subprocess.PIPE, text=True)
         try:
@@ -75,7 +75,7 @@ def test_kill_9_never_leaves_a_broken_file(tmp_path):
 def test_two_processes_lose_no_update(tmp_path):
     path = str(tmp_path / "state.json")
     children = [subprocess.Popen([sys.executable, "-c", WRITER, path, "60", "quiet"], env=_env())
-                for _ in range(2)]
+                for dummy in range(2)]
     for child in children:
         assert child.wait(120) == 0
     assert _consistent_version(path) == 120

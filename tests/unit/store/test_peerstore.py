@@ -53,7 +53,7 @@ def test_peer_state_uses_the_coordinator_key_layout(store):
     assert json.loads(store.get("peerPrefix10.118.0.17"))["Role"] == "Admin"
     assert ipaddress.IPv4Address(store.get("highestAvailableNodeIP")) == ipaddress.IPv4Address("10.118.0.18")
     assert ipaddress.IPv4Address(store.get("highestAvailableCoordinatorIP")) == ipaddress.IPv4Address("10.118.0.2")
-    assert [k for k, _ in store.items("freeNodeVPNIPs")] == ["freeNodeVPNIPs10.118.0.12", "freeNodeVPNIPs10.118.0.14"]
+    assert [k for k, dummy in store.items("freeNodeVPNIPs")] == ["freeNodeVPNIPs10.118.0.12", "freeNodeVPNIPs10.118.0.14"]
     assert store.items("peerPrefix10.118.0.12") == []
 
 
