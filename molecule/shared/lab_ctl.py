@@ -1,0 +1,51 @@
+"""Builds and removes the lab hosts of one Molecule scenario (molecule/shared/create.yml, destroy.yml).
+
+The lab's own CLI (``python -m lab``) writes an inventory only for the default lab; a scenario needs
+its own lab name and an inventory directory of its own (for the per-host shell wrappers
+``<inventory>/bin/<host>-sh``), so this calls the lab's Python API. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from lab.core import Lab, LabError  # noqa: E402  (needs the repository on sys.path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="lab_ctl.py", description=__doc__)
+    p.add_argument("action", choices=["up", "down"])
+    p.add_argument("--name", required=True, help="lab name, 1-8 characters [a-z0-9]")
+    p.add_argument("--inventory-dir", required=True, help="where the lab writes hosts.yml and bin/<host>-sh")
+    p.add_argument("--hosts", type=int, default=1)
+    p.add_argument("--no-tpm", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        lab = Lab(args.name, inventory_dir=Path(args.inventory_dir))
+        if args.action == "up":
+            # Always fresh hosts: a lab left behind by an interrupted run must not leak its
+            # interfaces or files into the next converge (so the scenarios need no first destroy).
+            lab.down()
+            lab.up(hosts=args.hosts, tpm=not args.no_tpm)
+            shells = {h.name: str(Path(args.inventory_dir) / "bin" / ("%s-sh" % h.name)) for h in lab.hosts}
+            print(json.dumps({"changed": True, "lab": lab.name, "hosts": [h.name for h in lab.hosts],
+                              "public_ips": {h.name: h.public_ip for h in lab.hosts}, "shells": shells}))
+        else:
+            existed = lab.state_dir.exists()
+            lab.down()
+            print(json.dumps({"changed": existed, "lab": lab.name}))
+    except LabError as err:
+        print("lab_ctl: %s" % err, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
