@@ -122,6 +122,30 @@ _TTL_RE = re.compile(r"\A(?=\d)((\d+)h)?((\d+)m)?((\d+)s)?\Z")
 _TOKEN_ALPHABET = string.ascii_lowercase + string.digits
 
 
+# --------------------------------------------------------------------------- shared argument specs
+
+
+def common_argument_spec() -> dict:
+    """Options every kubeadm module has (documented in doc_fragments/kubeadm.py DOCUMENTATION)."""
+    return dict(
+        kubeadm_path=dict(type="path"),
+        kubernetes_dir=dict(type="path", default=KUBERNETES_DIR),
+        api_version=dict(type="str", choices=list(API_VERSIONS), default=DEFAULT_API_VERSION),
+    )
+
+
+def node_argument_spec() -> dict:
+    """Options of a node that runs kubeadm init or join (doc_fragments/kubeadm.py NODE)."""
+    return dict(
+        node_name=dict(type="str", required=True),
+        node_vpn_ip=dict(type="str", required=True),
+        cloud_provider=dict(type="str", default=""),
+        provider_id=dict(type="str"),
+        cri_socket=dict(type="str", default=CRI_SOCKET),
+        patches_dir=dict(type="path", default=PATCHES_DIR),
+    )
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -816,6 +840,15 @@ def write_audit_policy(kubernetes_dir: str) -> bool:
     return _atomic_write(audit_policy_path(kubernetes_dir), dump_documents([audit_policy()]), 0o600)
 
 
+def _scrubbed(err: ExternalCommandError, secret_values: Sequence[Optional[str]]) -> ExternalCommandError:
+    """The same error with any secret kubeadm may have echoed (e.g. at -v=5) replaced."""
+    text = err.stderr
+    for value in secret_values:
+        if value:
+            text = text.replace(value, REDACTED)
+    return ExternalCommandError(err.argv, err.rc, text)
+
+
 class _PrivateConfig:
     """A kubeadm configuration in a 0600 file inside a fresh 0700 directory, removed afterwards."""
 
@@ -863,14 +896,17 @@ def init_control_plane(kubeadm: Kubeadm, params: InitParams, upload_certs: bool 
     if not upload_certs:
         params.certificate_key = None
     docs = render_init(params)
+    kubeadm.path  # no kubeadm: fail before anything is written (and in a dry run too)  # noqa: B018
     if check_mode:
-        kubeadm.path  # a dry run still reports a host without kubeadm  # noqa: B018
         return InitResult(changed=True, config=redact(docs))
     if params.patches_dir:
         os.makedirs(params.patches_dir, mode=0o755, exist_ok=True)
     write_audit_policy(params.kubernetes_dir)
     with _PrivateConfig(docs) as config_path:
-        kubeadm.init(config_path, upload_certs)
+        try:
+            kubeadm.init(config_path, upload_certs)
+        except ExternalCommandError as err:
+            raise _scrubbed(err, [params.token, params.certificate_key]) from None
     if not is_initialised(params.kubernetes_dir):
         raise StateError("kubeadm init succeeded but %s/admin.conf or pki/ca.crt is missing" % params.kubernetes_dir)
     return InitResult(changed=True, config=redact(docs), ca_cert_hash=read_ca_cert_hash(params.kubernetes_dir),
@@ -894,15 +930,18 @@ def join_node(kubeadm: Kubeadm, params: JoinParams, check_mode: bool = False) ->
             raise InputError("certificate_key", "a certificate key, or the cluster PKI already under %s/pki "
                              "(missing: %s)" % (params.kubernetes_dir, ", ".join(missing)))
     docs = render_join(params)
+    kubeadm.path  # no kubeadm: fail before anything is written  # noqa: B018
     if check_mode:
-        kubeadm.path  # noqa: B018
         return JoinResult(changed=True, config=redact(docs))
     if params.patches_dir:
         os.makedirs(params.patches_dir, mode=0o755, exist_ok=True)
     if params.control_plane:
         write_audit_policy(params.kubernetes_dir)
     with _PrivateConfig(docs) as config_path:
-        kubeadm.join(config_path)
+        try:
+            kubeadm.join(config_path)
+        except ExternalCommandError as err:
+            raise _scrubbed(err, [params.token, params.certificate_key]) from None
     if not is_joined(params.kubernetes_dir):
         raise StateError("kubeadm join succeeded but %s/kubelet.conf is missing" % params.kubernetes_dir)
     return JoinResult(changed=True, config=redact(docs))
@@ -949,7 +988,10 @@ def ensure_token(kubeadm: Kubeadm, token: Optional[str] = None, ttl: str = DEFAU
         return TokenResult(True, token_id(wanted) if token else None,
                            [t.as_dict() for t in kubeadm.token_list()], None)
     with _PrivateConfig(render_token_config(wanted, ttl, description, usages, groups, api_version)) as path:
-        created = kubeadm.token_create(path)
+        try:
+            created = kubeadm.token_create(path)
+        except ExternalCommandError as err:
+            raise _scrubbed(err, [wanted]) from None
     if not hmac.compare_digest(created, wanted):
         raise StateError("kubeadm token create reported a different token than the one requested")
     return TokenResult(True, token_id(created), [t.as_dict() for t in kubeadm.token_list()], created)

@@ -71,6 +71,7 @@ def test_missing_kubeadm_is_a_clear_error(tmp_path, init_params, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(core.KubeadmMissing, match="kubeadm was not found on PATH"):
         core.init_control_plane(core.Kubeadm(None, str(tmp_path / "k")), init_params(kubernetes_dir=str(tmp_path / "k")))
+    assert not (tmp_path / "k").exists()  # refused before the audit policy or anything else was written
     with pytest.raises(core.KubeadmMissing, match="kubeadm_path"):
         core.Kubeadm(str(tmp_path / "nope"), str(tmp_path)).path  # noqa: B018
 

@@ -1,0 +1,148 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: kubeadm_join
+short_description: Join a node to a Kubernetes cluster with kubeadm, pinning the cluster CA
+version_added: "0.1.0"
+author: constellation.cluster contributors
+description:
+  - Renders a C(JoinConfiguration) (and a C(KubeletConfiguration) carrying the provider ID) and runs
+    C(kubeadm join) as a worker or as a further control plane.
+  - The cluster CA is always pinned with O(ca_cert_hash). There is no option to skip CA verification.
+  - Does nothing when C(<kubernetes_dir>/kubelet.conf) exists (the node already joined).
+  - A control plane joins either with O(certificate_key) (it downloads the certificates uploaded by
+    M(constellation.cluster.kubeadm_init)) or, as Constellation does, with the cluster PKI already placed under
+    C(<kubernetes_dir>/pki); the module checks for those files and then skips the download-certs phase.
+extends_documentation_fragment:
+  - constellation.cluster.kubeadm
+  - constellation.cluster.kubeadm.node
+options:
+  api_server_endpoint:
+    description: C(host:port) of the cluster's API server.
+    type: str
+    required: true
+  token:
+    description: The bootstrap token, C([a-z0-9]{6}.[a-z0-9]{16}).
+    type: str
+    required: true
+  ca_cert_hash:
+    description:
+      - The pinned discovery hash of the cluster CA, C(sha256:<64 hex digits>), as returned by
+        M(constellation.cluster.kubeadm_init) or computed with the P(constellation.cluster.ca_cert_hash#filter) filter.
+    type: str
+    required: true
+  control_plane:
+    description: Join as a control plane.
+    type: bool
+    default: false
+  certificate_key:
+    description: Key that decrypts the uploaded control-plane certificates; only with O(control_plane).
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: Returns the configuration it would use, with secrets redacted; runs nothing.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: A node with a kubelet kubeconfig is left untouched.
+"""
+
+EXAMPLES = r"""
+- name: Join a worker
+  constellation.cluster.kubeadm_join:
+    api_server_endpoint: 10.118.0.1:6443
+    token: "{{ join_token }}"
+    ca_cert_hash: "{{ cluster_ca_cert_hash }}"
+    node_name: worker-0
+    node_vpn_ip: 10.118.0.11
+
+- name: Join a second control plane with uploaded certificates
+  constellation.cluster.kubeadm_join:
+    api_server_endpoint: 10.118.0.1:6443
+    token: "{{ join_token }}"
+    ca_cert_hash: "{{ cluster_ca_cert_hash }}"
+    node_name: control-plane-1
+    node_vpn_ip: 10.118.0.2
+    control_plane: true
+    certificate_key: "{{ certificate_key }}"
+"""
+
+RETURN = r"""
+joined:
+  description: Whether the node belongs to a cluster after this run (false only in check mode).
+  returned: always
+  type: bool
+kubelet_kubeconfig_path:
+  description: The kubelet's kubeconfig.
+  returned: always
+  type: str
+  sample: /etc/kubernetes/kubelet.conf
+config:
+  description: The kubeadm configuration documents used (or that would be used), secrets redacted.
+  returned: when kubeadm join ran or would run
+  type: list
+  elements: dict
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm import (
+    HAS_CRYPTOGRAPHY,
+    HAS_YAML,
+    JoinParams,
+    Kubeadm,
+    common_argument_spec,
+    is_joined,
+    join_node,
+    node_argument_spec,
+)
+
+
+def main():
+    argument_spec = common_argument_spec()
+    argument_spec.update(node_argument_spec())
+    argument_spec.update(
+        api_server_endpoint=dict(type="str", required=True),
+        token=dict(type="str", required=True, no_log=True),
+        ca_cert_hash=dict(type="str", required=True),
+        control_plane=dict(type="bool", default=False),
+        certificate_key=dict(type="str", no_log=True),
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    if not HAS_YAML:
+        module.fail_json(msg=missing_required_lib("PyYAML"))
+    if not HAS_CRYPTOGRAPHY:
+        module.fail_json(msg=missing_required_lib("cryptography"))
+    p = module.params
+    try:
+        params = JoinParams(
+            api_server_endpoint=p["api_server_endpoint"], token=p["token"], ca_cert_hash=p["ca_cert_hash"],
+            node_name=p["node_name"], node_vpn_ip=p["node_vpn_ip"], control_plane=p["control_plane"],
+            certificate_key=p["certificate_key"], cloud_provider=p["cloud_provider"], provider_id=p["provider_id"],
+            cri_socket=p["cri_socket"], patches_dir=p["patches_dir"] or None, api_version=p["api_version"],
+            kubernetes_dir=p["kubernetes_dir"],
+        )
+        result = join_node(Kubeadm(p["kubeadm_path"], params.kubernetes_dir), params, check_mode=module.check_mode)
+    except ConstellationError as err:
+        module.fail_json(msg=str(err))
+    out = dict(changed=result.changed, joined=is_joined(params.kubernetes_dir),
+               kubelet_kubeconfig_path=os.path.join(params.kubernetes_dir, "kubelet.conf"))
+    if result.config:
+        out["config"] = result.config
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()

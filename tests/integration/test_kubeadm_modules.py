@@ -1,0 +1,194 @@
+"""The kubeadm modules run by a real ``ansible-playbook`` against the kubeadm TEST DOUBLE
+(tests/doubles/kubeadm, passed as ``kubeadm_path``): kubeadm cannot be installed on this machine, so the
+process boundary is where the double stands in. Playbooks assert on registered results; the tests
+assert on the play's output (-v) and on what the double recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_BIN = os.path.join(REPO, ".venv", "bin")
+KUBEADM_DOUBLE = os.path.join(REPO, "tests", "doubles", "kubeadm")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(VENV_BIN, "ansible-playbook")),
+                                reason="ansible-playbook is not installed in .venv (run make setup)")
+
+
+def run_playbook(tmp_path, tasks, extra_vars=None, check=False):
+    play = [{"hosts": "localhost", "gather_facts": False, "vars": extra_vars or {}, "tasks": tasks}]
+    path = tmp_path / ("play-%d.yml" % len(list(tmp_path.glob("play-*.yml"))))
+    path.write_text(yaml.safe_dump(play, sort_keys=False))
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
+        PATH=VENV_BIN + os.pathsep + env.get("PATH", ""),
+        KUBEADM_DOUBLE_LOG=str(tmp_path / "kubeadm-double.log"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
+    )
+    env.pop("KUBEADM_DOUBLE_CLUSTER", None)
+    argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-v", "-i", "localhost,", "-e", "ansible_connection=local",
+            "-e", "ansible_python_interpreter=%s" % os.path.join(VENV_BIN, "python"), str(path)]
+    if check:
+        argv.append("--check")
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return proc
+
+
+def double_log(tmp_path):
+    path = tmp_path / "kubeadm-double.log"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _task(module, args, **extra):
+    task = {"name": "%s %s" % (module, extra.pop("label", "")), "constellation.cluster.%s" % module: args}
+    task.update(extra)
+    return task
+
+
+def _assert(*conditions, **extra):
+    task = {"ansible.builtin.assert": {"that": list(conditions), "quiet": True}}
+    task.update(extra)
+    return task
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return {"cp": str(tmp_path / "cp" / "kubernetes"), "worker": str(tmp_path / "worker" / "kubernetes"),
+            "patches": str(tmp_path / "patches")}
+
+
+def _init_args(dirs, **extra):
+    args = {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["cp"], "patches_dir": dirs["patches"],
+            "kubernetes_version": "v1.31.1", "node_name": "control-plane-0", "node_vpn_ip": "10.118.0.1"}
+    args.update(extra)
+    return args
+
+
+def test_init_token_join_lifecycle(tmp_path, dirs):
+    token_re = "^[a-z0-9]{6}[.][a-z0-9]{16}$"
+    tasks = [
+        _task("kubeadm_init", _init_args(dirs, upload_certs=True), label="dry run", check_mode=True,
+              register="dry"),
+        _assert("dry.changed", "not dry.initialised", "dry.config[0].bootstrapTokens[0].token == '<redacted>'",
+                "dry.config[0].certificateKey == '<redacted>'", "dry.kubeconfig is not defined"),
+        _task("kubeadm_init", _init_args(dirs, upload_certs=True, return_secrets=True), label="for real",
+              register="init", no_log=True),
+        _assert("init.changed", "init.token is match('%s')" % token_re,
+                "init.certificate_key is match('^[0-9a-f]{64}$')",
+                "'certificate-authority-data' in init.kubeconfig",
+                "init.ca_cert_hash == lookup('ansible.builtin.file', '%s/pki/ca.crt') "
+                "| constellation.cluster.ca_cert_hash" % dirs["cp"],
+                "init.token_id == init.token.split('.')[0]", no_log=True),
+        _task("kubeadm_init", _init_args(dirs, upload_certs=True), label="again", register="again"),
+        _assert("not again.changed", "again.ca_cert_hash == init.ca_cert_hash", "again.token is not defined"),
+        _task("kubeadm_token", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["cp"], "ttl": "1h",
+                                "return_secrets": True}, label="create", register="tok", no_log=True),
+        _assert("tok.changed", "tok.token is match('%s')" % token_re,
+                "tok.token_id in (tok.tokens | map(attribute='token_id'))", no_log=True),
+        _task("kubeadm_token", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["cp"], "state": "list"},
+              label="list", register="listed"),
+        _assert("not listed.changed", "listed.tokens | length == 2",
+                "(listed.tokens | map(attribute='token_id') | sort) == ([init.token_id, tok.token_id] | sort)"),
+        _task("kubeadm_join", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["worker"], "patches_dir": "",
+                               "api_server_endpoint": "10.118.0.1:6443", "token": "{{ tok.token }}",
+                               "ca_cert_hash": "{{ init.ca_cert_hash }}", "node_name": "worker-0",
+                               "node_vpn_ip": "10.118.0.11"},
+              label="worker dry run", check_mode=True, register="jdry"),
+        _assert("jdry.changed", "not jdry.joined", "jdry.config[0].discovery.bootstrapToken.token == '<redacted>'"),
+        _task("kubeadm_join", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["worker"], "patches_dir": "",
+                               "api_server_endpoint": "10.118.0.1:6443", "token": "{{ tok.token }}",
+                               "ca_cert_hash": "{{ init.ca_cert_hash }}", "node_name": "worker-0",
+                               "node_vpn_ip": "10.118.0.11"},
+              label="worker", register="joined", environment={"KUBEADM_DOUBLE_CLUSTER": dirs["cp"]}),
+        _task("kubeadm_join", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["worker"], "patches_dir": "",
+                               "api_server_endpoint": "10.118.0.1:6443", "token": "{{ tok.token }}",
+                               "ca_cert_hash": "{{ init.ca_cert_hash }}", "node_name": "worker-0",
+                               "node_vpn_ip": "10.118.0.11"},
+              label="worker again", register="rejoined", environment={"KUBEADM_DOUBLE_CLUSTER": dirs["cp"]}),
+        _assert("joined.changed", "joined.joined", "not rejoined.changed"),
+        _task("kubeadm_token", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["cp"], "state": "absent",
+                                "token_id": "{{ tok.token_id }}"}, label="delete", register="deleted"),
+        _task("kubeadm_token", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["cp"], "state": "absent",
+                                "token_id": "{{ tok.token_id }}"}, label="delete again", register="deleted2"),
+        _assert("deleted.changed", "not deleted2.changed", "tok.token_id not in (deleted.tokens | map(attribute='token_id'))"),
+    ]
+    proc = run_playbook(tmp_path, tasks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    log = double_log(tmp_path)
+    commands = [" ".join(e["argv"][:2]) for e in log]
+    # Check mode ran nothing; the second init and the second join ran nothing either.
+    assert commands.count("init -v=5") == 1
+    assert commands.count("join -v=5") == 1
+    assert all(e["rc"] == 0 for e in log)
+
+    # Secrets the double saw must not appear in the play's -v output.
+    init_doc = next(e for e in log if e["argv"][0] == "init")["config"][0]
+    join_doc = next(e for e in log if e["argv"][0] == "join")["config"][0]
+    secrets = [init_doc["bootstrapTokens"][0]["token"], init_doc["certificateKey"],
+               join_doc["discovery"]["bootstrapToken"]["token"]]
+    with open(os.path.join(dirs["cp"], "admin.conf"), encoding="utf-8") as handle:
+        admin = yaml.safe_load(handle)
+    secrets.append(admin["users"][0]["user"]["client-key-data"])
+    for secret in secrets:
+        assert secret not in proc.stdout and secret not in proc.stderr
+    # ...while the non-secret results are visible.
+    assert "ca_cert_hash" in proc.stdout and "sha256:" in proc.stdout
+
+
+def test_bad_input_and_missing_ca_hash_fail_clearly(tmp_path, dirs):
+    join = {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["worker"], "patches_dir": "",
+            "api_server_endpoint": "10.118.0.1:6443", "token": "abcdef.0123456789abcdef",
+            "node_name": "worker-0", "node_vpn_ip": "10.118.0.11"}
+    cases = [
+        ("nohash", "kubeadm_join", join, "ca_cert_hash"),
+        ("emptyhash", "kubeadm_join", dict(join, ca_cert_hash=""), "no way to skip CA verification"),
+        ("version", "kubeadm_init", _init_args(dirs, kubernetes_version="1.31"), "kubernetes_version: expected"),
+        ("cidr", "kubeadm_init", _init_args(dirs, service_cidr="10.96.0.1/12"), "service_cidr: expected"),
+        ("name", "kubeadm_init", _init_args(dirs, node_name="Control_Plane"), "node_name: expected"),
+        ("vpnip", "kubeadm_init", _init_args(dirs, node_vpn_ip="10.118.0.256"), "node_vpn_ip: expected"),
+        ("token", "kubeadm_join", dict(join, token="abcdef-0123456789abcdef", ca_cert_hash="sha256:" + "a" * 64),
+         "token: expected"),
+        ("nokubeadm", "kubeadm_init", _init_args(dirs, kubeadm_path=str(tmp_path / "no-kubeadm")),
+         "is not an executable file"),
+    ]
+    tasks = []
+    for label, module, args, _ in cases:
+        tasks.append(_task(module, args, label=label, register=label, ignore_errors=True))
+    for label, _, _, expected in cases:
+        tasks.append(_assert("%s.failed" % label, "%r in %s.msg" % (expected, label),
+                             "'Traceback' not in (%s.module_stderr | default(''))" % label))
+    proc = run_playbook(tmp_path, tasks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert double_log(tmp_path) == []  # every refusal happened before kubeadm ran
+    assert "abcdef.0123456789abcdef" not in proc.stdout
+    assert not os.path.exists(dirs["cp"]) and not os.path.exists(dirs["worker"])
+
+
+def test_whole_play_in_check_mode_changes_nothing(tmp_path, dirs):
+    tasks = [
+        _task("kubeadm_init", _init_args(dirs), register="init"),
+        _assert("init.changed", "init.config | length == 3", "init.config[1].kind == 'ClusterConfiguration'"),
+    ]
+    proc = run_playbook(tmp_path, tasks, check=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert double_log(tmp_path) == []
+    assert not os.path.exists(dirs["cp"])
+    assert "<redacted>" in proc.stdout
+
+
+def test_no_kubeadm_on_path_is_reported(tmp_path, dirs):
+    tasks = [_task("kubeadm_init", {k: v for k, v in _init_args(dirs).items() if k != "kubeadm_path"},
+                   register="init", ignore_errors=True, environment={"PATH": "/nonexistent"}),
+             _assert("init.failed", "'kubeadm was not found on PATH' in init.msg")]
+    proc = run_playbook(tmp_path, tasks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
