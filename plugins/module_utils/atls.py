@@ -35,11 +35,17 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+try:
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    HAS_CRYPTOGRAPHY = True
+    CRYPTOGRAPHY_IMPORT_ERROR = None
+except ImportError as _err:  # ansible-test's import sanity runs without third-party packages
+    HAS_CRYPTOGRAPHY = False
+    CRYPTOGRAPHY_IMPORT_ERROR = _err
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
     Issuer, Validation, Validator)
@@ -59,6 +65,12 @@ _T = TypeVar("_T")
 
 # ---------------------------------------------------------------------------------------------
 # Shared pieces
+
+
+def require_cryptography() -> None:
+    if not HAS_CRYPTOGRAPHY:
+        raise ConstellationError("the Python package cryptography is required for aTLS: %s"
+                                 % CRYPTOGRAPHY_IMPORT_ERROR)
 
 
 def encode_nonce(nonce: bytes) -> str:
@@ -185,6 +197,7 @@ def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator
                             now: Optional[datetime.datetime] = None,
                             attestation_timeout: float = ATTESTATION_TIMEOUT) -> Tuple[Validation, str]:
     """SPEC.md 1.5: returns (validation, variant OID) or raises AttestationError with the reason."""
+    require_cryptography()
     if not der:
         raise AttestationError("peer presented no certificate")
     try:
@@ -271,6 +284,7 @@ def connect(endpoint: Union[str, Tuple[str, int]], validators: Sequence[Validato
             timeout: float = HANDSHAKE_TIMEOUT,
             attestation_timeout: float = ATTESTATION_TIMEOUT) -> AttestedConnection:
     """Connects to an aTLS endpoint and returns only once the peer passed attestation."""
+    require_cryptography()
     host, port = parse_endpoint(endpoint)
     try:
         raw_sock = socket.create_connection((host, port), timeout=timeout)
@@ -378,6 +392,7 @@ class AttestedServerContext:
     def __init__(self, issuer: Optional[Issuer], *, key_pool_size: int = KEY_POOL_SIZE,
                  validity: datetime.timedelta = CERT_VALIDITY,
                  attestation_timeout: float = ATTESTATION_TIMEOUT):
+        require_cryptography()
         self.issuer = issuer
         self.validity = validity
         self.attestation_timeout = attestation_timeout

@@ -13,11 +13,12 @@ version_added: "0.1.0"
 description:
   - Reads the SHA-256 PCR bank (PCRs 0 to 23) of the host's TPM.
   - Given O(nonce), also produces an attestation document for that nonce, in the format of the
-    chosen O(variant) (for C(qemu-vtpm) the JSON document Constellation's verifiers accept: a TPM quote over
-    every allocated PCR bank, bound to SHA-256(SHA-256(user data || nonce))).
+    chosen O(variant). For C(qemu-vtpm) that is the JSON document Constellation's verifiers accept, a TPM quote
+    over every allocated PCR bank bound to SHA-256(SHA-256(user data || nonce)).
   - To check a host against a measurements policy from the controller, use
     M(constellation.cluster.verify_attestation), which verifies the document instead of just returning it.
-author: constellation.cluster contributors
+author:
+  - constellation.cluster contributors (@constellation-cluster)
 options:
   tcti:
     description:
@@ -49,12 +50,13 @@ options:
 attributes:
   check_mode:
     support: full
-    details: The module never changes PCRs; it behaves the same in check mode.
+    description: Reads the TPM and quotes exactly as without check mode; PCRs are never changed.
   diff_mode:
     support: none
+    description: Nothing changes, so there is nothing to show.
   idempotent:
     support: full
-    details: >-
+    description: >-
       Always reports C(changed=false). The first quote on a TPM creates the attestation key and persists it
       at handle 0x81008F01, as Constellation's issuer does; later quotes reuse it.
 notes:

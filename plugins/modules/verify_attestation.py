@@ -14,11 +14,12 @@ description:
   - Connects from the controller to the host's aTLS endpoint with a fresh 32-byte nonce, verifies the
     attestation document in the server certificate (nonce binding, TPM quote, binding to the certificate's key,
     certificate validity and self-signature) and compares the quoted SHA-256 PCRs with the measurements policy.
-  - Sends no application data: the connection is closed right after the check.
-  - Fails when the host is refused, naming the reason (for a PCR mismatch: which PCR, what was expected, what was
+  - Sends no application data; the connection is closed right after the check.
+  - Fails when the host is refused, naming the reason (for a PCR mismatch, which PCR, what was expected and what was
     found); mismatches of warn-only PCRs are reported as warnings.
   - Runs on the controller (it is an action plugin); the host's connection is not used.
-author: constellation.cluster contributors
+author:
+  - constellation.cluster contributors (@constellation-cluster)
 options:
   endpoint:
     description:
@@ -28,8 +29,8 @@ options:
     required: true
   measurements:
     description:
-      - The measurements policy inline, as Constellation writes it - PCR index to
-        C({expected: <hex>, warnOnly: <bool>}), or to a bare hex string (enforced).
+      - The measurements policy inline, as Constellation writes it. Each key is a PCR index, each value a
+        dictionary with the keys C(expected) (hex) and C(warnOnly) (boolean), or a bare hex string (enforced).
       - Required for O(variant=qemu-vtpm) unless O(measurements_path) is given; must name at least one PCR.
       - Mutually exclusive with O(measurements_path).
     type: dict
@@ -57,12 +58,13 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Verification changes nothing; it runs the same in check mode.
+    description: Verification changes nothing; it runs the same in check mode.
   diff_mode:
     support: none
+    description: Nothing changes, so there is nothing to show.
   idempotent:
     support: full
-    details: Always reports C(changed=false).
+    description: Always reports C(changed=false).
 notes:
   - Every run uses a fresh nonce and the host makes a fresh TPM quote for it; a recorded answer cannot be replayed.
   - The C(qemu-vtpm) variant trusts the attestation key as Constellation does (unconditionally); its security

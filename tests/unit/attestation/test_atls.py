@@ -50,7 +50,7 @@ class RecordingServer:
     def _accept_loop(self):
         while not self._stop.is_set():
             try:
-                sock, _ = self._listener.accept()
+                sock, _addr = self._listener.accept()
             except socket.timeout:
                 continue
             except OSError:
@@ -243,13 +243,13 @@ def test_each_connection_fresh_key_and_document(serve):
 
     server = serve(atls.AttestedServerContext(Recording()))
     certs = []
-    for _ in range(3):
+    for _attempt in range(3):
         conn = atls.connect(server.endpoint, [DummyValidator()])
         certs.append(conn.peer_certificate)
         conn.sock.close()
     assert len(set(certs)) == 3
-    assert len({u for u, _ in issued}) == 3  # one key per connection
-    assert len({n for _, n in issued}) == 3  # one nonce per connection
+    assert len({user_data for user_data, _nonce in issued}) == 3  # one key per connection
+    assert len({nonce for _user_data, nonce in issued}) == 3  # one nonce per connection
 
 
 def test_h2_negotiated_when_client_asks(serve):
@@ -281,7 +281,7 @@ def test_resumption_never_skips_attestation(serve):
         ctx.verify_mode = ssl.CERT_NONE
         ctx.maximum_version = version
         session = None
-        for _ in range(2):
+        for _attempt in range(2):
             with socket.create_connection((host, port), timeout=5) as raw:
                 with ctx.wrap_socket(raw, server_hostname=atls.encode_nonce(b"\x06" * 32), session=session) as tls:
                     tls.sendall(b"x")
@@ -322,7 +322,7 @@ def test_nonce_encoding_survives_sni():
 def test_round_trip_many_random_nonces(serve):
     """Nonces with '+', '/' and '=' travel through SNI unchanged (IDNA must not touch them)."""
     server = serve(atls.AttestedServerContext(DummyIssuer()))
-    for _ in range(20):
+    for _attempt in range(20):
         conn = atls.connect(server.endpoint, [DummyValidator()])
         conn.sock.close()
 

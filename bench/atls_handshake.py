@@ -1,0 +1,222 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""aTLS handshake cost against plain TLS, measured in the same run on loopback.
+
+Prints: plain TLS 1.3 handshake + 1 round trip (p50/p99); the same with aTLS against a real
+swtpm (qemu-vtpm issuer, full client validation); validations per second of the validator
+alone on a pre-made document; and where the server's time goes. The last line is one JSON
+object. Bounded loops, loopback only, well under a minute.
+
+Usage: python bench/atls_handshake.py [--plain N] [--atls N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+from cryptography.hazmat.primitives.serialization import Encoding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "collections"), ROOT]
+os.environ.setdefault("TSS2_LOG", "all+none")
+
+# pylint: disable=wrong-import-position
+from ansible_collections.constellation.cluster.plugins.module_utils import atls  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (  # noqa: E402
+    Measurements, extend_digest)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (  # noqa: E402
+    VTPMIssuer, VTPMValidator)
+from lab.swtpm import SwTPM, free_port  # noqa: E402
+
+IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
+
+
+class PingServer:
+    """Serial accept loop: handshake, answer b"ping" with b"pong", close."""
+
+    def __init__(self, wrap):
+        self._wrap = wrap
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.address = self._listener.getsockname()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                sock, _addr = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                tls = self._wrap(sock)
+                if tls.recv(4) == b"ping":
+                    tls.sendall(b"pong")
+                tls.close()
+            except (OSError, atls.AttestationError):
+                sock.close()
+
+    def close(self):
+        self._stop.set()
+        self._listener.close()
+        self._thread.join(timeout=2)
+
+
+def percentile(samples, pct):
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(pct / 100.0 * (len(ordered) - 1))))]
+
+
+def measure(count, one):
+    one()  # warm-up
+    samples = []
+    for _attempt in range(count):
+        start = time.perf_counter()
+        one()
+        samples.append((time.perf_counter() - start) * 1000.0)
+    return samples
+
+
+def plain_tls(count):
+    key = atls.new_key()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = atls.build_certificate(key.priv_key, [], now - atls.CERT_VALIDITY, now + atls.CERT_VALIDITY)
+    server_ctx = atls.server_context()
+    atls._load_certificate(server_ctx, key, cert)  # pylint: disable=protected-access
+    server = PingServer(lambda sock: server_ctx.wrap_socket(sock, server_side=True))
+    client_ctx = atls.client_context()
+    sni = atls.encode_nonce(os.urandom(32))  # same SNI size as aTLS
+
+    def one():
+        raw = socket.create_connection(server.address, timeout=5)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with client_ctx.wrap_socket(raw, server_hostname=sni) as tls:
+            tls.sendall(b"ping")
+            assert tls.recv(4) == b"pong"
+    try:
+        return measure(count, one)
+    finally:
+        server.close()
+
+
+def attested_tls(count, issuer, validator):
+    with atls.AttestedServerContext(issuer) as server_ctx:
+        server = PingServer(server_ctx.accept_handshake)
+        time.sleep(0.05)  # let the key pool fill, as it has on a running server
+
+        def one():
+            raw = socket.create_connection(server.address, timeout=5)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = atls.client_handshake(raw, [validator])
+            with conn.sock as tls:
+                tls.sendall(b"ping")
+                assert tls.recv(4) == b"pong"
+        try:
+            return measure(count, one)
+        finally:
+            server.close()
+
+
+def validations_per_second(issuer, validator, seconds=2.0, limit=20000):
+    key = atls.new_key()
+    nonce = os.urandom(32)
+    document = issuer.issue(key.spki_hash, nonce)
+    validator.validate(document, nonce)
+    done = 0
+    start = time.perf_counter()
+    while done < limit and time.perf_counter() - start < seconds:
+        validator.validate(document, nonce)
+        done += 1
+    return done / (time.perf_counter() - start), len(document)
+
+
+def breakdown(issuer, validator, count=30):
+    """Server-side steps of one aTLS handshake, each alone (ms, p50)."""
+    key = atls.new_key()
+    nonce = os.urandom(32)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    document = issuer.issue(key.spki_hash, nonce)
+    cert = atls.build_certificate(key.priv_key, [(issuer.oid, document)], now, now + atls.CERT_VALIDITY)
+    der = cert.public_bytes(Encoding.DER)
+    steps = {
+        "quote (issuer.issue)": lambda: issuer.issue(key.spki_hash, nonce),
+        "ECDSA key + context (pooled)": atls.new_key,
+        "certificate build": lambda: atls.build_certificate(key.priv_key, [(issuer.oid, document)], now,
+                                                            now + atls.CERT_VALIDITY),
+        "load_cert_chain (memfd)": lambda: atls._load_certificate(  # pylint: disable=protected-access
+            atls.server_context(), key, cert),
+        "client: verify certificate": lambda: atls.verify_peer_certificate(der, [validator], nonce),
+    }
+    return {name: statistics.median(measure(count, step)) for name, step in steps.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plain", type=int, default=300, help="plain TLS handshakes (default 300)")
+    parser.add_argument("--atls", type=int, default=150, help="aTLS handshakes (default 150)")
+    args = parser.parse_args()
+
+    state = tempfile.mkdtemp(prefix="atls-bench-")
+    swtpm = SwTPM(state, free_port()).start()
+    try:
+        tpm.extend_pcr(swtpm.tcti, 4, IMAGE_DIGEST)  # a measured boot, so the policy is not all zeros
+        policy = Measurements.from_dict({
+            "4": extend_digest(bytes(32), IMAGE_DIGEST).hex(), "8": "00" * 32, "9": "00" * 32,
+            "11": "00" * 32, "12": "00" * 32, "13": "00" * 32, "15": "00" * 32})
+        validator = VTPMValidator(policy)
+        # The lab's TPMs (swtpm_setup --pcr-banks sha256) have one bank; libtpms' unconfigured
+        # default has four, and go-tpm-tools quotes every allocated bank.
+        with VTPMIssuer(swtpm.tcti, event_log_path=None, banks=["sha256"]) as issuer:
+            plain = plain_tls(args.plain)
+            attested = attested_tls(args.atls, issuer, validator)
+            rate, doc_size = validations_per_second(issuer, validator)
+            steps = breakdown(issuer, validator)
+        with VTPMIssuer(swtpm.tcti, event_log_path=None) as all_banks:
+            attested_all = attested_tls(max(args.atls // 5, 10), all_banks, validator)
+    finally:
+        swtpm.stop()
+        for name in os.listdir(state):
+            os.unlink(os.path.join(state, name))
+        os.rmdir(state)
+
+    plain_p50, atls_p50 = statistics.median(plain), statistics.median(attested)
+    print("%-46s %9s %9s" % ("loopback, handshake + 1 round trip", "p50 ms", "p99 ms"))
+    print("%-46s %9.2f %9.2f" % ("plain TLS 1.3 (baseline, %d)" % len(plain), plain_p50, percentile(plain, 99)))
+    print("%-46s %9.2f %9.2f" % ("aTLS, swtpm, sha256 bank (%d)" % len(attested), atls_p50,
+                                 percentile(attested, 99)))
+    print("%-46s %9.2f %9.2f" % ("aTLS, swtpm, all 4 banks (%d)" % len(attested_all),
+                                 statistics.median(attested_all), percentile(attested_all, 99)))
+    print("ratio aTLS / plain (p50): %.2f" % (atls_p50 / plain_p50))
+    print("validator alone: %.0f validations/s (document %d bytes)" % (rate, doc_size))
+    print("where the time goes (each step alone, p50 ms):")
+    for name, value in steps.items():
+        print("  %-44s %7.3f" % (name, value))
+    print(json.dumps({
+        "plain_tls_p50_ms": round(plain_p50, 3),
+        "plain_tls_p99_ms": round(percentile(plain, 99), 3),
+        "atls_p50_ms": round(atls_p50, 3),
+        "atls_p99_ms": round(percentile(attested, 99), 3),
+        "atls_all_banks_p50_ms": round(statistics.median(attested_all), 3),
+        "ratio": round(atls_p50 / plain_p50, 2),
+        "validations_per_s": round(rate, 1),
+        "steps_p50_ms": {k: round(v, 3) for k, v in steps.items()},
+    }))
+
+
+if __name__ == "__main__":
+    main()
