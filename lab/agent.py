@@ -1,0 +1,89 @@
+"""Runs the node agent on lab hosts: ``start_agent(lab, host, **config) -> Popen``, ``stop_agent``.
+
+The config is written to ``<host dir>/agent/config.json``; the agent runs inside the host's
+network and mount namespaces (``h.popen``), with its swtpm's TCTI and the lab image's policy.
+Its JSON log goes to ``<host dir>/agent/agent.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from lab.core import AGENT_PORT, REPO_ROOT, Host, Lab, lab_measurements
+
+
+def agent_dir(host: Host) -> Path:
+    return Path(host.dir) / "agent"
+
+
+def write_config(lab: Lab, host: Host, **config: Any) -> Path:
+    directory = agent_dir(host)
+    directory.mkdir(parents=True, exist_ok=True)
+    policy = directory / "measurements.json"
+    if not policy.exists():
+        policy.write_text(json.dumps(lab_measurements(), indent=2))
+    doc: Dict[str, Any] = {
+        "state_dir": str(directory / "state"),
+        "public_endpoint": "%s:%d" % (host.public_ip, AGENT_PORT),
+        "tcti": host.tcti,
+        "variant": "qemu-vtpm",
+        "measurements": str(policy),
+        "update_interval": 0.5,
+        "join_interval": 0.5,
+    }
+    doc.update({k: v for k, v in config.items() if v is not None})
+    path = directory / "config.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def start_agent(lab: Lab, host: Host, wait: bool = True, **config: Any) -> subprocess.Popen:
+    """Starts the agent on host (config keys as docs/agent.md); waits until its port answers."""
+    path = write_config(lab, host, **config)
+    log = open(agent_dir(host) / "agent.log", "ab")
+    env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT), "TSS2_LOG=all+none"]
+    proc = host.popen(env + lab.host_python() + [str(REPO_ROOT / "bin" / "constellation-agent"), "--config", str(path)],
+                      stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    log.close()
+    if wait:
+        wait_listening(host, proc)
+    return proc
+
+
+def wait_listening(host: Host, proc: Optional[subprocess.Popen] = None, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError("agent on %s exited with %s: %s" % (host.name, proc.returncode, tail_log(host)))
+        out = host.run(["ss", "-Hltn", "sport = :%d" % AGENT_PORT], check=False).stdout
+        if out.strip():
+            return
+        time.sleep(0.1)
+    raise RuntimeError("agent on %s did not listen within %.0f s: %s" % (host.name, timeout, tail_log(host)))
+
+
+def stop_agent(proc: subprocess.Popen, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int:
+    """Stops that agent (SIGTERM: clean shutdown; SIGKILL: a crash). Returns its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    return proc.returncode
+
+
+def tail_log(host: Host, lines: int = 20) -> str:
+    try:
+        return "\n".join((agent_dir(host) / "agent.log").read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,313 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node agent daemon (docs/agent.md): wires the Core, the pubapi + admin listener, the
+vpnapi (Coordinator), the join client and the update loop (Nodes).
+
+Threads, all bounded: one accept thread per listener, one thread per connection (at most 64),
+one update/join loop. Logs are JSON lines on stderr and never carry key material. SIGTERM
+stops the listeners and loops and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.core import (
+    Core,
+    State,
+    TPMDevice,
+    WireGuardVPN,
+    new_disk_uuid,
+    normalize_disk_uuid,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import (
+    PubAPI,
+    coordinator_policy,
+    fresh_node_policy,
+    join_cluster,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI_PORT, VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR
+
+DEFAULT_PUBLIC_PORT = 9000
+DEFAULT_UPDATE_INTERVAL = 10.0
+MAX_BACKOFF = 30.0
+_CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "store", "state_dir", "wg_interface",
+                "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
+                "vpn_cidr", "wg_listen_port", "log_level"}
+
+
+# --------------------------------------------------------------------------- logging
+
+
+class JSONLog:
+    """Structured logs: one JSON object per line. Callers pass names and metadata, never keys."""
+
+    def __init__(self, stream=None, node: str = ""):
+        self.stream = stream or sys.stderr
+        self.node = node
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
+        record = {"ts": round(time.time(), 3), "level": level, "event": event}
+        if self.node:
+            record["node"] = self.node
+        record.update({k: (v if isinstance(v, (str, int, float, bool, type(None))) else str(v))
+                       for k, v in fields.items()})
+        line = json.dumps(record, sort_keys=False)
+        with self._lock:
+            try:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass
+class AgentConfig:
+    state_dir: str
+    public_endpoint: str = "0.0.0.0:%d" % DEFAULT_PUBLIC_PORT
+    public_ip: Optional[str] = None
+    tcti: Optional[str] = None
+    variant: str = "qemu-vtpm"
+    measurements: Optional[str] = None
+    store: Dict[str, Any] = field(default_factory=dict)
+    wg_interface: str = "wg0"
+    wg_listen_port: int = 51820
+    vpn_api_port: int = VPNAPI_PORT
+    vpn_cidr: str = VPN_CIDR
+    update_interval: float = DEFAULT_UPDATE_INTERVAL
+    disk_uuid_file: Optional[str] = None
+    coordinator_public_endpoint: Optional[str] = None
+    join_interval: float = 5.0
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "AgentConfig":
+        if not isinstance(data, Mapping):
+            raise InputError("config", "a mapping", type(data).__name__)
+        unknown = set(data) - _CONFIG_KEYS
+        if unknown:
+            raise InputError("config", "only the keys %s" % ", ".join(sorted(_CONFIG_KEYS)), sorted(unknown))
+        if not isinstance(data.get("state_dir"), str):
+            raise InputError("state_dir", "a directory path", data.get("state_dir"))
+        kwargs = {k: v for k, v in data.items() if k != "log_level"}
+        config = cls(**kwargs)
+        atls.parse_endpoint(config.public_endpoint, "public_endpoint")
+        if config.coordinator_public_endpoint:
+            atls.parse_endpoint(config.coordinator_public_endpoint, "coordinator_public_endpoint")
+        for name in ("update_interval", "join_interval"):
+            value = getattr(config, name)
+            if not isinstance(value, (int, float)) or not 0.05 <= value <= 3600:
+                raise InputError(name, "seconds between 0.05 and 3600", value)
+        if config.variant not in ("qemu-vtpm", "dummy"):
+            raise InputError("variant", "qemu-vtpm or dummy", config.variant)
+        if config.variant != "dummy" and not config.measurements:
+            raise InputError("measurements", "the path of a measurements policy (JSON)")
+        host = atls.parse_endpoint(config.public_endpoint)[0]
+        if not config.public_ip:
+            if host in ("0.0.0.0", "::"):
+                raise InputError("public_ip", "this node's public IP (public_endpoint binds to all addresses)")
+            config.public_ip = host
+        return config
+
+    @classmethod
+    def load(cls, path: str) -> "AgentConfig":
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as err:
+            raise InputError("config", "a readable file", "%s: %s" % (path, err.strerror)) from None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            import yaml  # YAML only when the file is not JSON
+
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as err:
+                raise InputError("config", "JSON or YAML", str(err)[:200]) from None
+        return cls.from_mapping(data)
+
+
+# --------------------------------------------------------------------------- the agent
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, log: Optional[JSONLog] = None):
+        self.config = config
+        self.log = log or JSONLog()
+        os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+        self._stop = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self.servers: List[FrameServer] = []
+        self.vpnapi_server: Optional[FrameServer] = None
+        self._vpnapi_lock = threading.Lock()
+        self.issuer, self.node_validator, self.coordinator_validator = self._attestation()
+        store_spec = config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")}
+        self.store = open_store(store_spec)
+        self.vpn = WireGuardVPN(config.wg_interface, os.path.join(config.state_dir, "%s.key" % config.wg_interface),
+                                listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
+        self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
+                         self._disk_uuid(), log=self.log)
+        self.admin = AdminHandlers(self.core, self.log)
+        self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log)
+        self.vpnapi = VPNAPI(self.core, log=self.log)
+        self.core.on_state_change(self._on_state)
+
+    def _attestation(self):
+        if self.config.variant == "dummy":
+            from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import (
+                DummyIssuer, DummyValidator)
+
+            return DummyIssuer(), DummyValidator(), DummyValidator()
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (
+            VTPMIssuer, VTPMValidator)
+
+        policy = Measurements.load(self.config.measurements)
+        return (VTPMIssuer(tcti=self.config.tcti), VTPMValidator(fresh_node_policy(policy)),
+                VTPMValidator(coordinator_policy(policy)))
+
+    def _disk_uuid(self) -> str:
+        path = self.config.disk_uuid_file or os.path.join(self.config.state_dir, "disk_uuid")
+        try:
+            with open(path, encoding="ascii") as handle:
+                return normalize_disk_uuid(handle.read().strip())
+        except FileNotFoundError:
+            value = new_disk_uuid()
+            with open(path, "w", encoding="ascii") as handle:
+                handle.write(value + "\n")
+            return value
+
+    # -- life cycle
+    def start(self) -> "Agent":
+        state = self.core.load()
+        self.log("agent_started", state=state.wire_name, role=self.core.role, disk_uuid=self.core.disk_uuid,
+                 failure=self.core.failure)
+        host, port = atls.parse_endpoint(self.config.public_endpoint)
+        self.tls = AgentServerContext(self.issuer)
+        handlers = dict(self.pubapi.handlers())
+        handlers.update(self.admin.handlers())
+        self.servers.append(FrameServer("pubapi", (host, port), handlers, tls=self.tls, log=self.log).start())
+        self._spawn("loop", self._loop)
+        return self
+
+    def _spawn(self, name: str, target) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _on_state(self, state: State) -> None:
+        if state == State.ACTIVATING_NODES:
+            self._start_vpnapi()
+
+    def _start_vpnapi(self) -> None:
+        with self._vpnapi_lock:
+            if self.vpnapi_server is not None or self._stop.is_set():
+                return
+            self.vpnapi_server = FrameServer("vpnapi", (self.core.vpn_ip, self.config.vpn_api_port),
+                                             self.vpnapi.handlers(), log=self.log,
+                                             accept_check=self.vpnapi.accept_check).start()
+            self.servers.append(self.vpnapi_server)
+
+    def _loop(self) -> None:
+        """Nodes: join (if configured) while AcceptingInit, then poll GetUpdate with backoff."""
+        failures = 0
+        while not self._stop.is_set():
+            state = self.core.state
+            delay = self.config.update_interval
+            try:
+                if state == State.IS_NODE:
+                    self._update_once()
+                elif (state == State.ACCEPTING_INIT and self.config.coordinator_public_endpoint
+                      and not self.core.recovery_pending):
+                    delay = self.config.join_interval
+                    self._join_once()
+                failures = 0
+            except (ConstellationError, OSError) as err:
+                failures += 1
+                cap = max(delay, min(MAX_BACKOFF, delay * 16))
+                delay = min(delay * (2 ** min(failures, 8)), cap)
+                self.log("loop_error", level="warning", state=state.wire_name, error=str(err)[:300],
+                         retry_in=round(delay, 2))
+            self._stop.wait(delay)
+
+    def _update_once(self) -> None:
+        endpoint = "%s:%d" % (self.core.coordinator_vpn_ip, self.config.vpn_api_port)
+        timeout = max(5.0, min(30.0, self.config.update_interval * 3))
+        with AgentClient.connect_plain(endpoint, timeout=timeout) as client:
+            update = client.get_update(self.core.resource_version)
+        self.core.apply_update(update)
+
+    def _join_once(self) -> None:
+        result = join_cluster(self.core, self.config.coordinator_public_endpoint, [self.coordinator_validator],
+                              self.issuer)
+        self.log("joined", node_vpn_ip=result.get("node_vpn_ip"), resource_version=result.get("resource_version"))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for server in list(self.servers):
+            server.stop()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if hasattr(self, "tls"):
+            self.tls.close()
+        close = getattr(self.issuer, "close", None)
+        if close is not None:
+            close()
+        try:
+            self.store.close()
+        except ConstellationError:
+            pass
+        self.log("agent_stopped")
+
+    def wait(self) -> None:
+        while not self._stop.is_set():
+            self._stop.wait(1.0)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="constellation-agent", description="constellation.cluster node agent")
+    parser.add_argument("--config", required=True, help="agent configuration (JSON or YAML)")
+    args = parser.parse_args(argv)
+    log = JSONLog()
+    os.environ.setdefault("TSS2_LOG", "all+none")
+    try:
+        config = AgentConfig.load(args.config)
+        agent = Agent(config, log)
+        agent.start()
+    except ConstellationError as err:
+        log("agent_failed", level="error", error=str(err))
+        return 2
+    except OSError as err:
+        log("agent_failed", level="error", error="%s: %s" % (type(err).__name__, err.strerror or err))
+        return 2
+
+    def on_signal(signum, _frame):
+        log("signal", signal=signal.Signals(signum).name)
+        agent._stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.wait()
+    agent.stop()
+    return 0

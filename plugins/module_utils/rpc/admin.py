@@ -1,0 +1,280 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The admin channel (docs/protocol.md): ``AdminAuth``, ``Exec``, ``PutFile``, ``FetchFile``.
+
+Refused before activation. A connection becomes an admin connection only by signing a fresh
+server challenge bound to this connection's server key with the admin key pinned at activation;
+no bearer token exists that could be replayed on another connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import tempfile
+import threading
+from typing import Any, Dict
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from ansible_collections.constellation.cluster.plugins.module_utils.core import State
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import admin_auth_message
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
+    CHANNEL_STDERR,
+    CHANNEL_STDIN,
+    CHANNEL_STDOUT,
+    DATA_CHUNK,
+    KIND_DATA,
+    KIND_EOF,
+    ProtocolError,
+    b64d,
+    b64e,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
+
+ACTIVATED = (State.ACTIVATING_NODES, State.IS_NODE)
+MAX_ARGV = 4096
+MAX_BUFFERED_OUTPUT = 256 * 1024 * 1024
+
+
+def verify_admin_signature(pub_key, signature: bytes, message: bytes) -> bool:
+    try:
+        if isinstance(pub_key, ed25519.Ed25519PublicKey):
+            pub_key.verify(signature, message)
+        else:
+            pub_key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        return False
+    return True
+
+
+class AdminHandlers:
+    def __init__(self, core, log=None):
+        self.core = core
+        self._log = log or (lambda event, **fields: None)
+
+    def handlers(self) -> Dict[str, Any]:
+        return {"AdminAuth": self.admin_auth, "Exec": self.exec_, "PutFile": self.put_file, "FetchFile": self.fetch_file}
+
+    def _require_activated(self, method: str) -> None:
+        if self.core.state not in ACTIVATED:
+            raise StateError("%s: the admin channel opens only after activation; this node is %s"
+                             % (method, self.core.state.wire_name))
+
+    def require_admin(self, conn: Connection, method: str) -> None:
+        self._require_activated(method)
+        if not conn.admin:
+            raise AccessDenied("%s: this connection has not proven possession of the admin key (AdminAuth first)"
+                               % method)
+
+    def admin_auth(self, conn: Connection, params: Dict[str, Any]) -> None:
+        self._require_activated("AdminAuth")
+        if conn.server_spki_hash is None:
+            raise AccessDenied("AdminAuth: only over aTLS")
+        pub_key = self.core.admin_pub_key()
+        challenge = secrets.token_bytes(32)
+        conn.stream.send_msg({"challenge": b64e(challenge)})
+        step = conn.stream.recv_msg("the signed challenge")
+        signature = b64d(step.get("signature"), "signature", max_size=1024)
+        if pub_key is None or not verify_admin_signature(pub_key, signature,
+                                                         admin_auth_message(challenge, conn.server_spki_hash)):
+            self._log("admin_auth_refused", peer=conn.peer_ip)
+            raise AccessDenied("AdminAuth: the signature does not verify with the admin key pinned at activation")
+        conn.admin = True
+        self._log("admin_authenticated", peer=conn.peer_ip)
+        conn.stream.send_result({"authenticated": True})
+
+    # -- Exec
+    def exec_(self, conn: Connection, params: Dict[str, Any]) -> None:
+        try:
+            self.require_admin(conn, "Exec")
+            argv = _exec_argv(params)
+            cwd = params.get("cwd")
+            if cwd is not None and (not isinstance(cwd, str) or not os.path.isdir(cwd)):
+                raise InputError("cwd", "an existing directory", cwd)
+            env = params.get("env") or {}
+            if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                raise InputError("env", "an object of strings")
+            timeout = params.get("timeout")
+            if timeout is not None and (not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400):
+                raise InputError("timeout", "seconds in (0, 86400]", timeout)
+        except Exception:
+            # The client sends stdin + EOF whatever happens: consume them, then answer.
+            _drain_stdin(conn)
+            raise
+        run_env = dict(os.environ)
+        run_env.update(env)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    cwd=cwd, env=run_env, start_new_session=True)
+        except OSError as err:
+            _drain_stdin(conn)
+            raise InputError("argv", "a program that can be started", "%s: %s" % (argv[0], err.strerror)) from None
+        self._log("exec", peer=conn.peer_ip, program=os.path.basename(argv[0]), pid=proc.pid)
+        out: "queue.Queue" = queue.Queue()
+        readers = [threading.Thread(target=_pump, args=(proc.stdout, CHANNEL_STDOUT, out), daemon=True),
+                   threading.Thread(target=_pump, args=(proc.stderr, CHANNEL_STDERR, out), daemon=True)]
+        for reader in readers:
+            reader.start()
+        timer = None
+        if timeout:
+            timer = threading.Timer(timeout, _kill_group, args=(proc,))
+            timer.daemon = True
+            timer.start()
+        try:
+            _feed_stdin(conn, proc)
+            open_channels = {CHANNEL_STDOUT, CHANNEL_STDERR}
+            while open_channels:
+                channel, data = out.get()
+                if data is None:
+                    conn.stream.send_eof(channel)
+                    open_channels.discard(channel)
+                else:
+                    conn.stream.send_data(channel, data)
+            exit_code = proc.wait()
+        except BaseException:
+            _kill_group(proc)
+            proc.wait()
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        conn.stream.send_result({"exit_code": exit_code})
+
+    # -- files
+    def put_file(self, conn: Connection, params: Dict[str, Any]) -> None:
+        try:
+            self.require_admin(conn, "PutFile")
+            path = _abs_path(params.get("path"))
+            mode = params.get("mode", 0o600)
+            if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
+                raise InputError("mode", "an integer file mode such as 420 (0644)", mode)
+            directory = os.path.dirname(path)
+            if not os.path.isdir(directory):
+                raise InputError("path", "a path in an existing directory", path)
+            fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+        except Exception:
+            _drain_stdin(conn)
+            raise
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                os.fchmod(handle.fileno(), mode)
+
+                def write(data: bytes) -> None:
+                    digest.update(data)
+                    handle.write(data)
+
+                size = conn.stream.recv_data_until_eof(CHANNEL_STDIN, write)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        self._log("put_file", peer=conn.peer_ip, path=path, size=size)
+        conn.stream.send_result({"path": path, "size": size, "sha256": digest.hexdigest()})
+
+    def fetch_file(self, conn: Connection, params: Dict[str, Any]) -> None:
+        self.require_admin(conn, "FetchFile")
+        path = _abs_path(params.get("path"))
+        try:
+            handle = open(path, "rb")
+        except OSError as err:
+            raise InputError("path", "a readable file", "%s: %s" % (path, err.strerror)) from None
+        digest = hashlib.sha256()
+        size = 0
+        with handle:
+            if not os.path.isfile(path):
+                raise InputError("path", "a regular file", path)
+            while True:
+                chunk = handle.read(DATA_CHUNK)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                size += len(chunk)
+                conn.stream.send_data(CHANNEL_STDOUT, chunk)
+        conn.stream.send_eof(CHANNEL_STDOUT)
+        self._log("fetch_file", peer=conn.peer_ip, path=path, size=size)
+        conn.stream.send_result({"size": size, "sha256": digest.hexdigest()})
+
+
+def _exec_argv(params: Dict[str, Any]):
+    if "argv" in params:
+        argv = params["argv"]
+        if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGV or not all(isinstance(a, str) for a in argv):
+            raise InputError("argv", "a non-empty list of strings")
+        return argv
+    cmd = params.get("cmd")
+    if not isinstance(cmd, str) or not cmd:
+        raise InputError("cmd", "a shell command string (or argv)")
+    return ["/bin/sh", "-c", cmd]
+
+
+def _abs_path(path: Any) -> str:
+    if not isinstance(path, str) or not os.path.isabs(path) or "\x00" in path:
+        raise InputError("path", "an absolute path", path)
+    return os.path.normpath(path)
+
+
+def _pump(pipe, channel: int, out: "queue.Queue") -> None:
+    try:
+        while True:
+            data = pipe.read1(DATA_CHUNK) if hasattr(pipe, "read1") else pipe.read(DATA_CHUNK)
+            if not data:
+                break
+            out.put((channel, data))
+    finally:
+        out.put((channel, None))
+        pipe.close()
+
+
+def _kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _feed_stdin(conn: Connection, proc) -> None:
+    """Network stdin -> process stdin until the client's EOF frame. A process that stops
+    reading (broken pipe) does not stop us from consuming the client's frames."""
+    stdin = proc.stdin
+    while True:
+        frame = conn.stream.recv()
+        if frame.kind == KIND_EOF and frame.channel == CHANNEL_STDIN:
+            break
+        if frame.kind != KIND_DATA or frame.channel != CHANNEL_STDIN:
+            raise ProtocolError("Exec: expected stdin DATA or EOF, got a %s frame" % frame.kind_name)
+        if stdin is not None:
+            try:
+                stdin.write(frame.data)
+                stdin.flush()
+            except (BrokenPipeError, OSError):
+                stdin = None
+    if stdin is not None:
+        try:
+            stdin.close()
+        except OSError:
+            pass
+    elif proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+
+def _drain_stdin(conn: Connection) -> None:
+    try:
+        conn.stream.recv_data_until_eof(CHANNEL_STDIN, lambda _d: None)
+    except Exception:  # pylint: disable=broad-except
+        pass

@@ -1,0 +1,54 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The vpnapi (docs/protocol.md): served on the Coordinator's VPN IP only; a caller must come
+from a known peer's VPN IP (the WireGuard tunnel authenticates that address)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64e
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import Connection
+
+VPNAPI_PORT = 9027
+KUBEADM_UNAVAILABLE = "kubeadm not available on the Coordinator"
+
+
+class VPNAPI:
+    def __init__(self, core, kubeadm=None, log=None):
+        self.core = core
+        self.kubeadm = kubeadm  # object with join_args() and certificate_key(), or None
+        self._log = log or (lambda event, **fields: None)
+
+    def accept_check(self, peer: Tuple[str, int]) -> Optional[str]:
+        if not self.core.is_known_peer_ip(peer[0]):
+            return "vpnapi: %s is not a VPN peer of this cluster" % peer[0]
+        return None
+
+    def handlers(self) -> Dict[str, Any]:
+        return {"GetUpdate": self.get_update, "GetJoinArgs": self.get_join_args,
+                "GetCertificateKey": self.get_certificate_key, "GetDataKey": self.get_data_key}
+
+    def get_update(self, conn: Connection, params: Dict[str, Any]) -> None:
+        conn.stream.send_result(self.core.get_update(params.get("resource_version")))
+
+    def _kubeadm(self, method: str):
+        self.core.require_coordinator(method)
+        if self.kubeadm is None:
+            raise StateError("%s: %s" % (method, KUBEADM_UNAVAILABLE))
+        return self.kubeadm
+
+    def get_join_args(self, conn: Connection, params: Dict[str, Any]) -> None:
+        args = self._kubeadm("GetJoinArgs").join_args()
+        conn.stream.send_result({"api_server_endpoint": args["api_server_endpoint"], "token": args["token"],
+                                 "discovery_token_ca_cert_hash": args["discovery_token_ca_cert_hash"]})
+
+    def get_certificate_key(self, conn: Connection, params: Dict[str, Any]) -> None:
+        conn.stream.send_result({"certificate_key": self._kubeadm("GetCertificateKey").certificate_key()})
+
+    def get_data_key(self, conn: Connection, params: Dict[str, Any]) -> None:
+        key = self.core.get_data_key(params.get("data_key_id"), params.get("length", 32))
+        self._log("data_key", peer=conn.peer_ip, data_key_id=params.get("data_key_id"))
+        conn.stream.send_result({"data_key": b64e(key)})
