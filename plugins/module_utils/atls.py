@@ -236,6 +236,10 @@ def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator
             raise _prefixed(err, "attestation refused: ")
         except ConstellationError as err:
             raise AttestationError("attestation refused: %s" % err) from None
+        except Exception as err:  # pylint: disable=broad-except
+            # A validator choking on hostile input is a refusal, not a crash of the caller.
+            raise AttestationError("attestation refused: the %s document could not be validated: %s: %s"
+                                   % (ext.oid.dotted_string, type(err).__name__, err)) from None
         if not hmac.compare_digest(bytes(validation.user_data), expected_user_data):
             raise AttestationError(
                 "attestation is bound to another key: user data %s != SHA-256 of the certificate's public key %s"

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 
 import pytest
 
@@ -19,7 +21,8 @@ measurements_mod = pytest.importorskip(
 
 # Same directory: pytest puts it on sys.path for its test modules.
 from test_atls import (  # noqa: E402  pylint: disable=wrong-import-position
-    RecordingServer, RelayingServer, ReplayingServer, NonceIgnoringServer, assert_refused_before_any_byte)
+    RecordingServer, RelayingServer, ReplayingServer, NonceIgnoringServer, TamperingServer,
+    assert_refused_before_any_byte)
 
 LAB_IMAGE_PCR4 = hashlib.sha256(b"constellation lab image: kernel").digest()
 
@@ -126,3 +129,33 @@ def test_dummy_document_refused_by_vtpm_client(booted, servers):
     servers.append(server)
     assert_refused_before_any_byte(server, [vtpm.VTPMValidator(policy(pcr4=booted.hex()))],
                                    "no attestation of an accepted variant")
+
+
+def _edit(document, change):
+    doc = json.loads(document)
+    change(doc)
+    return json.dumps(doc).encode()
+
+
+def _flip_signature(document):
+    doc = json.loads(document)
+    sig = bytearray(base64.b64decode(doc["Attestation"]["quotes"][0]["raw_sig"]))
+    sig[-1] ^= 1
+    doc["Attestation"]["quotes"][0]["raw_sig"] = base64.b64encode(bytes(sig)).decode()
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda doc: doc[: len(doc) // 2],
+    lambda doc: b"\x00garbage\xff",
+    lambda doc: b"{}",
+    lambda doc: _edit(doc, lambda d: d["Attestation"]["quotes"].insert(0, None)),
+    lambda doc: _edit(doc, lambda d: d["Attestation"].update(ak_pub="AAAA")),
+    _flip_signature,
+], ids=["truncated", "garbage", "empty-object", "null-quote", "bad-ak", "bad-signature"])
+def test_refuses_malformed_vtpm_document(issuer, booted, servers, tamper):
+    server = RecordingServer(TamperingServer(issuer, lambda doc: (issuer.oid, tamper(doc))))
+    servers.append(server)
+    msg = assert_refused_before_any_byte(server, [vtpm.VTPMValidator(policy(pcr4=booted.hex()))],
+                                         "attestation refused")
+    assert "Traceback" not in msg
