@@ -290,7 +290,7 @@ def _validate_str_list(value: object, field_name: str) -> list:
 def generate_token() -> str:
     """A new bootstrap token ``[a-z0-9]{6}.[a-z0-9]{16}`` from the OS CSPRNG."""
     def pick(count):
-        return "".join(secrets.choice(_TOKEN_ALPHABET) for _ in range(count))
+        return "".join(secrets.choice(_TOKEN_ALPHABET) for dummy in range(count))
     return "%s.%s" % (pick(6), pick(16))
 
 
@@ -439,7 +439,7 @@ class JoinParams:
 def _extra_args(args: Sequence[tuple], api_version: str):
     """v1beta3: a string map; v1beta4: a list of {name, value} (it allows repeated flags)."""
     if api_version == "v1beta3":
-        return {name: value for name, value in args}
+        return dict(args)
     return [{"name": name, "value": value} for name, value in args]
 
 
@@ -1029,14 +1029,18 @@ def wait_for_nodes_ready(kubeconfig_path: str, expected_nodes: int = 1, timeout:
         from urllib3.exceptions import HTTPError
     except ImportError:
         raise StateError("the kubernetes Python client is not installed") from None
-    api_client = config.new_client_from_config(config_file=kubeconfig_path)
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig_path, client_configuration=configuration)
+    configuration.retries = 0  # this loop retries, within the deadline
+    api_client = client.ApiClient(configuration)
     core = client.CoreV1Api(api_client)
     deadline = time.monotonic() + timeout
     last = "no answer from the API server"
     try:
         while True:
             try:
-                nodes = core.list_node(_request_timeout=10).items
+                remaining = max(deadline - time.monotonic(), 0.5)
+                nodes = core.list_node(_request_timeout=min(10.0, remaining)).items
                 ready = sorted(n.metadata.name for n in nodes
                                if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])))
                 if len(ready) >= expected_nodes:

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 module: kubeadm_init
 short_description: Initialise a Kubernetes control plane with kubeadm, hardened as Constellation does
 version_added: "0.1.0"
-author: constellation.cluster contributors
+author: constellation.cluster contributors (@constellation-cluster)
 description:
   - Renders C(InitConfiguration), C(ClusterConfiguration) and C(KubeletConfiguration) with Constellation's
     hardening (audit policy and audit log flags, profiling off, kubelet serving certificates verified against the
@@ -87,11 +87,14 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Returns the configuration it would use, with secrets redacted; runs nothing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
     details: A host that is already a control plane is left untouched.
 """
@@ -185,7 +188,7 @@ def main():
         kubelet_tls_cert_file=dict(type="path"),
         kubelet_tls_key_file=dict(type="path"),
         token=dict(type="str", no_log=True),
-        token_ttl=dict(type="str", default="15m"),
+        token_ttl=dict(type="str", default="15m", no_log=False),
         upload_certs=dict(type="bool", default=False),
         certificate_key=dict(type="str", no_log=True),
         return_secrets=dict(type="bool", default=False),

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 module: kubeadm_join
 short_description: Join a node to a Kubernetes cluster with kubeadm, pinning the cluster CA
 version_added: "0.1.0"
-author: constellation.cluster contributors
+author: constellation.cluster contributors (@constellation-cluster)
 description:
   - Renders a C(JoinConfiguration) (and a C(KubeletConfiguration) carrying the provider ID) and runs
     C(kubeadm join) as a worker or as a further control plane.
@@ -47,11 +47,14 @@ options:
     type: str
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Returns the configuration it would use, with secrets redacted; runs nothing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
     details: A node with a kubelet kubeconfig is left untouched.
 """

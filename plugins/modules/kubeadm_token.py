@@ -9,9 +9,9 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 module: kubeadm_token
-short_description: Create, list and delete kubeadm bootstrap tokens on a control plane
+short_description: Create and delete kubeadm bootstrap tokens on a control plane
 version_added: "0.1.0"
-author: constellation.cluster contributors
+author: constellation.cluster contributors (@constellation-cluster)
 description:
   - Manages bootstrap tokens with C(kubeadm token create|list|delete) on a control-plane host, using
     C(<kubernetes_dir>/admin.conf).
@@ -25,9 +25,9 @@ options:
       - V(present) creates O(token) unless it exists with the same secret; without O(token) it creates a new,
         randomly generated token on every run.
       - V(absent) deletes the token named by O(token_id) or O(token).
-      - V(list) only lists.
+      - To only list tokens use M(constellation.cluster.kubeadm_token_info).
     type: str
-    choices: [present, absent, list]
+    choices: [present, absent]
     default: present
   token:
     description: A bootstrap token C([a-z0-9]{6}.[a-z0-9]{16}).
@@ -61,10 +61,13 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: partial
     details: Idempotent with O(token) or O(token_id); O(state=present) without O(token) creates a new token each run.
 """
@@ -81,11 +84,6 @@ EXAMPLES = r"""
   constellation.cluster.kubeadm_token:
     state: absent
     token_id: "{{ join_token.token_id }}"
-
-- name: List tokens (IDs and metadata only)
-  constellation.cluster.kubeadm_token:
-    state: list
-  register: tokens
 """
 
 RETURN = r"""
@@ -134,7 +132,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm impo
     Kubeadm,
     common_argument_spec,
     ensure_token,
-    list_tokens,
     remove_token,
     token_id,
 )
@@ -143,7 +140,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm impo
 def main():
     argument_spec = common_argument_spec()
     argument_spec.update(
-        state=dict(type="str", choices=["present", "absent", "list"], default="present"),
+        state=dict(type="str", choices=["present", "absent"], default="present"),
         token=dict(type="str", no_log=True),
         token_id=dict(type="str"),
         ttl=dict(type="str", default="15m"),
@@ -167,10 +164,8 @@ def main():
             result = ensure_token(kubeadm, token=p["token"], ttl=p["ttl"], description=p["description"],
                                   usages=p["usages"], groups=p["groups"], check_mode=module.check_mode,
                                   api_version=p["api_version"])
-        elif p["state"] == "absent":
-            result = remove_token(kubeadm, p["token_id"] or token_id(p["token"]), check_mode=module.check_mode)
         else:
-            result = list_tokens(kubeadm)
+            result = remove_token(kubeadm, p["token_id"] or token_id(p["token"]), check_mode=module.check_mode)
     except ConstellationError as err:
         module.fail_json(msg=str(err))
     out = dict(changed=result.changed, tokens=result.tokens)

@@ -94,7 +94,7 @@ def test_init_token_join_lifecycle(tmp_path, dirs):
                                 "return_secrets": True}, label="create", register="tok", no_log=True),
         _assert("tok.changed", "tok.token is match('%s')" % token_re,
                 "tok.token_id in (tok.tokens | map(attribute='token_id'))", no_log=True),
-        _task("kubeadm_token", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["cp"], "state": "list"},
+        _task("kubeadm_token_info", {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["cp"]},
               label="list", register="listed"),
         _assert("not listed.changed", "listed.tokens | length == 2",
                 "(listed.tokens | map(attribute='token_id') | sort) == ([init.token_id, tok.token_id] | sort)"),
