@@ -29,6 +29,7 @@ vtpm = pytest.importorskip("ansible_collections.constellation.cluster.plugins.mo
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (  # noqa: E402
     Measurements, extend_digest)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer  # noqa: E402
 from lab.swtpm import SwTPM, free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,7 +58,7 @@ class Server:
     def _loop(self):
         while not self._stop.is_set():
             try:
-                sock, _ = self._listener.accept()
+                sock, _addr = self._listener.accept()
             except socket.timeout:
                 continue
             except OSError:
@@ -89,7 +90,7 @@ class Server:
 
 def _start_tpm(path, digest):
     last = None
-    for _ in range(5):
+    for _attempt in range(5):
         swtpm = SwTPM(str(path), free_port())
         try:
             swtpm.start()
@@ -112,8 +113,8 @@ def hosts(tmp_path_factory):
         bad_tpm = _start_tpm(tmp_path_factory.mktemp("tampered"), TAMPERED_DIGEST)
         started.append(bad_tpm)
         issuers = [vtpm.VTPMIssuer(t.tcti, event_log_path=None) for t in (good_tpm, bad_tpm)]
-        servers = [Server(i) for i in issuers]
-        yield {"good_tpm": good_tpm, "good": servers[0], "tampered": servers[1]}
+        servers = [Server(i) for i in issuers] + [Server(DummyIssuer())]
+        yield {"good_tpm": good_tpm, "good": servers[0], "tampered": servers[1], "dummy": servers[2]}
         for server in servers:
             server.close()
         for issuer in issuers:
@@ -214,9 +215,34 @@ def test_check_mode_and_bad_input(hosts, tmp_path):
          "ignore_errors": True},
         dump("bad_endpoint", tmp_path / "bad_endpoint.json"),
     ]
+    (tmp_path / "policy.yml").write_text("'4':\n  expected: %s\n  warnOnly: false\n" % PCR4.hex())
+    tasks += [
+        {"name": "base64 nonce", "constellation.cluster.attestation_info": {
+            "tcti": hosts["good_tpm"].tcti, "nonce": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+            "variant": "dummy"}, "register": "b64"},
+        dump("b64", tmp_path / "b64.json"),
+        {"name": "yaml policy", "constellation.cluster.verify_attestation": {
+            "endpoint": hosts["good"].endpoint, "measurements_path": "policy.yml"}, "register": "yaml_policy"},
+        dump("yaml_policy", tmp_path / "yaml_policy.json"),
+        {"name": "dummy variant", "constellation.cluster.verify_attestation": {
+            "endpoint": hosts["dummy"].endpoint, "variant": "dummy"}, "register": "dummy"},
+        dump("dummy", tmp_path / "dummy.json"),
+        {"name": "dummy host under qemu-vtpm", "constellation.cluster.verify_attestation": {
+            "endpoint": hosts["dummy"].endpoint, "measurements": {"4": PCR4.hex()}}, "register": "dummy_refused",
+         "ignore_errors": True},
+        dump("dummy_refused", tmp_path / "dummy_refused.json"),
+    ]
     proc = run_playbook(tmp_path, tasks, "--check")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "info.json").read_text())["pcrs"]["4"] == PCR4.hex()
+    b64 = json.loads((tmp_path / "b64.json").read_text())
+    assert b64["nonce"] == bytes(range(32)).hex()
+    assert json.loads(b64["document"])["Nonce"] == "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+    assert [r["ok"] for r in json.loads((tmp_path / "yaml_policy.json").read_text())["pcrs"]] == [True]
+    dummy = json.loads((tmp_path / "dummy.json").read_text())
+    assert dummy["oid"] == "1.3.9900.1.1" and dummy["pcrs"] == [] and not dummy.get("failed")
+    refused = json.loads((tmp_path / "dummy_refused.json").read_text())
+    assert refused["failed"] and "1.3.9900.1.1" in refused["msg"] and "1.3.9900.5.1" in refused["msg"]
     assert "nonce: expected a non-empty hex or standard base64 string" in json.loads(
         (tmp_path / "bad_nonce.json").read_text())["msg"]
     assert "measurements: expected a measurements policy" in json.loads(
