@@ -1,0 +1,242 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The atls connection plugin against real agents in a lab (swtpm-backed attestation).
+
+h1, h2: activated (each as the Coordinator of its own cluster) with an admin key made here.
+h3: running, never activated. h4: its boot chain measured something else after the inventory
+(with the lab image's policy) was written. The controller runs in the lab's admin namespace,
+as an operator's machine would reach the nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from lab.agent import agent_dir, start_agent, stop_agent
+from lab.core import REPO_ROOT, Lab, lab_measurements
+from lab.netns import NetNS
+from ansible_collections.constellation.cluster.plugins.module_utils import kms
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+
+pytestmark = pytest.mark.lab
+
+VENV_BIN = REPO_ROOT / ".venv" / "bin"
+
+
+def _write_key(path: Path) -> ed25519.Ed25519PrivateKey:
+    key = ed25519.Ed25519PrivateKey.generate()
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+    return key
+
+
+class Env:
+    def __init__(self, lab: Lab, tmp: Path):
+        self.lab = lab
+        self.tmp = tmp
+        self.hosts = {h.name: h for h in lab.hosts}
+        self.admin_ns = NetNS(lab.bridge_netns)
+        self.procs = {}
+        self.key_file = tmp / "admin.key"
+        self.admin_key = _write_key(self.key_file)
+        self.other_key_file = tmp / "other.key"
+        _write_key(self.other_key_file)
+        self.control_dir = tmp / "cp"
+        self.inventory = tmp / "hosts.yml"
+        host_vars = {}
+        for h in lab.hosts:
+            host_vars[h.name] = {"constellation_public_endpoint": h.public_endpoint}
+        self.inventory.write_text(yaml.safe_dump({"all": {
+            "vars": {
+                "ansible_connection": "constellation.cluster.atls",
+                "ansible_pipelining": True,
+                "ansible_python_interpreter": str(VENV_BIN / "python"),
+                "constellation_measurements": lab_measurements(),
+                "constellation_admin_priv_key_file": str(self.key_file),
+                "constellation_atls_control_path_dir": str(self.control_dir),
+            },
+            "hosts": host_vars,
+        }}))
+
+    def activate(self, name: str) -> None:
+        h = self.hosts[name]
+        sock = self.admin_ns.connect((h.public_ip, 9000))
+        pem = self.admin_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                       serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        validator = VTPMValidator(Measurements.from_dict(lab_measurements()))
+        with AgentClient.connect(h.public_endpoint, [validator], sock=sock) as client:
+            client.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
+
+    def ansible(self, argv, extra_env=None, in_admin_ns=True):
+        env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
+                   ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_LOCAL_TEMP=str(self.tmp / "ansible-local"))
+        env.update(extra_env or {})
+        prefix = ["ip", "netns", "exec", self.lab.bridge_netns] if in_admin_ns else []
+        return subprocess.run(prefix + [str(VENV_BIN / argv[0])] + list(argv[1:]) + ["-i", str(self.inventory)],
+                              capture_output=True, text=True, env=env, cwd=str(REPO_ROOT), timeout=300, check=False)
+
+    def playbook(self, tasks, hosts="h1,h2", extra_env=None, gather_facts=False):
+        play = self.tmp / ("play-%d.yml" % len(list(self.tmp.glob("play-*.yml"))))
+        play.write_text(yaml.safe_dump([{"name": "atls", "hosts": hosts, "gather_facts": gather_facts,
+                                         "tasks": tasks}], sort_keys=False))
+        return self.ansible(["ansible-playbook", str(play)], extra_env)
+
+    def admin_auth_count(self, name: str) -> int:
+        log = agent_dir(self.hosts[name]) / "agent.log"
+        return sum(1 for line in log.read_text(errors="replace").splitlines() if '"admin_authenticated"' in line)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    lab = Lab("cnx", inventory_dir=None)
+    lab.up(hosts=4, tpm=True)
+    e = Env(lab, tmp_path_factory.mktemp("atls"))
+    try:
+        for name in e.hosts:
+            e.procs[name] = start_agent(lab, e.hosts[name])
+        e.activate("h1")
+        e.activate("h2")
+        lab.tamper("h4")  # after the inventory (the image's policy) was written
+        yield e
+    finally:
+        for proc in e.procs.values():
+            try:
+                stop_agent(proc)
+            except Exception:  # pylint: disable=broad-except
+                pass
+        e.admin_ns.close()
+        lab.down()
+
+
+def _ok(proc):
+    assert proc.returncode == 0, "rc=%d\n%s\n%s" % (proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])
+    return proc
+
+
+def test_modules_run_over_atls(env):
+    src = env.tmp / "in.txt"
+    src.write_text("hello over atls\n")
+    template = env.tmp / "t.j2"
+    template.write_text("host={{ inventory_hostname }} ip={{ ansible_facts.default_ipv4.address }}\n")
+    fetched = env.tmp / "fetched"
+    tasks = [
+        {"name": "setup", "ansible.builtin.setup": {"gather_subset": ["min", "network"]}},
+        {"name": "command with stdin", "ansible.builtin.command": {"cmd": "cat", "stdin": "to the node"},
+         "register": "cat", "changed_when": False},
+        {"name": "copy", "ansible.builtin.copy": {"src": str(src), "dest": "/tmp/atls-{{ inventory_hostname }}.txt",
+                                                   "mode": "0640"}},
+        {"name": "template", "ansible.builtin.template": {"src": str(template),
+                                                           "dest": "/tmp/atls-{{ inventory_hostname }}.conf",
+                                                           "mode": "0600"}},
+        {"name": "fetch", "ansible.builtin.fetch": {"src": "/tmp/atls-{{ inventory_hostname }}.conf",
+                                                     "dest": str(fetched) + "/"}},
+        {"name": "collection module", "constellation.cluster.attestation_info": {"tcti": "swtpm:host=127.0.0.1,port=2321"},
+         "register": "att"},
+        {"name": "report", "ansible.builtin.debug": {"msg": "RESULT {{ {'cat': cat.stdout, 'pcrs': att.pcrs | default(att.measurements | default({})), 'ip': ansible_facts.default_ipv4.address} | to_json }}"}},
+    ]
+    proc = _ok(env.playbook(tasks))
+    assert "unreachable=0" in proc.stdout and "failed=0" in proc.stdout
+    for name in ("h1", "h2"):
+        h = env.hosts[name]
+        # The template ran on the controller with facts gathered inside the node's namespace.
+        got = (fetched / name / "tmp" / ("atls-%s.conf" % name)).read_text()
+        assert got == "host=%s ip=%s\n" % (name, h.public_ip)
+        assert Path("/tmp/atls-%s.txt" % name).read_text() == "hello over atls\n"
+        assert oct(Path("/tmp/atls-%s.txt" % name).stat().st_mode & 0o777) == "0o640"
+    results = [json.loads(line.split("RESULT ", 1)[1].rstrip('"').replace('\\"', '"'))
+               for line in proc.stdout.splitlines() if "RESULT " in line]
+    assert len(results) == 2
+    assert all(r["cat"] == "to the node" for r in results)
+    assert all(r["pcrs"] for r in results), results  # the TPM of the node was read through the module
+
+
+def test_one_attested_connection_per_host_and_run(env):
+    before = env.admin_auth_count("h1")
+    tasks = [{"name": "t%d" % i, "ansible.builtin.command": "/bin/true", "changed_when": False} for i in range(6)]
+    _ok(env.playbook(tasks, hosts="h1"))
+    assert env.admin_auth_count("h1") - before == 1  # 6 tasks, one TLS connection, attested once
+    # A new run attests again; a reset_connection drops the kept connection.
+    tasks.insert(3, {"name": "reset", "ansible.builtin.meta": "reset_connection"})
+    _ok(env.playbook(tasks, hosts="h1"))
+    assert env.admin_auth_count("h1") - before == 3
+    # persist=0: every task opens and attests its own connection.
+    _ok(env.playbook(tasks[:3], hosts="h1", extra_env={"CONSTELLATION_ATLS_PERSIST": "0"}))
+    assert env.admin_auth_count("h1") - before == 6
+
+
+def test_tampered_host_is_unreachable_with_the_pcr(env):
+    for persist in ("60", "0"):
+        proc = env.ansible(["ansible", "h4", "-m", "ansible.builtin.command", "-a", "/bin/true"],
+                           {"CONSTELLATION_ATLS_PERSIST": persist})
+        assert proc.returncode == 4, proc.stdout + proc.stderr  # 4: unreachable
+        out = proc.stdout + proc.stderr
+        assert "UNREACHABLE" in out and "attestation refused" in out
+        policy = lab_measurements()["9"]["expected"]
+        assert "PCR 9: expected %s, found " % policy in out
+    assert env.admin_auth_count("h4") == 0  # nothing reached its admin channel
+
+
+def test_wrong_admin_key_is_not_authorised(env):
+    for persist in ("60", "0"):
+        proc = env.ansible(["ansible", "h1", "-m", "ansible.builtin.command", "-a", "/bin/true",
+                            "-e", "constellation_admin_priv_key_file=%s" % env.other_key_file],
+                           {"CONSTELLATION_ATLS_PERSIST": persist})
+        assert proc.returncode == 4, proc.stdout + proc.stderr
+        assert "not authorised" in proc.stdout + proc.stderr
+
+
+def test_before_activation_exec_is_refused_but_attestation_works(env):
+    proc = env.ansible(["ansible", "h3", "-m", "ansible.builtin.command", "-a", "/bin/true"])
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "attested, but the admin channel is refused" in out and "only after activation" in out
+    # Attestation itself still works for that host:
+    h = env.hosts["h3"]
+    validator = VTPMValidator(Measurements.from_dict(lab_measurements()))
+    with AgentClient.connect(h.public_endpoint, [validator], sock=env.admin_ns.connect((h.public_ip, 9000))) as c:
+        assert c.get_state()["state"] == "AcceptingInit"
+
+
+def test_large_and_binary_files_survive_put_and_fetch(env):
+    big = env.tmp / "big.bin"
+    with open(big, "wb") as handle:
+        for _ in range(100):
+            handle.write(os.urandom(1 << 20))
+    every_byte = env.tmp / "bytes.bin"
+    every_byte.write_bytes(bytes(range(256)) * 4 + b"\x00\r\n\x1a" + bytes(range(255, -1, -1)))
+    fetched = env.tmp / "fetched-big"
+    tasks = []
+    for src in (big, every_byte):
+        tasks += [
+            {"name": "put %s" % src.name, "ansible.builtin.copy": {"src": str(src), "dest": "/tmp/atls-%s" % src.name,
+                                                                   "mode": "0600"}},
+            {"name": "fetch %s" % src.name, "ansible.builtin.fetch": {"src": "/tmp/atls-%s" % src.name,
+                                                                      "dest": str(fetched) + "/", "flat": False}},
+        ]
+    _ok(env.playbook(tasks, hosts="h1"))
+    for src in (big, every_byte):
+        want = hashlib.sha256(src.read_bytes()).hexdigest()
+        assert hashlib.sha256(Path("/tmp/atls-%s" % src.name).read_bytes()).hexdigest() == want
+        assert hashlib.sha256((fetched / "h1" / "tmp" / ("atls-%s" % src.name)).read_bytes()).hexdigest() == want
+        os.unlink("/tmp/atls-%s" % src.name)
+
+
+def test_netns_option_reaches_the_lab_from_outside(env):
+    proc = env.ansible(["ansible", "h2", "-m", "ansible.builtin.command", "-a", "ip -4 -o addr show dev eth0",
+                        "-e", "constellation_atls_netns=%s" % env.lab.bridge_netns], in_admin_ns=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert env.hosts["h2"].public_ip in proc.stdout

@@ -1,0 +1,160 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Option parsing and validation of the atls connection plugin (no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from ansible_collections.constellation.cluster.plugins.connection.atls import (
+    Connection, Settings, SettingsError, settings_from_options)
+
+POLICY = {"4": {"expected": "aa" * 32, "warnOnly": False}, "9": {"expected": "bb" * 32, "warnOnly": True}}
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    path = tmp_path / "admin.key"
+    path.write_text("not parsed here")
+    return str(path)
+
+
+def options(key_file, **changes):
+    opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_path": None,
+            "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "timeout": 10,
+            "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
+            "netns": None}
+    opts.update(changes)
+    return opts.__getitem__
+
+
+def test_defaults_build_endpoint_from_host_and_port(key_file):
+    s = settings_from_options(options(key_file))
+    assert s.endpoint == "10.0.0.5:9000"
+    assert s.variant == "qemu-vtpm" and s.measurements == POLICY
+    assert s.persist == 60 and s.command_timeout == 0
+    assert s.control_path_dir == os.path.expanduser("~/.ansible/cp")
+
+
+def test_endpoint_overrides_host_and_ipv6_is_bracketed(key_file):
+    assert settings_from_options(options(key_file, endpoint="192.0.2.1:9100")).endpoint == "192.0.2.1:9100"
+    assert settings_from_options(options(key_file, host="fd00::1")).endpoint == "[fd00::1]:9000"
+
+
+@pytest.mark.parametrize("endpoint, needle", [
+    ("10.0.0.5", "endpoint: expected host:port"),
+    ("10.0.0.5:http", "numeric port"),
+    ("10.0.0.5:70000", "port in 1-65535"),
+    (":9000", "endpoint: expected host:port"),
+])
+def test_bad_endpoint_is_named(key_file, endpoint, needle):
+    with pytest.raises(SettingsError, match=needle):
+        settings_from_options(options(key_file, endpoint=endpoint))
+
+
+def test_policy_from_file_json_or_yaml(key_file, tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(POLICY))
+    s = settings_from_options(options(key_file, measurements=None, measurements_path=str(path)))
+    assert s.measurements == POLICY
+    path = tmp_path / "m.yml"
+    path.write_text("'4':\n  expected: '%s'\n  warnOnly: false\n" % ("aa" * 32))
+    assert settings_from_options(options(key_file, measurements=None, measurements_path=str(path))).measurements
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"measurements": None}, "measurements: expected a measurements policy"),
+    ({"measurements": {}}, "measurements: expected a measurements policy"),
+    ({"measurements": {"4": {"expected": "zz"}}}, "measurements: "),
+    ({"measurements": {"99": {"expected": "aa" * 32}}}, "measurements: "),
+    ({"measurements": ["4"]}, "measurements: expected a mapping"),
+    ({"measurements_path": "/nonexistent/m.json"}, "mutually exclusive"),
+    ({"measurements": None, "measurements_path": "/nonexistent/m.json"}, "measurements_path: expected a readable"),
+    ({"attestation_variant": "sev-snp"}, "attestation_variant: expected one of qemu-vtpm, dummy"),
+    ({"admin_priv_key_file": None}, "admin_priv_key_file: expected the path"),
+    ({"admin_priv_key_file": "/nonexistent/admin.key"}, "admin_priv_key_file: expected a readable"),
+    ({"timeout": 0}, r"timeout: expected seconds in \(0, 86400\]"),
+    ({"timeout": "soon"}, "timeout: expected a number of seconds"),
+    ({"persist": -1}, r"persist: expected seconds in \[0, 86400\]"),
+    ({"netns": "../etc"}, "netns: expected the name of a network namespace"),
+    ({"host": None}, "host: expected the node's address"),
+])
+def test_bad_options_name_the_option(key_file, changes, needle):
+    with pytest.raises(SettingsError, match=needle):
+        settings_from_options(options(key_file, **changes))
+
+
+def test_dummy_variant_needs_no_policy(key_file):
+    s = settings_from_options(options(key_file, attestation_variant="dummy", measurements=None))
+    assert s.variant == "dummy" and s.measurements is None
+
+
+def test_settings_round_trip_json(key_file):
+    s = settings_from_options(options(key_file, netns="cl-lab-br", persist=0))
+    assert Settings.from_json(s.to_json()) == s
+
+
+def test_control_path_separates_runs_policies_and_keys(key_file, tmp_path):
+    s = settings_from_options(options(key_file))
+    base = s.control_path("100")
+    assert base.startswith(s.control_path_dir + "/atls-") and len(base) < 100  # fits sun_path
+    assert s.control_path("100") == base
+    assert s.control_path("101") != base
+    other_policy = settings_from_options(options(key_file, measurements={"4": {"expected": "cc" * 32}}))
+    assert other_policy.control_path("100") != base
+    other_key = tmp_path / "other.key"
+    other_key.write_text("another key")
+    assert settings_from_options(options(str(other_key))).control_path("100") != base
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _adhoc(tmp_path, *extra):
+    """An ad-hoc ansible run over atls against an inventory host (options as -e variables)."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "local"), CONSTELLATION_ATLS_CONTROL_PATH_DIR=str(tmp_path / "cp"))
+    argv = [os.path.join(REPO, ".venv", "bin", "ansible"), "all", "-i", "node0,", "-m", "ansible.builtin.command",
+            "-a", "/bin/true", "-e", "ansible_connection=constellation.cluster.atls"]
+    for item in extra:
+        argv += ["-e", item]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
+
+
+def test_plugin_class_declares_pipelining():
+    assert Connection.has_pipelining is True
+    assert Connection.transport == "constellation.cluster.atls"
+
+
+def test_bad_option_is_unreachable_naming_it(key_file, tmp_path):
+    proc = _adhoc(tmp_path, "constellation_public_endpoint=127.0.0.1:1",
+                  "constellation_admin_priv_key_file=%s" % key_file)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "measurements: expected a measurements policy" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("persist", ["0", "30"])
+def test_unreachable_endpoint_names_it(tmp_path, persist):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = tmp_path / "k.pem"
+    key.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    # Port 1 on loopback: nothing listens.
+    proc = _adhoc(tmp_path, "constellation_public_endpoint=127.0.0.1:1", "constellation_admin_priv_key_file=%s" % key,
+                  "constellation_atls_persist=%s" % persist,
+                  "{\"constellation_measurements\": %s}" % json.dumps(POLICY))
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "127.0.0.1:1: cannot connect" in proc.stdout + proc.stderr
+    assert not list((tmp_path / "cp").glob("*.sock"))  # no relay was left behind
+
+
+def test_relative_remote_paths_are_refused():
+    with pytest.raises(Exception, match="absolute remote path"):
+        Connection._remote_path("relative/file", "out_path")  # pylint: disable=protected-access
