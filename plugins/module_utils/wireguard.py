@@ -548,14 +548,17 @@ class CommandRunner:
         self.timeout = timeout
 
     def run(self, argv: Sequence[str], check: bool = True, env: Mapping[str, str] | None = None,
-            stdin: str | None = None) -> CommandResult:
+            stdin: str | None = None, new_session: bool = False) -> CommandResult:
+        """Run argv (after the prefix). ``new_session``: start it in its own session, so a daemon it
+        leaves behind is not killed with the caller's process group (Ansible's worker kills its
+        group when it is terminated)."""
         full = self.prefix + list(argv)
         run_env = dict(os.environ)
         run_env.update(self.env)
         run_env.update(env or {})
         try:
             proc = subprocess.run(full, input=stdin, capture_output=True, text=True, env=run_env,
-                                  timeout=self.timeout, check=False)
+                                  timeout=self.timeout, check=False, start_new_session=new_session)
         except FileNotFoundError as err:
             raise ExternalCommandError(list(argv), 127, str(err)) from None
         except subprocess.TimeoutExpired:
@@ -634,7 +637,7 @@ class WireGuard:
         kernel = self.runner.run(["ip", "link", "add", "dev", name, "type", "wireguard"], check=False)
         if kernel.rc == 0:
             return "kernel"
-        self.runner.run(["wireguard-go", name], env=WIREGUARD_GO_ENV)
+        self.runner.run(["wireguard-go", name], env=WIREGUARD_GO_ENV, new_session=True)
         # wireguard-go daemonises before its UAPI socket is ready: wait for it, bounded.
         for dummy_attempt in range(100):
             if self.show(name) is not None:
