@@ -28,9 +28,14 @@ import uuid as uuid_mod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+try:
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+except ImportError:  # ansible-test's import sanity runs without third-party packages
+    HAS_CRYPTOGRAPHY = False
+else:
+    HAS_CRYPTOGRAPHY = True
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import peerstore
@@ -229,6 +234,8 @@ def _open_kms(kms_uri: Any) -> kms_mod.ClusterKMS:
 
 def parse_admin_pub_key(text: Any):
     """The admin's public key: PEM SubjectPublicKeyInfo or an OpenSSH line; Ed25519 or ECDSA P-256."""
+    if not HAS_CRYPTOGRAPHY:
+        raise ConstellationError("the Python package cryptography is required for admin keys")
     if not isinstance(text, str) or not text.strip() or len(text) > ADMIN_PUB_KEY_MAX:
         raise InputError("admin_pub_key", "a PEM or OpenSSH public key (Ed25519 or ECDSA P-256)")
     data = text.strip().encode("ascii", "replace")

@@ -173,7 +173,7 @@ def test_refusals(cluster):
         except RemoteError as err:
             outcomes.append(err)
 
-    threads = [threading.Thread(target=activate) for _ in range(2)]
+    threads = [threading.Thread(target=activate) for _attempt in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -223,7 +223,7 @@ def test_coordinator_restart_with_etcd_store_then_join(cluster):
         h1ns = NetNS(h1.netns)
         try:
             def migrate():
-                for _ in range(100):
+                for _attempt in range(100):
                     try:
                         return transfer(FileStore(str(agent_dir(h1) / "state" / "store.json")), open_store(spec))
                     except Exception:  # pylint: disable=broad-except  # etcd still starting

@@ -43,7 +43,7 @@ class RecordingVPN:
 
 def start_swtpm(path) -> SwTPM:
     last = None
-    for _ in range(5):
+    for _attempt in range(5):
         tpm = SwTPM(str(path), free_port())
         try:
             return tpm.start()

@@ -88,7 +88,7 @@ def test_exec_put_fetch_after_admin_auth(agent, tmp_path):
 def test_wrong_admin_key_and_foreign_signature_are_refused(agent):
     endpoint, _core = agent
     key, pem = keypair()
-    other, _ = keypair()
+    other, _unused = keypair()
     with connect(endpoint) as c:
         c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
         with pytest.raises(RemoteError, match="does not verify") as info:

@@ -67,7 +67,7 @@ def test_second_activation_is_refused_and_pcr15_extended_once(swtpm, make_core, 
 def test_concurrent_activations_exactly_one_wins(swtpm, make_core, secret):
     c, _vpn = make_core(swtpm)
     c.load()
-    salts = [os.urandom(32) for _ in range(4)]
+    salts = [os.urandom(32) for _attempt in range(4)]
     barrier = threading.Barrier(len(salts))
     outcomes = []
 
@@ -159,7 +159,7 @@ def test_initialized_tpm_without_state_is_failed(swtpm, make_core, secret):
     c, _vpn = make_core(swtpm)
     c.load()
     activate(c, secret)
-    stranger, _ = make_core(swtpm)  # empty store, same (initialized) TPM
+    stranger, _unused = make_core(swtpm)  # empty store, same (initialized) TPM
     assert stranger.load() == State.FAILED
     with pytest.raises(StateError):
         activate(stranger, secret)
@@ -167,24 +167,23 @@ def test_initialized_tpm_without_state_is_failed(swtpm, make_core, secret):
 
 def test_recover_after_tpm_reset(swtpm_factory, make_core, secret):
     tpm = swtpm_factory()
-    if True:
-        store = MemoryStore()
-        c, _vpn = make_core(tpm, store=store)
-        c.load()
-        result = activate(c, secret)
-        tpm.stop()
-        tpm.start()  # a reboot: PCRs reset
-        again, _ = make_core(tpm, store=store, disk_uuid=c.disk_uuid)
-        assert again.load() == State.ACCEPTING_INIT and again.recovery_pending
-        with pytest.raises(StateError):
-            activate(again, secret)  # a node holding a cluster's state is not fresh
-        with pytest.raises(StateError, match="cluster ID"):
-            again.recover(kms.MasterSecret.generate().to_uri())
-        assert again.tpm.pcr15() == bytes(32)
-        assert again.recover(secret.to_uri())["state"] == "ActivatingNodes"
-        assert again.tpm.pcr15() == expected_pcr15(result.cluster_id)
-        with pytest.raises(StateError):
-            again.recover(secret.to_uri())
+    store = MemoryStore()
+    c, _vpn = make_core(tpm, store=store)
+    c.load()
+    result = activate(c, secret)
+    tpm.stop()
+    tpm.start()  # a reboot: PCRs reset
+    again, _unused = make_core(tpm, store=store, disk_uuid=c.disk_uuid)
+    assert again.load() == State.ACCEPTING_INIT and again.recovery_pending
+    with pytest.raises(StateError):
+        activate(again, secret)  # a node holding a cluster's state is not fresh
+    with pytest.raises(StateError, match="cluster ID"):
+        again.recover(kms.MasterSecret.generate().to_uri())
+    assert again.tpm.pcr15() == bytes(32)
+    assert again.recover(secret.to_uri())["state"] == "ActivatingNodes"
+    assert again.tpm.pcr15() == expected_pcr15(result.cluster_id)
+    with pytest.raises(StateError):
+        again.recover(secret.to_uri())
 
 
 def test_join_ticket_with_inconsistent_cluster_id_is_refused_before_lock(swtpm, make_core, secret):
@@ -200,31 +199,30 @@ def test_join_ticket_with_inconsistent_cluster_id_is_refused_before_lock(swtpm, 
 
 def test_join_then_update(swtpm, swtpm_factory, make_core, secret):
     coordinator_tpm = swtpm
-    coord, _ = make_core(coordinator_tpm)
+    coord, _unused = make_core(coordinator_tpm)
     coord.load()
     activate(coord, secret)
     ip = coord.reserve_node_ip()
     node_dir_tpm = swtpm_factory()
-    if True:
-        node, vpn = make_core(node_dir_tpm)
-        node.load()
-        ticket = coord.issue_join_ticket(node.disk_uuid, ip)
-        assert "secrets" in repr(ticket) and base64.b64encode(ticket.state_disk_key).decode() not in repr(ticket)
-        node.join(core.JoinTicket.from_dict(ticket.to_dict()))
-        assert node.state == State.IS_NODE
-        assert node.tpm.pcr15() == expected_pcr15(coord.cluster_id)
-        assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)
-        coord.add_node_peer(ip, node.vpn_pub_key, "10.42.0.30")
-        other = pub_key_from_priv_key(generate_priv_key())
-        coord.add_node_peer(coord.reserve_node_ip(), other, "10.42.0.31")
-        assert node.apply_update(coord.get_update(node.resource_version))
-        assert other in [p.vpn_pub_key for p in vpn.peers]
-        assert not node.apply_update(coord.get_update(node.resource_version))
-        assert coord.get_update(node.resource_version) == {"resource_version": node.resource_version}
+    node, vpn = make_core(node_dir_tpm)
+    node.load()
+    ticket = coord.issue_join_ticket(node.disk_uuid, ip)
+    assert "secrets" in repr(ticket) and base64.b64encode(ticket.state_disk_key).decode() not in repr(ticket)
+    node.join(core.JoinTicket.from_dict(ticket.to_dict()))
+    assert node.state == State.IS_NODE
+    assert node.tpm.pcr15() == expected_pcr15(coord.cluster_id)
+    assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)
+    coord.add_node_peer(ip, node.vpn_pub_key, "10.42.0.30")
+    other = pub_key_from_priv_key(generate_priv_key())
+    coord.add_node_peer(coord.reserve_node_ip(), other, "10.42.0.31")
+    assert node.apply_update(coord.get_update(node.resource_version))
+    assert other in [p.vpn_pub_key for p in vpn.peers]
+    assert not node.apply_update(coord.get_update(node.resource_version))
+    assert coord.get_update(node.resource_version) == {"resource_version": node.resource_version}
 
 
 def test_get_data_key_refuses_reserved_ids_and_disk_uuids(swtpm, make_core, secret):
-    c, _ = make_core(swtpm)
+    c, _unused = make_core(swtpm)
     c.load()
     with pytest.raises(StateError):
         c.get_data_key("foo", 32)
