@@ -202,9 +202,19 @@ def test_modules_through_ansible_playbook(lab_factory, tmp_path):
     (tmp_path / "iface.yml").write_text(INTERFACE_PLAY)
     (tmp_path / "peers.yml").write_text(PEERS_PLAY)
 
-    run = _playbook(inv, tmp_path / "iface.yml", extra)
+    # Check mode: reports the change, creates neither key files nor interfaces.
+    run = _playbook(inv, tmp_path / "iface.yml", extra, "--check", "--diff")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert all(r["changed"] == 1 for r in _recap(run.stdout).values())
+    assert list(key_dir.iterdir()) == []
+    assert hosts[0].run(["ip", "link", "show", "wg0"], check=False).returncode != 0
+
+    run = _playbook(inv, tmp_path / "iface.yml", extra, "--diff", "-v")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert all(r["changed"] == 1 for r in _recap(run.stdout).values())
+    priv_keys = [(key_dir / ("%s.key" % h.name)).read_text().strip() for h in hosts]
+    assert len(set(priv_keys)) == 3
+    assert not any(k in run.stdout + run.stderr for k in priv_keys), "a private key was printed"
     run = _playbook(inv, tmp_path / "iface.yml", extra, "-v")
     assert run.returncode == 0 and all(r["changed"] == 0 for r in _recap(run.stdout).values()), run.stdout[-3000:]
     for h in hosts:
@@ -218,6 +228,7 @@ def test_modules_through_ansible_playbook(lab_factory, tmp_path):
     run = _playbook(inv, tmp_path / "peers.yml", extra, "--diff")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "PrivateKey" not in run.stdout and "AllowedIPs = 10.118.0.11/32" in run.stdout
+    assert not any(k in run.stdout + run.stderr for k in priv_keys), "a private key was printed"
     for h in hosts:
         for j, other in enumerate(hosts):
             if other is not h:
