@@ -124,6 +124,7 @@ class VTPMIssuer:
         self._tpm: Optional[TPM] = None
         self._ak: Optional["ESYS_TR"] = None
         self._ak_pub: Optional[bytes] = None
+        self._pcr_cache: Dict[Tuple[int, Tuple[int, ...]], Dict[int, bytes]] = {}
 
     # -- lifecycle
 
@@ -195,14 +196,21 @@ class VTPMIssuer:
             except TSS2_Exception as err:
                 # the TPM may have restarted (swtpm): drop the context, reconnect on the next call
                 tpm, self._tpm, self._ak = self._tpm, None, None
+                self._pcr_cache.clear()
                 if tpm is not None:
                     tpm.close()
                 raise AttestationError("TPM quote failed (%s): %s" % (self.tcti, err))
 
     def _quote_locked(self, tpm_nonce: bytes, bank: int, indices: Sequence[int]) -> Dict:
         tpm, ak = self._open()
+        # The quote is the authority: reported values are only used if they hash to the signed
+        # PCR digest. So the values of the last quote are offered first and read again only
+        # when the digest says a PCR was extended since (saves three TPM round trips).
+        key = (int(bank), tuple(indices))
+        values = self._pcr_cache.get(key)
         for _attempt in range(5):
-            values = tpm.pcr_read(bank, indices)
+            if values is None:
+                values = tpm.pcr_read(bank, indices)
             quoted, signature = tpm.esapi.quote(ak, make_selection({bank: indices}), tpm_nonce)
             attest_raw = bytes(quoted.attestationData)
             attest, _size = TPMS_ATTEST.unmarshal(attest_raw)
@@ -213,8 +221,10 @@ class VTPMIssuer:
             pcr_digest = hashlib.new(hash_name, b"".join(values[i] for i in sorted(values))).digest()
             if pcr_digest == bytes(attest.attested.quote.pcrDigest):
                 break
+            values = None
         else:
             raise AttestationError("PCRs kept changing while quoting (5 attempts)")
+        self._pcr_cache[key] = values
         return {
             "quote": _b64(attest_raw),
             "raw_sig": _b64(signature.marshal()),
