@@ -333,7 +333,11 @@ def parse_peer_list(
         if pub_key in seen_keys:
             raise InputError(where + ".pub_key", "a key not already used by peers[%d]" % seen_keys[pub_key], pub_key)
         seen_keys[pub_key] = index
-        if state == "absent" and item.get("vpn_ip") in (None, ""):
+        if state == "absent":
+            # Removal is by key; a VPN IP given with it is checked but may be reused by a present
+            # peer (a node replaced by a new key keeps its address).
+            if item.get("vpn_ip") not in (None, ""):
+                _parse_vpn_ip(item.get("vpn_ip"), where + ".vpn_ip", cidr)
             result.append(PeerRequest(Peer(pub_key, ""), present=False))
             continue
         vpn_ip = _parse_vpn_ip(item.get("vpn_ip"), where + ".vpn_ip", cidr)

@@ -160,6 +160,7 @@ INTERFACE_PLAY = """
         name: wg0
         address: "{{ vpn_ips[inventory_hostname] }}/16"
         private_key_file: "{{ key_dir }}/{{ inventory_hostname }}.key"
+        state: "{{ wg_state | default('present') }}"
 """
 
 PEERS_PLAY = """
@@ -265,6 +266,14 @@ def test_modules_through_ansible_playbook(lab_factory, tmp_path):
         assert "Traceback" not in run.stdout
         for h in hosts:
             assert _config(WireGuard(CommandRunner(h.nsenter_prefix)).show("wg0")) == live_before[h.name], name
+
+    # state: absent removes the interfaces (wireguard-go exits with them) and keeps the keys.
+    for expected in (1, 0):
+        run = _playbook(inv, tmp_path / "iface.yml", extra, "-e", "wg_state=absent")
+        assert run.returncode == 0 and all(r["changed"] == expected for r in _recap(run.stdout).values()), run.stdout
+    for h in hosts:
+        assert h.run(["ip", "link", "show", "wg0"], check=False).returncode != 0
+        assert (key_dir / ("%s.key" % h.name)).exists()
 
 
 CREATE_THEN_KILL_GROUP = """

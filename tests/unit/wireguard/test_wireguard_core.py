@@ -129,6 +129,17 @@ def test_invalid_lists_name_field_and_index(items, field):
     assert field in str(err.value)
 
 
+def test_absent_peer_may_free_its_ip_for_a_new_key():
+    reqs = parse_peer_list([{"pub_key": K1, "vpn_ip": "10.118.0.12", "state": "absent"},
+                            {"pub_key": K2, "vpn_ip": "10.118.0.12"}], exclusive=True)
+    live = _live(_lp(K1, "10.118.0.12"))
+    diff = diff_peers(reqs, live, exclusive=True)
+    assert [p.pub_key for p in diff.added] == [K2] and [p.pub_key for p in diff.removed] == [K1]
+    with pytest.raises(InputError) as err:
+        parse_peer_list([{"pub_key": K1, "vpn_ip": "10.200.0.12", "state": "absent"}])
+    assert err.value.field == "peers[0].vpn_ip"
+
+
 def test_configurable_cidr():
     parse_peer_list([{"pub_key": K1, "vpn_ip": "10.7.0.5"}], vpn_cidr="10.7.0.0/24")
     with pytest.raises(InputError):
