@@ -93,6 +93,15 @@ class PeerRecord:
         return cls.parse(data["VPNIP"], data["VPNPubKey"], data.get("PublicIP"), roles.get(data.get("Role"), "?"))
 
 
+def wireguard_peer_list(records: Iterable[PeerRecord], own_pub_key: str | None = None,
+                        port: int = LISTEN_PORT) -> list[dict]:
+    """A peer set as the explicit list ``wireguard.parse_peer_list``/``wireguard_peers`` take, without
+    the caller's own entry (the Coordinator's set includes every member, the caller too)."""
+    own = normalize_pub_key(own_pub_key, "own_pub_key") if own_pub_key else None
+    return [record.to_peer(port).to_dict() for record in
+            sorted(records, key=lambda r: int(ipaddress.ip_address(r.vpn_ip))) if record.vpn_pub_key != own]
+
+
 # --------------------------------------------------------------------------- allocation
 
 

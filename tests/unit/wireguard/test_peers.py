@@ -15,6 +15,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.peers import
     PeerUpdate,
     VersionedPeerSet,
     VPNIPAllocator,
+    wireguard_peer_list,
 )
 
 KEYS = [wgmod.pub_key_from_priv_key(wgmod.generate_priv_key()) for dummy_i in range(40)]
@@ -192,3 +193,13 @@ def test_any_client_converges(ops, max_log):
         assert update.resource_version == peers.version
         if version == peers.version:
             assert not update
+
+
+def test_peer_set_feeds_the_wireguard_list_without_own_entry():
+    peers = VersionedPeerSet()
+    peers.apply(put=[rec(2), rec(0), rec(1), PeerRecord.parse("10.118.0.30", KEYS[30], None, "admin")])
+    items = wireguard_peer_list(peers.peers.values(), own_pub_key=KEYS[1])
+    assert [i["vpn_ip"] for i in items] == ["10.118.0.11", "10.118.0.13", "10.118.0.30"]
+    assert items[0]["endpoint"] == "10.42.0.11:51820" and items[2]["endpoint"] is None
+    requests = wgmod.parse_peer_list(items, own_pub_key=KEYS[1], exclusive=True)
+    assert [r.peer.pub_key for r in requests] == [KEYS[0], KEYS[2], KEYS[30]]
