@@ -16,6 +16,9 @@ def main(argv=None) -> int:
     up = sub.add_parser("up", help="build N simulated hosts (repairs a broken lab)")
     up.add_argument("--hosts", type=int, default=4)
     up.add_argument("--no-tpm", action="store_true", help="skip swtpm (network only)")
+    up.add_argument("--agents", action="store_true", help="start the node agent on every host")
+    g = sub.add_parser("grow", help="add hosts to a running lab (new machines booting)")
+    g.add_argument("--hosts", type=int, required=True, help="the lab's new number of hosts")
     sub.add_parser("down", help="remove every namespace, process, mount and file of the lab")
     sub.add_parser("status", help="show the hosts and their parts")
     t = sub.add_parser("tamper", help="extend a PCR of HOST differently, to stand for a modified host")
@@ -31,8 +34,11 @@ def main(argv=None) -> int:
     lab = Lab(args.name)
     try:
         if args.cmd == "up":
-            lab.up(hosts=args.hosts, tpm=not args.no_tpm)
+            lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents)
             print("lab %s: %d hosts up; inventory: %s" % (lab.name, len(lab.hosts), lab.inventory_dir))
+        elif args.cmd == "grow":
+            new = lab.grow(args.hosts)
+            print("lab %s: added %s" % (lab.name, ", ".join(h.name for h in new)))
         elif args.cmd == "down":
             lab.down()
             print("lab %s: down" % lab.name)

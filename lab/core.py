@@ -233,27 +233,52 @@ class Lab:
         return subprocess.run(["ip", "netns", "exec", self.bridge_netns] + list(argv), check=check, **kw)
 
     # -- up -----------------------------------------------------------------------------
-    def up(self, hosts: int = 3, tpm: bool = True, image: str = LAB_IMAGE) -> "Lab":
+    def up(self, hosts: int = 3, tpm: bool = True, image: str = LAB_IMAGE, agents: bool = False) -> "Lab":
         if not 1 <= hosts <= MAX_HOSTS:
             raise LabError("hosts: expected 1..%d, got %d" % (MAX_HOSTS, hosts))
+        if agents and not tpm:
+            raise LabError("agents: the node agent needs a TPM (do not combine agents with --no-tpm)")
         state = self._state()
         if state.get("phase") == "up" and state.get("hosts") == hosts and state.get("tpm") == tpm \
-                and state.get("image") == image and self.healthy():
+                and state.get("image") == image and state.get("agents", False) == agents and self.healthy():
             return self
         # Anything else (a crash half-way, another size): start from a clean slate.
         self.down()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._count = hosts
-        self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image)
+        self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image, agents=agents)
         self._make_mount_dir()
         self._make_bridge()
         for h in self.hosts:
             self._make_host(h)
         if tpm:
-            self._start_tpms(image)
+            self._start_tpms(self.hosts, image)
+        if agents:
+            self._start_agents(self.hosts)
         self._write_state(phase="up")
         self.write_inventory()
         return self
+
+    def grow(self, hosts: int) -> List[Host]:
+        """Adds hosts to a running lab (as new machines booting); returns the new ones."""
+        state = self._state()
+        if state.get("phase") != "up":
+            raise LabError("lab %r is not up: run `python -m lab up` first" % self.name)
+        old = int(state.get("hosts", 0))
+        if not old < hosts <= MAX_HOSTS:
+            raise LabError("hosts: expected %d..%d (the lab has %d), got %d" % (old + 1, MAX_HOSTS, old, hosts))
+        self._write_state(phase="building", hosts=hosts)
+        self._count = hosts
+        new = self.hosts[old:]
+        for h in new:
+            self._make_host(h)
+        if state.get("tpm"):
+            self._start_tpms(new, state.get("image", LAB_IMAGE))
+        if state.get("agents"):
+            self._start_agents(new)
+        self._write_state(phase="up")
+        self.write_inventory()
+        return new
 
     def _make_mount_dir(self) -> None:
         # Persistent mount namespaces are bind mounts of /proc/PID/ns/mnt; the folder that
@@ -289,22 +314,33 @@ class Lab:
         _run(["unshare", "--mount=%s" % h.mount_ns_file, "--propagation", "private", "sh", "-c",
               "mount -t tmpfs -o mode=0755 lab-run /run && mkdir -p /run/wireguard /run/sshd"])
 
-    def _start_tpms(self, image: str) -> None:
-        from lab.swtpm import SwTPM
-
+    def _start_tpms(self, hosts: List[Host], image: str) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
+        from lab.swtpm import SwTPM
+
+        first_ever = not (self.ca_dir / "issuercert.pem").exists()
         self.ca_dir.mkdir(parents=True, exist_ok=True)
         tpms = [SwTPM(str(h.dir / "tpm"), port=TPM_PORT, ek_cert=True, ca_dir=str(self.ca_dir), netns=h.netns)
-                for h in self.hosts]
+                for h in hosts]
         # The first manufacture creates the lab's local CA (the "TPM vendor"); the others
         # only ask it for certificates, so they can run side by side.
-        tpms[0].start()
+        if first_ever:
+            tpms[0].start()
         with ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(lambda t: t.start(), tpms[1:]))
-        # The simulated boot chain measures the image into each host's TPM.
-        for h in self.hosts:
-            self.measure(h, {pcr: image_digest(image, pcr) for pcr in MEASURED_PCRS})
+            list(pool.map(lambda t: t.start(), tpms[1:] if first_ever else tpms))
+            # The simulated boot chain measures the image into each host's TPM.
+            list(pool.map(lambda h: self.measure(h, {pcr: image_digest(image, pcr) for pcr in MEASURED_PCRS}),
+                          hosts))
+
+    def _start_agents(self, hosts: List[Host]) -> None:
+        """Starts the node agent on each host (in its namespaces; lab.down stops them)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from lab.agent import start_agent
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda h: start_agent(self, h), hosts))
 
     def measure(self, h: Host, digests: Dict[int, bytes]) -> None:
         """Extends PCRs of a host's TPM (inside its namespace, where its swtpm listens)."""
@@ -330,47 +366,83 @@ class Lab:
 
     # -- inventory ----------------------------------------------------------------------
     def write_inventory(self) -> Optional[Path]:
+        """Writes the operator's inventory of this lab (hosts reached over the aTLS connection
+        plugin from the admin machine's namespace) and, in the state dir, a second inventory
+        that reaches the same hosts with the local connection through a wrapper shell."""
         if self.inventory_dir is None:
             return None
+        import yaml
+
         inv = Path(self.inventory_dir)
         (inv / "group_vars" / "all").mkdir(parents=True, exist_ok=True)
-        (inv / "bin").mkdir(exist_ok=True)
+        (self.state_dir / "bin").mkdir(parents=True, exist_ok=True)
         hosts = self.hosts
-        host_vars = {}
+        state = self._state()
+        host_vars, local_vars = {}, {}
         for h in hosts:
-            shell = inv / "bin" / ("%s-sh" % h.name)
+            shell = self.state_dir / "bin" / ("%s-sh" % h.name)
             shell.write_text("#!/bin/sh\nexec %s /bin/sh \"$@\"\n" % " ".join(h.nsenter_prefix))
             shell.chmod(0o755)
             host_vars[h.name] = {
                 "constellation_public_ip": h.public_ip,
                 "constellation_public_endpoint": h.public_endpoint,
                 "constellation_tpm_tcti": h.tcti,
-                "lab_netns": h.netns,
-                "ansible_connection": "local",
-                "ansible_shell_executable": str(shell),
-                "ansible_python_interpreter": self.host_python()[0],
             }
-        inventory = {
-            "all": {
-                "children": {
-                    "coordinators": {"hosts": {hosts[0].name: host_vars[hosts[0].name]}} if hosts else {},
-                    "nodes": {"hosts": {h.name: host_vars[h.name] for h in hosts[1:]}},
-                },
-            }
-        }
-        import yaml
+            local_vars[h.name] = dict(host_vars[h.name], ansible_connection="local",
+                                      ansible_shell_executable=str(shell),
+                                      ansible_python_interpreter=self.host_python()[0])
 
-        _atomic_write(inv / "hosts.yml", "# Written by `python -m lab up`; do not edit.\n" + yaml.safe_dump(
-            inventory, sort_keys=False, default_flow_style=False))
-        measurements = lab_measurements(self._state().get("image", LAB_IMAGE))
+        def groups(per_host):
+            return {"all": {"children": {
+                "coordinators": {"hosts": {hosts[0].name: per_host[hosts[0].name]}} if hosts else {},
+                "nodes": {"hosts": {h.name: per_host[h.name] for h in hosts[1:]}},
+            }}}
+
+        header = "# Written by `python -m lab up` (lab %s); do not edit.\n" % self.name
+        _atomic_write(inv / "hosts.yml", header + yaml.safe_dump(groups(host_vars), sort_keys=False))
+        _atomic_write(self.local_inventory, header + yaml.safe_dump(groups(local_vars), sort_keys=False))
+        measurements = lab_measurements(state.get("image", LAB_IMAGE))
         _atomic_write(inv / "measurements.json", json.dumps(measurements, indent=2) + "\n")
-        _atomic_write(inv / "group_vars" / "all" / "lab.yml", "# Written by `python -m lab up`.\n" + yaml.safe_dump({
+        admin_key = self._admin_key(inv)
+        vault_pass = inv / "vault_pass"
+        if not vault_pass.exists():
+            _atomic_write(vault_pass, os.urandom(24).hex() + "\n", mode=0o600)
+        lab_vars = {
             "constellation_lab_name": self.name,
             "constellation_lab_admin_ip": ADMIN_IP,
             "constellation_lab_tpm_ca_cert": str(self.ca_dir / "swtpm-localca-rootca-cert.pem"),
+            "constellation_lab_local_inventory": str(self.local_inventory),
+            # The operator's view: every host over aTLS, attested against the image's policy.
+            "ansible_connection": "constellation.cluster.atls",
             "constellation_measurements": measurements,
-        }, sort_keys=False))
+            "constellation_admin_priv_key_file": str(admin_key),
+            # Lab only: lab addresses exist only in namespaces, so the controller's sockets are
+            # opened in the admin machine's namespace (a real controller reaches nodes directly).
+            "constellation_atls_netns": self.bridge_netns,
+        }
+        _atomic_write(inv / "group_vars" / "all" / "lab.yml", header + yaml.safe_dump(lab_vars, sort_keys=False))
         return inv
+
+    @property
+    def local_inventory(self) -> Path:
+        return self.state_dir / "local-inventory.yml"
+
+    def _admin_key(self, inv: Path) -> Path:
+        """The lab operator's admin key (Ed25519), made once; the agents pin its public half
+        at activation."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+
+        path = inv / "admin_key"
+        if not path.exists():
+            key = ed25519.Ed25519PrivateKey.generate()
+            pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+            _atomic_write(path, pem.decode(), mode=0o600)
+            pub = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                serialization.PublicFormat.SubjectPublicKeyInfo)
+            _atomic_write(inv / "admin_key.pub", pub.decode())
+        return path
 
     # -- status -------------------------------------------------------------------------
     def status(self) -> List[dict]:
@@ -383,6 +455,7 @@ class Lab:
                 "public_ip": h.public_ip,
                 "mount_ns": str(h.mount_ns_file) in _mountpoints(),
                 "tpm": self._tpm_alive(h),
+                "agent": self._agent_alive(h),
             })
         return rows
 
@@ -394,12 +467,24 @@ class Lab:
             return False
         return Path("/proc/%d" % pid).exists() and not _is_zombie(pid)
 
+    def _agent_alive(self, h: Host) -> bool:
+        if h.netns not in _netns_list():
+            return False
+        for pid in _pids_in_netns(h.netns):
+            try:
+                if b"constellation-agent" in Path("/proc/%d/cmdline" % pid).read_bytes():
+                    return not _is_zombie(pid)
+            except OSError:
+                continue
+        return False
+
     def healthy(self) -> bool:
         state = self._state()
         if state.get("phase") != "up" or self.bridge_netns not in _netns_list():
             return False
         for row in self.status():
-            if not (row["netns"] and row["mount_ns"] and (row["tpm"] or not state.get("tpm"))):
+            if not (row["netns"] and row["mount_ns"] and (row["tpm"] or not state.get("tpm"))
+                    and (row["agent"] or not state.get("agents"))):
                 return False
         return True
 
@@ -423,9 +508,9 @@ class Lab:
         self._count = 0
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

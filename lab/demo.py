@@ -10,8 +10,8 @@ from lab.prove import print_report, prove
 
 def demo(lab: Lab, hosts: int) -> int:
     started = time.monotonic()
-    print("== building the lab: %d simulated hosts (network namespace, swtpm, private /run each)" % hosts)
-    lab.up(hosts=hosts, tpm=True)
+    print("== building the lab: %d simulated hosts (network namespace, swtpm, private /run, node agent each)" % hosts)
+    lab.up(hosts=hosts, tpm=True, agents=True)
     print("   up in %.1f s; inventory: %s" % (time.monotonic() - started, lab.inventory_dir))
     print("== proving every host: TPM quote over a fresh nonce against the lab image policy, pings between all pairs")
     report = prove(lab)

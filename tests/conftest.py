@@ -34,13 +34,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def lab_factory():
-    """lab_factory(name, hosts=3, tpm=False) -> Lab (up); every lab is torn down afterwards."""
+    """lab_factory(name, hosts=3, tpm=False, agents=False) -> Lab (up); torn down afterwards."""
     labs = []
 
-    def make(name: str, hosts: int = 3, tpm: bool = False, **kw) -> Lab:
+    def make(name: str, hosts: int = 3, tpm: bool = False, agents: bool = False, **kw) -> Lab:
         lab = Lab(name, **kw)
         labs.append(lab)
-        return lab.up(hosts=hosts, tpm=tpm)
+        return lab.up(hosts=hosts, tpm=tpm, agents=agents)
 
     yield make
     for lab in labs:

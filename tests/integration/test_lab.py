@@ -129,8 +129,14 @@ def test_inventory_holds_hosts_endpoints_tcti_and_the_image_policy(tmp_path, lab
     h2 = children["nodes"]["hosts"]["h2"]
     assert h2["constellation_public_endpoint"] == "10.42.0.12:9000"
     assert h2["constellation_tpm_tcti"] == "swtpm:host=127.0.0.1,port=2321"
-    # The wrapper shell runs inside the host.
-    out = subprocess.run([h2["ansible_shell_executable"], "-c", "ip -o -4 addr show eth0"],
+    lab_vars = yaml.safe_load((inv / "group_vars" / "all" / "lab.yml").read_text())
+    assert lab_vars["ansible_connection"] == "constellation.cluster.atls"
+    assert lab_vars["constellation_atls_netns"] == "cl-tinv-br"
+    assert (inv / "admin_key").stat().st_mode & 0o777 == 0o600
+    assert (inv / "vault_pass").stat().st_mode & 0o777 == 0o600
+    # The local inventory's wrapper shell runs inside the host.
+    local = yaml.safe_load(lab.local_inventory.read_text())["all"]["children"]["nodes"]["hosts"]["h2"]
+    out = subprocess.run([local["ansible_shell_executable"], "-c", "ip -o -4 addr show eth0"],
                          capture_output=True, text=True, check=True).stdout
     assert "10.42.0.12/24" in out
     policy = json.loads((inv / "measurements.json").read_text())
@@ -158,12 +164,25 @@ def test_prove_verifies_quotes_and_refuses_a_tampered_host(lab_factory):
 
 
 def test_ansible_runs_tasks_inside_lab_hosts_through_the_inventory(tmp_path, lab_factory):
-    inv = tmp_path / "inv"
-    lab_factory("tans", hosts=2, inventory_dir=inv)
+    lab = lab_factory("tans", hosts=2, inventory_dir=tmp_path / "inv")
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"),
                PATH="%s:%s" % (REPO_ROOT / ".venv" / "bin", os.environ["PATH"]))
-    proc = subprocess.run(["ansible", "all", "-i", str(inv / "hosts.yml"), "-m", "ansible.builtin.command",
+    proc = subprocess.run(["ansible", "all", "-i", str(lab.local_inventory), "-m", "ansible.builtin.command",
                            "-a", "ip -o -4 addr show eth0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "10.42.0.11/24" in proc.stdout and "10.42.0.12/24" in proc.stdout
+
+
+def test_agents_start_with_the_lab_and_grow_adds_booting_hosts(tmp_path, lab_factory):
+    lab = lab_factory("tagt", hosts=2, tpm=True, agents=True, inventory_dir=tmp_path / "inv")
+    assert [row["agent"] for row in lab.status()] == [True, True]
+    assert lab.healthy()
+    new = lab.grow(3)
+    assert [h.name for h in new] == ["h3"]
+    assert all(row["agent"] and row["tpm"] for row in lab.status())
+    doc = yaml.safe_load((tmp_path / "inv" / "hosts.yml").read_text())
+    assert list(doc["all"]["children"]["nodes"]["hosts"]) == ["h2", "h3"]
+    # The new host booted the same image: it attests like the others.
+    from lab.prove import prove
+    assert prove(lab)["ok"]
