@@ -139,8 +139,6 @@ def run(module, wg):
             wg.delete(name)
         return result
 
-    if not params["address"]:
-        module.fail_json(msg="address: expected an address with prefix such as 10.118.0.11/16 when state is present")
     spec = parse_interface_spec(name, params["address"], params["listen_port"], params["mtu"], params["vpn_cidr"])
     if link.exists and live is None:
         module.fail_json(msg="name: %s exists but is not a WireGuard interface" % name)
@@ -186,6 +184,7 @@ def main():
             state=dict(type="str", choices=["present", "absent"], default="present"),
             vpn_cidr=dict(type="str", default="10.118.0.0/16"),
         ),
+        required_if=[("state", "present", ["address"])],
         supports_check_mode=True,
     )
     if not HAS_CRYPTOGRAPHY:
