@@ -19,6 +19,35 @@ if str(REPO) not in sys.path:
 from lab.core import Lab, LabError  # noqa: E402  (needs the repository on sys.path)
 
 
+def _link_shells(lab: Lab, inventory_dir: Path) -> dict:
+    """Stable per-host wrapper paths for the scenarios' group vars: <inventory>/bin/<host>-sh.
+
+    The lab declares each host's wrapper shell in its local-connection inventory (where the lab
+    keeps it may change); this links the fixed path to it."""
+    declared = {}
+    local_inventory = getattr(lab, "local_inventory", None)
+    if local_inventory is not None and Path(local_inventory).exists():
+        import yaml
+
+        data = yaml.safe_load(Path(local_inventory).read_text()) or {}
+        for group in (data.get("all", {}).get("children") or {}).values():
+            for name, hostvars in ((group or {}).get("hosts") or {}).items():
+                declared[name] = (hostvars or {}).get("ansible_shell_executable")
+    shells = {}
+    (inventory_dir / "bin").mkdir(parents=True, exist_ok=True)
+    for h in lab.hosts:
+        link = inventory_dir / "bin" / ("%s-sh" % h.name)
+        target = declared.get(h.name)
+        if target and Path(target) != link:
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target)
+        if not link.exists():
+            raise LabError("no wrapper shell for %s (looked in %s)" % (h.name, local_inventory))
+        shells[h.name] = str(link)
+    return shells
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="lab_ctl.py", description=__doc__)
     p.add_argument("action", choices=["up", "down"])
@@ -34,7 +63,7 @@ def main(argv=None) -> int:
             # interfaces or files into the next converge (so the scenarios need no first destroy).
             lab.down()
             lab.up(hosts=args.hosts, tpm=not args.no_tpm)
-            shells = {h.name: str(Path(args.inventory_dir) / "bin" / ("%s-sh" % h.name)) for h in lab.hosts}
+            shells = _link_shells(lab, Path(args.inventory_dir))
             print(json.dumps({"changed": True, "lab": lab.name, "hosts": [h.name for h in lab.hosts],
                               "public_ips": {h.name: h.public_ip for h in lab.hosts}, "shells": shells}))
         else:
