@@ -91,15 +91,12 @@ options:
       - name: CONSTELLATION_ADMIN_PRIV_KEY_FILE
     vars:
       - name: constellation_admin_priv_key_file
-  timeout:
+  connect_timeout:
     description: Seconds for the TCP connect and for the TLS handshake, each.
     type: float
     default: 10
-    ini:
-      - section: constellation_atls
-        key: timeout
     vars:
-      - name: constellation_atls_timeout
+      - name: constellation_atls_connect_timeout
   attestation_timeout:
     description: Seconds the validation of the node's attestation may take.
     type: float
@@ -321,7 +318,7 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         variant=variant,
         measurements=measurements if variant != "dummy" else None,
         admin_priv_key_file=key_file,
-        timeout=_positive("timeout", get_option("timeout")),
+        timeout=_positive("connect_timeout", get_option("connect_timeout")),
         attestation_timeout=_positive("attestation_timeout", get_option("attestation_timeout")),
         command_timeout=_positive("command_timeout", get_option("command_timeout") or 0, allow_zero=True),
         persist=_positive("persist", get_option("persist") or 0, allow_zero=True),
@@ -447,6 +444,7 @@ def open_admin_client(settings: Settings):
 # shapes, so it knows when a TLS connection is idle again and can lend it to the next task.
 
 _STDIN_METHODS = ("Exec", "PutFile")
+_NEXT, _SESSION_END, _BROKEN = "next", "session-end", "broken"
 _RELAYED_METHODS = ("Exec", "PutFile", "FetchFile", "GetState")
 
 
@@ -460,6 +458,7 @@ class _Relay:
         self.sessions = 0
         self.last_use = time.monotonic()
         self.stop = threading.Event()
+        self.inode = None
 
     def take(self):
         with self.lock:
@@ -493,9 +492,12 @@ class _Relay:
                 return
             local.send_result({"endpoint": self.settings.endpoint, "variant_oid": client.attested.variant_oid})
             while not self.stop.is_set():
-                if not self._relay_one(local, client):
+                outcome = self._relay_one(local, client)
+                if outcome == _BROKEN:
                     client.close()
                     client = None
+                    return
+                if outcome == _SESSION_END:
                     return
         finally:
             if client is not None:
@@ -505,8 +507,8 @@ class _Relay:
                 self.sessions -= 1
                 self.last_use = time.monotonic()
 
-    def _relay_one(self, local, client) -> bool:
-        """Relays one request and its answer. True: the TLS connection is idle and reusable."""
+    def _relay_one(self, local, client) -> str:
+        """Relays one request and its answer; says whether the TLS connection is still usable."""
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
             CHANNEL_STDIN, KIND_END, KIND_EOF, KIND_MSG, ConnectionClosed, ProtocolError, encode_frame, encode_json,
             request_of)
@@ -514,22 +516,23 @@ class _Relay:
         try:
             conn_frame = local.recv()
         except ConnectionClosed:
-            return True  # the task is done; the TLS connection is between requests
+            return _SESSION_END  # the task is done; the TLS connection is between requests
         except ProtocolError:
-            return False
+            return _SESSION_END
         if conn_frame.kind != KIND_MSG:
-            return False
+            return _SESSION_END
         try:
             method, _params = request_of(conn_frame.message)
         except Exception:  # pylint: disable=broad-except
-            return False
+            return _SESSION_END
         if method == "RelayShutdown":
             self.stop.set()
+            self.unlink()  # the next task starts a new relay at once
             local.send_result({"stopped": True})
-            return False
+            return _BROKEN
         if method not in _RELAYED_METHODS:
             local.send_error(ProtocolError("the relay passes on only %s" % ", ".join(_RELAYED_METHODS)))
-            return True
+            return _NEXT
 
         def forward(frame, sock) -> None:
             if frame.kind in (KIND_MSG, KIND_END):
@@ -553,11 +556,19 @@ class _Relay:
                 frame = client.stream.recv()
                 forward(frame, local.sock)
                 if frame.kind == KIND_END:
-                    return True
+                    return _NEXT
         except (ProtocolError, OSError):
-            return False
+            return _BROKEN
         finally:
             client.sock.settimeout(self.settings.timeout)
+
+    def unlink(self) -> None:
+        """Removes our socket file, never a successor's that took the same path."""
+        try:
+            if os.stat(self.path).st_ino == self.inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
 
     def playbook_alive(self) -> bool:
         try:
@@ -587,10 +598,7 @@ class _Relay:
                 self.last_use = time.monotonic()
             threading.Thread(target=self.serve_session, args=(conn,), daemon=True).start()
         self.stop.set()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        self.unlink()
         listener.close()
         with self.lock:
             for client in self.idle:
@@ -622,6 +630,7 @@ def relay_main() -> int:
         listener.bind(path)
     finally:
         os.umask(old_umask)
+    relay.inode = os.stat(path).st_ino
     listener.listen(MUX_MAX_SESSIONS)
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
@@ -696,7 +705,8 @@ class Connection(ConnectionBase):
         super().__init__(play_context, *args, **kwargs)
         self._client = None
         self._settings: Optional[Settings] = None
-        self._playbook_pid = str(kwargs.get("ansible_playbook_pid") or os.getppid())
+        # Task workers are told the run's pid; the strategy itself (reset_connection) is that process.
+        self._playbook_pid = str(kwargs.get("ansible_playbook_pid") or os.getpid())
 
     # -- connecting
     def _settings_now(self) -> Settings:

@@ -131,7 +131,7 @@ def test_modules_run_over_atls(env):
     src = env.tmp / "in.txt"
     src.write_text("hello over atls\n")
     template = env.tmp / "t.j2"
-    template.write_text("host={{ inventory_hostname }} ip={{ ansible_facts.default_ipv4.address }}\n")
+    template.write_text("host={{ inventory_hostname }} ip={{ ansible_facts.eth0.ipv4.address }}\n")
     fetched = env.tmp / "fetched"
     tasks = [
         {"name": "setup", "ansible.builtin.setup": {"gather_subset": ["min", "network"]}},
@@ -146,7 +146,9 @@ def test_modules_run_over_atls(env):
                                                      "dest": str(fetched) + "/"}},
         {"name": "collection module", "constellation.cluster.attestation_info": {"tcti": "swtpm:host=127.0.0.1,port=2321"},
          "register": "att"},
-        {"name": "report", "ansible.builtin.debug": {"msg": "RESULT {{ {'cat': cat.stdout, 'pcrs': att.pcrs | default(att.measurements | default({})), 'ip': ansible_facts.default_ipv4.address} | to_json }}"}},
+        {"name": "report", "ansible.builtin.copy": {
+            "dest": "/tmp/atls-result-{{ inventory_hostname }}.json", "mode": "0600",
+            "content": "{{ {'cat': cat.stdout, 'pcrs': att.pcrs, 'initialized': att.initialized} | to_json }}"}},
     ]
     proc = _ok(env.playbook(tasks))
     assert "unreachable=0" in proc.stdout and "failed=0" in proc.stdout
@@ -157,11 +159,12 @@ def test_modules_run_over_atls(env):
         assert got == "host=%s ip=%s\n" % (name, h.public_ip)
         assert Path("/tmp/atls-%s.txt" % name).read_text() == "hello over atls\n"
         assert oct(Path("/tmp/atls-%s.txt" % name).stat().st_mode & 0o777) == "0o640"
-    results = [json.loads(line.split("RESULT ", 1)[1].rstrip('"').replace('\\"', '"'))
-               for line in proc.stdout.splitlines() if "RESULT " in line]
-    assert len(results) == 2
-    assert all(r["cat"] == "to the node" for r in results)
-    assert all(r["pcrs"] for r in results), results  # the TPM of the node was read through the module
+    for name in ("h1", "h2"):
+        result = json.loads(Path("/tmp/atls-result-%s.json" % name).read_text())
+        assert result["cat"] == "to the node"
+        # The collection's module read this node's TPM: the lab image's PCR 9 and the node lock.
+        assert result["pcrs"]["9"] == lab_measurements()["9"]["expected"]
+        assert result["initialized"] is True
 
 
 def test_one_attested_connection_per_host_and_run(env):

@@ -26,7 +26,7 @@ def key_file(tmp_path):
 
 def options(key_file, **changes):
     opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_path": None,
-            "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "timeout": 10,
+            "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
             "netns": None}
     opts.update(changes)
@@ -78,8 +78,8 @@ def test_policy_from_file_json_or_yaml(key_file, tmp_path):
     ({"attestation_variant": "sev-snp"}, "attestation_variant: expected one of qemu-vtpm, dummy"),
     ({"admin_priv_key_file": None}, "admin_priv_key_file: expected the path"),
     ({"admin_priv_key_file": "/nonexistent/admin.key"}, "admin_priv_key_file: expected a readable"),
-    ({"timeout": 0}, r"timeout: expected seconds in \(0, 86400\]"),
-    ({"timeout": "soon"}, "timeout: expected a number of seconds"),
+    ({"connect_timeout": 0}, r"connect_timeout: expected seconds in \(0, 86400\]"),
+    ({"connect_timeout": "soon"}, "connect_timeout: expected a number of seconds"),
     ({"persist": -1}, r"persist: expected seconds in \[0, 86400\]"),
     ({"netns": "../etc"}, "netns: expected the name of a network namespace"),
     ({"host": None}, "host: expected the node's address"),

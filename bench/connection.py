@@ -1,0 +1,218 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Per-task cost of the atls connection against ssh and local, measured in one run.
+
+The same playbook (TASKS x ``ansible.builtin.command: /bin/true``) runs against HOSTS lab hosts
+three times, with forks = HOSTS and pipelining on everywhere:
+  atls   the agent on each host, attested and admin-authenticated (constellation.cluster.atls)
+  ssh    an sshd started by this bench inside each host (ControlPersist, pipelining)
+  local  ansible_connection=local with a shell that enters the host's namespaces (the lab's way)
+The controller runs in the lab's admin namespace (10.42.0.1). Everything is torn down at the end.
+Last line: one JSON object with the figures.
+
+    .venv/bin/python bench/connection.py [--hosts 5] [--tasks 40] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "collections"), str(ROOT)]
+
+import yaml  # noqa: E402  pylint: disable=wrong-import-position
+from cryptography.hazmat.primitives import serialization  # noqa: E402  pylint: disable=wrong-import-position
+from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402  pylint: disable=wrong-import-position
+
+from lab.agent import start_agent, stop_agent  # noqa: E402  pylint: disable=wrong-import-position
+from lab.core import Lab, lab_measurements  # noqa: E402  pylint: disable=wrong-import-position
+from lab.netns import NetNS  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.constellation.cluster.plugins.module_utils import kms  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (  # noqa: E402  pylint: disable=wrong-import-position
+    Measurements)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient  # noqa: E402  pylint: disable=wrong-import-position
+
+VENV_BIN = ROOT / ".venv" / "bin"
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+RUN_TIMEOUT = 900
+
+
+def sshd_config(work: Path, host) -> Path:
+    cfg = work / ("sshd-%s.conf" % host.name)
+    cfg.write_text("\n".join([
+        "ListenAddress %s" % host.public_ip,
+        "Port 22",
+        "HostKey %s" % (work / "host_key"),
+        "PidFile /run/sshd-bench.pid",
+        "AuthorizedKeysFile %s" % (work / "authorized_keys"),
+        "UsePAM no",
+        "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "StrictModes no",
+        "UseDNS no",
+        "MaxSessions 100",
+        "MaxStartups 100",
+        "",
+    ]))
+    return cfg
+
+
+def start_sshd(work: Path, host) -> None:
+    host.run(["mkdir", "-p", "/run/sshd"])  # the host's private /run
+    host.run(["/usr/sbin/sshd", "-f", str(sshd_config(work, host))])
+
+
+def stop_sshd(host) -> None:
+    proc = host.run(["cat", "/run/sshd-bench.pid"], check=False)
+    if proc.returncode == 0 and proc.stdout.strip().isdigit():
+        try:
+            os.kill(int(proc.stdout.strip()), 15)
+        except ProcessLookupError:
+            pass
+
+
+def write_inventories(work: Path, lab: Lab, key_file: Path) -> dict:
+    hosts = lab.hosts
+    common = {"ansible_pipelining": True, "ansible_python_interpreter": PYTHON}
+    atls = dict(common, ansible_connection="constellation.cluster.atls", constellation_measurements=lab_measurements(),
+                constellation_admin_priv_key_file=str(key_file),
+                constellation_atls_control_path_dir=str(work / "cp"))
+    ssh = dict(common, ansible_connection="ssh", ansible_user="root",
+               ansible_ssh_private_key_file=str(work / "client_key"),
+               ansible_ssh_common_args="-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+               ansible_ssh_args="-o ControlMaster=auto -o ControlPersist=60s",
+               ansible_control_path_dir=str(work / "cp-ssh"))
+    local = dict(common, ansible_connection="local")
+    inventories = {}
+    for mode, group_vars in (("atls", atls), ("ssh", ssh), ("local", local)):
+        host_vars = {}
+        for h in hosts:
+            if mode == "atls":
+                host_vars[h.name] = {"constellation_public_endpoint": h.public_endpoint}
+            elif mode == "ssh":
+                host_vars[h.name] = {"ansible_host": h.public_ip}
+            else:
+                shell = work / ("%s-sh" % h.name)
+                shell.write_text("#!/bin/sh\nexec %s /bin/sh \"$@\"\n" % " ".join(h.nsenter_prefix))
+                shell.chmod(0o755)
+                host_vars[h.name] = {"ansible_shell_executable": str(shell)}
+        path = work / ("%s.yml" % mode)
+        path.write_text(yaml.safe_dump({"all": {"vars": group_vars, "hosts": host_vars}}))
+        inventories[mode] = path
+    return inventories
+
+
+def activate_all(lab: Lab, admin_key) -> None:
+    pem = admin_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    validator = VTPMValidator(Measurements.from_dict(lab_measurements()))
+    with NetNS(lab.bridge_netns) as admin_ns:
+        for h in lab.hosts:
+            sock = admin_ns.connect((h.public_ip, 9000))
+            with AgentClient.connect(h.public_endpoint, [validator], sock=sock) as client:
+                client.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
+
+
+def run_playbook(lab: Lab, work: Path, inventory: Path, playbook: Path, forks: int) -> float:
+    env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
+               ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="False",
+               ANSIBLE_LOCAL_TEMP=str(work / "ansible-local"))
+    argv = ["ip", "netns", "exec", lab.bridge_netns, str(VENV_BIN / "ansible-playbook"), "-i", str(inventory),
+            "--forks", str(forks), str(playbook)]
+    start = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=RUN_TIMEOUT,
+                          check=False)
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        raise RuntimeError("%s failed (%d):\n%s\n%s" % (inventory.name, proc.returncode, proc.stdout[-3000:],
+                                                      proc.stderr[-3000:]))
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=5)
+    parser.add_argument("--tasks", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=1, help="runs per mode (the median is reported)")
+    parser.add_argument("--lab", default="bcn")
+    args = parser.parse_args()
+    if not 1 <= args.hosts <= 16 or not 1 <= args.tasks <= 400 or not 1 <= args.rounds <= 5:
+        parser.error("hosts 1-16, tasks 1-400, rounds 1-5")
+
+    work = Path(tempfile.mkdtemp(prefix="constellation-bench-connection-"))
+    lab = Lab(args.lab, inventory_dir=None)
+    agents = []
+    try:
+        lab.up(hosts=args.hosts, tpm=True)
+        admin_key = ed25519.Ed25519PrivateKey.generate()
+        key_file = work / "admin.key"
+        key_file.write_bytes(admin_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption()))
+        key_file.chmod(0o600)
+        for h in lab.hosts:
+            agents.append(start_agent(lab, h))
+        activate_all(lab, admin_key)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / "host_key")], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / "client_key")], check=True)
+        shutil.copy(work / "client_key.pub", work / "authorized_keys")
+        for h in lab.hosts:
+            start_sshd(work, h)
+        inventories = write_inventories(work, lab, key_file)
+        playbook = work / "play.yml"
+        playbook.write_text(yaml.safe_dump([{
+            "name": "bench", "hosts": "all", "gather_facts": False,
+            "tasks": [{"name": "true %d" % i, "ansible.builtin.command": "/bin/true", "changed_when": False}
+                      for i in range(args.tasks)],
+        }], sort_keys=False))
+
+        times = {mode: [] for mode in ("atls", "ssh", "local")}
+        for _round in range(args.rounds):
+            for mode in times:  # interleaved, so load changes hit every mode alike
+                times[mode].append(run_playbook(lab, work, inventories[mode], playbook, args.hosts))
+        per_task = {mode: statistics.median(t) / args.tasks for mode, t in times.items()}
+    finally:
+        for h in lab.hosts:
+            try:
+                stop_sshd(h)
+            except Exception:  # pylint: disable=broad-except
+                pass
+        for proc in agents:
+            try:
+                stop_agent(proc)
+            except Exception:  # pylint: disable=broad-except
+                pass
+        lab.down()
+        shutil.rmtree(work, ignore_errors=True)
+
+    print("%d hosts x %d tasks of command: /bin/true, forks %d, pipelining on, interpreter %s, %d round(s)"
+          % (args.hosts, args.tasks, args.hosts, PYTHON, args.rounds))
+    print("%-8s %12s %14s" % ("mode", "playbook s", "s per task"))
+    for mode, t in times.items():
+        print("%-8s %12.2f %14.4f" % (mode, statistics.median(t), per_task[mode]))
+    result = {
+        "hosts": args.hosts, "tasks": args.tasks, "rounds": args.rounds,
+        "atls_s_per_task": round(per_task["atls"], 4),
+        "ssh_s_per_task": round(per_task["ssh"], 4),
+        "local_s_per_task": round(per_task["local"], 4),
+        "atls_vs_ssh": round(per_task["atls"] / per_task["ssh"], 3),
+        "atls_vs_local": round(per_task["atls"] / per_task["local"], 3),
+    }
+    print("atls/ssh %.2f (goal <= 0.5), atls/local %.2f (goal <= 1.0)" % (result["atls_vs_ssh"], result["atls_vs_local"]))
+    print(json.dumps(result, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
