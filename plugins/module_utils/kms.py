@@ -23,11 +23,11 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple, Union
 from urllib.parse import quote, unquote_plus
 
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError,
     InputError,
@@ -487,41 +487,9 @@ def decode_base64(value: object, field: str, max_bytes: int = SALT_LENGTH_MAX) -
 
 
 def write_secret_file(path: str, data: bytes, mode: int = 0o600, exclusive: bool = False) -> bool:
-    """Writes data atomically: temp file in the same folder (created 0600), fsync, rename,
-    fsync of the folder. A failure leaves any previous file untouched.
-
-    With exclusive, an existing file is never replaced (the temp file is hard-linked into
-    place, which fails if the name exists, even when another process won a race); returns
-    False then. Returns True when the file was written."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), mode)
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if exclusive:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return True
+    """Writes a secret atomically (fileutil.atomic_write). With exclusive, an existing file is
+    never replaced, even when another process wins a race; returns False then."""
+    return atomic_write(path, data, mode, exclusive)
 
 
 def secret_file_state(path: str, data: Optional[bytes], mode: int = 0o600) -> Dict[str, object]:

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import write_if_changed
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError,
     ExternalCommandError,
@@ -812,28 +813,9 @@ def read_ca_cert_hash(kubernetes_dir: str = KUBERNETES_DIR) -> str:
 
 
 def _atomic_write(path: str, data: str, mode: int) -> bool:
-    """Write ``data`` unless the file already holds it; temp file + fsync + rename. Returns changed."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            if handle.read() == data:
-                return False
-    except FileNotFoundError:
-        pass
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".%s." % os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return True
+    """Write ``data`` unless the file already holds it (fileutil). Returns changed."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    return write_if_changed(path, data.encode("utf-8"), mode)
 
 
 def write_audit_policy(kubernetes_dir: str) -> bool:

@@ -26,16 +26,15 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import random
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError,
     InputError,
@@ -282,7 +281,8 @@ class FileStore(_BaseStore):
         return self._guard.hold(self._flock)
 
     def _temp_prefix(self) -> str:
-        return "." + os.path.basename(self.path) + ".tmp-"
+        # fileutil.atomic_write names its temp files ".<name>.<random>"
+        return "." + os.path.basename(self.path) + "."
 
     def _remove_stale_temp_files(self) -> None:
         # Left by a writer killed before its rename; we hold the lock, so no one is writing now.
@@ -336,29 +336,10 @@ class FileStore(_BaseStore):
         doc = {"format": FILE_FORMAT,
                "items": {k: base64.b64encode(v).decode("ascii") for k, v in sorted(data.items())}}
         raw = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n"
-        fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix(), dir=self._dir)
         try:
-            try:
-                os.fchmod(fd, 0o600)
-                view = memoryview(raw)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, raw, 0o600)
         except OSError as err:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise StoreError("cannot write the store file %s: %s" % (self.path, err.strerror)) from None
-        dir_fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        except OSError as err:
-            if err.errno != errno.EINVAL:  # some file systems cannot fsync a directory
-                raise StoreError("cannot sync %s: %s" % (self._dir, err.strerror)) from None
-        finally:
-            os.close(dir_fd)
         st = os.stat(self.path)
         self._cache = ((st.st_ino, st.st_mtime_ns, st.st_size), dict(data))
 

@@ -28,11 +28,11 @@ import ipaddress
 import json
 import os
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ExternalCommandError,
     InputError,
@@ -98,30 +98,6 @@ def normalize_pub_key(pub_key: str, field_name: str = "pub_key") -> str:
     return base64.b64encode(key_bytes(pub_key, field_name)).decode("ascii")
 
 
-def _atomic_write(path: str, data: bytes, mode: int) -> None:
-    """temp file in the same directory + fsync + rename: readers see the old or the new file, never half."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-    try:
-        os.fchmod(fd, mode)
-        os.write(fd, data)
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.rename(tmp, path)
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 @dataclass(frozen=True)
 class KeyFileState:
     """What a private key file looks like, without its content."""
@@ -161,7 +137,7 @@ def ensure_key_file(path: str, check_mode: bool = False) -> tuple[KeyFileState, 
     if check_mode:
         return state, True
     if not state.exists:
-        _atomic_write(path, (generate_priv_key() + "\n").encode("ascii"), KEY_FILE_MODE)
+        atomic_write(path, (generate_priv_key() + "\n").encode("ascii"), KEY_FILE_MODE)
     else:
         os.chmod(path, KEY_FILE_MODE)
     return read_key_file(path), True

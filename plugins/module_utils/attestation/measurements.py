@@ -12,12 +12,11 @@ from __future__ import annotations
 import binascii
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import PCRCheck
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 PCR_COUNT = 24
@@ -104,19 +103,8 @@ class Measurements:
             return cls.loads(handle.read())
 
     def save(self, path: str) -> None:
-        """Atomic: temp file in the same directory, fsync, rename."""
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".measurements.", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(self.dumps())
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        """Atomic (fileutil.atomic_write); a policy is public, so world-readable."""
+        atomic_write(path, self.dumps().encode("utf-8"), 0o644)
 
     def compare(self, pcrs: Mapping[int, bytes]) -> Tuple[List[PCRCheck], List[str]]:
         """Checks quoted PCR values against the policy, ascending by index.

@@ -16,7 +16,6 @@ import queue
 import secrets
 import signal
 import subprocess
-import tempfile
 import threading
 from typing import Any, Dict
 
@@ -30,6 +29,7 @@ else:
     HAS_CRYPTOGRAPHY = True
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import State
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_writer
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import admin_auth_message
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
@@ -165,26 +165,23 @@ class AdminHandlers:
             directory = os.path.dirname(path)
             if not os.path.isdir(directory):
                 raise InputError("path", "a path in an existing directory", path)
-            fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
         except Exception:
             _drain_stdin(conn)
             raise
         digest = hashlib.sha256()
+        receiving = False
         try:
-            with os.fdopen(fd, "wb") as handle:
-                os.fchmod(handle.fileno(), mode)
+            with atomic_writer(path, mode) as handle:
+                receiving = True
 
                 def write(data: bytes) -> None:
                     digest.update(data)
                     handle.write(data)
 
                 size = conn.stream.recv_data_until_eof(CHANNEL_STDIN, write)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        except OSError:
+            if not receiving:  # the temp file could not be made: the client's data is still coming
+                _drain_stdin(conn)
             raise
         self._log("put_file", peer=conn.peer_ip, path=path, size=size)
         conn.stream.send_result({"path": path, "size": size, "sha256": digest.hexdigest()})
