@@ -1,0 +1,35 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin activate_nodes: the controller attests the nodes, then asks the Coordinator
+(admin-authenticated) to activate the fresh ones with ActivateAdditionalNodes.
+Documentation is in plugins/modules/activate_nodes.py.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.constellation.cluster.plugins.action.agent_state import ClusterAction
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    ATTESTATION_ARGUMENT_SPEC)
+
+SPEC = dict(
+    coordinator_endpoint=dict(type="str", required=True),
+    node_endpoints=dict(type="list", elements="str", required=True),
+    admin_priv_key_file=dict(type="path", required=True),
+    cluster_id=dict(type="str"),
+)
+
+
+class ActionModule(ClusterAction):
+    SPEC = SPEC
+    _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
+
+    def act(self, args, settings):
+        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import activate_nodes
+        if not args["node_endpoints"]:
+            return {"changed": False, "nodes": [], "resource_version": None}
+        out = activate_nodes(args["coordinator_endpoint"], args["node_endpoints"], settings,
+                             self.load_admin_priv_key(args["admin_priv_key_file"]),
+                             cluster_id=self.cluster_id_arg(args), check_mode=bool(self._task.check_mode))
+        out["activated"] = [row["endpoint"] for row in out["nodes"] if row["action"] == "activate"]
+        return out

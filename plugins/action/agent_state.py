@@ -1,0 +1,92 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin agent_state: attests a peer from the controller and asks its state (read-only).
+
+Also the base class of the other controller-side cluster actions (activate_coordinator,
+activate_nodes, recover_peer): argument validation, attestation settings, error reporting.
+Documentation is in plugins/modules/agent_state.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE, pcr_rows, settings_from_args)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AttestationError, ConstellationError, InputError)
+
+
+class ClusterAction(ActionBase):
+    """Runs on the controller whatever the host; subclasses set SPEC and implement ``act``."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    SPEC: dict = {}
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp
+        spec = dict(ATTESTATION_ARGUMENT_SPEC)
+        spec.update(self.SPEC)
+        validation = ArgumentSpecValidator(spec, mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE).validate(
+            self._task.args)
+        if validation.error_messages:
+            raise AnsibleActionFail("; ".join(validation.error_messages))
+        args = validation.validated_parameters
+        try:
+            settings = settings_from_args(args, self._loader.get_basedir())
+            result.update(self.act(args, settings))
+        except AttestationError as err:
+            result.update(failed=True, changed=False, msg="attestation refused, nothing was sent: %s" % err,
+                          pcrs=pcr_rows(getattr(err, "checks", [])))
+        except ConstellationError as err:
+            result.update(failed=True, changed=False, msg=str(err))
+            if getattr(err, "rows", None):
+                result["nodes"] = err.rows
+        return result
+
+    def act(self, args, settings):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @staticmethod
+    def cluster_id_arg(args):
+        value = args.get("cluster_id")
+        if not value:
+            return None
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise InputError("cluster_id", "standard base64 of 32 bytes", "text that is not base64") from None
+        if len(raw) != 32:
+            raise InputError("cluster_id", "standard base64 of 32 bytes", "%d bytes" % len(raw))
+        return raw
+
+    def load_admin_priv_key(self, path):
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import load_priv_key
+        try:
+            with open(path, "rb") as handle:
+                return load_priv_key(handle.read())
+        except OSError as err:
+            raise InputError("admin_priv_key_file", "a readable private key file",
+                             "%s (%s)" % (path, err.strerror)) from None
+
+
+class ActionModule(ClusterAction):
+    SPEC = dict(endpoint=dict(type="str", required=True), cluster_id=dict(type="str"))
+    _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
+
+    def act(self, args, settings):
+        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import peer_status
+        status = peer_status(args["endpoint"], settings, self.cluster_id_arg(args))
+        out = status.to_dict()
+        out["changed"] = False
+        if status.warnings:
+            out["warnings"] = list(status.warnings)
+        return out

@@ -1,0 +1,30 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin recover_peer: re-sends the KMS URI to a rebooted peer over aTLS (Recover).
+Documentation is in plugins/modules/recover_peer.py.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.constellation.cluster.plugins.action.agent_state import ClusterAction
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    ATTESTATION_ARGUMENT_SPEC)
+
+SPEC = dict(
+    endpoint=dict(type="str", required=True),
+    kms_uri=dict(type="str", required=True, no_log=True),
+    cluster_id=dict(type="str", required=True),
+)
+
+
+class ActionModule(ClusterAction):
+    SPEC = SPEC
+    _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
+
+    def act(self, args, settings):
+        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import recover_peer
+        out = recover_peer(args["endpoint"], settings, args["kms_uri"], self.cluster_id_arg(args),
+                           check_mode=bool(self._task.check_mode))
+        out["endpoint"] = args["endpoint"]
+        return out

@@ -1,0 +1,136 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The controller's attestation settings in one place: policy, validators, PCR 15.
+
+Every controller-side plugin that attests a peer (verify_attestation, agent_state,
+activate_coordinator, activate_nodes, the atls connection) takes the same options; this module
+turns them into a ``Measurements`` policy and the validators aTLS needs, with the same errors.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+    PCR_INDEX_CLUSTER_ID, Measurements, expected_pcr15)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.netns import check_netns_name
+
+VARIANTS = ("qemu-vtpm", "dummy")
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_ATTESTATION_TIMEOUT = 30.0
+
+# The options every attesting plugin shares (an Ansible argument spec fragment).
+ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
+    measurements=dict(type="dict"),
+    measurements_path=dict(type="path"),
+    variant=dict(type="str", choices=list(VARIANTS), default="qemu-vtpm"),
+    netns=dict(type="str"),
+    timeout=dict(type="float", default=DEFAULT_TIMEOUT),
+    attestation_timeout=dict(type="float", default=DEFAULT_ATTESTATION_TIMEOUT),
+)
+ATTESTATION_MUTUALLY_EXCLUSIVE = [("measurements", "measurements_path")]
+
+# What PCR 15 says about a peer (SPEC.md 2.7): never locked, locked to our cluster, or to another.
+FRESH = "fresh"
+OURS = "ours"
+OTHER = "other"
+
+
+def load_policy_file(path: str, basedir: Optional[str] = None) -> Measurements:
+    """A JSON or YAML policy file; a relative path is relative to ``basedir``."""
+    if basedir and not os.path.isabs(path):
+        path = os.path.join(basedir, path)
+    try:
+        import yaml  # JSON is YAML: one loader for both spellings of the policy
+    except ImportError:  # pragma: no cover - PyYAML comes with ansible-core
+        yaml = None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as err:
+        raise InputError("measurements_path", "a readable JSON or YAML file", "%s (%s)" % (path, err.strerror))
+    if yaml is None:
+        return Measurements.loads(text)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise InputError("measurements_path", "a JSON or YAML file", "%s (%s)" % (path, err))
+    return Measurements.from_dict(data)
+
+
+def load_policy(measurements: Optional[Mapping] = None, measurements_path: Optional[str] = None,
+                basedir: Optional[str] = None) -> Measurements:
+    """The policy from inline measurements or a file (exactly one); never empty."""
+    if measurements is not None and measurements_path:
+        raise InputError("measurements", "either measurements or measurements_path, not both", "both")
+    if measurements_path:
+        policy = load_policy_file(measurements_path, basedir)
+    elif measurements is not None:
+        policy = Measurements.from_dict(measurements)
+    else:
+        raise InputError("measurements", "a measurements policy (measurements or measurements_path)", None)
+    if not policy.pcrs:
+        raise InputError("measurements", "at least one PCR: an empty policy would accept any TPM", {})
+    return policy
+
+
+@dataclass
+class AttestationSettings:
+    """Validated attestation options of one plugin call."""
+
+    variant: str
+    policy: Optional[Measurements]
+    netns: Optional[str]
+    timeout: float
+    attestation_timeout: float
+
+    def validators(self) -> List[Any]:
+        if self.variant == "dummy":
+            from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import (
+                DummyValidator)
+            return [DummyValidator()]
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
+        return [VTPMValidator(self.policy)]
+
+
+def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None) -> AttestationSettings:
+    """``args``: validated parameters holding the ATTESTATION_ARGUMENT_SPEC options."""
+    variant = args.get("variant") or "qemu-vtpm"
+    if variant not in VARIANTS:
+        raise InputError("variant", "one of %s" % ", ".join(VARIANTS), variant)
+    policy = None
+    if variant != "dummy":
+        policy = load_policy(args.get("measurements"), args.get("measurements_path"), basedir)
+    for name in ("timeout", "attestation_timeout"):
+        value = args.get(name)
+        if value is None or not 0 < float(value) <= 86400:
+            raise InputError(name, "seconds in (0, 86400]", value)
+    return AttestationSettings(variant, policy, check_netns_name(args.get("netns")),
+                               float(args.get("timeout")), float(args.get("attestation_timeout")))
+
+
+def cluster_membership(pcrs: Mapping[int, bytes], cluster_id: Optional[bytes]) -> str:
+    """FRESH, OURS or OTHER from the attested PCR 15. Without a cluster ID a locked peer is OTHER
+    unless proven otherwise (the caller cannot tell)."""
+    pcr15 = pcrs.get(PCR_INDEX_CLUSTER_ID)
+    if pcr15 is None:
+        raise InputError("pcrs", "a quote covering PCR %d" % PCR_INDEX_CLUSTER_ID, sorted(pcrs))
+    if pcr15 == bytes(len(pcr15)):
+        return FRESH
+    if cluster_id is not None and hmac.compare_digest(pcr15, expected_pcr15(cluster_id)):
+        return OURS
+    return OTHER
+
+
+def pcr_rows(checks) -> List[Dict[str, Any]]:
+    """The per-PCR table as plain dicts (index, expected, found, warn_only, ok)."""
+    rows = []
+    for check in checks or []:
+        rows.append({"index": check.index, "expected": check.expected, "found": check.found,
+                     "warn_only": check.warn_only, "ok": check.ok})
+    return rows

@@ -1,0 +1,243 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The controller's side of the chain of trust (DESIGN.md 1, steps 1, 2, 4 and recovery).
+
+Each operation attests the peer first (aTLS verifies before the first byte is sent), asks its
+state, and decides from the attested PCR 15 whether there is anything to do, so every operation
+is idempotent. The action plugins activate_coordinator, activate_nodes, agent_state and
+recover_peer are thin adapters over these functions. Secrets (KMS URI) are arguments only: no
+return value and no error message here ever contains them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AttestationError, ConstellationError, InputError, StateError)
+from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
+
+ACCEPTING_INIT = "AcceptingInit"
+ACTIVATING_NODES = "ActivatingNodes"
+IS_NODE = "IsNode"
+ROLE_COORDINATOR = "coordinator"
+ROLE_NODE = "node"
+
+
+@dataclass
+class PeerStatus:
+    """What the controller learnt from one attested GetState."""
+
+    endpoint: str
+    state: str
+    role: str
+    membership: str  # FRESH, OURS or OTHER (PCR 15)
+    pcrs: List[Dict[str, Any]] = field(default_factory=list)  # the policy table
+    pcr15: str = ""
+    warnings: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
+                "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings)}
+
+
+def open_peer(endpoint: str, settings: AttestationSettings):
+    """An AgentClient on an attested connection; AttestationError (with ``checks``) when refused."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+
+    host, port = atls.parse_endpoint(endpoint)
+    try:
+        sock = create_connection((host, port), settings.timeout, settings.netns)
+    except OSError as err:
+        raise ConstellationError("cannot connect to %s: %s" % (endpoint, err.strerror or err)) from None
+    try:
+        return AgentClient.connect(endpoint, settings.validators(), sock=sock, timeout=settings.timeout)
+    except AttestationError as err:
+        raise _prefixed(err, "%s: " % endpoint) from None
+
+
+def _prefixed(err: AttestationError, prefix: str) -> AttestationError:
+    new = AttestationError(prefix + str(err))
+    for name in ("checks", "warnings"):
+        if hasattr(err, name):
+            setattr(new, name, getattr(err, name))
+    return new
+
+
+def status_of(client, endpoint: str, cluster_id: Optional[bytes]) -> PeerStatus:
+    validation = client.attested.validation
+    state = client.get_state()
+    pcr15 = validation.pcrs.get(15, b"")
+    return PeerStatus(endpoint=endpoint, state=str(state.get("state")), role=str(state.get("role")),
+                      membership=cluster_membership(validation.pcrs, cluster_id), pcrs=pcr_rows(validation.checks),
+                      pcr15=pcr15.hex(), warnings=list(validation.warnings))
+
+
+def peer_status(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes] = None) -> PeerStatus:
+    """Attests the peer and asks its state (read-only)."""
+    with open_peer(endpoint, settings) as client:
+        return status_of(client, endpoint, cluster_id)
+
+
+def decode_salt(value: Any, field_name: str = "measurement_salt") -> bytes:
+    """The measurement salt from standard base64 (32 bytes)."""
+    if not isinstance(value, str):
+        raise InputError(field_name, "standard base64 of 32 bytes", type(value).__name__)
+    try:
+        salt = base64.b64decode(value.strip(), validate=True)
+    except (ValueError, TypeError):
+        raise InputError(field_name, "standard base64 of 32 bytes", "text that is not base64") from None
+    if len(salt) != 32:
+        raise InputError(field_name, "standard base64 of 32 bytes", "%d bytes" % len(salt))
+    return salt
+
+
+def derive_cluster_id(kms_uri: str, measurement_salt: bytes) -> bytes:
+    from ansible_collections.constellation.cluster.plugins.module_utils.kms import open_kms
+
+    return open_kms(kms_uri).cluster_id(measurement_salt)
+
+
+def _vpn_identity(client, interface: str) -> Dict[str, Optional[str]]:
+    """The peer's VPN IP and public key, read from its WireGuard interface over the admin channel."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import validate_interface_name
+
+    validate_interface_name(interface)
+    pub = client.exec_command(argv=["wg", "show", interface, "public-key"], timeout=30)
+    addr = client.exec_command(argv=["ip", "-o", "-4", "addr", "show", "dev", interface], timeout=30)
+    vpn_ip = None
+    for token in addr.stdout.decode("utf-8", "replace").split():
+        if "/" in token and token[0].isdigit():
+            vpn_ip = token.split("/")[0]
+            break
+    pub_key = pub.stdout.decode("ascii", "replace").strip() if pub.exit_code == 0 else ""
+    return {"vpn_ip": vpn_ip, "vpn_pub_key": pub_key or None}
+
+
+def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: str, measurement_salt: bytes,
+                         admin_pub_key: str, admin_priv_key=None, storage_uri: Optional[str] = None,
+                         cluster_config: Optional[Mapping[str, Any]] = None, check_mode: bool = False,
+                         vpn_interface: str = "wg0") -> Dict[str, Any]:
+    """Activates the Coordinator unless it already is ours. Returns changed, cluster_id (b64),
+    coordinator_vpn_ip, coordinator_vpn_pub_key, state."""
+    cluster_id = derive_cluster_id(kms_uri, measurement_salt)
+    result: Dict[str, Any] = {"cluster_id": base64.b64encode(cluster_id).decode(), "changed": False}
+    with open_peer(endpoint, settings) as client:
+        status = status_of(client, endpoint, cluster_id)
+        result["state_before"] = status.state
+        if status.membership == OURS:
+            if status.role != ROLE_COORDINATOR or status.state != ACTIVATING_NODES:
+                raise StateError("%s belongs to this cluster but is %s (role %s), not an activated Coordinator"
+                                 % (endpoint, status.state, status.role))
+            result["state"] = status.state
+            if admin_priv_key is not None:
+                client.admin_auth(admin_priv_key)
+                identity = _vpn_identity(client, vpn_interface)
+                result.update(coordinator_vpn_ip=identity["vpn_ip"], coordinator_vpn_pub_key=identity["vpn_pub_key"])
+            return result
+        if status.membership == OTHER:
+            raise StateError("%s is locked to another cluster (PCR 15 %s does not hold the cluster ID derived from "
+                             "this KMS URI and measurement salt); it is not activated again"
+                             % (endpoint, status.pcr15))
+        if status.state != ACCEPTING_INIT:
+            raise StateError("%s is %s: only a peer in AcceptingInit can be activated as Coordinator"
+                             % (endpoint, status.state))
+        result["changed"] = True
+        if check_mode:
+            result.update(state=status.state, coordinator_vpn_ip=None, coordinator_vpn_pub_key=None)
+            return result
+        answer = client.activate_as_coordinator(kms_uri, measurement_salt, admin_pub_key, storage_uri=storage_uri,
+                                                cluster_config=dict(cluster_config or {}))
+    answered = base64.b64decode(answer.get("cluster_id", ""))
+    if not hmac.compare_digest(answered, cluster_id):
+        raise StateError("%s answered another cluster ID than the one derived on the controller" % endpoint)
+    result.update(state=answer.get("state"), coordinator_vpn_ip=answer.get("coordinator_vpn_ip"),
+                  coordinator_vpn_pub_key=answer.get("coordinator_vpn_pub_key"))
+    return result
+
+
+def activate_nodes(coordinator_endpoint: str, node_endpoints: List[str], settings: AttestationSettings,
+                   admin_priv_key, cluster_id: Optional[bytes] = None, check_mode: bool = False) -> Dict[str, Any]:
+    """Attests every node, then asks the Coordinator (admin-authenticated) to activate the fresh
+    ones. Returns changed and one row per node: endpoint, state_before, action, node_vpn_ip."""
+    rows: List[Dict[str, Any]] = []
+    fresh: List[str] = []
+    refused: List[str] = []
+    for endpoint in dict.fromkeys(node_endpoints):  # unique, in order
+        status = peer_status(endpoint, settings, cluster_id)
+        row = {"endpoint": endpoint, "state_before": status.state, "node_vpn_ip": None}
+        if status.membership == OURS and status.state == IS_NODE:
+            row["action"] = "none"
+        elif status.membership == FRESH and status.state == ACCEPTING_INIT:
+            row["action"] = "activate"
+            fresh.append(endpoint)
+        elif status.membership == OURS or (status.membership == OTHER and cluster_id is None):
+            row["action"] = "refused"
+            refused.append("%s is %s (role %s)" % (endpoint, status.state, status.role))
+        else:
+            row["action"] = "refused"
+            refused.append("%s is locked to another cluster (PCR 15 %s)" % (endpoint, status.pcr15))
+        rows.append(row)
+    if refused:
+        raise StateError("cannot activate these nodes: " + "; ".join(refused))
+    result: Dict[str, Any] = {"changed": bool(fresh), "nodes": rows, "resource_version": None}
+    if not fresh or check_mode:
+        return result
+    with open_peer(coordinator_endpoint, settings) as client:
+        coordinator = status_of(client, coordinator_endpoint, cluster_id)
+        if coordinator.role != ROLE_COORDINATOR or coordinator.state != ACTIVATING_NODES \
+                or (cluster_id is not None and coordinator.membership != OURS):
+            raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)"
+                             % (coordinator_endpoint, coordinator.state, coordinator.role, coordinator.membership))
+        client.admin_auth(admin_priv_key)
+        answer = client.activate_additional_nodes(fresh)
+    by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
+    failures = []
+    for row in rows:
+        if row["action"] != "activate":
+            continue
+        node = by_endpoint.get(row["endpoint"], {})
+        row["node_vpn_ip"] = node.get("node_vpn_ip")
+        if not node.get("ok"):
+            failures.append("%s: %s" % (row["endpoint"], node.get("error") or "not activated"))
+    result["resource_version"] = answer.get("resource_version")
+    if failures:
+        err = StateError("the Coordinator could not activate: " + "; ".join(failures))
+        err.rows = rows  # type: ignore[attr-defined]
+        raise err
+    return result
+
+
+def recover_peer(endpoint: str, settings: AttestationSettings, kms_uri: str, cluster_id: Optional[bytes],
+                 check_mode: bool = False) -> Dict[str, Any]:
+    """Sends the KMS URI to a rebooted peer of this cluster (PCR 15 reset, state stored)."""
+    with open_peer(endpoint, settings) as client:
+        status = status_of(client, endpoint, cluster_id)
+        result: Dict[str, Any] = {"changed": False, "state_before": status.state, "state": status.state}
+        if status.membership == OURS:
+            return result
+        if status.membership == OTHER:
+            raise StateError("%s is locked to another cluster (PCR 15 %s)" % (endpoint, status.pcr15))
+        if status.state != ACCEPTING_INIT:
+            raise StateError("%s is %s with PCR 15 reset: it cannot be recovered" % (endpoint, status.state))
+        if check_mode:
+            result["changed"] = True
+            return result
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
+        try:
+            answer = client.recover(kms_uri)
+        except RemoteError as err:
+            if err.kind == "StateError" and "waits for recovery" in str(err):
+                # A fresh peer that never joined: nothing to recover (activate it with site.yml).
+                result["note"] = "never activated: nothing to recover"
+                return result
+            raise
+        result.update(changed=True, state=answer.get("state"))
+        return result
