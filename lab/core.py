@@ -381,7 +381,12 @@ class Lab:
         host_vars, local_vars = {}, {}
         for h in hosts:
             shell = self.state_dir / "bin" / ("%s-sh" % h.name)
-            shell.write_text("#!/bin/sh\nexec %s /bin/sh \"$@\"\n" % " ".join(h.nsenter_prefix))
+            # Already inside the host (a shell task run through this wrapper again): /run/netns
+            # is hidden by the host's private /run, so recognise the namespace by its inode.
+            net_inode = os.stat("/run/netns/%s" % h.netns).st_ino
+            shell.write_text("#!/bin/sh\n"
+                             "if [ \"$(readlink /proc/self/ns/net)\" = \"net:[%d]\" ]; then exec /bin/sh \"$@\"; fi\n"
+                             "exec %s /bin/sh \"$@\"\n" % (net_inode, " ".join(h.nsenter_prefix)))
             shell.chmod(0o755)
             host_vars[h.name] = {
                 "constellation_public_ip": h.public_ip,

@@ -139,6 +139,11 @@ def test_inventory_holds_hosts_endpoints_tcti_and_the_image_policy(tmp_path, lab
     out = subprocess.run([local["ansible_shell_executable"], "-c", "ip -o -4 addr show eth0"],
                          capture_output=True, text=True, check=True).stdout
     assert "10.42.0.12/24" in out
+    # Entering again from inside the host (as Ansible's shell tasks do) stays in the host.
+    nested = subprocess.run([local["ansible_shell_executable"], "-c",
+                             "%s -c 'ip -o -4 addr show eth0'" % local["ansible_shell_executable"]],
+                            capture_output=True, text=True, check=True).stdout
+    assert "10.42.0.12/24" in nested
     policy = json.loads((inv / "measurements.json").read_text())
     assert policy == lab_measurements()
     assert sorted(policy, key=int) == ["4", "9", "11"]
