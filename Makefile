@@ -5,7 +5,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 HOSTS ?= 4
 
-.PHONY: setup demo test pytest sanity lint lab-up lab-down lab-status bench build
+.PHONY: setup demo test pytest sanity lint molecule lab-up lab-down lab-status bench build
 
 setup:
 	@sh scripts/setup.sh
@@ -17,6 +17,7 @@ test: setup
 	$(VENV)/pytest -q -p no:cacheprovider || [ $$? -eq 5 ]  # 5: no test collected
 	sh scripts/sanity.sh
 	$(MAKE) --no-print-directory lint
+	sh scripts/molecule.sh
 	$(MAKE) --no-print-directory build
 
 pytest: setup
@@ -27,6 +28,9 @@ sanity: setup
 
 lint: setup
 	$(VENV)/ansible-lint --profile production
+
+molecule: setup
+	sh scripts/molecule.sh
 
 build: setup
 	$(VENV)/ansible-galaxy collection build --force --output-path /tmp/constellation-build >/dev/null
