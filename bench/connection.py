@@ -129,12 +129,15 @@ def run_playbook(lab: Lab, work: Path, inventory: Path, playbook: Path, forks: i
     env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
                ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="False",
                ANSIBLE_LOCAL_TEMP=str(work / "ansible-local"))
-    argv = ["ip", "netns", "exec", lab.bridge_netns, str(VENV_BIN / "ansible-playbook"), "-i", str(inventory),
-            "--forks", str(forks), str(playbook)]
+    # local needs no network; its shell enters each host's namespaces with nsenter, which cannot
+    # reassociate from inside `ip netns exec` (that makes a mount namespace of its own).
+    prefix = [] if inventory.stem == "local" else ["ip", "netns", "exec", lab.bridge_netns]
+    argv = prefix + [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "--forks", str(forks), str(playbook)]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=RUN_TIMEOUT,
                           check=False)
     elapsed = time.monotonic() - start
+    print("  %-6s %.2f s" % (inventory.stem, elapsed), file=sys.stderr, flush=True)
     if proc.returncode != 0:
         raise RuntimeError("%s failed (%d):\n%s\n%s" % (inventory.name, proc.returncode, proc.stdout[-3000:],
                                                       proc.stderr[-3000:]))
