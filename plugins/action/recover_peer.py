@@ -14,7 +14,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 SPEC = dict(
     endpoint=dict(type="str", required=True),
     kms_uri=dict(type="str", required=True, no_log=True),
-    cluster_id=dict(type="str", required=True),
+    measurement_salt=dict(type="str", required=True, no_log=True),
 )
 
 
@@ -23,8 +23,10 @@ class ActionModule(ClusterAction):
     _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
 
     def act(self, args, settings):
-        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import recover_peer
-        out = recover_peer(args["endpoint"], settings, args["kms_uri"], self.cluster_id_arg(args),
+        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import (
+            decode_salt, derive_cluster_id, recover_peer)
+        cluster_id = derive_cluster_id(args["kms_uri"], decode_salt(args["measurement_salt"]))
+        out = recover_peer(args["endpoint"], settings, args["kms_uri"], cluster_id,
                            check_mode=bool(self._task.check_mode))
         out["endpoint"] = args["endpoint"]
         return out

@@ -1,0 +1,215 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""site.yml, add_nodes.yml and verify.yml end to end on one lab (real agents, swtpm, wireguard-go).
+
+Hosts h1-h4 form the cluster (h1 the Coordinator); h5 booted a modified image (its PCR 9 differs
+from the policy); h6 boots later and is added with add_nodes.yml. The tests run in file order
+and share the lab: the tampered run comes first, while the Coordinator is still fresh.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from ansible.parsing.vault import VaultLib, VaultSecret
+
+from lab.core import REPO_ROOT, Lab
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
+from ansible_collections.constellation.cluster.plugins.module_utils.cluster import peer_status
+from ansible_collections.constellation.cluster.plugins.module_utils.kms import MasterSecret
+
+pytestmark = pytest.mark.lab
+
+VENV_BIN = REPO_ROOT / ".venv" / "bin"
+CLUSTER = "!h5"  # every run but the tampered one leaves h5 out (--limit)
+
+
+class Site:
+    def __init__(self, lab: Lab, inv: Path):
+        self.lab = lab
+        self.inv = inv
+        self.hosts_file = inv / "hosts.yml"
+        self.vault_pass = inv / "vault_pass"
+
+    def env(self):
+        env = dict(os.environ)
+        env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
+        env["ANSIBLE_CONFIG"] = str(REPO_ROOT / "ansible.cfg")
+        env["ANSIBLE_FORCE_COLOR"] = "0"
+        env["ANSIBLE_NOCOLOR"] = "1"
+        return env
+
+    def cmdline(self, playbook: str, *extra: str):
+        return [str(VENV_BIN / "ansible-playbook"), "-i", str(self.hosts_file), str(REPO_ROOT / playbook),
+                "--vault-password-file", str(self.vault_pass),
+                "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")] + list(extra)
+
+    def play(self, playbook: str, *extra: str, limit: str = CLUSTER) -> subprocess.CompletedProcess:
+        args = list(extra) + (["--limit", limit] if limit else [])
+        return subprocess.run(self.cmdline(playbook, *args), cwd=REPO_ROOT, env=self.env(), capture_output=True,
+                              text=True, timeout=300)
+
+    def status(self, name: str, cluster_id=None):
+        settings = settings_from_args({"measurements_path": str(self.inv / "measurements.json"),
+                                       "variant": "qemu-vtpm", "netns": self.lab.bridge_netns,
+                                       "timeout": 10.0, "attestation_timeout": 30.0})
+        return peer_status(self.lab.host(name).public_endpoint, settings, cluster_id)
+
+    def secrets(self):
+        vault = VaultLib([("default", VaultSecret(self.vault_pass.read_text().strip().encode()))])
+        master = MasterSecret.from_json(vault.decrypt((self.inv / "constellation-mastersecret.json").read_bytes()))
+        salt_doc = json.loads(vault.decrypt((self.inv / "constellation-measurement-salt.json").read_bytes()))
+        return master, base64.b64decode(salt_doc["measurementSalt"])
+
+
+def recap(output: str):
+    """host -> {ok, changed, unreachable, failed, ...} from the PLAY RECAP."""
+    rows = {}
+    for match in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", output, re.M):
+        rows[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
+    return rows
+
+
+def wg_peers(lab: Lab, name: str):
+    out = lab.host(name).run(["wg", "show", "wg0", "peers"], check=False).stdout
+    return set(out.split())
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    inv = tmp_path_factory.mktemp("site-inventory")
+    lab = Lab("tsite", inventory_dir=inv)
+    lab.up(hosts=5, tpm=True, agents=True)
+    lab.tamper("h5")
+    try:
+        yield Site(lab, inv)
+    finally:
+        lab.down()
+
+
+def test_tampered_host_stops_the_run_before_any_secret(site):
+    proc = site.play("site.yml", limit="")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    # Step 1 refused h5, naming the PCR, and nothing later ran.
+    assert re.search(r"h5.*attestation refused.*PCR 9", out, re.S)
+    assert "activate the Coordinator" not in out.split("PLAY RECAP")[0].split("Step 1")[-1]
+    assert not (site.inv / "constellation-mastersecret.json").exists()
+    rows = recap(proc.stdout)
+    assert all(rows[h]["failed"] == 1 and rows[h]["changed"] == 0 for h in ("h1", "h2", "h3", "h4", "h5"))
+    for name in ("h1", "h2"):
+        status = site.status(name)
+        assert status.state == "AcceptingInit"
+        assert status.membership == "fresh"
+
+
+def test_first_run_activates_everything_and_leaks_nothing(site):
+    proc = site.play("site.yml", "-vvv")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    rows = recap(proc.stdout)
+    assert set(rows) == {"h1", "h2", "h3", "h4"}
+    assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values())
+    assert rows["h1"]["changed"] >= 3  # master secret, salt, activation
+    assert "skipped: no kubeadm on host" in out
+
+    master, salt = site.secrets()
+    uri = master.to_uri()
+    forbidden = {uri, master.key.hex(), master.salt.hex(), salt.hex()}
+    for raw in (master.key, master.salt, salt):
+        forbidden |= {base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode(),
+                      base64.b64encode(raw).decode().rstrip("=")}
+    leaked = sorted(s[:8] + "..." for s in forbidden if s in out or s.lower() in out.lower())
+    assert not leaked, "secrets in the -vvv output: %s" % leaked
+
+    cluster_id = base64.b64decode(re.search(r"cluster ID ([A-Za-z0-9+/=]{44})", out).group(1))
+    from ansible_collections.constellation.cluster.plugins.module_utils.kms import open_kms
+    assert cluster_id == open_kms(uri).cluster_id(salt)
+    states = {name: site.status(name, cluster_id) for name in ("h1", "h2", "h3", "h4")}
+    assert states["h1"].state == "ActivatingNodes" and states["h1"].role == "coordinator"
+    for name in ("h2", "h3", "h4"):
+        assert states[name].state == "IsNode" and states[name].role == "node"
+    assert {s.membership for s in states.values()} == {"ours"}
+    assert site.status("h5").state == "AcceptingInit"  # left out, never sent anything
+
+
+def test_vpn_mesh_carries_traffic(site):
+    vpn_ips = {}
+    for name in ("h1", "h2", "h3", "h4"):
+        out = site.lab.host(name).run(["ip", "-o", "-4", "addr", "show", "dev", "wg0"]).stdout
+        vpn_ips[name] = re.search(r"inet (10\.118\.[0-9.]+)/", out).group(1)
+    assert vpn_ips["h1"] == "10.118.0.1"
+    for src, dst in (("h2", "h1"), ("h3", "h4"), ("h4", "h2"), ("h1", "h3")):
+        ping = site.lab.host(src).run(["ping", "-c", "1", "-W", "3", vpn_ips[dst]], check=False)
+        assert ping.returncode == 0, "%s -> %s: %s" % (src, dst, ping.stdout + ping.stderr)
+
+
+def test_second_run_changes_nothing(site):
+    proc = site.play("site.yml")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = recap(proc.stdout)
+    assert set(rows) == {"h1", "h2", "h3", "h4"}
+    assert sum(r["changed"] for r in rows.values()) == 0
+    assert "already activated" in proc.stdout
+
+
+def test_ansible_runner_event_stream_and_stats(site, tmp_path):
+    import ansible_runner
+
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO_ROOT), playbook=str(REPO_ROOT / "site.yml"),
+        inventory=str(site.hosts_file), limit=CLUSTER, quiet=True,
+        cmdline="--vault-password-file %s" % site.vault_pass,
+        extravars={"ansible_python_interpreter": str(VENV_BIN / "python")},
+        envvars={"PATH": site.env()["PATH"], "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg")})
+    assert runner.status == "successful", runner.stdout.read()[-3000:]
+    assert runner.rc == 0
+    oks = [e["event_data"] for e in runner.events if e["event"] == "runner_on_ok"]
+    activation = [e for e in oks if e.get("task", "").startswith("Activate the Coordinator")]
+    assert [e["host"] for e in activation] == ["h1"]
+    assert activation[0]["res"].get("changed") is False
+    assert "censored" in activation[0]["res"]  # no_log: the result is hidden from the event stream too
+    nodes = [e for e in oks if e.get("task", "").startswith("The Coordinator activates the fresh nodes")]
+    assert len(nodes) == 1 and nodes[0]["res"]["changed"] is False
+    assert not [e for e in runner.events if e["event"] in ("runner_on_failed", "runner_on_unreachable")]
+    stats = runner.stats
+    assert set(stats["ok"]) == {"h1", "h2", "h3", "h4"}
+    assert stats["changed"] == {} and stats["failures"] == {} and stats["dark"] == {}
+
+
+def test_add_nodes_joins_one_host_and_changes_nothing_else(site):
+    before = {name: wg_peers(site.lab, name) for name in ("h1", "h2", "h3", "h4")}
+    (new,) = site.lab.grow(6)
+    assert new.name == "h6"
+    proc = site.play("playbooks/add_nodes.yml")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = recap(proc.stdout)
+    assert set(rows) == {"h1", "h2", "h3", "h4", "h6"}
+    assert sum(r["changed"] for r in rows.values()) == 1  # the one activation, nothing else
+    assert site.status("h6").state == "IsNode"
+    new_key = new.run(["wg", "show", "wg0", "public-key"]).stdout.strip()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(new_key in wg_peers(site.lab, n) for n in before):
+        time.sleep(0.2)
+    for name, peers in before.items():
+        after = wg_peers(site.lab, name)
+        assert after == peers | {new_key}, name  # learnt h6; no other peer changed
+    assert site.status("h5").state == "AcceptingInit"
+
+
+def test_verify_prints_one_table(site):
+    proc = site.play("playbooks/verify.yml")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for name in ("h1", "h2", "h3", "h4", "h6"):
+        for pcr in ("4", "9", "11"):
+            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+(ActivatingNodes|IsNode) pcr15=ours" % (name, pcr),
+                             proc.stdout), (name, pcr)
+    assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
