@@ -139,13 +139,13 @@ def run_playbook(lab: Lab, work: Path, inventory: Path, playbook: Path, forks: i
     elapsed = time.monotonic() - start
     print("  %-6s %.2f s" % (inventory.stem, elapsed), file=sys.stderr, flush=True)
     if proc.returncode != 0:
-        raise RuntimeError("%s failed (%d):\n%s\n%s" % (inventory.name, proc.returncode, proc.stdout[-3000:],
-                                                      proc.stderr[-3000:]))
+        raise RuntimeError("%s failed (%d):\n%s\n%s"
+                           % (inventory.name, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
     return elapsed
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--hosts", type=int, default=5)
     parser.add_argument("--tasks", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=1, help="runs per mode (the median is reported)")

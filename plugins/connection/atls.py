@@ -35,7 +35,8 @@ description:
     used anyway, the become plugin's command line (for example C(sudo -u root)) runs on the node as
     usual. To root it only costs time; to another user it works as over SSH, provided sudo or su exists
     on the node. Password prompts are not supported.
-author: constellation.cluster contributors
+author:
+  - constellation.cluster contributors (@constellation-cluster)
 version_added: 0.1.0
 options:
   host:
@@ -267,8 +268,8 @@ def _positive(name: str, value: Any, allow_zero: bool = False) -> float:
     except (TypeError, ValueError):
         raise SettingsError("%s: expected a number of seconds, got %r" % (name, value)) from None
     if number < 0 or (number == 0 and not allow_zero) or number > 86400:
-        raise SettingsError("%s: expected seconds in %s, got %r" % (name, "[0, 86400]" if allow_zero else "(0, 86400]",
-                                                                   value))
+        interval = "[0, 86400]" if allow_zero else "(0, 86400]"
+        raise SettingsError("%s: expected seconds in %s, got %r" % (name, interval, value))
     return number
 
 
@@ -444,7 +445,9 @@ def open_admin_client(settings: Settings):
 # shapes, so it knows when a TLS connection is idle again and can lend it to the next task.
 
 _STDIN_METHODS = ("Exec", "PutFile")
-_NEXT, _SESSION_END, _BROKEN = "next", "session-end", "broken"
+_NEXT = "next"
+_SESSION_END = "session-end"
+_BROKEN = "broken"
 _RELAYED_METHODS = ("Exec", "PutFile", "FetchFile", "GetState")
 
 

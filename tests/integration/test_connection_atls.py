@@ -137,14 +137,14 @@ def test_modules_run_over_atls(env):
         {"name": "setup", "ansible.builtin.setup": {"gather_subset": ["min", "network"]}},
         {"name": "command with stdin", "ansible.builtin.command": {"cmd": "cat", "stdin": "to the node"},
          "register": "cat", "changed_when": False},
-        {"name": "copy", "ansible.builtin.copy": {"src": str(src), "dest": "/tmp/atls-{{ inventory_hostname }}.txt",
-                                                   "mode": "0640"}},
-        {"name": "template", "ansible.builtin.template": {"src": str(template),
-                                                           "dest": "/tmp/atls-{{ inventory_hostname }}.conf",
-                                                           "mode": "0600"}},
-        {"name": "fetch", "ansible.builtin.fetch": {"src": "/tmp/atls-{{ inventory_hostname }}.conf",
-                                                     "dest": str(fetched) + "/"}},
-        {"name": "collection module", "constellation.cluster.attestation_info": {"tcti": "swtpm:host=127.0.0.1,port=2321"},
+        {"name": "copy", "ansible.builtin.copy": {
+            "src": str(src), "dest": "/tmp/atls-{{ inventory_hostname }}.txt", "mode": "0640"}},
+        {"name": "template", "ansible.builtin.template": {
+            "src": str(template), "dest": "/tmp/atls-{{ inventory_hostname }}.conf", "mode": "0600"}},
+        {"name": "fetch", "ansible.builtin.fetch": {
+            "src": "/tmp/atls-{{ inventory_hostname }}.conf", "dest": str(fetched) + "/"}},
+        {"name": "collection module", "constellation.cluster.attestation_info": {
+            "tcti": "swtpm:host=127.0.0.1,port=2321"},
          "register": "att"},
         {"name": "report", "ansible.builtin.copy": {
             "dest": "/tmp/atls-result-{{ inventory_hostname }}.json", "mode": "0600",
@@ -217,7 +217,7 @@ def test_before_activation_exec_is_refused_but_attestation_works(env):
 def test_large_and_binary_files_survive_put_and_fetch(env):
     big = env.tmp / "big.bin"
     with open(big, "wb") as handle:
-        for _ in range(100):
+        for _mib in range(100):
             handle.write(os.urandom(1 << 20))
     every_byte = env.tmp / "bytes.bin"
     every_byte.write_bytes(bytes(range(256)) * 4 + b"\x00\r\n\x1a" + bytes(range(255, -1, -1)))
