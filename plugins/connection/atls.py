@@ -570,6 +570,7 @@ class _Relay:
         try:
             if os.stat(self.path).st_ino == self.inode:
                 os.unlink(self.path)
+                os.unlink(self.path + ".lock")
         except OSError:
             pass
 
