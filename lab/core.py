@@ -419,6 +419,8 @@ class Lab:
             "constellation_lab_local_inventory": str(self.local_inventory),
             # The operator's view: every host over aTLS, attested against the image's policy.
             "ansible_connection": "constellation.cluster.atls",
+            "ansible_pipelining": True,
+            "ansible_python_interpreter": self.host_python()[0],
             "constellation_measurements": measurements,
             "constellation_admin_priv_key_file": str(admin_key),
             # Lab only: lab addresses exist only in namespaces, so the controller's sockets are
