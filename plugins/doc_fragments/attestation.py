@@ -1,0 +1,41 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    """Attestation options of the controller-side cluster actions (module_utils/attestation/policy.py)."""
+
+    DOCUMENTATION = r"""
+options:
+  measurements:
+    description:
+      - The measurements policy inline, in Constellation's JSON shape (PCR index to C(expected) hex and
+        C(warnOnly)). Mutually exclusive with O(measurements_path). Must name at least one PCR.
+    type: dict
+  measurements_path:
+    description: A JSON or YAML file on the controller with the policy; relative to the playbook's folder.
+    type: path
+  variant:
+    description: The attestation variant peers must present; V(dummy) proves nothing and is for tests only.
+    type: str
+    choices: [qemu-vtpm, dummy]
+    default: qemu-vtpm
+  netns:
+    description:
+      - B(Lab only.) Open the controller's TCP connections in this network namespace (C(/run/netns/NAME)).
+    type: str
+  timeout:
+    description: Seconds for the TCP connect, the TLS handshake and each answer, each.
+    type: float
+    default: 10
+  attestation_timeout:
+    description: Seconds the validation of an attestation may take.
+    type: float
+    default: 30
+notes:
+  - Runs on the controller (an action plugin) whatever the host; the host's connection is not used.
+  - Every peer is attested (fresh nonce, TPM quote, policy) before the first byte is sent to it.
+"""

@@ -1,0 +1,103 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: activate_nodes
+short_description: Have the Coordinator activate the fresh nodes (ActivateAdditionalNodes)
+version_added: "0.1.0"
+description:
+  - Attests every node in O(node_endpoints) from the controller and reads its state. Nodes of this cluster
+    (PCR 15 holds O(cluster_id)) are left alone; fresh nodes are activated by the Coordinator, which the controller
+    asks over an admin-authenticated aTLS connection. The Coordinator attests each node again with its own policy.
+  - A node locked to another cluster or in another state fails the task before anything is asked.
+author:
+  - constellation.cluster contributors (@constellation-cluster)
+extends_documentation_fragment:
+  - constellation.cluster.attestation
+options:
+  coordinator_endpoint:
+    description: The Coordinator agent's public endpoint.
+    type: str
+    required: true
+  node_endpoints:
+    description: The nodes' public endpoints.
+    type: list
+    elements: str
+    required: true
+  admin_priv_key_file:
+    description: The admin's private key; signs the Coordinator's admin challenge (never sent).
+    type: path
+    required: true
+  cluster_id:
+    description: This cluster's ID (standard base64), as M(constellation.cluster.activate_coordinator) returns it.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    description: Attests and reports which nodes would be activated.
+  diff_mode:
+    support: none
+    description: No file changes.
+  idempotent:
+    support: full
+    description: C(changed) only when some node was activated.
+"""
+
+EXAMPLES = r"""
+- name: The Coordinator activates the fresh nodes
+  constellation.cluster.activate_nodes:
+    coordinator_endpoint: 192.0.2.10:9000
+    node_endpoints: [192.0.2.11:9000, 192.0.2.12:9000]
+    admin_priv_key_file: ~/.constellation/admin.key
+    cluster_id: "{{ activation.cluster_id }}"
+    measurements_path: measurements.json
+  run_once: true
+"""
+
+RETURN = r"""
+nodes:
+  description: One row per node, endpoint, state_before, action (none, activate), node_vpn_ip.
+  returned: success
+  type: list
+  elements: dict
+activated:
+  description: The endpoints activated by this task.
+  returned: success
+  type: list
+  elements: str
+resource_version:
+  description: The Coordinator's peer list version after the activation.
+  returned: success
+  type: int
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            coordinator_endpoint=dict(type="str", required=True),
+            node_endpoints=dict(type="list", elements="str", required=True),
+            admin_priv_key_file=dict(type="path", required=True),
+            cluster_id=dict(type="str"),
+            measurements=dict(type="dict"),
+            measurements_path=dict(type="path"),
+            variant=dict(type="str", choices=["qemu-vtpm", "dummy"], default="qemu-vtpm"),
+            netns=dict(type="str"),
+            timeout=dict(type="float", default=10),
+            attestation_timeout=dict(type="float", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    module.fail_json(msg="activate_nodes runs on the controller through its action plugin; "
+                         "it cannot run as a module on a host")
+
+
+if __name__ == "__main__":
+    main()

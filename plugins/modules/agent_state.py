@@ -1,0 +1,99 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: agent_state
+short_description: Attest a node agent from the controller and read its state
+version_added: "0.1.0"
+description:
+  - Attests the peer's aTLS endpoint against the measurements policy, then asks C(GetState). Read-only.
+  - Reports from the attested PCR 15 whether the peer is fresh, locked to this cluster (O(cluster_id)) or to another.
+author:
+  - constellation.cluster contributors (@constellation-cluster)
+extends_documentation_fragment:
+  - constellation.cluster.attestation
+options:
+  endpoint:
+    description: The agent's public endpoint, C(host:port).
+    type: str
+    required: true
+  cluster_id:
+    description: This cluster's ID (standard base64, 32 bytes), to tell V(ours) from V(other) in RV(membership).
+    type: str
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing changes.
+  idempotent:
+    support: full
+    description: Always C(changed=false).
+"""
+
+EXAMPLES = r"""
+- name: Attest a peer and read its state
+  constellation.cluster.agent_state:
+    endpoint: "{{ constellation_public_endpoint }}"
+    measurements: "{{ constellation_measurements }}"
+  register: peer
+"""
+
+RETURN = r"""
+state:
+  description: The agent's state (AcceptingInit, ActivatingNodes, NodeWaitingForClusterJoin, IsNode, Failed).
+  returned: success
+  type: str
+  sample: IsNode
+role:
+  description: V(unknown), V(coordinator) or V(node).
+  returned: success
+  type: str
+membership:
+  description: From the attested PCR 15, V(fresh) (never locked), V(ours) (this O(cluster_id)) or V(other).
+  returned: success
+  type: str
+pcr15:
+  description: The attested PCR 15 (hex).
+  returned: success
+  type: str
+endpoint:
+  description: The endpoint attested.
+  returned: success
+  type: str
+pcrs:
+  description: The per-PCR table of the policy (index, expected, found, warn_only, ok); on refusal the refused table.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            endpoint=dict(type="str", required=True),
+            cluster_id=dict(type="str"),
+            measurements=dict(type="dict"),
+            measurements_path=dict(type="path"),
+            variant=dict(type="str", choices=["qemu-vtpm", "dummy"], default="qemu-vtpm"),
+            netns=dict(type="str"),
+            timeout=dict(type="float", default=10),
+            attestation_timeout=dict(type="float", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    module.fail_json(msg="agent_state runs on the controller through its action plugin; "
+                         "it cannot run as a module on a host")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: measurement_salt
+short_description: Create the cluster's measurement salt file on the controller, once
+version_added: "0.1.0"
+description:
+  - Writes a JSON object with one key, C(measurementSalt), standard base64 of 32 random bytes, with mode C(0600),
+    atomically, optionally encrypted
+    with Ansible Vault (the play's vault secrets). Never replaces an existing file; checks it instead.
+  - The salt is made once per cluster (as Constellation's CLI does at init): the cluster ID is derived from it, so it
+    must stay the same for the cluster's life.
+author:
+  - constellation.cluster contributors (@constellation-cluster)
+options:
+  path:
+    description: The file; a relative path is relative to the playbook's folder.
+    type: path
+    required: true
+  vault:
+    description: Encrypt with Ansible Vault.
+    type: bool
+    default: false
+  vault_id:
+    description: The vault ID to encrypt with (default the first of the play's).
+    type: str
+attributes:
+  check_mode:
+    support: full
+    description: Reports whether the file would be created.
+  diff_mode:
+    support: none
+    description: No diff.
+  idempotent:
+    support: full
+    description: An existing file is never overwritten.
+"""
+
+EXAMPLES = r"""
+- name: Measurement salt, once per cluster
+  constellation.cluster.measurement_salt:
+    path: "{{ inventory_dir }}/constellation-measurement-salt.json"
+    vault: true
+  run_once: true
+"""
+
+RETURN = r"""
+path:
+  description: The file's absolute path.
+  returned: always
+  type: str
+vault_encrypted:
+  description: Whether the file is vault-encrypted.
+  returned: always
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            vault=dict(type="bool", default=False),
+            vault_id=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    module.fail_json(msg="measurement_salt runs on the controller through its action plugin; "
+                         "it cannot run as a module on a host")
+
+
+if __name__ == "__main__":
+    main()

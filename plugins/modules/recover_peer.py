@@ -1,0 +1,91 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: recover_peer
+short_description: Send the KMS URI to a rebooted peer (Recover) over aTLS
+version_added: "0.1.0"
+description:
+  - Attests the peer; if its PCR 15 was reset (a reboot) and it waits for recovery, sends C(Recover) with the KMS URI.
+    The peer checks the URI derives its stored cluster ID and takes the node lock again.
+  - A peer of this cluster (PCR 15 holds the cluster ID derived from O(kms_uri) and O(measurement_salt)) or a
+    never-activated peer is left alone.
+author:
+  - constellation.cluster contributors (@constellation-cluster)
+extends_documentation_fragment:
+  - constellation.cluster.attestation
+options:
+  endpoint:
+    description: The peer's public endpoint.
+    type: str
+    required: true
+  kms_uri:
+    description: SECRET. The cluster's KMS URI.
+    type: str
+    required: true
+  measurement_salt:
+    description: SECRET. The cluster's measurement salt (standard base64), to derive the cluster ID.
+    type: str
+    required: true
+attributes:
+  check_mode:
+    support: full
+    description: Attests and reports whether it would recover.
+  diff_mode:
+    support: none
+    description: No file changes.
+  idempotent:
+    support: full
+    description: A recovered peer is left alone.
+"""
+
+EXAMPLES = r"""
+- name: Recover a rebooted node
+  constellation.cluster.recover_peer:
+    endpoint: 192.0.2.11:9000
+    kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
+    measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
+    measurements_path: measurements.json
+  no_log: true
+"""
+
+RETURN = r"""
+state_before:
+  description: The peer's state before.
+  returned: success
+  type: str
+state:
+  description: The peer's state after.
+  returned: success
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            endpoint=dict(type="str", required=True),
+            kms_uri=dict(type="str", required=True, no_log=True),
+            measurement_salt=dict(type="str", required=True, no_log=True),
+            measurements=dict(type="dict"),
+            measurements_path=dict(type="path"),
+            variant=dict(type="str", choices=["qemu-vtpm", "dummy"], default="qemu-vtpm"),
+            netns=dict(type="str"),
+            timeout=dict(type="float", default=10),
+            attestation_timeout=dict(type="float", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    module.fail_json(msg="recover_peer runs on the controller through its action plugin; "
+                         "it cannot run as a module on a host")
+
+
+if __name__ == "__main__":
+    main()
