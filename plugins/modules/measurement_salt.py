@@ -14,7 +14,7 @@ description:
   - Writes a JSON object with one key, C(measurementSalt), standard base64 of 32 random bytes, with mode C(0600),
     atomically, optionally encrypted
     with Ansible Vault (the play's vault secrets). Never replaces an existing file; checks it instead.
-  - The salt is made once per cluster (as Constellation's CLI does at init): the cluster ID is derived from it, so it
+  - The salt is made once per cluster (as Constellation's CLI does at init); the cluster ID is derived from it, so it
     must stay the same for the cluster's life.
 author:
   - constellation.cluster contributors (@constellation-cluster)
