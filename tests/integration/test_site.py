@@ -208,6 +208,6 @@ def test_verify_prints_one_table(site):
     assert proc.returncode == 0, proc.stdout[-3000:]
     for name in ("h1", "h2", "h3", "h4", "h6"):
         for pcr in ("4", "9", "11"):
-            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+(ActivatingNodes|IsNode) pcr15=ours" % (name, pcr),
+            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr),
                              proc.stdout), (name, pcr)
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
