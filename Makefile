@@ -11,7 +11,7 @@ setup:
 	@sh scripts/setup.sh
 
 demo: setup
-	$(VENV)/python -m lab demo --hosts $(HOSTS)
+	HOSTS=$(HOSTS) sh scripts/demo.sh
 
 test: setup
 	$(VENV)/pytest -q -p no:cacheprovider || [ $$? -eq 5 ]  # 5: no test collected

@@ -1,4 +1,4 @@
-"""python -m lab {up,down,status,tamper,exec,prove,demo}: the lab of simulated hosts."""
+"""python -m lab {up,grow,down,status,tamper,exec,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ def main(argv=None) -> int:
     e.add_argument("host")
     e.add_argument("argv", nargs=argparse.REMAINDER)
     sub.add_parser("prove", help="verify every host's TPM quote and ping all pairs")
-    d = sub.add_parser("demo", help="build the lab and show the result")
-    d.add_argument("--hosts", type=int, default=4)
     args = p.parse_args(argv)
     lab = Lab(args.name)
     try:
@@ -57,9 +55,6 @@ def main(argv=None) -> int:
             report = prove(lab)
             print_report(report)
             return 0 if report["ok"] else 1
-        elif args.cmd == "demo":
-            from lab.demo import demo
-            return demo(lab, args.hosts)
     except LabError as err:
         print("lab: error: %s" % err, file=sys.stderr)
         return 2
