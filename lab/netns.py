@@ -7,21 +7,13 @@ reach the lab's admin machine (the bridge namespace, 10.42.0.1) this way without
 
 from __future__ import annotations
 
-import ctypes
-import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional, Tuple, TypeVar
 
-CLONE_NEWNET = 0x40000000
+from ansible_collections.constellation.cluster.plugins.module_utils import netns
+
 _T = TypeVar("_T")
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, "setns: %s" % os.strerror(err))
 
 
 class NetNS:
@@ -30,15 +22,7 @@ class NetNS:
     def __init__(self, name: str):
         self.name = name
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netns-%s" % name)
-        self._pool.submit(self._enter, "/run/netns/%s" % name).result(timeout=10)
-
-    @staticmethod
-    def _enter(path: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            _setns(fd)
-        finally:
-            os.close(fd)
+        self._pool.submit(netns.enter, name).result(timeout=10)
 
     def run(self, func: Callable[..., _T], *args, timeout: float = 30.0) -> _T:
         """Runs func(*args) inside the namespace; returns its result."""
@@ -57,5 +41,3 @@ class NetNS:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-

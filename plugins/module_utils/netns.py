@@ -29,7 +29,8 @@ def check_netns_name(netns: Any, field: str = "netns") -> Optional[str]:
     return netns
 
 
-def _enter(netns: str) -> None:
+def enter(netns: str) -> None:
+    """Moves the CALLING THREAD into network namespace ``netns`` (sockets it creates stay there)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -51,7 +52,7 @@ def create_connection(address: Tuple[str, int], timeout: float, netns: Optional[
 
     def make() -> None:
         try:
-            _enter(netns)
+            enter(netns)
             box["sock"] = socket.create_connection(address, timeout=timeout)
         except OSError as err:
             box["error"] = err

@@ -106,10 +106,14 @@ state:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
+            ATTESTATION_ARGUMENT_SPEC,
             endpoint=dict(type="str", required=True),
             kms_uri=dict(type="str", required=True, no_log=True),
             measurement_salt=dict(type="str", required=True, no_log=True),
@@ -119,13 +123,8 @@ def main():
             cluster_name=dict(type="str", default=""),
             vpn_cidr=dict(type="str", default="10.118.0.0/16"),
             vpn_interface=dict(type="str", default="wg0"),
-            measurements=dict(type="dict"),
-            measurements_path=dict(type="path"),
-            variant=dict(type="str", choices=["qemu-vtpm", "dummy"], default="qemu-vtpm"),
-            netns=dict(type="str"),
-            timeout=dict(type="float", default=10),
-            attestation_timeout=dict(type="float", default=30),
         ),
+        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     module.fail_json(msg="activate_coordinator runs on the controller through its action plugin; "

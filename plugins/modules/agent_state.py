@@ -76,19 +76,18 @@ pcrs:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
+            ATTESTATION_ARGUMENT_SPEC,
             endpoint=dict(type="str", required=True),
             cluster_id=dict(type="str"),
-            measurements=dict(type="dict"),
-            measurements_path=dict(type="path"),
-            variant=dict(type="str", choices=["qemu-vtpm", "dummy"], default="qemu-vtpm"),
-            netns=dict(type="str"),
-            timeout=dict(type="float", default=10),
-            attestation_timeout=dict(type="float", default=30),
         ),
+        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     module.fail_json(msg="agent_state runs on the controller through its action plugin; "

@@ -20,6 +20,8 @@ description:
   - Runs on the controller (it is an action plugin); the host's connection is not used.
 author:
   - constellation.cluster contributors (@constellation-cluster)
+extends_documentation_fragment:
+  - constellation.cluster.attestation
 options:
   endpoint:
     description:
@@ -27,34 +29,6 @@ options:
         endpoint C(192.0.2.10:9000).
     type: str
     required: true
-  measurements:
-    description:
-      - The measurements policy inline, as Constellation writes it. Each key is a PCR index, each value a
-        dictionary with the keys C(expected) (hex) and C(warnOnly) (boolean), or a bare hex string (enforced).
-      - Required for O(variant=qemu-vtpm) unless O(measurements_path) is given; must name at least one PCR.
-      - Mutually exclusive with O(measurements_path).
-    type: dict
-  measurements_path:
-    description:
-      - A JSON or YAML file on the controller holding the policy in the same shape as O(measurements).
-        A relative path is relative to the playbook's folder.
-      - Mutually exclusive with O(measurements).
-    type: path
-  variant:
-    description:
-      - The attestation variant the host must present. C(dummy) accepts unsigned test documents and proves
-        nothing; it needs no policy.
-    type: str
-    choices: [qemu-vtpm, dummy]
-    default: qemu-vtpm
-  timeout:
-    description: Seconds allowed for the TCP connect and, separately, for the TLS handshake.
-    type: float
-    default: 10
-  attestation_timeout:
-    description: Seconds allowed for validating the attestation document.
-    type: float
-    default: 30
 attributes:
   check_mode:
     support: full
@@ -144,18 +118,17 @@ warnings:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
+            ATTESTATION_ARGUMENT_SPEC,
             endpoint=dict(type="str", required=True),
-            measurements=dict(type="dict"),
-            measurements_path=dict(type="path"),
-            variant=dict(type="str", choices=["qemu-vtpm", "dummy"], default="qemu-vtpm"),
-            timeout=dict(type="float", default=10),
-            attestation_timeout=dict(type="float", default=30),
         ),
-        mutually_exclusive=[("measurements", "measurements_path")],
+        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     module.fail_json(msg="verify_attestation runs on the controller through its action plugin; "
