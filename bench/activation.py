@@ -88,7 +88,7 @@ def main() -> int:
         hosts = lab.hosts
         # Baseline 1: aTLS handshake (one TPM quote + validation) and one GetState round trip.
         samples = []
-        for _ in range(args.handshakes):
+        for _handshake in range(args.handshakes):
             start = time.monotonic()
             with client(hosts[-1], fresh) as c:
                 c.get_state()

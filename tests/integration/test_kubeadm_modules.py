@@ -37,7 +37,7 @@ def run_playbook(tmp_path, tasks, extra_vars=None, check=False):
             "-e", "ansible_python_interpreter=%s" % os.path.join(VENV_BIN, "python"), str(path)]
     if check:
         argv.append("--check")
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     return proc
 
 
@@ -162,9 +162,9 @@ def test_bad_input_and_missing_ca_hash_fail_clearly(tmp_path, dirs):
          "is not an executable file"),
     ]
     tasks = []
-    for label, module, args, _ in cases:
+    for label, module, args, _expected in cases:
         tasks.append(_task(module, args, label=label, register=label, ignore_errors=True))
-    for label, _, _, expected in cases:
+    for label, _module, _args, expected in cases:
         tasks.append(_assert("%s.failed" % label, "%r in %s.msg" % (expected, label),
                              "'Traceback' not in (%s.module_stderr | default(''))" % label))
     proc = run_playbook(tmp_path, tasks)

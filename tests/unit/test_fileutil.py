@@ -63,7 +63,7 @@ while True:
 def test_kill_9_mid_write_never_leaves_a_torn_file(tmp_path):
     path = tmp_path / "f"
     collections = os.path.join(os.path.dirname(__file__), "..", "..", "collections")
-    for _ in range(10):
+    for _kill in range(10):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), collections], stdout=subprocess.PIPE)
         assert proc.stdout.readline() == b"ready\n"
         proc.send_signal(signal.SIGKILL)

@@ -108,7 +108,7 @@ def test_worker_join_pins_the_cluster_ca(initialised, double_log, tmp_path, monk
     assert entry["argv"][0] == "join" and entry["rc"] == 0
     assert entry["config"][0]["discovery"]["bootstrapToken"]["caCertHashes"] == [initialised.ca_cert_hash]
     assert initialised.token not in _argv_text(double_log)
-    again, _ = _join(double_log, tmp_path, monkeypatch, initialised, control_plane_dir)
+    again, _log = _join(double_log, tmp_path, monkeypatch, initialised, control_plane_dir)
     assert not again.changed
 
 
@@ -151,8 +151,8 @@ def test_control_plane_join_without_key_needs_the_pki(initialised, double_log, t
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         with open(src, "rb") as a, open(dst, "wb") as b:
             b.write(a.read())
-    result, _ = _join(double_log, tmp_path, monkeypatch, initialised, control_plane_dir, node_name="control-plane-1",
-                      node_vpn_ip="10.118.0.2", control_plane=True, kubernetes_dir=node_dir)
+    result, _log = _join(double_log, tmp_path, monkeypatch, initialised, control_plane_dir, node_name="control-plane-1",
+                         node_vpn_ip="10.118.0.2", control_plane=True, kubernetes_dir=node_dir)
     assert result.changed
     assert double_log.entries()[-1]["config"][0]["skipPhases"] == ["control-plane-prepare/download-certs"]
 

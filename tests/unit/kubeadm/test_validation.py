@@ -109,14 +109,14 @@ def test_bare_control_plane_endpoint_gets_the_api_port():
 
 
 def test_generated_token_format_and_uniqueness():
-    tokens = {core.generate_token() for _ in range(200)}
+    tokens = {core.generate_token() for _i in range(200)}
     assert len(tokens) == 200
     assert all(re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", t) for t in tokens)
     assert all(core.validate_token(t) == t for t in tokens)
 
 
 def test_generated_certificate_key_is_32_random_bytes_in_hex():
-    keys = {core.generate_certificate_key() for _ in range(50)}
+    keys = {core.generate_certificate_key() for _i in range(50)}
     assert len(keys) == 50
     assert all(re.fullmatch(r"[0-9a-f]{64}", k) for k in keys)
 
