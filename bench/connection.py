@@ -4,8 +4,10 @@
 """Per-task cost of the atls connection against ssh and local, measured in one run.
 
 The same playbook (TASKS x ``ansible.builtin.command: /bin/true``) runs against HOSTS lab hosts
-three times, with forks = HOSTS and pipelining on everywhere:
-  atls   the agent on each host, attested and admin-authenticated (constellation.cluster.atls)
+four times, with forks = HOSTS and pipelining on everywhere:
+  atls   the agent on each host, attested and admin-authenticated (constellation.cluster.atls),
+         default options: modules run in the agent's pre-warmed interpreter (ExecModule)
+  atls-cold  the same with warm_interpreter off: a fresh interpreter per module, as ssh and local
   ssh    an sshd started by this bench inside each host (ControlPersist, pipelining)
   local  ansible_connection=local with a shell that enters the host's namespaces (the lab's way)
 The controller runs in the lab's admin namespace (10.42.0.1). Everything is torn down at the end.
@@ -95,11 +97,12 @@ def write_inventories(work: Path, lab: Lab, key_file: Path) -> dict:
                ansible_ssh_args="-o ControlMaster=auto -o ControlPersist=60s",
                ansible_control_path_dir=str(work / "cp-ssh"))
     local = dict(common, ansible_connection="local")
+    atls_cold = dict(atls, constellation_atls_warm_interpreter=False)
     inventories = {}
-    for mode, group_vars in (("atls", atls), ("ssh", ssh), ("local", local)):
+    for mode, group_vars in (("atls", atls), ("atls-cold", atls_cold), ("ssh", ssh), ("local", local)):
         host_vars = {}
         for h in hosts:
-            if mode == "atls":
+            if mode.startswith("atls"):
                 host_vars[h.name] = {"constellation_public_endpoint": h.public_endpoint}
             elif mode == "ssh":
                 host_vars[h.name] = {"ansible_host": h.public_ip}
@@ -154,6 +157,7 @@ def main() -> int:
     if not 1 <= args.hosts <= 16 or not 1 <= args.tasks <= 400 or not 1 <= args.rounds <= 5:
         parser.error("hosts 1-16, tasks 1-400, rounds 1-5")
 
+    load_start = round(os.getloadavg()[0], 2)
     work = Path(tempfile.mkdtemp(prefix="constellation-bench-connection-"))
     lab = Lab(args.lab, inventory_dir=None)
     agents = []
@@ -180,7 +184,7 @@ def main() -> int:
                       for i in range(args.tasks)],
         }], sort_keys=False))
 
-        times = {mode: [] for mode in ("atls", "ssh", "local")}
+        times = {mode: [] for mode in ("atls", "atls-cold", "ssh", "local")}
         for _round in range(args.rounds):
             for mode in times:  # interleaved, so load changes hit every mode alike
                 times[mode].append(run_playbook(lab, work, inventories[mode], playbook, args.hosts))
@@ -201,9 +205,10 @@ def main() -> int:
 
     print("%d hosts x %d tasks of command: /bin/true, forks %d, pipelining on, interpreter %s, %d round(s)"
           % (args.hosts, args.tasks, args.hosts, PYTHON, args.rounds))
-    print("%-8s %12s %14s" % ("mode", "playbook s", "s per task"))
+    print("%-10s %12s %14s %10s" % ("mode", "playbook s", "s per task", "vs ssh"))
     for mode, t in times.items():
-        print("%-8s %12.2f %14.4f" % (mode, statistics.median(t), per_task[mode]))
+        ratio = per_task[mode] / per_task["ssh"]
+        print("%-10s %12.2f %14.4f %10.2f" % (mode, statistics.median(t), per_task[mode], ratio))
     result = {
         "hosts": args.hosts, "tasks": args.tasks, "rounds": args.rounds,
         "atls_s_per_task": round(per_task["atls"], 4),
@@ -211,8 +216,14 @@ def main() -> int:
         "local_s_per_task": round(per_task["local"], 4),
         "atls_vs_ssh": round(per_task["atls"] / per_task["ssh"], 3),
         "atls_vs_local": round(per_task["atls"] / per_task["local"], 3),
+        "atls_cold_s_per_task": round(per_task["atls-cold"], 4),
+        "atls_cold_vs_ssh": round(per_task["atls-cold"] / per_task["ssh"], 3),
+        "load_avg_1m_start": load_start,
+        "load_avg_1m_end": round(os.getloadavg()[0], 2),
     }
-    print("atls/ssh %.2f (goal <= 0.5), atls/local %.2f (goal <= 1.0)" % (result["atls_vs_ssh"], result["atls_vs_local"]))
+    print("atls/ssh %.2f (goal <= 0.5), atls/local %.2f (goal <= 1.0), atls-cold/ssh %.2f; load %.2f -> %.2f"
+          % (result["atls_vs_ssh"], result["atls_vs_local"], result["atls_cold_vs_ssh"], load_start,
+             result["load_avg_1m_end"]))
     print(json.dumps(result, sort_keys=False))
     return 0
 

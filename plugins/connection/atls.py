@@ -121,6 +121,19 @@ options:
       - name: CONSTELLATION_ATLS_PERSIST
     vars:
       - name: constellation_atls_persist
+  warm_interpreter:
+    description:
+      - Lets the agent run pipelined module payloads in a pre-warmed interpreter (the admin channel's
+        C(ExecModule)). A fork server per interpreter and module zip on the node pays Python's start-up
+        and imports once, and every module still runs in a process of its own.
+      - V(false) runs every module with a fresh interpreter, as over SSH. Commands other than a pipelined
+        module always run as they are.
+    type: bool
+    default: true
+    env:
+      - name: CONSTELLATION_ATLS_WARM_INTERPRETER
+    vars:
+      - name: constellation_atls_warm_interpreter
   control_path_dir:
     description: Folder (created with mode 0700) for the relay's Unix sockets.
     type: path
@@ -167,7 +180,9 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import select
+import shlex
 import socket
 import subprocess
 import sys
@@ -210,6 +225,7 @@ class Settings:
     persist: float
     control_path_dir: str
     netns: Optional[str]
+    warm_interpreter: bool = True
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -260,6 +276,17 @@ def _load_policy_file(path: str) -> Dict[str, Any]:
     if not isinstance(data, dict):
         raise SettingsError("measurements_path: expected a mapping of PCR index to measurement in %s" % path)
     return data
+
+
+def _boolean(name: str, value: Any) -> bool:
+    from ansible.module_utils.parsing.convert_bool import boolean
+
+    if value is None:
+        return True
+    try:
+        return boolean(value, strict=True)
+    except TypeError:
+        raise SettingsError("%s: expected a boolean, got %r" % (name, value)) from None
 
 
 def _positive(name: str, value: Any, allow_zero: bool = False) -> float:
@@ -325,6 +352,7 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         persist=_positive("persist", get_option("persist") or 0, allow_zero=True),
         control_path_dir=os.path.abspath(os.path.expanduser(str(get_option("control_path_dir") or "~/.ansible/cp"))),
         netns=netns,
+        warm_interpreter=_boolean("warm_interpreter", get_option("warm_interpreter")),
     )
 
 
@@ -444,11 +472,11 @@ def open_admin_client(settings: Settings):
 # (result: the connection is ready; error: why not), then relays requests. It knows the methods'
 # shapes, so it knows when a TLS connection is idle again and can lend it to the next task.
 
-_STDIN_METHODS = ("Exec", "PutFile")
+_STDIN_METHODS = ("Exec", "ExecModule", "PutFile")
 _NEXT = "next"
 _SESSION_END = "session-end"
 _BROKEN = "broken"
-_RELAYED_METHODS = ("Exec", "PutFile", "FetchFile", "GetState")
+_RELAYED_METHODS = ("Exec", "ExecModule", "PutFile", "FetchFile", "GetState")
 
 
 class _Relay:
@@ -645,69 +673,45 @@ def relay_main() -> int:
     return 0
 
 
-class _RelayedAgent:
-    """The task worker's end of a relay session. It speaks the admin channel's frames
-    (docs/protocol.md) like rpc/client.AgentClient, but imports only rpc/framing.py: a task worker
-    is a fresh fork per task, and AgentClient's module pulls in aTLS and cryptography, which the
-    worker never needs here (the relay attested). About 0.1 s of CPU per task and host."""
-
-    def __init__(self, sock: socket.socket):
-        from ansible_collections.constellation.cluster.plugins.module_utils.rpc import framing
-
-        self.sock = sock
-        self.framing = framing
-        self.stream = framing.FrameStream(sock)
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def exec_command(self, cmd: str, stdin: bytes = b"", timeout: Optional[float] = None):
-        f = self.framing
-        params: Dict[str, Any] = {"cmd": cmd}
-        if timeout:
-            params["timeout"] = timeout
-        self.stream.send_request("Exec", params)
-        self.stream.send_data(f.CHANNEL_STDIN, stdin or b"")
-        self.stream.send_eof(f.CHANNEL_STDIN)
-        out: Dict[int, list] = {f.CHANNEL_STDOUT: [], f.CHANNEL_STDERR: []}
-        while True:
-            frame = self.stream.recv()
-            if frame.kind == f.KIND_DATA and frame.channel in out:
-                out[frame.channel].append(frame.data)
-            elif frame.kind == f.KIND_END:
-                result = f.raise_for_end(frame.message)
-                return _ExecResult(int(result.get("exit_code", -1)), b"".join(out[f.CHANNEL_STDOUT]),
-                                   b"".join(out[f.CHANNEL_STDERR]))
-            elif frame.kind != f.KIND_EOF:
-                raise f.ProtocolError("Exec: unexpected %s frame" % frame.kind_name)
-
-    def put_file(self, data, path: str, mode: Optional[int] = None) -> Dict[str, Any]:
-        params: Dict[str, Any] = {"path": path}
-        if mode is not None:
-            params["mode"] = int(mode)
-        self.stream.send_request("PutFile", params)
-        while True:
-            chunk = data.read(COPY_CHUNK)
-            if not chunk:
-                break
-            self.stream.send_data(self.framing.CHANNEL_STDIN, chunk)
-        self.stream.send_eof(self.framing.CHANNEL_STDIN)
-        return self.stream.recv_end()
-
-    def fetch_file(self, path: str, sink) -> Dict[str, Any]:
-        self.stream.send_request("FetchFile", {"path": path})
-        self.stream.recv_data_until_eof(self.framing.CHANNEL_STDOUT, sink)
-        return self.stream.recv_end()
+_SHELLS = ("/bin/sh", "/bin/bash", "/bin/dash", "/usr/bin/sh", "/usr/bin/bash", "/usr/bin/dash")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-@dataclass
-class _ExecResult:
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
+def pipelined_module(cmd: str, in_data: Optional[bytes]):
+    """(interpreter, env) when ``cmd``/``in_data`` is Ansible's pipelined module execution
+    (``/bin/sh -c '[NAME=value ...] /path/python [&& sleep 0]'`` with the payload on stdin), else None.
+
+    Only that exact shape qualifies; anything else (become, a shell construct, expansions) is left
+    to Exec, and the agent runs ``cmd`` itself whenever it cannot run the payload warm."""
+    if not in_data or not in_data.startswith(b"#!"):
+        return None
+    try:
+        outer = shlex.split(cmd)
+    except ValueError:
+        return None
+    if len(outer) != 3 or outer[0] not in _SHELLS or outer[1] != "-c":
+        return None
+    inner = outer[2]
+    if any(c in inner for c in "$`\\;|<>(){}*?[]~\n"):
+        return None
+    try:
+        words = shlex.split(inner)
+    except ValueError:
+        return None
+    env: Dict[str, str] = {}
+    while words and "=" in words[0]:
+        name, _eq, value = words.pop(0).partition("=")
+        if not _ENV_NAME.match(name):
+            return None
+        env[name] = value
+    if words[1:] not in ([], ["&&", "sleep", "0"]) or not words:
+        return None
+    interpreter = words[0]
+    if not os.path.isabs(interpreter) or not os.path.basename(interpreter).startswith("python"):
+        return None
+    if in_data.split(b"\n", 1)[0] != b"#!" + to_bytes(interpreter):
+        return None
+    return interpreter, env
 
 
 def _ensure_private_dir(path: str) -> None:
@@ -799,6 +803,7 @@ class Connection(ConnectionBase):
 
     def _via_relay(self, settings: Settings):
         from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 
         _ensure_private_dir(settings.control_path_dir)
@@ -814,7 +819,7 @@ class Connection(ConnectionBase):
         if sock is None:
             raise AnsibleConnectionFailure("%s: the connection relay at %s is gone" % (settings.endpoint, path))
         sock.settimeout(None)
-        client = _RelayedAgent(sock)
+        client = AgentClient(sock)  # the relay attested and authenticated; this socket is local
         try:
             client.stream.recv_end()
         except RemoteError as err:
@@ -847,9 +852,17 @@ class Connection(ConnectionBase):
     def exec_command(self, cmd, in_data=None, sudoable=True):
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
         self._connect()
-        display.vvv("ATLS: EXEC %s" % cmd, host=self._settings.endpoint)
-        result = self._call("Exec", self._client.exec_command, to_native(cmd), stdin=in_data or b"",
-                            timeout=self._settings.command_timeout or None)
+        cmd = to_native(cmd)
+        timeout = self._settings.command_timeout or None
+        module = pipelined_module(cmd, in_data) if self._settings.warm_interpreter else None
+        if module is not None:
+            interpreter, env = module
+            display.vvv("ATLS: EXEC (module, %s) %s" % (interpreter, cmd), host=self._settings.endpoint)
+            result = self._call("ExecModule", self._client.exec_module, cmd, interpreter, in_data, env=env,
+                                timeout=timeout)
+        else:
+            display.vvv("ATLS: EXEC %s" % cmd, host=self._settings.endpoint)
+            result = self._call("Exec", self._client.exec_command, cmd, stdin=in_data or b"", timeout=timeout)
         return result.exit_code, result.stdout, result.stderr
 
     # -- files

@@ -16,8 +16,9 @@ import queue
 import secrets
 import signal
 import subprocess
+import tempfile
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 try:
     from cryptography.exceptions import InvalidSignature
@@ -43,11 +44,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     b64d,
     b64e,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import warm
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
 
 ACTIVATED = (State.ACTIVATING_NODES, State.IS_NODE)
 MAX_ARGV = 4096
 MAX_BUFFERED_OUTPUT = 256 * 1024 * 1024
+MAX_MODULE_PAYLOAD = 64 * 1024 * 1024
 
 
 def verify_admin_signature(pub_key, signature: bytes, message: bytes) -> bool:
@@ -62,12 +65,22 @@ def verify_admin_signature(pub_key, signature: bytes, message: bytes) -> bool:
 
 
 class AdminHandlers:
-    def __init__(self, core, log=None):
+    def __init__(self, core, log=None, warm_interpreters: bool = True):
         self.core = core
         self._log = log or (lambda event, **fields: None)
+        self.warm: Optional[warm.WarmPool] = None
+        if warm_interpreters:
+            state_dir = getattr(core, "state_dir", None) or tempfile.mkdtemp(prefix="constellation-warm-")
+            self.warm = warm.WarmPool(os.path.join(state_dir, "warm"), log=self._log)
+
+    def close(self) -> None:
+        """Stops the warm interpreters (they also stop on their own when the agent is gone)."""
+        if self.warm is not None:
+            self.warm.close()
 
     def handlers(self) -> Dict[str, Any]:
-        return {"AdminAuth": self.admin_auth, "Exec": self.exec_, "PutFile": self.put_file, "FetchFile": self.fetch_file}
+        return {"AdminAuth": self.admin_auth, "Exec": self.exec_, "ExecModule": self.exec_module,
+                "PutFile": self.put_file, "FetchFile": self.fetch_file}
 
     def _require_activated(self, method: str) -> None:
         if self.core.state not in ACTIVATED:
@@ -97,10 +110,10 @@ class AdminHandlers:
         self._log("admin_authenticated", peer=conn.peer_ip)
         conn.stream.send_result({"authenticated": True})
 
-    # -- Exec
-    def exec_(self, conn: Connection, params: Dict[str, Any]) -> None:
+    # -- Exec, ExecModule
+    def _exec_params(self, conn: Connection, method: str, params: Dict[str, Any]):
         try:
-            self.require_admin(conn, "Exec")
+            self.require_admin(conn, method)
             argv = _exec_argv(params)
             cwd = params.get("cwd")
             if cwd is not None and (not isinstance(cwd, str) or not os.path.isdir(cwd)):
@@ -111,22 +124,81 @@ class AdminHandlers:
             timeout = params.get("timeout")
             if timeout is not None and (not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400):
                 raise InputError("timeout", "seconds in (0, 86400]", timeout)
+            interpreter = params.get("interpreter")
+            if method == "ExecModule" and (not isinstance(interpreter, str) or not os.path.isabs(interpreter)):
+                raise InputError("interpreter", "the absolute path of the module's Python interpreter", interpreter)
         except Exception:
             # The client sends stdin + EOF whatever happens: consume them, then answer.
             _drain_stdin(conn)
             raise
         run_env = dict(os.environ)
         run_env.update(env)
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    cwd=cwd, env=run_env, start_new_session=True)
-        except OSError as err:
-            _drain_stdin(conn)
-            raise InputError("argv", "a program that can be started", "%s: %s" % (argv[0], err.strerror)) from None
+        return argv, cwd, run_env, timeout, interpreter
+
+    def exec_(self, conn: Connection, params: Dict[str, Any]) -> None:
+        argv, cwd, env, timeout, _interpreter = self._exec_params(conn, "Exec", params)
+        proc = self._popen(conn, argv, cwd, env)
         self._log("exec", peer=conn.peer_ip, program=os.path.basename(argv[0]), pid=proc.pid)
+        exit_code = self._run(conn, proc, timeout)
+        conn.stream.send_result({"exit_code": exit_code})
+
+    def exec_module(self, conn: Connection, params: Dict[str, Any]) -> None:
+        """A pipelined Ansible module: like Exec (``cmd`` runs the interpreter, the payload is stdin),
+        but the payload may run in a pre-warmed interpreter (rpc/warm.py). Anything the warm path
+        does not know runs exactly as Exec would run it."""
+        argv, cwd, env, timeout, interpreter = self._exec_params(conn, "ExecModule", params)
+        chunks = []
+        received = [0]
+
+        def collect(data: bytes) -> None:  # an oversized payload is read to its end, then refused
+            received[0] += len(data)
+            if received[0] <= MAX_MODULE_PAYLOAD:
+                chunks.append(data)
+
+        size = conn.stream.recv_data_until_eof(CHANNEL_STDIN, collect)
+        if size > MAX_MODULE_PAYLOAD:
+            raise InputError("stdin", "a module payload of at most %d bytes" % MAX_MODULE_PAYLOAD, size)
+        payload = b"".join(chunks)
+        proc, reason = None, "warm interpreter turned off on this agent"
+        zip_data = warm.plan(interpreter, payload) if self.warm is not None else None
+        if zip_data is not None:
+            try:
+                proc = self.warm.spawn(interpreter, zip_data, env, cwd)
+            except (warm.WarmUnavailable, OSError) as err:
+                reason = str(err)
+        elif self.warm is not None:
+            reason = "not an AnsiballZ payload for %s" % interpreter
+        if proc is None:
+            proc = self._popen(conn, argv, cwd, env, drain=False)
+            self._log("exec_module", peer=conn.peer_ip, program=os.path.basename(argv[0]), pid=proc.pid, warm=False,
+                      reason=reason)
+        else:
+            self._log("exec_module", peer=conn.peer_ip, program=os.path.basename(interpreter), pid=proc.pid,
+                      warm=True)
+        try:
+            exit_code = self._run(conn, proc, timeout, stdin=payload)
+        except warm.WarmUnavailable as err:
+            raise StateError("ExecModule: %s" % err) from None
+        conn.stream.send_result({"exit_code": exit_code, "warm": isinstance(proc, warm.WarmChild)})
+
+    @staticmethod
+    def _popen(conn: Connection, argv, cwd, env, drain: bool = True):
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    cwd=cwd, env=env, start_new_session=True)
+        except OSError as err:
+            if drain:
+                _drain_stdin(conn)
+            raise InputError("argv", "a program that can be started", "%s: %s" % (argv[0], err.strerror)) from None
+
+    @staticmethod
+    def _run(conn: Connection, proc, timeout, stdin: Optional[bytes] = None) -> int:
+        """Streams stdin (from the client, or ``stdin``) in and stdout/stderr out; the exit code."""
         out: "queue.Queue" = queue.Queue()
         readers = [threading.Thread(target=_pump, args=(proc.stdout, CHANNEL_STDOUT, out), daemon=True),
                    threading.Thread(target=_pump, args=(proc.stderr, CHANNEL_STDERR, out), daemon=True)]
+        if stdin is not None:
+            readers.append(threading.Thread(target=_write_all, args=(proc.stdin, stdin), daemon=True))
         for reader in readers:
             reader.start()
         timer = None
@@ -135,7 +207,8 @@ class AdminHandlers:
             timer.daemon = True
             timer.start()
         try:
-            _feed_stdin(conn, proc)
+            if stdin is None:
+                _feed_stdin(conn, proc)
             open_channels = {CHANNEL_STDOUT, CHANNEL_STDERR}
             while open_channels:
                 channel, data = out.get()
@@ -144,15 +217,17 @@ class AdminHandlers:
                     open_channels.discard(channel)
                 else:
                     conn.stream.send_data(channel, data)
-            exit_code = proc.wait()
+            return proc.wait()
         except BaseException:
             _kill_group(proc)
-            proc.wait()
+            try:
+                proc.wait()
+            except warm.WarmUnavailable:
+                pass
             raise
         finally:
             if timer is not None:
                 timer.cancel()
-        conn.stream.send_result({"exit_code": exit_code})
 
     # -- files
     def put_file(self, conn: Connection, params: Dict[str, Any]) -> None:
@@ -228,6 +303,18 @@ def _abs_path(path: Any) -> str:
     return os.path.normpath(path)
 
 
+def _write_all(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, OSError):
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
 def _pump(pipe, channel: int, out: "queue.Queue") -> None:
     try:
         while True:
@@ -243,7 +330,12 @@ def _pump(pipe, channel: int, out: "queue.Queue") -> None:
 def _kill_group(proc) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:
+        try:  # a warm child killed before its setsid()
+            os.kill(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    except PermissionError:
         pass
 
 

@@ -5,6 +5,10 @@
 
 ``AgentClient.connect`` returns only after the agent passed attestation (aTLS verifies before
 the first application byte), so nothing here is ever sent to an unverified agent.
+
+aTLS and ``cryptography`` are imported only where they are used (connecting, AdminAuth, keys):
+the atls connection plugin's task workers speak over an already attested relay socket and
+import this module once per task.
 """
 
 from __future__ import annotations
@@ -12,18 +16,8 @@ from __future__ import annotations
 import hashlib
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
-try:
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-except ImportError:  # ansible-test's import sanity runs without third-party packages
-    HAS_CRYPTOGRAPHY = False
-else:
-    HAS_CRYPTOGRAPHY = True
-
-from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDERR,
@@ -39,6 +33,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     b64e,
     raise_for_end,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ansible_collections.constellation.cluster.plugins.module_utils import atls
 
 ADMIN_AUTH_CONTEXT = b"constellation-admin-auth-v1\x00"
 JOIN_CONTEXT = b"constellation-join-v1\x00"
@@ -56,6 +53,9 @@ def join_user_data(server_spki_hash: bytes, node_vpn_pub_key: bytes, disk_uuid: 
 
 
 def sign_admin(priv_key, message: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
     if isinstance(priv_key, ed25519.Ed25519PrivateKey):
         return priv_key.sign(message)
     if isinstance(priv_key, ec.EllipticCurvePrivateKey) and isinstance(priv_key.curve, ec.SECP256R1):
@@ -65,6 +65,9 @@ def sign_admin(priv_key, message: bytes) -> bytes:
 
 def load_priv_key(data: bytes):
     """An admin private key from PEM (PKCS#8/traditional) or OpenSSH format, unencrypted."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
     for loader in (serialization.load_pem_private_key, serialization.load_ssh_private_key):
         try:
             return loader(data, password=None)
@@ -78,6 +81,7 @@ class ExecResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
+    warm: bool = False  # ExecModule ran it in a pre-warmed interpreter
 
 
 class AgentClient:
@@ -95,6 +99,8 @@ class AgentClient:
     def connect(cls, endpoint: str, validators: Sequence, *, sock: Optional[socket.socket] = None,
                 timeout: float = DEFAULT_TIMEOUT) -> "AgentClient":
         """aTLS to the agent's public endpoint; ``sock``: an already connected TCP socket."""
+        from ansible_collections.constellation.cluster.plugins.module_utils import atls
+
         if sock is None:
             conn = atls.connect(endpoint, validators)
         else:
@@ -109,6 +115,8 @@ class AgentClient:
                       sock: Optional[socket.socket] = None) -> "AgentClient":
         """Plain TCP (the vpnapi inside the VPN)."""
         if sock is None:
+            from ansible_collections.constellation.cluster.plugins.module_utils import atls
+
             host, port = atls.parse_endpoint(endpoint)
             try:
                 sock = socket.create_connection((host, port), timeout=timeout)
@@ -224,7 +232,23 @@ class AgentClient:
             params["env"] = dict(env)
         if timeout:
             params["timeout"] = timeout
-        self.stream.send_request("Exec", params)
+        return self._exec("Exec", params, stdin, on_stdout, on_stderr)
+
+    def exec_module(self, cmd: str, interpreter: str, payload: bytes, env: Optional[Dict[str, str]] = None,
+                    timeout: Optional[float] = None) -> ExecResult:
+        """A pipelined Ansible module: ``cmd`` runs ``interpreter`` reading ``payload`` on stdin. The
+        agent may run it in a pre-warmed interpreter, or else runs ``cmd`` as Exec would."""
+        params: Dict[str, Any] = {"cmd": cmd, "interpreter": interpreter}
+        if env:
+            params["env"] = dict(env)
+        if timeout:
+            params["timeout"] = timeout
+        return self._exec("ExecModule", params, payload)
+
+    def _exec(self, method: str, params: Dict[str, Any], stdin: bytes,
+              on_stdout: Optional[Callable[[bytes], None]] = None,
+              on_stderr: Optional[Callable[[bytes], None]] = None) -> ExecResult:
+        self.stream.send_request(method, params)
         self.stream.send_data(CHANNEL_STDIN, stdin or b"")
         self.stream.send_eof(CHANNEL_STDIN)
         out: Dict[int, List[bytes]] = {CHANNEL_STDOUT: [], CHANNEL_STDERR: []}
@@ -240,9 +264,9 @@ class AgentClient:
             elif frame.kind == KIND_END:
                 result = raise_for_end(frame.message)
                 return ExecResult(int(result.get("exit_code", -1)), b"".join(out[CHANNEL_STDOUT]),
-                                  b"".join(out[CHANNEL_STDERR]))
+                                  b"".join(out[CHANNEL_STDERR]), bool(result.get("warm", False)))
             else:
-                raise ProtocolError("Exec: unexpected %s frame" % frame.kind_name)
+                raise ProtocolError("%s: unexpected %s frame" % (method, frame.kind_name))
 
     def put_file(self, data, path: str, mode: Optional[int] = None) -> Dict[str, Any]:
         """``data``: bytes or a binary file object (read in chunks)."""

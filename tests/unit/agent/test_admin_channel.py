@@ -5,8 +5,14 @@
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import os
+import signal
+import sys
+import time
+import zipfile
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -111,3 +117,169 @@ def test_unknown_method_and_second_activation_name_the_problem(agent):
         c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
         with pytest.raises(RemoteError, match="AcceptingInit; this node is ActivatingNodes"):
             c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
+
+
+# --------------------------------------------------------------------------- ExecModule (warm interpreters)
+
+PYTHON = sys.executable
+
+# A stand-in for the module_utils of an AnsiballZ zip: it notes in which process it was imported.
+FAKE_BASIC = b"import os\nIMPORTED_IN = os.getpid()\ncounter = 0\n"
+PAYLOAD_BODY = r'''
+_ANSIBALLZ_WRAPPER = True
+import base64, json, os, sys, tempfile, zipfile, shutil
+def _main(zip_data, body):
+    tmp = tempfile.mkdtemp()
+    try:
+        path = os.path.join(tmp, "payload.zip")
+        with open(path, "wb") as handle:
+            handle.write(base64.b64decode(zip_data))
+        sys.path.insert(0, path)
+        from ansible.module_utils import basic
+        exec(body, {"basic": basic})
+    finally:
+        shutil.rmtree(tmp)
+if __name__ == "__main__":
+    _main(
+zip_data=%r,
+body=%r,
+)
+'''
+
+
+def make_payload(body: str, interpreter: str = PYTHON, basic: bytes = FAKE_BASIC) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("ansible/__init__.py", b"")
+        z.writestr("ansible/module_utils/__init__.py", b"")
+        z.writestr("ansible/module_utils/basic.py", basic)
+    zip_data = base64.b64encode(buf.getvalue()).decode()
+    return ("#!%s\n" % interpreter + PAYLOAD_BODY % (zip_data, body)).encode()
+
+
+REPORT = r'''
+import json, os, sys
+basic.counter += 1
+main = sys.modules["__main__"]
+print(json.dumps({"argv": sys.argv, "name": main.__name__, "file": main.__file__, "spec": main.__spec__,
+                  "cwd": os.getcwd(), "x": os.environ.get("X_WARM"), "stdin": sys.stdin.read(),
+                  "counter": basic.counter, "path0": sys.path[0].endswith("payload.zip"),
+                  "sid": os.getsid(0) == os.getpgid(0)}, sort_keys=True))
+print("to stderr", file=sys.stderr)
+'''
+BODIES = {
+    "report": REPORT,
+    "exit 3": "import sys\nprint('{\"failed\": true}')\nsys.exit(3)\n",
+    "exit msg": "import sys\nsys.exit('fatal: message')\n",
+    "exception": "raise ValueError('boom')\n",
+    "name error": "print(undefined_name)\n",
+    "big output": "import sys\nsys.stdout.write('x' * 300000)\n",
+    "atexit": "import atexit\natexit.register(print, 'at exit')\nprint('body')\n",
+}
+
+
+@pytest.fixture
+def admin_agent(swtpm, make_core):
+    c, _vpn = make_core(swtpm)
+    c.load()
+    events = []
+    admin = AdminHandlers(c, log=lambda event, **fields: events.append((event, fields)))
+    handlers = dict(PubAPI(c, DummyValidator(), admin=admin).handlers())
+    handlers.update(admin.handlers())
+    tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
+    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
+    key, pem = keypair()
+    client = connect("127.0.0.1:%d" % server.address[1])
+    client.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
+    client.admin_auth(key)
+    yield client, admin, events
+    client.close()
+    server.stop()
+    tls.close()
+    admin.close()
+
+
+def _both(client, payload, interpreter=PYTHON, cmd=None, env=None):
+    cmd = cmd or "%s && sleep 0" % interpreter
+    warm = client.exec_module(cmd, interpreter, payload, env=env)
+    plain = client.exec_command("%s%s" % ("".join("%s=%s " % kv for kv in (env or {}).items()), cmd), stdin=payload)
+    return warm, plain
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+def test_exec_module_gives_what_a_plain_run_gives(admin_agent, name):
+    client, _admin, _events = admin_agent
+    payload = make_payload(BODIES[name])
+    for _round in range(2):  # the first starts the fork server, the second uses it
+        warm, plain = _both(client, payload, env={"X_WARM": "yes"})
+        assert warm.warm and not plain.warm
+        assert (warm.exit_code, warm.stdout) == (plain.exit_code, plain.stdout)
+        # Tracebacks name the same lines; only the frames of the fork server itself may differ.
+        assert warm.stderr.splitlines()[-1:] == plain.stderr.splitlines()[-1:]
+    if name == "report":
+        report = json.loads(warm.stdout)
+        assert report["argv"] == [""] and report["name"] == "__main__" and report["file"] == "<stdin>"
+        assert report["x"] == "yes" and report["stdin"] == "" and report["sid"] and report["path0"]
+
+
+def test_exec_module_children_share_no_state_but_reuse_the_import(admin_agent):
+    client, admin, _events = admin_agent
+    body = "import os, json\nbasic.counter += 1\nprint(json.dumps([basic.counter, basic.IMPORTED_IN != os.getpid()]))\n"
+    payload = make_payload(body)
+    results = [client.exec_module(PYTHON, PYTHON, payload) for _round in range(3)]
+    assert [json.loads(r.stdout) for r in results[1:]] == [[1, True], [1, True]]  # imported before the fork
+    # Another zip (another ansible version) never meets the first one's modules.
+    other = make_payload(body, basic=FAKE_BASIC + b"counter = 10\n")
+    assert json.loads(client.exec_module(PYTHON, PYTHON, other).stdout) == [11, True]
+    assert len(admin.warm.servers()) == 2
+
+
+def test_exec_module_falls_back_to_plain_exec(admin_agent, tmp_path):
+    client, _admin, events = admin_agent
+    body = "print('ran')\n"
+    # A payload for another interpreter path than the one asked for: plain.
+    other = "/usr/bin/python3" if PYTHON != "/usr/bin/python3" else "/usr/local/bin/python3"
+    res = client.exec_module(PYTHON, PYTHON, make_payload(body, interpreter=other))
+    assert (res.exit_code, res.stdout, res.warm) == (0, b"ran\n", False)
+    # Not an AnsiballZ payload: plain.
+    res = client.exec_module("%s -" % PYTHON, PYTHON, ("#!%s\nprint('plain script')\n" % PYTHON).encode())
+    assert (res.stdout, res.warm) == (b"plain script\n", False)
+    # An interpreter that does not exist: exactly what Exec says.
+    missing = str(tmp_path / "python9")
+    warm, plain = _both(client, make_payload(body, interpreter=missing), interpreter=missing)
+    assert not warm.warm and warm.exit_code == plain.exit_code == 127 and warm.stderr == plain.stderr
+    # An interpreter that is no Python at all (it exits at once): plain.
+    fake = tmp_path / "python-fake"
+    fake.write_text("#!/bin/sh\necho fake $#\n")
+    fake.chmod(0o755)
+    res = client.exec_module(str(fake), str(fake), make_payload(body, interpreter=str(fake)))
+    assert (res.exit_code, res.stdout, res.warm) == (0, b"fake 0\n", False)
+    assert [f.get("warm") for e, f in events if e == "exec_module"] == [False, False, False, False]
+    with pytest.raises(RemoteError, match="interpreter: expected the absolute path"):
+        client.exec_module(PYTHON, "python3", make_payload(body))
+    assert client.exec_command("true").exit_code == 0  # in sync after errors
+
+
+def test_exec_module_restarts_a_dead_fork_server(admin_agent):
+    client, admin, _events = admin_agent
+    payload = make_payload("import os\nprint(os.getppid())\n")
+    first = client.exec_module(PYTHON, PYTHON, payload)
+    (server_pid,) = admin.warm.servers()
+    assert first.warm and int(first.stdout) == server_pid
+    os.kill(server_pid, signal.SIGKILL)
+    for _attempt in range(50):  # bounded: the reader notices the closed socket
+        if not admin.warm.servers():
+            break
+        time.sleep(0.05)
+    again = client.exec_module(PYTHON, PYTHON, payload)
+    (new_pid,) = admin.warm.servers()
+    assert again.warm and again.exit_code == 0 and new_pid != server_pid and int(again.stdout) == new_pid
+
+
+def test_exec_module_timeout_kills_the_child_and_logs_no_payload(admin_agent):
+    client, _admin, events = admin_agent
+    secret = "s3cr3t-%s" % os.urandom(8).hex()
+    payload = make_payload("import time\nsecret = %r\ntime.sleep(30)\n" % secret)
+    res = client.exec_module(PYTHON, PYTHON, payload, env={"TOKEN": secret}, timeout=0.5)
+    assert res.warm and res.exit_code == -signal.SIGKILL
+    assert secret not in repr(events)

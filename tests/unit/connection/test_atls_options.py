@@ -28,7 +28,7 @@ def options(key_file, **changes):
     opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_path": None,
             "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
-            "netns": None}
+            "netns": None, "warm_interpreter": True}
     opts.update(changes)
     return opts.__getitem__
 
