@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--inventory-dir", required=True, help="where the lab writes hosts.yml and bin/<host>-sh")
     p.add_argument("--hosts", type=int, default=1)
     p.add_argument("--no-tpm", action="store_true")
+    p.add_argument("--agents", action="store_true",
+                   help="start the node agent on every host (the lab's aTLS inventory then reaches them)")
     args = p.parse_args(argv)
     try:
         lab = Lab(args.name, inventory_dir=Path(args.inventory_dir))
@@ -62,10 +64,11 @@ def main(argv=None) -> int:
             # Always fresh hosts: a lab left behind by an interrupted run must not leak its
             # interfaces or files into the next converge (so the scenarios need no first destroy).
             lab.down()
-            lab.up(hosts=args.hosts, tpm=not args.no_tpm)
+            lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents)
             shells = _link_shells(lab, Path(args.inventory_dir))
             print(json.dumps({"changed": True, "lab": lab.name, "hosts": [h.name for h in lab.hosts],
-                              "public_ips": {h.name: h.public_ip for h in lab.hosts}, "shells": shells}))
+                              "public_ips": {h.name: h.public_ip for h in lab.hosts}, "agents": args.agents,
+                              "shells": shells}))
         else:
             existed = lab.state_dir.exists()
             lab.down()
