@@ -13,7 +13,12 @@ four times, with forks = HOSTS and pipelining on everywhere:
 The controller runs in the lab's admin namespace (10.42.0.1). Everything is torn down at the end.
 Last line: one JSON object with the figures.
 
-    .venv/bin/python bench/connection.py [--hosts 5] [--tasks 40] [--rounds 1]
+    .venv/bin/python bench/connection.py [--hosts 5] [--tasks 40] [--rounds 1] [--profile]
+
+--profile first takes one task apart on the first host (docs/connection.md, "Where the time goes"):
+the aTLS connect, attestation and AdminAuth; an Exec round trip; the node's fresh interpreter
+(start-up, imports, the whole module) against ExecModule's warm one; and, from a one-host
+playbook, what is left on the controller (worker, payload, relay).
 """
 
 from __future__ import annotations
@@ -128,6 +133,70 @@ def activate_all(lab: Lab, admin_key) -> None:
                 client.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
 
 
+def _median_s(func, n: int) -> float:
+    samples = []
+    for _i in range(n):
+        start = time.perf_counter()
+        func()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def module_payload(work: Path) -> bytes:
+    """A real AnsiballZ payload of ``command: /bin/true`` for PYTHON (ansible keeps it on request)."""
+    env = dict(os.environ, ANSIBLE_KEEP_REMOTE_FILES="1", ANSIBLE_PIPELINING="0", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_REMOTE_TEMP=str(work / "remote-tmp"), ANSIBLE_LOCAL_TEMP=str(work / "ansible-local"))
+    subprocess.run([str(VENV_BIN / "ansible"), "localhost", "-c", "local", "-m", "ansible.builtin.command", "-a",
+                    "/bin/true", "-e", "ansible_python_interpreter=%s" % PYTHON], env=env, cwd=str(ROOT),
+                   capture_output=True, check=True, timeout=RUN_TIMEOUT)
+    (found,) = list((work / "remote-tmp").glob("ansible-tmp-*/AnsiballZ_command.py"))
+    return found.read_bytes()
+
+
+def profile(lab: Lab, work: Path, admin_key, inventory: Path, tasks: int) -> dict:
+    """One task taken apart on the first host (seconds, medians)."""
+    h = lab.hosts[0]
+    payload = module_payload(work)
+    validator = VTPMValidator(Measurements.from_dict(lab_measurements()))
+    out = {}
+    with NetNS(lab.bridge_netns) as admin_ns:
+        def connect():
+            with AgentClient.connect(h.public_endpoint, [validator],
+                                     sock=admin_ns.connect((h.public_ip, 9000))) as client:
+                client.admin_auth(admin_key)
+
+        out["connect_attest_admin_auth"] = _median_s(connect, 5)
+        with AgentClient.connect(h.public_endpoint, [validator], sock=admin_ns.connect((h.public_ip, 9000))) as c:
+            c.admin_auth(admin_key)
+            out["exec_round_trip_bin_true"] = _median_s(lambda: c.exec_command("/bin/true"), 20)
+            out["exec_python_startup"] = _median_s(lambda: c.exec_command("%s -c pass" % PYTHON), 10)
+            out["exec_module_plain"] = _median_s(lambda: c.exec_command("%s && sleep 0" % PYTHON, stdin=payload), 10)
+            res = c.exec_command("%s -X importtime" % PYTHON, stdin=payload)
+            top, basic = 0, 0
+            for line in res.stderr.decode(errors="replace").splitlines():
+                parts = line.split("|")
+                if line.startswith("import time:") and len(parts) == 3 and parts[1].strip().isdigit():
+                    if not parts[2].startswith("  "):
+                        top += int(parts[1])
+                    if parts[2].strip() == "ansible.module_utils.basic":
+                        basic = int(parts[1])
+            out["imports_all_us_in_importtime_run"] = top
+            out["imports_module_utils_basic_us_in_importtime_run"] = basic
+            cmd = "/bin/sh -c '%s && sleep 0'" % PYTHON
+            c.exec_module(cmd, PYTHON, payload)  # starts the fork server
+            out["exec_module_warm"] = _median_s(lambda: c.exec_module(cmd, PYTHON, payload), 10)
+    one_host = work / "profile-play.yml"
+    one_host.write_text(yaml.safe_dump([{
+        "name": "profile", "hosts": h.name, "gather_facts": False,
+        "tasks": [{"name": "true %d" % i, "ansible.builtin.command": "/bin/true", "changed_when": False}
+                  for i in range(tasks)]}], sort_keys=False))
+    out["playbook_one_host_s_per_task"] = run_playbook(lab, work, inventory, one_host, 1) / tasks
+    out["controller_and_relay_s_per_task"] = out["playbook_one_host_s_per_task"] - out["exec_module_warm"]
+    for name, value in out.items():
+        print("  profile %-48s %10.4f" % (name, value), file=sys.stderr, flush=True)
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+
+
 def run_playbook(lab: Lab, work: Path, inventory: Path, playbook: Path, forks: int) -> float:
     env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
                ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="False",
@@ -153,6 +222,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=1, help="runs per mode (the median is reported)")
     parser.add_argument("--lab", default="bcn")
+    parser.add_argument("--profile", action="store_true", help="take one task apart on the first host first")
     args = parser.parse_args()
     if not 1 <= args.hosts <= 16 or not 1 <= args.tasks <= 400 or not 1 <= args.rounds <= 5:
         parser.error("hosts 1-16, tasks 1-400, rounds 1-5")
@@ -184,6 +254,7 @@ def main() -> int:
                       for i in range(args.tasks)],
         }], sort_keys=False))
 
+        profiled = profile(lab, work, admin_key, inventories["atls"], args.tasks) if args.profile else None
         times = {mode: [] for mode in ("atls", "atls-cold", "ssh", "local")}
         for _round in range(args.rounds):
             for mode in times:  # interleaved, so load changes hit every mode alike
@@ -221,6 +292,8 @@ def main() -> int:
         "load_avg_1m_start": load_start,
         "load_avg_1m_end": round(os.getloadavg()[0], 2),
     }
+    if profiled:
+        result["profile"] = profiled
     print("atls/ssh %.2f (goal <= 0.5), atls/local %.2f (goal <= 1.0), atls-cold/ssh %.2f; load %.2f -> %.2f"
           % (result["atls_vs_ssh"], result["atls_vs_local"], result["atls_cold_vs_ssh"], load_start,
              result["load_avg_1m_end"]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -243,3 +244,99 @@ def test_netns_option_reaches_the_lab_from_outside(env):
                         "-e", "constellation_atls_netns=%s" % env.lab.bridge_netns], in_admin_ns=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert env.hosts["h2"].public_ip in proc.stdout
+
+
+def _agent_events(env, name, event):
+    log = agent_dir(env.hosts[name]) / "agent.log"
+    events = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == event:
+            events.append(record)
+    return events
+
+
+VOLATILE = {"start", "end", "delta", "ansible_date_time"}
+
+
+def _stable(value):
+    """A result without what differs between any two runs (times, the controller's temp paths)."""
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    if isinstance(value, str):
+        return re.sub(r"ansible-tmp-[0-9.-]+", "ansible-tmp-X", value)
+    return value
+
+
+def test_warm_interpreter_gives_the_same_results_as_a_fresh_one(env):
+    src = env.tmp / "warm.j2"
+    src.write_text("{{ inventory_hostname }} {{ 6 * 7 }}\n")
+    tasks = [
+        {"name": "command", "ansible.builtin.command": {"cmd": "cat", "stdin": "warm?"}, "register": "r_command",
+         "changed_when": False},
+        {"name": "copy", "ansible.builtin.copy": {"content": "c\n", "dest": "/tmp/atls-warm-{{ inventory_hostname }}-"
+                                                  "{{ mode }}.txt", "mode": "0600"}, "register": "r_copy"},
+        {"name": "template", "ansible.builtin.template": {
+            "src": str(src), "dest": "/tmp/atls-warm-{{ inventory_hostname }}-{{ mode }}.conf", "mode": "0600"},
+         "register": "r_template"},
+        {"name": "setup", "ansible.builtin.setup": {"gather_subset": ["min"]}, "register": "r_setup"},
+        {"name": "failing", "ansible.builtin.command": "/bin/false", "register": "r_fail", "ignore_errors": True},
+        {"name": "failing module", "ansible.builtin.copy": {"src": "/nonexistent/atls", "remote_src": True,
+                                                            "dest": "/tmp/atls-never"},
+         "register": "r_fail_module", "ignore_errors": True},
+        {"name": "report", "ansible.builtin.copy": {
+            "dest": "/tmp/atls-warm-result-{{ inventory_hostname }}-{{ mode }}.json", "mode": "0600",
+            "content": "{{ {'command': r_command, 'copy': r_copy, 'template': r_template, 'setup': r_setup, "
+                       "'fail': r_fail, 'fail_module': r_fail_module} | to_json }}"}},
+    ]
+    warm_before = len([e for e in _agent_events(env, "h1", "exec_module") if e.get("warm")])
+    for mode, flag in (("warm", "1"), ("cold", "0")):
+        _ok(env.ansible(["ansible-playbook", str(_play(env, tasks, "h1")), "-e", "mode=%s" % mode],
+                        {"CONSTELLATION_ATLS_WARM_INTERPRETER": flag}))
+        if mode == "warm":
+            warm_runs = len([e for e in _agent_events(env, "h1", "exec_module") if e.get("warm")]) - warm_before
+            assert warm_runs >= 8  # every module of the play (copy and template run several)
+    results = {}
+    for mode in ("warm", "cold"):
+        text = Path("/tmp/atls-warm-result-h1-%s.json" % mode).read_text()
+        results[mode] = json.loads(text.replace("-%s." % mode, "-MODE."))
+    warm, cold = _stable(results["warm"]), _stable(results["cold"])
+    assert warm["fail"]["rc"] == 1 and warm["fail"]["failed"] is True
+    assert "/nonexistent/atls" in warm["fail_module"]["msg"] and warm["fail_module"]["failed"] is True
+    assert warm["command"]["stdout"] == "warm?"
+    assert warm == cold
+    # No task's values reach the agent's log.
+    assert "warm?" not in (agent_dir(env.hosts["h1"]) / "agent.log").read_text(errors="replace")
+
+
+def _play(env, tasks, hosts):
+    play = env.tmp / ("play-%d.yml" % len(list(env.tmp.glob("play-*.yml"))))
+    play.write_text(yaml.safe_dump([{"name": "atls", "hosts": hosts, "gather_facts": False, "tasks": tasks}],
+                                   sort_keys=False))
+    return play
+
+
+def test_warm_interpreter_off_and_raw_use_plain_exec_and_a_dead_fork_server_is_replaced(env):
+    before = len(_agent_events(env, "h2", "exec_module"))
+    _ok(env.playbook([{"name": "cold", "ansible.builtin.command": "/bin/true", "changed_when": False},
+                      {"name": "raw", "ansible.builtin.raw": "echo raw"}],
+                     hosts="h2", extra_env={"CONSTELLATION_ATLS_WARM_INTERPRETER": "0"}))
+    _ok(env.playbook([{"name": "raw", "ansible.builtin.raw": "echo raw"}], hosts="h2"))
+    assert len(_agent_events(env, "h2", "exec_module")) == before  # all ran as Exec
+    task = [{"name": "warm", "ansible.builtin.command": "/bin/true", "changed_when": False}]
+    _ok(env.playbook(task, hosts="h2"))
+    started = _agent_events(env, "h2", "warm_server_started")
+    assert started and _agent_events(env, "h2", "exec_module")[-1]["warm"] is True
+    for record in started:
+        try:
+            os.kill(record["pid"], 9)
+        except ProcessLookupError:
+            pass
+    _ok(env.playbook(task, hosts="h2"))
+    assert _agent_events(env, "h2", "exec_module")[-1]["warm"] is True
+    assert len(_agent_events(env, "h2", "warm_server_started")) == len(started) + 1

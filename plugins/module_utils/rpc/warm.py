@@ -39,6 +39,7 @@ from typing import Any, Dict, List, Optional
 MAX_SERVERS = 8
 START_TIMEOUT = 30.0
 MAX_MSG = 1 << 20
+STARTUP_ENV_PREFIXES = ("PYTHON", "LC_", "LANG", "LANGUAGE")
 _BOOT = "import sys; __file__ = sys.argv[1]; exec(compile(open(__file__).read(), __file__, 'exec')); _serve()"
 _WRAPPER_MARK = b"\n_ANSIBALLZ_WRAPPER = True\n"
 _ZIP_RE = re.compile(rb"\nzip_data='([A-Za-z0-9+/=]+)',?\n")
@@ -96,7 +97,7 @@ class WarmChild:
 class _Server:
     """One fork server process and its control socket (SOCK_SEQPACKET, JSON + passed fds)."""
 
-    def __init__(self, interpreter: str, zip_path: Optional[str], log):
+    def __init__(self, interpreter: str, zip_path: Optional[str], env: Dict[str, str], log):
         self.interpreter = interpreter
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
@@ -108,8 +109,12 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [interpreter, "-c", _BOOT, os.path.abspath(__file__), zip_path or "", str(theirs.fileno())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                # Through the shell, as Exec runs ``/bin/sh -c 'python ...'``: what the shell and the
+                # interpreter's start-up add to the environment (PWD, locale coercion) is seen in the
+                # hello and given to every child.
+                ["/bin/sh", "-c", 'exec "$@"', "sh", interpreter, "-c", _BOOT, os.path.abspath(__file__),
+                 zip_path or "", str(theirs.fileno())],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), close_fds=True, start_new_session=True)
         except OSError as err:
             ours.close()
@@ -122,9 +127,12 @@ class _Server:
             hello = json.loads(ours.recv(MAX_MSG) or b"{}")
         except (OSError, ValueError):
             hello = {}
-        if not hello.get("ready"):
+        environ = hello.get("environ")
+        if not hello.get("ready") or not isinstance(environ, dict):
             self.stop()
             raise WarmUnavailable("%s did not start a fork server" % interpreter)
+        self.env_added = {k: v for k, v in environ.items() if env.get(k) != v}
+        self.env_removed = [k for k in env if k not in environ]
         ours.settimeout(None)
         self.reader = threading.Thread(target=self._read, name="warm-reader", daemon=True)
         self.reader.start()
@@ -161,6 +169,10 @@ class _Server:
                     raise WarmUnavailable("fork server gone")
                 request_id = self.next_id
                 self.next_id += 1
+            env = dict(env)
+            env.update(self.env_added)
+            for name in self.env_removed:
+                env.pop(name, None)
             message = json.dumps({"id": request_id, "env": env, "cwd": cwd}).encode()
             try:
                 self.sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs))])
@@ -229,9 +241,11 @@ class WarmPool:
             os.replace(tmp, path)
         return path
 
-    def _server(self, interpreter: str, zip_data: bytes) -> _Server:
+    def _server(self, interpreter: str, zip_data: bytes, env: Dict[str, str]) -> _Server:
         digest = hashlib.sha256(zip_data).hexdigest()
-        key = (interpreter, digest)
+        # What the interpreter reads from the environment when it starts is part of the key.
+        startup = tuple(sorted((k, v) for k, v in env.items() if k.startswith(STARTUP_ENV_PREFIXES)))
+        key = (interpreter, digest, startup)
         with self._lock:
             starting = self._starting.setdefault(key, threading.Lock())
         with starting:  # one start per key; others wait for it
@@ -243,7 +257,9 @@ class WarmPool:
                 if server is not None:
                     self._servers.pop(key)
                     self._log("warm_server_restart", interpreter=interpreter, zip_sha256=digest)
-            server = _Server(interpreter, self._zip_path(zip_data, digest), self._log)
+            # The server's own environment: the agent's and what start-up reads, no task's variables.
+            server_env = {k: v for k, v in env.items() if k in os.environ or k.startswith(STARTUP_ENV_PREFIXES)}
+            server = _Server(interpreter, self._zip_path(zip_data, digest), server_env, self._log)
             self._log("warm_server_started", interpreter=interpreter, zip_sha256=digest, pid=server.proc.pid)
             with self._lock:
                 self._servers[key] = server
@@ -256,12 +272,14 @@ class WarmPool:
 
     def spawn(self, interpreter: str, zip_data: bytes, env: Dict[str, str], cwd: Optional[str]) -> WarmChild:
         """Runs one payload in a fresh child of the warm server; raises WarmUnavailable."""
-        server = self._server(interpreter, zip_data)
+        if cwd is not None:
+            raise WarmUnavailable("a working directory other than the agent's runs plain")
+        server = self._server(interpreter, zip_data, env)
         try:
             return server.spawn(env, cwd)
         except WarmUnavailable:
             # It died since we looked: once more with a new one.
-            return self._server(interpreter, zip_data).spawn(env, cwd)
+            return self._server(interpreter, zip_data, env).spawn(env, cwd)
 
     def servers(self) -> List[int]:
         """The pids of the running fork servers (for tests and diagnostics)."""
@@ -285,6 +303,7 @@ def _serve() -> None:  # pragma: no cover - runs in the fork server process (tes
     import signal
     import sys
 
+    environ = dict(os.environ)  # as the shell and the interpreter's start-up left it
     zip_path, control_fd = sys.argv[2], int(sys.argv[3])
     control = socket.socket(fileno=control_fd)
     for name in PRELOAD.split():
@@ -307,7 +326,7 @@ def _serve() -> None:  # pragma: no cover - runs in the fork server process (tes
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda _s, _f: None)
-    control.send(json.dumps({"ready": True, "version": list(sys.version_info[:3])}).encode())
+    control.send(json.dumps({"ready": True, "version": list(sys.version_info[:3]), "environ": environ}).encode())
     running: Dict[int, int] = {}
     import select as _select
 

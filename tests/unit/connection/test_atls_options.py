@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.connection.atls import (
-    Connection, Settings, SettingsError, settings_from_options)
+    Connection, Settings, SettingsError, pipelined_module, settings_from_options)
 
 POLICY = {"4": {"expected": "aa" * 32, "warnOnly": False}, "9": {"expected": "bb" * 32, "warnOnly": True}}
 
@@ -158,3 +159,55 @@ def test_unreachable_endpoint_names_it(tmp_path, persist):
 def test_relative_remote_paths_are_refused():
     with pytest.raises(Exception, match="absolute remote path"):
         Connection._remote_path("relative/file", "out_path")  # pylint: disable=protected-access
+
+
+# --------------------------------------------------------------------------- which commands go to ExecModule
+
+PAYLOAD = b"#!/usr/bin/python3\n_ANSIBALLZ_WRAPPER = True\n"
+
+
+@pytest.mark.parametrize("cmd, expected", [
+    ("/bin/sh -c '/usr/bin/python3 && sleep 0'", ("/usr/bin/python3", {})),
+    ("/bin/sh -c /usr/bin/python3", ("/usr/bin/python3", {})),
+    ("/bin/bash -c 'LANG=C FOO='\"'\"'a b'\"'\"' /usr/bin/python3 && sleep 0'",
+     ("/usr/bin/python3", {"LANG": "C", "FOO": "a b"})),
+])
+def test_pipelined_module_is_recognised(cmd, expected):
+    assert pipelined_module(cmd, PAYLOAD) == expected
+
+
+@pytest.mark.parametrize("cmd, data", [
+    ("/bin/sh -c '/usr/bin/python3 && sleep 0'", None),  # no payload: not pipelined
+    ("/bin/sh -c '/usr/bin/python3 && sleep 0'", b"print(1)\n"),  # no shebang
+    ("/bin/sh -c '/usr/bin/python3.11 && sleep 0'", PAYLOAD),  # shebang names another interpreter
+    ("/bin/sh -c 'python3 && sleep 0'", b"#!python3\n"),  # not an absolute path
+    ("sudo -H -S -n -u root /bin/sh -c '/usr/bin/python3 && sleep 0'", PAYLOAD),  # become
+    ("/bin/sh -c 'FOO=$(id) /usr/bin/python3'", PAYLOAD),  # an expansion the shell would make
+    ("/bin/sh -c '/usr/bin/python3; rm -rf /tmp/x'", PAYLOAD),
+    ("/bin/sh -c '/usr/bin/python3 && sleep 1'", PAYLOAD),
+    ("/bin/sh -c '/usr/bin/cat'", b"#!/usr/bin/cat\n"),  # not a Python
+    ("/bin/sh -c 'echo unbalanced", PAYLOAD),
+    ("/bin/sh -c '1X=2 /usr/bin/python3'", PAYLOAD),
+])
+def test_other_commands_stay_exec(cmd, data):
+    assert pipelined_module(cmd, data) is None
+
+
+def test_warm_interpreter_option(key_file):
+    assert settings_from_options(options(key_file)).warm_interpreter is True
+    assert settings_from_options(options(key_file, warm_interpreter="no")).warm_interpreter is False
+    with pytest.raises(SettingsError, match="warm_interpreter: expected a boolean"):
+        settings_from_options(options(key_file, warm_interpreter="maybe"))
+
+
+def test_task_workers_import_no_atls_and_no_more_cryptography():
+    """A task worker (a fork of ansible's task executor) loads the plugin and rpc/client.py per task;
+    neither may pull in aTLS, attestation or cryptography modules ansible had not loaded already."""
+    code = ("import sys, ansible.executor.task_executor; before = set(sys.modules); "
+            "from ansible_collections.constellation.cluster.plugins.connection import atls; "
+            "from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient; "
+            "print(sorted(m for m in set(sys.modules) - before if 'crypt' in m or 'atls' in m.replace("
+            "'connection.atls', '') or 'attestation' in m))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "collections"), REPO])))
+    assert proc.stdout.strip() == "[]"
