@@ -76,6 +76,16 @@ def load_priv_key(data: bytes):
     raise InputError("admin_priv_key", "an unencrypted PEM or OpenSSH private key")
 
 
+def _no_delay(sock: socket.socket) -> None:
+    """Requests are small frames written one after another (request, stdin, EOF): without
+    TCP_NODELAY each waits for the agent's delayed ACK (~40 ms)."""
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+
+
 @dataclass
 class ExecResult:
     exit_code: int
@@ -106,6 +116,7 @@ class AgentClient:
         else:
             conn = atls.client_handshake(sock, validators)
         conn.sock.settimeout(timeout)
+        _no_delay(conn.sock)
         from cryptography import x509
         cert = x509.load_der_x509_certificate(conn.peer_certificate)
         return cls(conn.sock, atls.spki_hash(cert.public_key()), conn)
