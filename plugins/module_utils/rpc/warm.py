@@ -104,6 +104,7 @@ class _Server:
         self.next_id = 1
         self.pids: Dict[int, int] = {}
         self.exits: Dict[int, int] = {}
+        self.active = 0  # payloads started and not yet waited for
         self.dead = False
         self._log = log
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -169,6 +170,7 @@ class _Server:
                     raise WarmUnavailable("fork server gone")
                 request_id = self.next_id
                 self.next_id += 1
+                self.active += 1
             env = dict(env)
             env.update(self.env_added)
             for name in self.env_removed:
@@ -186,6 +188,8 @@ class _Server:
             if pid is None:
                 raise WarmUnavailable("fork server did not start the payload")
         except BaseException:
+            with self.cond:
+                self.active -= 1
             for fd in ours:
                 os.close(fd)
             raise
@@ -197,14 +201,21 @@ class _Server:
 
     def wait_exit(self, request_id: int) -> int:
         with self.cond:
-            while request_id not in self.exits and not self.dead:
-                self.cond.wait()
-            if request_id in self.exits:
-                return self.exits.pop(request_id)
+            try:
+                while request_id not in self.exits and not self.dead:
+                    self.cond.wait()
+                if request_id in self.exits:
+                    return self.exits.pop(request_id)
+            finally:
+                self.active -= 1
         raise WarmUnavailable("the fork server died while the payload ran; its exit code is lost")
 
     def stop(self) -> None:
         self.dead = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
@@ -264,8 +275,11 @@ class WarmPool:
             with self._lock:
                 self._servers[key] = server
                 evicted: List[_Server] = []
-                while len(self._servers) > self.max_servers:
-                    evicted.append(self._servers.popitem(last=False)[1])
+                # Least recently used first; a server with a payload running stays (it owes an exit code).
+                for old_key in [k for k, srv in self._servers.items() if srv.active == 0 and k != key]:
+                    if len(self._servers) <= self.max_servers:
+                        break
+                    evicted.append(self._servers.pop(old_key))
             for old in evicted:
                 old.stop()
             return server

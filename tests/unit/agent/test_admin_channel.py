@@ -283,3 +283,21 @@ def test_exec_module_timeout_kills_the_child_and_logs_no_payload(admin_agent):
     res = client.exec_module(PYTHON, PYTHON, payload, env={"TOKEN": secret}, timeout=0.5)
     assert res.warm and res.exit_code == -signal.SIGKILL
     assert secret not in repr(events)
+
+
+def test_exec_module_keeps_at_most_max_servers(admin_agent):
+    client, admin, _events = admin_agent
+    admin.warm.max_servers = 1
+    first, second = make_payload("print(1)\n"), make_payload("print(2)\n", basic=FAKE_BASIC + b"# other\n")
+    assert client.exec_module(PYTHON, PYTHON, first).stdout == b"1\n"
+    (first_pid,) = admin.warm.servers()
+    assert client.exec_module(PYTHON, PYTHON, second).stdout == b"2\n"
+    (second_pid,) = admin.warm.servers()  # the least recently used one stopped
+    assert second_pid != first_pid
+    for _attempt in range(50):  # bounded: the stopped server is reaped
+        if not os.path.exists("/proc/%d" % first_pid):
+            break
+        time.sleep(0.05)
+    assert not os.path.exists("/proc/%d" % first_pid)
+    again = client.exec_module(PYTHON, PYTHON, first)
+    assert again.warm and again.stdout == b"1\n"
