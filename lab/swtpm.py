@@ -124,9 +124,19 @@ class SwTPM:
 
     def _manufacture(self) -> None:
         setup = self._write_ca_config()
-        self._run(["swtpm_setup", "--tpm2", "--tpmstate", self.state_dir,
-                   "--create-ek-cert", "--create-platform-cert", "--lock-nvram",
-                   "--pcr-banks", self.pcr_banks, "--config", setup])
+        argv = ["swtpm_setup", "--tpm2", "--tpmstate", self.state_dir,
+                "--create-ek-cert", "--create-platform-cert", "--lock-nvram",
+                "--pcr-banks", self.pcr_banks, "--config", setup]
+        try:
+            self._run(argv)
+        except ExternalCommandError:
+            # Seen once under heavy load with several labs side by side: swtpm_setup's certificate
+            # step failed and the same call passed right after. Start over once from an empty state.
+            state = os.path.join(self.state_dir, "tpm2-00.permall")
+            if os.path.exists(state):
+                os.unlink(state)
+            time.sleep(0.2)
+            self._run(argv)
 
     def _has_tpm_state(self) -> bool:
         return os.path.exists(os.path.join(self.state_dir, "tpm2-00.permall"))

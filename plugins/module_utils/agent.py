@@ -272,6 +272,7 @@ class Agent:
         close = getattr(self.issuer, "close", None)
         if close is not None:
             close()
+        self.admin.close()  # the warm interpreters
         try:
             self.store.close()
         except ConstellationError:

@@ -15,7 +15,6 @@ import os
 import queue
 import secrets
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -108,7 +107,6 @@ class AdminHandlers:
             self._log("admin_auth_refused", peer=conn.peer_ip)
             raise AccessDenied("AdminAuth: the signature does not verify with the admin key pinned at activation")
         conn.admin = True
-        _no_delay(conn)
         self._log("admin_authenticated", peer=conn.peer_ip)
         conn.stream.send_result({"authenticated": True})
 
@@ -285,17 +283,6 @@ class AdminHandlers:
         conn.stream.send_eof(CHANNEL_STDOUT)
         self._log("fetch_file", peer=conn.peer_ip, path=path, size=size)
         conn.stream.send_result({"size": size, "sha256": digest.hexdigest()})
-
-
-def _no_delay(conn: Connection) -> None:
-    """An admin connection carries request/answer exchanges of small frames (an Exec's EOFs and
-    END): with Nagle's algorithm each would wait for the peer's delayed ACK (~40 ms)."""
-    sock = getattr(conn, "sock", None)
-    try:
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError:
-        pass
 
 
 def _exec_argv(params: Dict[str, Any]):

@@ -113,6 +113,12 @@ class FrameServer:
                 if self._stop.is_set():
                     raw.close()
                     return
+            # Every exchange is request/answer of small frames: with Nagle's algorithm each would
+            # wait for the peer's delayed ACK (~40 ms).
+            try:
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
             threading.Thread(target=self._serve, args=(raw, peer), name="%s-conn" % self.name, daemon=True).start()
 
     def _serve(self, raw: socket.socket, peer) -> None:
