@@ -31,10 +31,23 @@ ARGUMENT_SPEC = dict(
 )
 
 
-class ActionModule(ActionBase):
+class WriteOnceSecretAction(ActionBase):
+    """Makes a secret file on the controller once: generated, optionally Ansible Vault encrypted,
+    written 0600 atomically, never overwritten (an existing file is only checked). Subclasses say
+    what the file is (``WHAT``), how to make its content and how to check one read back."""
+
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(ARGUMENT_SPEC)
     _requires_connection = False
+    WHAT = "Constellation master secret"
+    READ_LIMIT = MASTER_SECRET_FILE_SIZE_MAX * 4
+
+    def _generate(self) -> bytes:
+        return MasterSecret.generate().to_json().encode()
+
+    def _check_content(self, data: bytes) -> None:
+        """Raises ConstellationError or ValueError naming what is wrong with a file's content."""
+        MasterSecret.from_json(data, "path")
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -55,7 +68,7 @@ class ActionModule(ActionBase):
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
             raise AnsibleActionFail("path: expected an existing directory for %s" % path)
-        content = MasterSecret.generate().to_json().encode()
+        content = self._generate()
         if args["vault"]:
             content = self._encrypt(content, args["vault_id"])
         result.update(changed=True, vault_encrypted=args["vault"])
@@ -84,7 +97,7 @@ class ActionModule(ActionBase):
         secrets = self._vault().secrets
         if not secrets:
             raise AnsibleActionFail("vault: expected vault secrets in the play "
-                                    "(--vault-id or --vault-password-file) to encrypt the master secret")
+                                    "(--vault-id or --vault-password-file) to encrypt the %s" % self.WHAT)
         try:
             matched = match_encrypt_secret(secrets, encrypt_vault_id=vault_id)
         except AnsibleVaultError:
@@ -93,19 +106,20 @@ class ActionModule(ActionBase):
         return VaultLib(secrets).encrypt(content, secret=matched[1], vault_id=matched[0])
 
     def _check_existing(self, path, args):
-        """Never overwrites; checks that what is there is a master secret when it can read it."""
+        """Never overwrites; checks that what is there is the right kind of file when it can read it."""
+        name = self._task.action.split(".")[-1]
         if not os.path.isfile(path):
             raise AnsibleActionFail("path: %s exists and is not a regular file; not overwritten" % path)
         try:
             with open(path, "rb") as handle:
-                data = handle.read(MASTER_SECRET_FILE_SIZE_MAX * 4)
+                data = handle.read(self.READ_LIMIT)
         except OSError as err:
             raise AnsibleActionFail("path: cannot read existing %s: %s" % (path, err.strerror)) from None
         encrypted = is_encrypted(data)
         if encrypted:
             if not self._vault().secrets:
-                self._display.warning("master_secret: %s is vault-encrypted and the play has no vault "
-                                      "secret; it was kept but not checked" % path)
+                self._display.warning("%s: %s is vault-encrypted and the play has no vault "
+                                      "secret; it was kept but not checked" % (name, path))
                 return True
             try:
                 data = self._vault().decrypt(data)
@@ -113,11 +127,14 @@ class ActionModule(ActionBase):
                 raise AnsibleActionFail("path: %s is vault-encrypted with a secret this play does not have; "
                                         "not overwritten" % path) from None
         elif args["vault"]:
-            self._display.warning("master_secret: %s exists unencrypted; it was kept as it is (never "
-                                  "overwritten). Encrypt it with ansible-vault encrypt." % path)
+            self._display.warning("%s: %s exists unencrypted; it was kept as it is (never "
+                                  "overwritten). Encrypt it with ansible-vault encrypt." % (name, path))
         try:
-            MasterSecret.from_json(data, "path")
-        except ConstellationError as err:
-            raise AnsibleActionFail("%s is not a valid Constellation master secret (%s); not overwritten"
-                                    % (path, err)) from None
+            self._check_content(data)
+        except (ConstellationError, ValueError) as err:
+            raise AnsibleActionFail("%s is not a valid %s (%s); not overwritten" % (path, self.WHAT, err)) from None
         return encrypted
+
+
+class ActionModule(WriteOnceSecretAction):
+    """master_secret: constellation-mastersecret.json (the defaults of the base)."""

@@ -35,8 +35,8 @@ attributes:
     support: full
     description: Reports whether the file would be created.
   diff_mode:
-    support: none
-    description: No diff.
+    support: full
+    description: Shows the file's metadata before and after (exists, mode, vault_encrypted), never the salt.
   idempotent:
     support: full
     description: An existing file is never overwritten.
