@@ -10,25 +10,14 @@ Constellation's CLI). Documentation is in plugins/modules/activate_coordinator.p
 from __future__ import annotations
 
 from ansible_collections.constellation.cluster.plugins.action.agent_state import ClusterAction
+from ansible_collections.constellation.cluster.plugins.module_utils import cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 
-SPEC = dict(
-    endpoint=dict(type="str", required=True),
-    kms_uri=dict(type="str", required=True, no_log=True),
-    measurement_salt=dict(type="str", required=True, no_log=True),
-    storage_uri=dict(type="str", no_log=True),
-    admin_pub_key=dict(type="str"),
-    admin_priv_key_file=dict(type="path"),
-    cluster_name=dict(type="str", default=""),
-    vpn_cidr=dict(type="str", default="10.118.0.0/16"),
-    vpn_interface=dict(type="str", default="wg0"),
-)
-
 
 class ActionModule(ClusterAction):
-    SPEC = SPEC
+    SPEC = cluster.ACTIVATE_COORDINATOR_ARGS
     _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
 
     def act(self, args, settings):

@@ -9,19 +9,13 @@ Documentation is in plugins/modules/activate_nodes.py.
 from __future__ import annotations
 
 from ansible_collections.constellation.cluster.plugins.action.agent_state import ClusterAction
+from ansible_collections.constellation.cluster.plugins.module_utils import cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC)
 
-SPEC = dict(
-    coordinator_endpoint=dict(type="str", required=True),
-    node_endpoints=dict(type="list", elements="str", required=True),
-    admin_priv_key_file=dict(type="path", required=True),
-    cluster_id=dict(type="str"),
-)
-
 
 class ActionModule(ClusterAction):
-    SPEC = SPEC
+    SPEC = cluster.ACTIVATE_NODES_ARGS
     _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
 
     def act(self, args, settings):

@@ -17,6 +17,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.constellation.cluster.plugins.module_utils import cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE, pcr_rows, settings_from_args)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
@@ -79,7 +80,7 @@ class ClusterAction(ActionBase):
 
 
 class ActionModule(ClusterAction):
-    SPEC = dict(endpoint=dict(type="str", required=True), cluster_id=dict(type="str"))
+    SPEC = cluster.AGENT_STATE_ARGS
     _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
 
     def act(self, args, settings):

@@ -8,18 +8,13 @@ Documentation is in plugins/modules/recover_peer.py.
 from __future__ import annotations
 
 from ansible_collections.constellation.cluster.plugins.action.agent_state import ClusterAction
+from ansible_collections.constellation.cluster.plugins.module_utils import cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC)
 
-SPEC = dict(
-    endpoint=dict(type="str", required=True),
-    kms_uri=dict(type="str", required=True, no_log=True),
-    measurement_salt=dict(type="str", required=True, no_log=True),
-)
-
 
 class ActionModule(ClusterAction):
-    SPEC = SPEC
+    SPEC = cluster.RECOVER_PEER_ARGS
     _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
 
     def act(self, args, settings):

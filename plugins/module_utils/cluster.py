@@ -24,6 +24,36 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     AttestationError, ConstellationError, InputError, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
 
+# The options of the controller-side actions beyond the shared attestation options
+# (attestation/policy.py ATTESTATION_ARGUMENT_SPEC). The action plugins validate with these and
+# their documentation stubs in plugins/modules declare the same dicts, so the two cannot drift.
+ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+    kms_uri=dict(type="str", required=True, no_log=True),
+    measurement_salt=dict(type="str", required=True, no_log=True),
+    storage_uri=dict(type="str", no_log=True),
+    admin_pub_key=dict(type="str"),
+    admin_priv_key_file=dict(type="path"),
+    cluster_name=dict(type="str", default=""),
+    vpn_cidr=dict(type="str", default="10.118.0.0/16"),
+    vpn_interface=dict(type="str", default="wg0"),
+)
+ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
+    coordinator_endpoint=dict(type="str", required=True),
+    node_endpoints=dict(type="list", elements="str", required=True),
+    admin_priv_key_file=dict(type="path", required=True),
+    cluster_id=dict(type="str"),
+)
+AGENT_STATE_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+    cluster_id=dict(type="str"),
+)
+RECOVER_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+    kms_uri=dict(type="str", required=True, no_log=True),
+    measurement_salt=dict(type="str", required=True, no_log=True),
+)
+
 ACCEPTING_INIT = "AcceptingInit"
 ACTIVATING_NODES = "ActivatingNodes"
 IS_NODE = "IsNode"

@@ -106,24 +106,14 @@ state:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.constellation.cluster.plugins.module_utils import cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            ATTESTATION_ARGUMENT_SPEC,
-            endpoint=dict(type="str", required=True),
-            kms_uri=dict(type="str", required=True, no_log=True),
-            measurement_salt=dict(type="str", required=True, no_log=True),
-            storage_uri=dict(type="str", no_log=True),
-            admin_pub_key=dict(type="str"),
-            admin_priv_key_file=dict(type="path"),
-            cluster_name=dict(type="str", default=""),
-            vpn_cidr=dict(type="str", default="10.118.0.0/16"),
-            vpn_interface=dict(type="str", default="wg0"),
-        ),
+        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **cluster.ACTIVATE_COORDINATOR_ARGS),
         mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )

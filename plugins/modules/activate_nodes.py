@@ -78,19 +78,14 @@ resource_version:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.constellation.cluster.plugins.module_utils import cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            ATTESTATION_ARGUMENT_SPEC,
-            coordinator_endpoint=dict(type="str", required=True),
-            node_endpoints=dict(type="list", elements="str", required=True),
-            admin_priv_key_file=dict(type="path", required=True),
-            cluster_id=dict(type="str"),
-        ),
+        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **cluster.ACTIVATE_NODES_ARGS),
         mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
