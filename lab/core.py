@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils import fileutil
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
 
 STATE_ROOT = Path(os.environ.get("CONSTELLATION_LAB_STATE", "/var/lib/constellation-lab"))
@@ -516,9 +517,4 @@ class Lab:
 
 
 def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fileutil.atomic_write(str(path), text.encode("utf-8"), mode)
