@@ -5,7 +5,7 @@ set -eu
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-DEB_PACKAGES="iputils-ping swtpm swtpm-tools libtss2-dev pkg-config wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git"
+DEB_PACKAGES="iputils-ping swtpm swtpm-tools tpm2-tools shellcheck libtss2-dev pkg-config wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git"
 
 missing=""
 for p in $DEB_PACKAGES; do
