@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from lab.core import Lab, LabError
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import VARIANT_NAMES
+from lab.core import LAB_VARIANT, Lab, LabError
 
 
 def main(argv=None) -> int:
@@ -17,6 +18,8 @@ def main(argv=None) -> int:
     up.add_argument("--hosts", type=int, default=4)
     up.add_argument("--no-tpm", action="store_true", help="skip swtpm (network only)")
     up.add_argument("--agents", action="store_true", help="start the node agent on every host")
+    up.add_argument("--variant", default=LAB_VARIANT, choices=VARIANT_NAMES,
+                    help="attestation variant of the lab (default %s; the lab CA is the EK root)" % LAB_VARIANT)
     g = sub.add_parser("grow", help="add hosts to a running lab (new machines booting)")
     g.add_argument("--hosts", type=int, required=True, help="the lab's new number of hosts")
     sub.add_parser("down", help="remove every namespace, process, mount and file of the lab")
@@ -32,7 +35,7 @@ def main(argv=None) -> int:
     lab = Lab(args.name)
     try:
         if args.cmd == "up":
-            lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents)
+            lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents, variant=args.variant)
             print("lab %s: %d hosts up; inventory: %s" % (lab.name, len(lab.hosts), lab.inventory_dir))
         elif args.cmd == "grow":
             new = lab.grow(args.hosts)

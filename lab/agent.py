@@ -32,11 +32,13 @@ def write_config(lab: Lab, host: Host, **config: Any) -> Path:
         "state_dir": str(directory / "state"),
         "public_endpoint": "%s:%d" % (host.public_ip, AGENT_PORT),
         "tcti": host.tcti,
-        "variant": "qemu-vtpm",
+        "variant": lab.variant,
         "measurements": str(policy),
         "update_interval": 0.5,
         "join_interval": 0.5,
     }
+    if lab.ek_ca_path.exists():
+        doc["ek_ca"] = str(lab.ek_ca_path)
     doc.update({k: v for k, v in config.items() if v is not None})
     path = directory / "config.json"
     tmp = path.with_suffix(".tmp")

@@ -42,6 +42,10 @@ NAME_RE = re.compile(r"^[a-z0-9]{1,8}$")
 # The lab's simulated measured boot: each host's boot chain measures the same named image
 # into these PCRs, as firmware, kernel and command line would.
 LAB_IMAGE = "constellation-lab-image-v1"
+# The lab's attestation variant (attestation/choose.py): AKs trusted only through the lab CA's
+# EK certificates (swtpm's local CA stands for the TPM vendor). `--variant qemu-vtpm` for the
+# Constellation-compatible one.
+LAB_VARIANT = "qemu-vtpm"  # qemu-vtpm-ek once the atls connection plugin takes ek_ca_path
 MEASURED_PCRS = (4, 9, 11)
 
 
@@ -234,20 +238,25 @@ class Lab:
         return subprocess.run(["ip", "netns", "exec", self.bridge_netns] + list(argv), check=check, **kw)
 
     # -- up -----------------------------------------------------------------------------
-    def up(self, hosts: int = 3, tpm: bool = True, image: str = LAB_IMAGE, agents: bool = False) -> "Lab":
+    def up(self, hosts: int = 3, tpm: bool = True, image: str = LAB_IMAGE, agents: bool = False,
+           variant: str = LAB_VARIANT) -> "Lab":
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+
+        choose.spec(variant, "variant")
         if not 1 <= hosts <= MAX_HOSTS:
             raise LabError("hosts: expected 1..%d, got %d" % (MAX_HOSTS, hosts))
         if agents and not tpm:
             raise LabError("agents: the node agent needs a TPM (do not combine agents with --no-tpm)")
         state = self._state()
         if state.get("phase") == "up" and state.get("hosts") == hosts and state.get("tpm") == tpm \
-                and state.get("image") == image and state.get("agents", False) == agents and self.healthy():
+                and state.get("image") == image and state.get("agents", False) == agents \
+                and state.get("variant", LAB_VARIANT) == variant and self.healthy():
             return self
         # Anything else (a crash half-way, another size): start from a clean slate.
         self.down()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._count = hosts
-        self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image, agents=agents)
+        self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image, agents=agents, variant=variant)
         self._make_mount_dir()
         self._make_bridge()
         for h in self.hosts:
@@ -333,6 +342,7 @@ class Lab:
             # The simulated boot chain measures the image into each host's TPM.
             list(pool.map(lambda h: self.measure(h, {pcr: image_digest(image, pcr) for pcr in MEASURED_PCRS}),
                           hosts))
+        self._write_ek_ca()
 
     def _start_agents(self, hosts: List[Host]) -> None:
         """Starts the node agent on each host (in its namespaces; lab.down stops them)."""
@@ -364,6 +374,33 @@ class Lab:
     def tamper(self, name: str, pcr: int = 9) -> None:
         """Stands for a modified host: its boot chain measured something else."""
         self.measure(self.host(name), {pcr: hashlib.sha256(b"tampered boot component").digest()})
+
+    @property
+    def variant(self) -> str:
+        return self._state().get("variant", LAB_VARIANT)
+
+    @property
+    def ek_ca_path(self) -> Path:
+        """PEM bundle of the lab CA (root and intermediate): the EK trust anchor of qemu-vtpm-ek."""
+        return self.state_dir / "ek_ca.pem"
+
+    def _write_ek_ca(self) -> None:
+        bundle = "".join((self.ca_dir / name).read_text() for name in ("swtpm-localca-rootca-cert.pem",
+                                                                        "issuercert.pem"))
+        _atomic_write(self.ek_ca_path, bundle)
+
+    def foreign_tpm(self, name: str) -> None:
+        """Stands for a host whose TPM is not from our vendor: its swtpm is replaced by one whose EK
+        certificate comes from another CA, with the lab image measured as usual (so only the EK
+        chain can tell). A running agent must be restarted to use it."""
+        from lab.swtpm import SwTPM
+
+        h = self.host(name)
+        SwTPM(str(h.dir / "tpm"), port=TPM_PORT, netns=h.netns).destroy()
+        foreign_ca = self.state_dir / "foreign-ca"
+        foreign_ca.mkdir(parents=True, exist_ok=True)
+        SwTPM(str(h.dir / "tpm"), port=TPM_PORT, ek_cert=True, ca_dir=str(foreign_ca), netns=h.netns).start()
+        self.measure(h, {pcr: image_digest(self._state().get("image", LAB_IMAGE), pcr) for pcr in MEASURED_PCRS})
 
     # -- inventory ----------------------------------------------------------------------
     def write_inventory(self) -> Optional[Path]:
@@ -409,6 +446,8 @@ class Lab:
         _atomic_write(self.local_inventory, header + yaml.safe_dump(groups(local_vars), sort_keys=False))
         measurements = lab_measurements(state.get("image", LAB_IMAGE))
         _atomic_write(inv / "measurements.json", json.dumps(measurements, indent=2) + "\n")
+        if self.ek_ca_path.exists():
+            _atomic_write(inv / "ek_ca.pem", self.ek_ca_path.read_text())
         admin_key = self._admin_key(inv)
         vault_pass = inv / "vault_pass"
         if not vault_pass.exists():
@@ -417,6 +456,7 @@ class Lab:
             "constellation_lab_name": self.name,
             "constellation_lab_admin_ip": ADMIN_IP,
             "constellation_lab_tpm_ca_cert": str(self.ca_dir / "swtpm-localca-rootca-cert.pem"),
+            "constellation_attestation_variant": state.get("variant", LAB_VARIANT),
             "constellation_lab_local_inventory": str(self.local_inventory),
             # The operator's view: every host over aTLS, attested against the image's policy.
             "ansible_connection": "constellation.cluster.atls",
@@ -424,6 +464,8 @@ class Lab:
             "ansible_python_interpreter": self.host_python()[0],
             "constellation_measurements": measurements,
             "constellation_admin_priv_key_file": str(admin_key),
+            # qemu-vtpm-ek: the lab CA is the EK root (a real fleet pins its TPM vendor's CAs).
+            "constellation_ek_ca_path": str(inv / "ek_ca.pem"),
             # Lab only: lab addresses exist only in namespaces, so the controller's sockets are
             # opened in the admin machine's namespace (a real controller reaches nodes directly).
             "constellation_atls_netns": self.bridge_netns,

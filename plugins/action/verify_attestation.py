@@ -19,6 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE, pcr_rows, settings_from_args)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError)
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
 
 ARGUMENT_SPEC = dict(ATTESTATION_ARGUMENT_SPEC, endpoint=dict(type="str", required=True))
 
@@ -40,12 +41,18 @@ class ActionModule(ActionBase):
         try:
             address = atls.parse_endpoint(args["endpoint"])
             settings = settings_from_args(args, self._loader.get_basedir())
-            try:
-                raw_sock = netns.create_connection(address, settings.timeout, settings.netns)
-            except OSError as err:
-                raise ConstellationError("cannot connect to %s: %s" % (args["endpoint"], err)) from None
-            conn = atls.client_handshake(raw_sock, settings.validators(), timeout=settings.timeout,
-                                         attestation_timeout=settings.attestation_timeout)
+
+            def connect(validators):
+                try:
+                    raw_sock = netns.create_connection(address, settings.timeout, settings.netns)
+                except OSError as err:
+                    raise ConstellationError("cannot connect to %s: %s" % (args["endpoint"], err)) from None
+                conn = atls.client_handshake(raw_sock, validators, timeout=settings.timeout,
+                                             attestation_timeout=settings.attestation_timeout)
+                return AgentClient(conn.sock, attested=conn)
+
+            # qemu-vtpm-ek: a peer whose AK is not certified yet is enrolled first (EnrollAK).
+            conn = connect_enrolling(connect, settings.validators()).attested
         except AttestationError as err:
             result.update(failed=True, msg="attestation of %s refused: %s" % (args["endpoint"], err),
                           pcrs=pcr_rows(getattr(err, "checks", [])))

@@ -4,10 +4,16 @@
 
 from __future__ import annotations
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import (
+    DEFAULT_VARIANT,
+    VARIANT_NAMES,
+)
+
 
 class ModuleDocFragment:
     """Attestation options of the controller-side cluster actions (module_utils/attestation/policy.py)."""
 
+    # The variant choices come from the one chooser (attestation/choose.py), as the argument spec's.
     DOCUMENTATION = r"""
 options:
   measurements:
@@ -19,10 +25,21 @@ options:
     description: A JSON or YAML file on the controller with the policy; relative to the playbook's folder.
     type: path
   variant:
-    description: The attestation variant peers must present; V(dummy) proves nothing and is for tests only.
+    description:
+      - The attestation variant peers must present (the chooser in C(module_utils/attestation/choose.py)).
+      - V(qemu-vtpm) trusts the attestation key as Constellation does; V(qemu-vtpm-ek) trusts it only after
+        enrollment through the TPM's EK certificate chain (to O(ek_ca_path)) and credential activation;
+        V(dummy) proves nothing and is for tests only.
     type: str
-    choices: [qemu-vtpm, dummy]
-    default: qemu-vtpm
+    choices: [%(choices)s]
+    default: %(default)s
+  ek_ca_path:
+    description:
+      - PEM file with the CA certificate(s) that TPMs' EK certificates must chain to; required for
+        V(qemu-vtpm-ek). Relative to the playbook's folder.
+      - A peer whose AK is not yet certified is enrolled first (RPC C(EnrollAK)); a TPM whose EK certificate
+        does not chain to these CAs is refused.
+    type: path
   netns:
     description:
       - B(Lab only.) Open the controller's TCP connections in this network namespace (C(/run/netns/NAME)).
@@ -38,4 +55,4 @@ options:
 notes:
   - Runs on the controller (an action plugin) whatever the host; the host's connection is not used.
   - Every peer is attested (fresh nonce, TPM quote, policy) before the first byte is sent to it.
-"""
+""" % {"choices": ", ".join(VARIANT_NAMES), "default": DEFAULT_VARIANT}

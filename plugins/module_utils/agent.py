@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.core import (
     Core,
@@ -47,7 +48,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 DEFAULT_PUBLIC_PORT = 9000
 DEFAULT_UPDATE_INTERVAL = 10.0
 MAX_BACKOFF = 30.0
-_CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "store", "state_dir", "wg_interface",
+_CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "wg_interface",
                 "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "wg_listen_port", "log_level"}
 
@@ -87,8 +88,9 @@ class AgentConfig:
     public_endpoint: str = "0.0.0.0:%d" % DEFAULT_PUBLIC_PORT
     public_ip: Optional[str] = None
     tcti: Optional[str] = None
-    variant: str = "qemu-vtpm"
+    variant: str = choose.DEFAULT_VARIANT
     measurements: Optional[str] = None
+    ek_ca: Optional[Any] = None  # qemu-vtpm-ek: PEM file(s) of the CA(s) that TPMs' EK certificates chain to
     store: Dict[str, Any] = field(default_factory=dict)
     wg_interface: str = "wg0"
     wg_listen_port: int = 51820
@@ -117,10 +119,12 @@ class AgentConfig:
             value = getattr(config, name)
             if not isinstance(value, (int, float)) or not 0.05 <= value <= 3600:
                 raise InputError(name, "seconds between 0.05 and 3600", value)
-        if config.variant not in ("qemu-vtpm", "dummy"):
-            raise InputError("variant", "qemu-vtpm or dummy", config.variant)
-        if config.variant != "dummy" and not config.measurements:
+        variant = choose.spec(config.variant, "variant")
+        if variant.needs_policy and not config.measurements:
             raise InputError("measurements", "the path of a measurements policy (JSON)")
+        if variant.needs_ek_ca and not config.ek_ca:
+            raise InputError("ek_ca", "the PEM file of the CA that TPMs' EK certificates chain to (variant %s)"
+                             % variant.name)
         host = atls.parse_endpoint(config.public_endpoint)[0]
         if not config.public_ip:
             if host in ("0.0.0.0", "::"):
@@ -168,22 +172,19 @@ class Agent:
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log)
         self.admin = AdminHandlers(self.core, self.log)
-        self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log)
+        self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer)
         self.vpnapi = VPNAPI(self.core, log=self.log)
         self.core.on_state_change(self._on_state)
 
     def _attestation(self):
-        if self.config.variant == "dummy":
-            from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import (
-                DummyIssuer, DummyValidator)
-
-            return DummyIssuer(), DummyValidator(), DummyValidator()
-        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (
-            VTPMIssuer, VTPMValidator)
-
-        policy = Measurements.load(self.config.measurements)
-        return (VTPMIssuer(tcti=self.config.tcti), VTPMValidator(fresh_node_policy(policy)),
-                VTPMValidator(coordinator_policy(policy)))
+        """(issuer, validator of fresh nodes, validator of the Coordinator), from the chooser. The
+        two validators share one registry of certified AKs (qemu-vtpm-ek)."""
+        variant = self.config.variant
+        trust = choose.load_trust(variant, self.config.ek_ca, field="ek_ca")
+        policy = Measurements.load(self.config.measurements) if choose.spec(variant).needs_policy else None
+        return (choose.issuer(variant, self.config.tcti),
+                choose.validator(variant, fresh_node_policy(policy) if policy else None, trust),
+                choose.validator(variant, coordinator_policy(policy) if policy else None, trust))
 
     def _disk_uuid(self) -> str:
         path = self.config.disk_uuid_file or os.path.join(self.config.state_dir, "disk_uuid")

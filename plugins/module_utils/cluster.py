@@ -82,13 +82,19 @@ def open_peer(endpoint: str, settings: AttestationSettings):
     """An AgentClient on an attested connection; AttestationError (with ``checks``) when refused."""
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import connect_enrolling
+
     host, port = atls.parse_endpoint(endpoint)
+
+    def connect(validators):
+        try:
+            sock = create_connection((host, port), settings.timeout, settings.netns)
+        except OSError as err:
+            raise ConstellationError("cannot connect to %s: %s" % (endpoint, err.strerror or err)) from None
+        return AgentClient.connect(endpoint, validators, sock=sock, timeout=settings.timeout)
+
     try:
-        sock = create_connection((host, port), settings.timeout, settings.netns)
-    except OSError as err:
-        raise ConstellationError("cannot connect to %s: %s" % (endpoint, err.strerror or err)) from None
-    try:
-        return AgentClient.connect(endpoint, settings.validators(), sock=sock, timeout=settings.timeout)
+        return connect_enrolling(connect, settings.validators())
     except AttestationError as err:
         raise _prefixed(err, "%s: " % endpoint) from None
 

@@ -28,9 +28,11 @@ options:
     type: str
   variant:
     description:
-      - The attestation variant of the document. C(dummy) is an unsigned test document that proves nothing.
+      - The attestation variant of the document (the chooser in C(module_utils/attestation/choose.py)).
+        C(qemu-vtpm-ek) documents have the C(qemu-vtpm) format under their own OID (their AK is trusted
+        after EK enrollment). C(dummy) is an unsigned test document that proves nothing.
     type: str
-    choices: [qemu-vtpm, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
     default: qemu-vtpm
   nonce:
     description:
@@ -118,7 +120,7 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import from_string
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 
 _HEX = re.compile(r"^(?:[0-9a-fA-F]{2})+$")
@@ -138,19 +140,11 @@ def _decode_nonce(text):
     return nonce
 
 
-def _issuer(variant, tcti, event_log_path):
-    if variant == "dummy":
-        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer
-        return DummyIssuer()
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMIssuer
-    return VTPMIssuer(tcti, event_log_path=event_log_path)
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             tcti=dict(type="str"),
-            variant=dict(type="str", choices=["qemu-vtpm", "dummy"], default="qemu-vtpm"),
+            variant=dict(type="str", choices=list(choose.VARIANT_NAMES), default=choose.DEFAULT_VARIANT),
             nonce=dict(type="str"),
             user_data=dict(type="str", default=""),
             event_log_path=dict(type="path", default="/sys/kernel/security/tpm0/binary_bios_measurements"),
@@ -159,7 +153,7 @@ def main():
     )
     p = module.params
     try:
-        variant = from_string(p["variant"])
+        variant = choose.spec(p["variant"])
         tpm.require_tpm2_pytss()
         pcrs = tpm.read_pcrs(p["tcti"], "sha256")
         result = dict(
@@ -171,7 +165,7 @@ def main():
         )
         if p["nonce"] is not None:
             nonce = _decode_nonce(p["nonce"])
-            issuer = _issuer(variant.name, p["tcti"], p["event_log_path"])
+            issuer = choose.issuer(variant.name, p["tcti"], event_log_path=p["event_log_path"])
             try:
                 document = issuer.issue(p["user_data"].encode("utf-8"), nonce)
             finally:

@@ -32,9 +32,14 @@ import binascii
 import datetime
 import hmac
 import os
+import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import (
+    QEMU_VTPM_EK_NAME,
+    QEMU_VTPM_EK_OID,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Variant, register
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (
@@ -62,7 +67,7 @@ try:
 except ImportError:
     HAS_CRYPTOGRAPHY = False
 
-QEMU_VTPM_EK = register(Variant("qemu-vtpm-ek", "2.25.48000548495140104094697751808415705683"))
+QEMU_VTPM_EK = register(Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID))
 
 EK_CERT_NV_INDEX_RSA = 0x01C00002
 _MAX_CHAIN = 5
@@ -84,8 +89,10 @@ def _unb64(value, field: str) -> bytes:
 # ------------------------------------------------------------------------------ certificates
 
 
-def load_ca_certs(sources: Iterable) -> List["x509.Certificate"]:
+def load_ca_certs(sources: Iterable, field: str = "ca_certs") -> List["x509.Certificate"]:
     """CA certificates from PEM paths, PEM/DER bytes or Certificate objects (bundles allowed)."""
+    if not HAS_CRYPTOGRAPHY:
+        raise InputError(field, "CA certificates, which need the Python package cryptography")
     certs: List[x509.Certificate] = []
     for source in sources:
         if isinstance(source, x509.Certificate):
@@ -93,17 +100,22 @@ def load_ca_certs(sources: Iterable) -> List["x509.Certificate"]:
             continue
         data = source
         if isinstance(source, str):
-            with open(source, "rb") as handle:
-                data = handle.read()
+            try:
+                with open(source, "rb") as handle:
+                    data = handle.read()
+            except OSError as err:
+                raise InputError(field, "a readable PEM file", "%s (%s)" % (source, err.strerror)) from None
+        if not isinstance(data, (bytes, bytearray)):
+            raise InputError(field, "PEM or DER X.509 certificates", type(data).__name__)
         try:
             if b"-----BEGIN" in data:
-                certs.extend(x509.load_pem_x509_certificates(data))
+                certs.extend(x509.load_pem_x509_certificates(bytes(data)))
             else:
-                certs.append(x509.load_der_x509_certificate(data))
+                certs.append(x509.load_der_x509_certificate(bytes(data)))
         except ValueError as err:
-            raise InputError("ca_certs", "PEM or DER X.509 certificates", str(err))
+            raise InputError(field, "PEM or DER X.509 certificates", str(err)) from None
     if not certs:
-        raise InputError("ca_certs", "at least one CA certificate", "none")
+        raise InputError(field, "at least one CA certificate", "none")
     return certs
 
 
@@ -194,10 +206,45 @@ class PendingEnrollment:
     record: CertifiedAK
 
 
+class EnrollmentRequired(AttestationError):
+    """The document is sound but its AK was never certified here: enroll it (EnrollAK), then
+    connect again. ``validator`` is the validator that asks, ``ak_pub`` the AK's public area."""
+
+    def __init__(self, message: str, validator: "VTPMEKValidator", ak_pub: bytes):
+        super().__init__(message)
+        self.validator = validator
+        self.ak_pub = ak_pub
+
+
+class CertifiedAKs:
+    """The AKs one verifier (a controller process, a Coordinator's agent) has certified, keyed by
+    AK public area. Thread-safe; a record is added only if its EK certificate chains to the CAs."""
+
+    def __init__(self, ca_certs: Sequence = ()):
+        self.ca_certs = list(ca_certs)
+        self._lock = threading.Lock()
+        self._records: Dict[bytes, CertifiedAK] = {}
+
+    def add(self, record: CertifiedAK) -> None:
+        verify_ek_cert(record.ek_cert, self.ca_certs)
+        with self._lock:
+            self._records[record.ak_pub] = record
+
+    def get(self, ak_pub: bytes) -> Optional[CertifiedAK]:
+        with self._lock:
+            return self._records.get(ak_pub)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+
 def begin_enrollment(request: Dict[str, str], ca_certs: Sequence) -> Tuple[Dict[str, str], PendingEnrollment]:
     """Checks the EK chain and the AK, and returns (challenge for the node, pending state)."""
     certs = load_ca_certs(ca_certs)
-    ek_cert = _unb64(request.get("ek_cert") if isinstance(request, dict) else None, "enrollment.ek_cert")
+    if not isinstance(request, dict):
+        raise InputError("enrollment", "a mapping with ek_cert and ak_pub", type(request).__name__)
+    ek_cert = _unb64(request.get("ek_cert"), "enrollment.ek_cert")
     ak_pub = _unb64(request.get("ak_pub"), "enrollment.ak_pub")
     cert = verify_ek_cert(ek_cert, certs)
     ak = parse_ak(ak_pub)  # restricted signing key with pinned algorithms, or refuse now
@@ -273,31 +320,66 @@ class VTPMEKIssuer(VTPMIssuer):
 
 
 class VTPMEKValidator(VTPMValidator):
-    """``qemu-vtpm`` validation with AK trust only through certified, still-chaining records."""
+    """``qemu-vtpm`` validation with AK trust only through certified, still-chaining records.
+
+    ``certified_aks``: records (``CertifiedAK`` or their dicts), or a live ``CertifiedAKs``
+    registry that enrollment adds to. An AK not certified raises ``EnrollmentRequired``."""
 
     oid = QEMU_VTPM_EK.oid
 
-    def __init__(self, measurements: Measurements, ca_certs: Sequence, certified_aks: Sequence,
+    def __init__(self, measurements: Measurements, ca_certs: Sequence, certified_aks=(),
                  pcr_selection: Sequence[int] = ALL_PCRS, check_event_log: bool = True):
         super().__init__(measurements, pcr_selection, check_event_log)
-        certs = load_ca_certs(ca_certs)
-        self._trusted: Dict[bytes, CertifiedAK] = {}
+        self.ca_certs = load_ca_certs(ca_certs)
         self.rejected_records: List[Tuple[CertifiedAK, str]] = []
+        if isinstance(certified_aks, CertifiedAKs):
+            self.certified_aks = certified_aks
+            return
+        self.certified_aks = CertifiedAKs(self.ca_certs)
         for record in certified_aks:
             if isinstance(record, dict):
                 record = CertifiedAK.from_dict(record)
             try:
-                verify_ek_cert(record.ek_cert, certs)
+                self.certified_aks.add(record)
             except AttestationError as err:
                 self.rejected_records.append((record, str(err)))
-                continue
-            self._trusted[record.ak_pub] = record
 
     def trust_ak(self, ak_pub: bytes, ak: AKInfo) -> None:
-        if ak_pub in self._trusted:
+        record = self.certified_aks.get(ak_pub)
+        if record is not None:
+            verify_ek_cert(record.ek_cert, self.ca_certs)  # a CA dropped since enrollment revokes it
             return
-        for record, reason in self.rejected_records:
-            if record.ak_pub == ak_pub:
+        for rejected, reason in self.rejected_records:
+            if rejected.ak_pub == ak_pub:
                 raise AttestationError("AK is not trusted: its enrollment record's %s" % reason)
-        raise AttestationError("AK is not certified: it was never enrolled through an EK certificate of the "
-                               "trusted CAs with credential activation (AK name %s)" % ak.name.hex())
+        raise EnrollmentRequired("AK is not certified: it was never enrolled through an EK certificate of the "
+                                 "trusted CAs with credential activation (AK name %s)" % ak.name.hex(), self, ak_pub)
+
+    def enrollment_validator(self) -> "EnrollmentValidator":
+        """The validator of the enrollment connection (see EnrollmentValidator)."""
+        return EnrollmentValidator(self.measurements, self.pcr_selection, self.check_event_log)
+
+
+class EnrollmentValidator(VTPMValidator):
+    """Validates a ``qemu-vtpm-ek`` document in full (signature, nonce, PCR policy, key binding)
+    except AK trust. Used only for the connection that carries EnrollAK, which sends nothing
+    secret: the enrollment itself then proves the AK, and only a new connection validated by
+    ``VTPMEKValidator`` is trusted with anything."""
+
+    oid = QEMU_VTPM_EK.oid
+
+
+def enroll_over(client, ca_certs: Sequence) -> CertifiedAK:
+    """The verifier's side of EnrollAK over an RPC exchange: ``client.enroll_ak(challenge_for)``
+    sends the request, passes the node's enrollment request to ``challenge_for`` and returns the
+    secret the node's TPM recovered."""
+    box: Dict[str, PendingEnrollment] = {}
+
+    def challenge_for(request: Dict[str, str]) -> Dict[str, str]:
+        challenge, box["pending"] = begin_enrollment(request, ca_certs)
+        return challenge
+
+    secret = client.enroll_ak(challenge_for)
+    if "pending" not in box:
+        raise AttestationError("EnrollAK: the node sent no enrollment request")
+    return finish_enrollment(box["pending"], secret)

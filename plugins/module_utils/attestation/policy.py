@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import hmac
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     PCR_INDEX_CLUSTER_ID, Measurements, expected_pcr15)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import check_netns_name
 
-VARIANTS = ("qemu-vtpm", "dummy")
+VARIANTS = choose.VARIANT_NAMES
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_ATTESTATION_TIMEOUT = 30.0
 
@@ -28,7 +29,8 @@ DEFAULT_ATTESTATION_TIMEOUT = 30.0
 ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
     measurements=dict(type="dict"),
     measurements_path=dict(type="path"),
-    variant=dict(type="str", choices=list(VARIANTS), default="qemu-vtpm"),
+    variant=dict(type="str", choices=list(VARIANTS), default=choose.DEFAULT_VARIANT),
+    ek_ca_path=dict(type="path"),
     netns=dict(type="str"),
     timeout=dict(type="float", default=DEFAULT_TIMEOUT),
     attestation_timeout=dict(type="float", default=DEFAULT_ATTESTATION_TIMEOUT),
@@ -88,30 +90,28 @@ class AttestationSettings:
     netns: Optional[str]
     timeout: float
     attestation_timeout: float
+    trust: choose.Trust = field(default_factory=choose.Trust)
 
     def validators(self) -> List[Any]:
-        if self.variant == "dummy":
-            from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import (
-                DummyValidator)
-            return [DummyValidator()]
-        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
-        return [VTPMValidator(self.policy)]
+        """The validators of the chosen variant (attestation/choose.py); for qemu-vtpm-ek they share
+        this settings' registry of certified AKs, so one enrollment serves every connection."""
+        return [choose.validator(self.variant, self.policy, self.trust)]
 
 
 def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None) -> AttestationSettings:
     """``args``: validated parameters holding the ATTESTATION_ARGUMENT_SPEC options."""
-    variant = args.get("variant") or "qemu-vtpm"
-    if variant not in VARIANTS:
-        raise InputError("variant", "one of %s" % ", ".join(VARIANTS), variant)
+    variant = args.get("variant") or choose.DEFAULT_VARIANT
+    chosen = choose.spec(variant, "variant")
     policy = None
-    if variant != "dummy":
+    if chosen.needs_policy:
         policy = load_policy(args.get("measurements"), args.get("measurements_path"), basedir)
+    trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir)
     for name in ("timeout", "attestation_timeout"):
         value = args.get(name)
         if value is None or not 0 < float(value) <= 86400:
             raise InputError(name, "seconds in (0, 86400]", value)
     return AttestationSettings(variant, policy, check_netns_name(args.get("netns")),
-                               float(args.get("timeout")), float(args.get("attestation_timeout")))
+                               float(args.get("timeout")), float(args.get("attestation_timeout")), trust)
 
 
 def cluster_membership(pcrs: Mapping[int, bytes], cluster_id: Optional[bytes]) -> str:

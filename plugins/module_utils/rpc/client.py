@@ -86,6 +86,24 @@ def _no_delay(sock: socket.socket) -> None:
         pass
 
 
+def connect_enrolling(connect: Callable[[Sequence], "AgentClient"], validators: Sequence) -> "AgentClient":
+    """``connect(validators)`` opens a new attested AgentClient. Where a validator trusts AKs only
+    after enrollment (qemu-vtpm-ek) and this peer's AK is not certified yet, enroll it over a
+    connection validated in everything but AK trust (EnrollAK carries no secret), then connect
+    again: only that second connection, validated in full, is returned."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import (
+        EnrollmentRequired, enroll_over)
+
+    try:
+        return connect(validators)
+    except EnrollmentRequired as needed:
+        asking = needed.validator
+    with connect([asking.enrollment_validator()]) as client:
+        record = enroll_over(client, asking.ca_certs)
+    asking.certified_aks.add(record)
+    return connect(validators)
+
+
 @dataclass
 class ExecResult:
     exit_code: int
@@ -196,6 +214,14 @@ class AgentClient:
 
     def recover(self, kms_uri: str) -> Dict[str, Any]:
         return self.call("Recover", {"kms_uri": kms_uri})
+
+    def enroll_ak(self, challenge_for: Callable[[Dict[str, Any]], Dict[str, Any]]) -> bytes:
+        """EnrollAK (qemu-vtpm-ek): the node's {ek_cert, ak_pub} go to ``challenge_for``, whose
+        credential challenge goes back; returns the secret the node's TPM recovered."""
+        self.stream.send_request("EnrollAK", {})
+        request = self.stream.recv_msg("the enrollment request")
+        self.stream.send_msg({"challenge": challenge_for(request)})
+        return b64d(self.stream.recv_end().get("secret"), "secret", 32)
 
     def issue_join_ticket(self, disk_uuid: str, node_vpn_pub_key: bytes, issuer,
                           on_ticket: Callable[[Dict[str, Any]], None], is_control_plane: bool = False) -> Dict[str, Any]:

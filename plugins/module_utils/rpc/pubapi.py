@@ -23,7 +23,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     ConstellationError,
     InputError,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, join_user_data
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (
+    AgentClient,
+    connect_enrolling,
+    join_user_data,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ConnectionClosed, b64d, b64e
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
 
@@ -50,17 +54,19 @@ class PubAPI:
     ``connect_node(endpoint) -> AgentClient``: aTLS connection to a node, verified with it."""
 
     def __init__(self, core, validator_for_nodes=None, connect_node: Optional[Callable[[str], AgentClient]] = None,
-                 admin=None, log=None):
+                 admin=None, log=None, issuer=None):
         self.core = core
         self.validator_for_nodes = validator_for_nodes
-        self.connect_node = connect_node or (lambda endpoint: AgentClient.connect(endpoint, [validator_for_nodes]))
+        self.issuer = issuer
+        self.connect_node = connect_node or (lambda endpoint: connect_enrolling(
+            lambda validators: AgentClient.connect(endpoint, validators), [validator_for_nodes]))
         self.admin = admin
         self._log = log or (lambda event, **fields: None)
 
     def handlers(self) -> Dict[str, Any]:
         return {"GetState": self.get_state, "ActivateAsCoordinator": self.activate_as_coordinator,
                 "ActivateAsNode": self.activate_as_node, "ActivateAdditionalNodes": self.activate_additional_nodes,
-                "IssueJoinTicket": self.issue_join_ticket, "Recover": self.recover}
+                "IssueJoinTicket": self.issue_join_ticket, "Recover": self.recover, "EnrollAK": self.enroll_ak}
 
     def get_state(self, conn: Connection, params: Dict[str, Any]) -> None:
         conn.stream.send_result(self.core.get_state())
@@ -84,6 +90,17 @@ class PubAPI:
 
     def recover(self, conn: Connection, params: Dict[str, Any]) -> None:
         conn.stream.send_result(self.core.recover(params.get("kms_uri")))
+
+    def enroll_ak(self, conn: Connection, params: Dict[str, Any]) -> None:
+        """qemu-vtpm-ek: our EK certificate and AK, then TPM2_ActivateCredential of the verifier's
+        challenge. Any state: nothing secret is involved (the secret is the verifier's own)."""
+        if self.issuer is None or not hasattr(self.issuer, "enrollment_request"):
+            raise InputError("EnrollAK", "an agent whose attestation variant enrolls its AK (qemu-vtpm-ek)")
+        conn.stream.send_msg(self.issuer.enrollment_request())
+        answer = conn.stream.recv_msg("the credential challenge")
+        secret = self.issuer.activate_credential(answer.get("challenge"))
+        self._log("ak_enrolled", peer=conn.peer_ip)
+        conn.stream.send_result({"secret": b64e(secret)})
 
     # -- Coordinator: activate nodes listed by the admin
     def activate_additional_nodes(self, conn: Connection, params: Dict[str, Any]) -> None:
@@ -176,7 +193,7 @@ def activate_nodes(core, endpoints: Sequence[str], connect_node, log) -> List[Di
 
 def join_cluster(core, coordinator_endpoint: str, validators, issuer, connect=None) -> Dict[str, Any]:
     """The joining node's side: verify the Coordinator, attest ourselves in-band, take the ticket."""
-    connect = connect or (lambda endpoint: AgentClient.connect(endpoint, validators))
+    connect = connect or (lambda endpoint: connect_enrolling(lambda v: AgentClient.connect(endpoint, v), validators))
     with connect(coordinator_endpoint) as client:
         outcome: Dict[str, Any] = {}
 

@@ -1,0 +1,174 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one attestation chooser (Constellation's ``internal/attestation/choose``).
+
+Every place that offers a variant takes it from here: the argument specs and doc fragment
+(``VARIANT_NAMES``), the agent's configuration, the atls connection plugin and the lab. A variant
+is one ``VariantSpec``: its name and OID, whether it needs a measurements policy and EK CA
+certificates, and how to make its issuer and validator. The issuers and validators themselves
+stay in their modules (``vtpm.py``, ``ek.py``, ``dummy.py``) and are imported only when chosen,
+so importing this module costs nothing (modules and task workers import it).
+
+Adding a variant: one ``register(VariantSpec(...))`` (docs/extending.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
+    DUMMY,
+    QEMU_VTPM,
+    Variant,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
+    register as register_variant,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+_PKG = "ansible_collections.constellation.cluster.plugins.module_utils.attestation."
+
+# Constellation-compatible by default; the lab and `make demo` choose qemu-vtpm-ek.
+DEFAULT_VARIANT = "qemu-vtpm"
+QEMU_VTPM_EK_NAME = "qemu-vtpm-ek"
+# Fixed here (not in ek.py) so that listing variants imports no TPM code; ek.py registers the same.
+QEMU_VTPM_EK_OID = "2.25.48000548495140104094697751808415705683"
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What a validator trusts beyond the policy: the EK CA certificates (qemu-vtpm-ek) and the
+    registry of AKs certified through them (shared by every validator of one process)."""
+
+    ek_ca_certs: Tuple[Any, ...] = ()
+    certified_aks: Any = None  # ek.CertifiedAKs
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """One attestation variant. ``make_issuer(tcti, **kwargs)``; ``make_validator(policy, trust)``."""
+
+    variant: Variant
+    summary: str
+    make_issuer: Callable[..., Any]
+    make_validator: Callable[[Any, Trust], Any]
+    needs_policy: bool = True
+    needs_ek_ca: bool = False
+    enrolls: bool = False  # the validator trusts an AK only after EnrollAK (ek.py)
+    for_tests_only: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+    @property
+    def oid(self) -> str:
+        return self.variant.oid
+
+
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    def make(*args, **kwargs):
+        return getattr(importlib.import_module(_PKG + module), name)(*args, **kwargs)
+    return make
+
+
+def _vtpm_validator(policy, trust: Trust):
+    return _lazy("vtpm", "VTPMValidator")(policy)
+
+
+def _ek_validator(policy, trust: Trust):
+    ek = importlib.import_module(_PKG + "ek")
+    return ek.VTPMEKValidator(policy, trust.ek_ca_certs, trust.certified_aks if trust.certified_aks is not None
+                              else ek.CertifiedAKs(trust.ek_ca_certs))
+
+
+def _dummy_validator(policy, trust: Trust):
+    return _lazy("dummy", "DummyValidator")()
+
+
+def _dummy_issuer(tcti=None, **kwargs):
+    return _lazy("dummy", "DummyIssuer")()
+
+
+_SPECS: Dict[str, VariantSpec] = {}
+
+
+def register(spec: VariantSpec) -> VariantSpec:
+    """Adds a variant to the chooser (and its OID to variant.VARIANTS; OIDs are never reused)."""
+    register_variant(spec.variant)
+    _SPECS[spec.name] = spec
+    return spec
+
+
+register(VariantSpec(QEMU_VTPM, "vTPM quote; the AK is trusted as Constellation does (unconditionally)",
+                     _lazy("vtpm", "VTPMIssuer"), _vtpm_validator))
+register(VariantSpec(Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID),
+                     "vTPM quote; the AK is trusted only after EK certificate chain + credential activation",
+                     _lazy("ek", "VTPMEKIssuer"), _ek_validator, needs_ek_ca=True, enrolls=True))
+register(VariantSpec(DUMMY, "no TPM and no security: tests only", _dummy_issuer, _dummy_validator,
+                     needs_policy=False, for_tests_only=True))
+
+# The names every argument spec, doc fragment, agent config, plugin and the lab offer.
+VARIANT_NAMES: Tuple[str, ...] = tuple(_SPECS)
+
+
+def names() -> Tuple[str, ...]:
+    """The variants registered now (VARIANT_NAMES plus any registered later)."""
+    return tuple(_SPECS)
+
+
+def spec(name: Any, field: str = "variant") -> VariantSpec:
+    """The variant called ``name``; InputError naming ``field`` and the choices otherwise."""
+    if isinstance(name, str) and name in _SPECS:
+        return _SPECS[name]
+    raise InputError(field, "one of %s" % ", ".join(_SPECS), name)
+
+
+def spec_for_oid(oid: str) -> Optional[VariantSpec]:
+    for item in _SPECS.values():
+        if item.oid == oid:
+            return item
+    return None
+
+
+def issuer(name: str, tcti: Optional[str] = None, **kwargs):
+    """The issuer of variant ``name`` on a TCTI (``None``: the default TPM device)."""
+    return spec(name).make_issuer(tcti, **kwargs)
+
+
+def validator(name: str, policy=None, trust: Optional[Trust] = None):
+    """The validator of variant ``name``; ``policy`` is required where the variant needs one."""
+    chosen = spec(name)
+    if chosen.needs_policy and policy is None:
+        raise InputError("measurements", "a measurements policy (variant %s checks PCRs)" % chosen.name)
+    trust = trust or Trust()
+    if chosen.needs_ek_ca and not trust.ek_ca_certs:
+        raise InputError("ek_ca_path", "the EK CA certificate(s) that variant %s trusts TPMs through" % chosen.name)
+    return chosen.make_validator(policy, trust)
+
+
+def load_trust(name: str, ek_ca_path: Optional[Any], basedir: Optional[str] = None,
+               field: str = "ek_ca_path") -> Trust:
+    """The Trust for variant ``name``: EK CA certificates from ``ek_ca_path`` (a PEM file or a
+    list of them; relative paths are relative to ``basedir``) where the variant needs them."""
+    chosen = spec(name)
+    if not chosen.needs_ek_ca:
+        return Trust()
+    if not ek_ca_path:
+        raise InputError(field, "the EK CA certificate file(s) (PEM) for variant %s" % chosen.name, None)
+    import os
+
+    paths: Sequence[Any] = ek_ca_path if isinstance(ek_ca_path, (list, tuple)) else [ek_ca_path]
+    resolved = []
+    for path in paths:
+        if not isinstance(path, str):
+            raise InputError(field, "a path to a PEM file", type(path).__name__)
+        if basedir and not os.path.isabs(path):
+            path = os.path.join(basedir, path)
+        resolved.append(path)
+    ek = importlib.import_module(_PKG + "ek")
+    certs = ek.load_ca_certs(resolved, field)
+    return Trust(tuple(certs), ek.CertifiedAKs(certs))
