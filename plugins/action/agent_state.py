@@ -10,9 +10,6 @@ Documentation is in plugins/modules/agent_state.py.
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
@@ -20,6 +17,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.constellation.cluster.plugins.module_utils import cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE, pcr_rows, settings_from_args)
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError)
 
@@ -61,13 +59,7 @@ class ClusterAction(ActionBase):
         value = args.get("cluster_id")
         if not value:
             return None
-        try:
-            raw = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise InputError("cluster_id", "standard base64 of 32 bytes", "text that is not base64") from None
-        if len(raw) != 32:
-            raise InputError("cluster_id", "standard base64 of 32 bytes", "%d bytes" % len(raw))
-        return raw
+        return b64decode(value, "cluster_id", 32)
 
     def load_admin_priv_key(self, path):
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import load_priv_key

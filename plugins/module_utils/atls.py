@@ -47,6 +47,7 @@ except ImportError as _err:  # ansible-test's import sanity runs without third-p
     HAS_CRYPTOGRAPHY = False
     CRYPTOGRAPHY_IMPORT_ERROR = _err
 
+from ansible_collections.constellation.cluster.plugins.module_utils import encoding
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
     Issuer, Validation, Validator)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
@@ -153,24 +154,8 @@ class AttestedConnection:
 
 
 def parse_endpoint(endpoint: Union[str, Tuple[str, int]], field: str = "endpoint") -> Tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or a (host, port) tuple."""
-    if isinstance(endpoint, tuple) and len(endpoint) == 2:
-        host, port = endpoint
-    elif isinstance(endpoint, str):
-        host, sep, port = endpoint.rpartition(":")
-        if not sep or not host:
-            raise InputError(field, "host:port", endpoint)
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-    else:
-        raise InputError(field, "host:port", endpoint)
-    try:
-        port = int(port)
-    except (TypeError, ValueError):
-        raise InputError(field, "host:port with a numeric port", endpoint) from None
-    if not 0 < port < 65536 or not host:
-        raise InputError(field, "host:port with a port in 1-65535", endpoint)
-    return str(host), port
+    """``host:port``, ``[v6]:port`` or a (host, port) tuple (encoding.parse_endpoint)."""
+    return encoding.parse_endpoint(endpoint, field)
 
 
 _CLIENT_CONTEXT: Optional[ssl.SSLContext] = None

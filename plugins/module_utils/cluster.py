@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
@@ -124,15 +125,7 @@ def peer_status(endpoint: str, settings: AttestationSettings, cluster_id: Option
 
 def decode_salt(value: Any, field_name: str = "measurement_salt") -> bytes:
     """The measurement salt from standard base64 (32 bytes)."""
-    if not isinstance(value, str):
-        raise InputError(field_name, "standard base64 of 32 bytes", type(value).__name__)
-    try:
-        salt = base64.b64decode(value.strip(), validate=True)
-    except (ValueError, TypeError):
-        raise InputError(field_name, "standard base64 of 32 bytes", "text that is not base64") from None
-    if len(salt) != 32:
-        raise InputError(field_name, "standard base64 of 32 bytes", "%d bytes" % len(salt))
-    return salt
+    return b64decode(value, field_name, 32, strip=True)
 
 
 def derive_cluster_id(kms_uri: str, measurement_salt: bytes) -> bytes:

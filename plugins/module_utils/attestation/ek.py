@@ -28,7 +28,6 @@ and cannot collide with Constellation's 1.3.9900.x list or anyone else's). UUID
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime
 import hmac
 import os
@@ -49,6 +48,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     VTPMValidator,
     parse_ak,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 try:
@@ -78,12 +78,7 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(value, field: str) -> bytes:
-    if not isinstance(value, str):
-        raise InputError(field, "base64 text", type(value).__name__)
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise InputError(field, "valid base64", value[:40])
+    return b64decode(value, field, max_size=64 * 1024)
 
 
 # ------------------------------------------------------------------------------ certificates

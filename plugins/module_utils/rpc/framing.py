@@ -20,8 +20,6 @@ one thread per connection uses a stream at a time.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import socket
 import ssl
@@ -29,6 +27,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils import encoding
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError,
     InputError,
@@ -82,21 +81,12 @@ class Frame:
 
 
 def b64e(data: bytes) -> str:
-    return base64.b64encode(bytes(data)).decode("ascii")
+    return encoding.b64encode(data)
 
 
 def b64d(value: Any, field: str, size: Optional[int] = None, max_size: int = MAX_JSON) -> bytes:
-    """Strict std-base64 of a JSON field, optionally of an exact size."""
-    if not isinstance(value, str) or len(value) > 4 * ((max_size + 2) // 3):
-        raise InputError(field, "a standard base64 string", type(value).__name__ if not isinstance(value, str)
-                         else "%d characters" % len(value))
-    try:
-        raw = base64.b64decode(value.encode("ascii"), validate=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError):
-        raise InputError(field, "standard base64 with padding") from None
-    if size is not None and len(raw) != size:
-        raise InputError(field, "%d bytes" % size, "%d bytes" % len(raw))
-    return raw
+    """Strict std-base64 of a JSON field, optionally of an exact size (encoding.b64decode)."""
+    return encoding.b64decode(value, field, size, max_size)
 
 
 def encode_frame(kind: int, payload: bytes) -> bytes:
