@@ -9,16 +9,14 @@ Constellation's CLI). Documentation is in plugins/modules/activate_coordinator.p
 
 from __future__ import annotations
 
-from ansible_collections.constellation.cluster.plugins.action.agent_state import ClusterAction
 from ansible_collections.constellation.cluster.plugins.module_utils import cluster
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    ATTESTATION_ARGUMENT_SPEC)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
 
 class ActionModule(ClusterAction):
     SPEC = cluster.ACTIVATE_COORDINATOR_ARGS
-    _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
+    _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
         from ansible_collections.constellation.cluster.plugins.module_utils.cluster import (

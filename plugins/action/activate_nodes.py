@@ -8,21 +8,19 @@ Documentation is in plugins/modules/activate_nodes.py.
 
 from __future__ import annotations
 
-from ansible_collections.constellation.cluster.plugins.action.agent_state import ClusterAction
 from ansible_collections.constellation.cluster.plugins.module_utils import cluster
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    ATTESTATION_ARGUMENT_SPEC)
+from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
 
 class ActionModule(ClusterAction):
     SPEC = cluster.ACTIVATE_NODES_ARGS
-    _VALID_ARGS = frozenset(list(ATTESTATION_ARGUMENT_SPEC) + list(SPEC))
+    _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
         from ansible_collections.constellation.cluster.plugins.module_utils.cluster import activate_nodes
-        if not args["node_endpoints"]:
+        if not args["node_public_endpoints"]:
             return {"changed": False, "nodes": [], "resource_version": None}
-        out = activate_nodes(args["coordinator_endpoint"], args["node_endpoints"], settings,
+        out = activate_nodes(args["coordinator_public_endpoint"], args["node_public_endpoints"], settings,
                              self.load_admin_priv_key(args["admin_priv_key_file"]),
                              cluster_id=self.cluster_id_arg(args), check_mode=bool(self._task.check_mode))
         out["activated"] = [row["endpoint"] for row in out["nodes"] if row["action"] == "activate"]

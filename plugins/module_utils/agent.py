@@ -48,7 +48,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 DEFAULT_PUBLIC_PORT = 9000
 DEFAULT_UPDATE_INTERVAL = 10.0
 MAX_BACKOFF = 30.0
-_CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "wg_interface",
+# Renamed keys (DESIGN.md 6); the old names work, with a warning in the log, until 2.0.0.
+_DEPRECATED_KEYS = {"wg_interface": "vpn_interface"}
+_CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",
                 "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "wg_listen_port", "log_level"}
 
@@ -92,7 +94,7 @@ class AgentConfig:
     measurements: Optional[str] = None
     ek_ca: Optional[Any] = None  # qemu-vtpm-ek: PEM file(s) of the CA(s) that TPMs' EK certificates chain to
     store: Dict[str, Any] = field(default_factory=dict)
-    wg_interface: str = "wg0"
+    vpn_interface: str = "wg0"
     wg_listen_port: int = 51820
     vpn_api_port: int = VPNAPI_PORT
     vpn_cidr: str = VPN_CIDR
@@ -100,11 +102,20 @@ class AgentConfig:
     disk_uuid_file: Optional[str] = None
     coordinator_public_endpoint: Optional[str] = None
     join_interval: float = 5.0
+    deprecations: List[str] = field(default_factory=list)  # old key names found in the file
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "AgentConfig":
         if not isinstance(data, Mapping):
             raise InputError("config", "a mapping", type(data).__name__)
+        deprecations = []
+        for old, new in _DEPRECATED_KEYS.items():
+            if old in data:
+                if new in data:
+                    raise InputError(old, "either %s or its deprecated name %s, not both" % (new, old))
+                data = dict(data)
+                data[new] = data.pop(old)
+                deprecations.append("%s is deprecated (removed in 2.0.0): use %s" % (old, new))
         unknown = set(data) - _CONFIG_KEYS
         if unknown:
             raise InputError("config", "only the keys %s" % ", ".join(sorted(_CONFIG_KEYS)), sorted(unknown))
@@ -130,6 +141,7 @@ class AgentConfig:
             if host in ("0.0.0.0", "::"):
                 raise InputError("public_ip", "this node's public IP (public_endpoint binds to all addresses)")
             config.public_ip = host
+        config.deprecations = deprecations
         return config
 
     @classmethod
@@ -167,7 +179,7 @@ class Agent:
         self.issuer, self.node_validator, self.coordinator_validator = self._attestation()
         store_spec = config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")}
         self.store = open_store(store_spec)
-        self.vpn = WireGuardVPN(config.wg_interface, os.path.join(config.state_dir, "%s.key" % config.wg_interface),
+        self.vpn = WireGuardVPN(config.vpn_interface, os.path.join(config.state_dir, "%s.key" % config.vpn_interface),
                                 listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log)
@@ -200,6 +212,8 @@ class Agent:
     # -- life cycle
     def start(self) -> "Agent":
         state = self.core.load()
+        for deprecation in self.config.deprecations:
+            self.log("config_deprecated", level="warning", message=deprecation)
         self.log("agent_started", state=state.wire_name, role=self.core.role, disk_uuid=self.core.disk_uuid,
                  failure=self.core.failure)
         host, port = atls.parse_endpoint(self.config.public_endpoint)

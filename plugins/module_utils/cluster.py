@@ -25,6 +25,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     AttestationError, ConstellationError, InputError, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
 
+def _deprecated(alias: str) -> Dict[str, str]:
+    """An old option name that keeps working, with a deprecation warning, until 2.0.0."""
+    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
+
+
 # The options of the controller-side actions beyond the shared attestation options
 # (attestation/policy.py ATTESTATION_ARGUMENT_SPEC). The action plugins validate with these and
 # their documentation stubs in plugins/modules declare the same dicts, so the two cannot drift.
@@ -40,8 +45,11 @@ ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
     vpn_interface=dict(type="str", default="wg0"),
 )
 ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
-    coordinator_endpoint=dict(type="str", required=True),
-    node_endpoints=dict(type="list", elements="str", required=True),
+    # Renamed in 0.2.0 (DESIGN.md 6: entity, interface, kind); the old names work until 2.0.0.
+    coordinator_public_endpoint=dict(type="str", required=True, aliases=["coordinator_endpoint"],
+                                     deprecated_aliases=[_deprecated("coordinator_endpoint")]),
+    node_public_endpoints=dict(type="list", elements="str", required=True,
+                               aliases=["node_endpoints"], deprecated_aliases=[_deprecated("node_endpoints")]),
     admin_priv_key_file=dict(type="path", required=True),
     cluster_id=dict(type="str"),
 )
@@ -192,14 +200,14 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
     return result
 
 
-def activate_nodes(coordinator_endpoint: str, node_endpoints: List[str], settings: AttestationSettings,
+def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List[str], settings: AttestationSettings,
                    admin_priv_key, cluster_id: Optional[bytes] = None, check_mode: bool = False) -> Dict[str, Any]:
     """Attests every node, then asks the Coordinator (admin-authenticated) to activate the fresh
     ones. Returns changed and one row per node: endpoint, state_before, action, node_vpn_ip."""
     rows: List[Dict[str, Any]] = []
     fresh: List[str] = []
     refused: List[str] = []
-    for endpoint in dict.fromkeys(node_endpoints):  # unique, in order
+    for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
         status = peer_status(endpoint, settings, cluster_id)
         row = {"endpoint": endpoint, "state_before": status.state, "node_vpn_ip": None}
         if status.membership == OURS and status.state == IS_NODE:
@@ -219,12 +227,12 @@ def activate_nodes(coordinator_endpoint: str, node_endpoints: List[str], setting
     result: Dict[str, Any] = {"changed": bool(fresh), "nodes": rows, "resource_version": None}
     if not fresh or check_mode:
         return result
-    with open_peer(coordinator_endpoint, settings) as client:
-        coordinator = status_of(client, coordinator_endpoint, cluster_id)
+    with open_peer(coordinator_public_endpoint, settings) as client:
+        coordinator = status_of(client, coordinator_public_endpoint, cluster_id)
         if coordinator.role != ROLE_COORDINATOR or coordinator.state != ACTIVATING_NODES \
                 or (cluster_id is not None and coordinator.membership != OURS):
             raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)"
-                             % (coordinator_endpoint, coordinator.state, coordinator.role, coordinator.membership))
+                             % (coordinator_public_endpoint, coordinator.state, coordinator.role, coordinator.membership))
         client.admin_auth(admin_priv_key)
         answer = client.activate_additional_nodes(fresh)
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}

@@ -11,7 +11,7 @@ module: activate_nodes
 short_description: Have the Coordinator activate the fresh nodes (ActivateAdditionalNodes)
 version_added: "0.1.0"
 description:
-  - Attests every node in O(node_endpoints) from the controller and reads its state. Nodes of this cluster
+  - Attests every node in O(node_public_endpoints) from the controller and reads its state. Nodes of this cluster
     (PCR 15 holds O(cluster_id)) are left alone; fresh nodes are activated by the Coordinator, which the controller
     asks over an admin-authenticated aTLS connection. The Coordinator attests each node again with its own policy.
   - A node locked to another cluster or in another state fails the task before anything is asked.
@@ -20,15 +20,21 @@ author:
 extends_documentation_fragment:
   - constellation.cluster.attestation
 options:
-  coordinator_endpoint:
-    description: The Coordinator agent's public endpoint.
+  coordinator_public_endpoint:
+    description:
+      - The Coordinator agent's public endpoint (host:port).
+      - The alias O(coordinator_endpoint) is deprecated and will be removed in 2.0.0.
     type: str
     required: true
-  node_endpoints:
-    description: The nodes' public endpoints.
+    aliases: [coordinator_endpoint]
+  node_public_endpoints:
+    description:
+      - The nodes' public endpoints (host:port).
+      - The alias O(node_endpoints) is deprecated and will be removed in 2.0.0.
     type: list
     elements: str
     required: true
+    aliases: [node_endpoints]
   admin_priv_key_file:
     description: The admin's private key; signs the Coordinator's admin challenge (never sent).
     type: path
@@ -51,8 +57,8 @@ attributes:
 EXAMPLES = r"""
 - name: The Coordinator activates the fresh nodes
   constellation.cluster.activate_nodes:
-    coordinator_endpoint: 192.0.2.10:9000
-    node_endpoints: [192.0.2.11:9000, 192.0.2.12:9000]
+    coordinator_public_endpoint: 192.0.2.10:9000
+    node_public_endpoints: [192.0.2.11:9000, 192.0.2.12:9000]
     admin_priv_key_file: ~/.constellation/admin.key
     cluster_id: "{{ activation.cluster_id }}"
     measurements_path: measurements.json
