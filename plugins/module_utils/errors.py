@@ -40,3 +40,7 @@ class ExternalCommandError(ConstellationError):
         self.rc = rc
         self.stderr = stderr
         super().__init__("%s exited with %d: %s" % (" ".join(self.argv[:3]), rc, stderr.strip()[-500:]))
+
+
+class ConnectionLost(ConstellationError):
+    """The peer went away in the middle of an exchange (the transports raise a subclass of it)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    ConnectionLost,
     ConstellationError,
     InputError,
 )
@@ -65,7 +66,7 @@ class RemoteError(ConstellationError):
         super().__init__(message)
 
 
-class ConnectionClosed(ProtocolError):
+class ConnectionClosed(ProtocolError, ConnectionLost):
     """The peer closed the connection at a frame boundary."""
 
 
