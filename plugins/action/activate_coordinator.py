@@ -38,6 +38,6 @@ class ActionModule(ClusterAction):
         out = activate_coordinator(args["endpoint"], settings, args["kms_uri"],
                                    decode_salt(args["measurement_salt"]), pub_key, admin_priv_key=priv_key,
                                    storage_uri=args["storage_uri"], cluster_config=config,
-                                   check_mode=bool(self._task.check_mode), vpn_interface=args["vpn_interface"])
+                                   check_mode=bool(self._task.check_mode))
         out["endpoint"] = args["endpoint"]
         return out

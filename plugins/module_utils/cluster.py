@@ -22,7 +22,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError, ConstellationError, InputError, StateError)
+    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
 
 def _deprecated(alias: str) -> Dict[str, str]:
@@ -42,7 +42,8 @@ ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
     admin_priv_key_file=dict(type="path"),
     cluster_name=dict(type="str", default=""),
     vpn_cidr=dict(type="str", default="10.118.0.0/16"),
-    vpn_interface=dict(type="str", default="wg0"),
+    # Unused since GetState reports the VPN IP and key; accepted with a deprecation until 2.0.0.
+    vpn_interface=dict(type="str", removed_in_version="2.0.0", removed_from_collection="constellation.cluster"),
 )
 ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
     # Renamed in 0.2.0 (DESIGN.md 6: entity, interface, kind); the old names work until 2.0.0.
@@ -81,10 +82,13 @@ class PeerStatus:
     pcrs: List[Dict[str, Any]] = field(default_factory=list)  # the policy table
     pcr15: str = ""
     warnings: List[str] = field(default_factory=list)
+    vpn_ip: Optional[str] = None  # from GetState, once the peer is activated
+    vpn_pub_key: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
-                "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings)}
+                "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings),
+                "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key}
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -122,7 +126,12 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes]) -> PeerStatus:
     pcr15 = validation.pcrs.get(15, b"")
     return PeerStatus(endpoint=endpoint, state=str(state.get("state")), role=str(state.get("role")),
                       membership=cluster_membership(validation.pcrs, cluster_id), pcrs=pcr_rows(validation.checks),
-                      pcr15=pcr15.hex(), warnings=list(validation.warnings))
+                      pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
+                      vpn_pub_key=_opt_str(state.get("vpn_pub_key")))
+
+
+def _opt_str(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) and value else None
 
 
 def peer_status(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes] = None) -> PeerStatus:
@@ -142,26 +151,10 @@ def derive_cluster_id(kms_uri: str, measurement_salt: bytes) -> bytes:
     return open_kms(kms_uri).cluster_id(measurement_salt)
 
 
-def _vpn_identity(client, interface: str) -> Dict[str, Optional[str]]:
-    """The peer's VPN IP and public key, read from its WireGuard interface over the admin channel."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import validate_interface_name
-
-    validate_interface_name(interface)
-    pub = client.exec_command(argv=["wg", "show", interface, "public-key"], timeout=30)
-    addr = client.exec_command(argv=["ip", "-o", "-4", "addr", "show", "dev", interface], timeout=30)
-    vpn_ip = None
-    for token in addr.stdout.decode("utf-8", "replace").split():
-        if "/" in token and token[0].isdigit():
-            vpn_ip = token.split("/")[0]
-            break
-    pub_key = pub.stdout.decode("ascii", "replace").strip() if pub.exit_code == 0 else ""
-    return {"vpn_ip": vpn_ip, "vpn_pub_key": pub_key or None}
-
-
 def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: str, measurement_salt: bytes,
                          admin_pub_key: str, admin_priv_key=None, storage_uri: Optional[str] = None,
-                         cluster_config: Optional[Mapping[str, Any]] = None, check_mode: bool = False,
-                         vpn_interface: str = "wg0") -> Dict[str, Any]:
+                         cluster_config: Optional[Mapping[str, Any]] = None,
+                         check_mode: bool = False) -> Dict[str, Any]:
     """Activates the Coordinator unless it already is ours. Returns changed, cluster_id (b64),
     coordinator_vpn_ip, coordinator_vpn_pub_key, state."""
     cluster_id = derive_cluster_id(kms_uri, measurement_salt)
@@ -175,9 +168,8 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
                                  % (endpoint, status.state, status.role))
             result["state"] = status.state
             if admin_priv_key is not None:
-                client.admin_auth(admin_priv_key)
-                identity = _vpn_identity(client, vpn_interface)
-                result.update(coordinator_vpn_ip=identity["vpn_ip"], coordinator_vpn_pub_key=identity["vpn_pub_key"])
+                client.admin_auth(admin_priv_key)  # the admin key pinned at activation is still ours
+            result.update(coordinator_vpn_ip=status.vpn_ip, coordinator_vpn_pub_key=status.vpn_pub_key)
             return result
         if status.membership == OTHER:
             raise StateError("%s is locked to another cluster (PCR 15 %s does not hold the cluster ID derived from "
@@ -209,7 +201,7 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     refused: List[str] = []
     for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
         status = peer_status(endpoint, settings, cluster_id)
-        row = {"endpoint": endpoint, "state_before": status.state, "node_vpn_ip": None}
+        row = {"endpoint": endpoint, "state_before": status.state, "node_vpn_ip": status.vpn_ip}
         if status.membership == OURS and status.state == IS_NODE:
             row["action"] = "none"
         elif status.membership == FRESH and status.state == ACCEPTING_INIT:
@@ -271,7 +263,7 @@ def recover_peer(endpoint: str, settings: AttestationSettings, kms_uri: str, clu
         try:
             answer = client.recover(kms_uri)
         except RemoteError as err:
-            if err.kind == "StateError" and "waits for recovery" in str(err):
+            if err.kind == "StateError" and err.reason == REASON_NOT_WAITING_FOR_RECOVERY:
                 # A fresh peer that never joined: nothing to recover (activate it with site.yml).
                 result["note"] = "never activated: nothing to recover"
                 return result

@@ -8,7 +8,21 @@ from __future__ import annotations
 
 
 class ConstellationError(Exception):
-    """Base class of every error the Core raises on purpose."""
+    """Base class of every error the Core raises on purpose.
+
+    ``reason``: an optional machine-readable code (one of the ``REASON_*`` constants) that travels
+    with the error over the RPC (``END error {"kind", "message", "reason"}``), so callers decide
+    by kind and reason, never by matching message text."""
+
+    reason = None
+
+    def with_reason(self, reason: str) -> "ConstellationError":
+        self.reason = reason
+        return self
+
+
+# Machine-readable reasons (ConstellationError.reason).
+REASON_NOT_WAITING_FOR_RECOVERY = "not_waiting_for_recovery"
 
 
 class InputError(ConstellationError, ValueError):
@@ -40,3 +54,7 @@ class ExternalCommandError(ConstellationError):
         self.rc = rc
         self.stderr = stderr
         super().__init__("%s exited with %d: %s" % (" ".join(self.argv[:3]), rc, stderr.strip()[-500:]))
+
+
+class ConnectionLost(ConstellationError):
+    """The peer went away in the middle of an exchange (the transports raise a subclass of it)."""

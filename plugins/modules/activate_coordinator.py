@@ -51,9 +51,10 @@ options:
     type: str
     default: 10.118.0.0/16
   vpn_interface:
-    description: The agent's WireGuard interface (read when the Coordinator is already activated).
+    description:
+      - Not used any more (the agent's GetState reports its VPN IP and WireGuard public key); deprecated, will be
+        removed in 2.0.0.
     type: str
-    default: wg0
 attributes:
   check_mode:
     support: full

@@ -236,6 +236,14 @@ class AgentClient:
         document = issuer.issue(join_user_data(self.server_spki_hash, node_vpn_pub_key, disk_uuid), nonce)
         self.stream.send_msg({"attestation": b64e(document), "variant_oid": issuer.oid})
         step = self.stream.recv_msg("a join ticket")
+        if step.get("enroll") is True:
+            # qemu-vtpm-ek: the Coordinator certifies our AK through our EK first (EnrollAK in-band).
+            if not hasattr(issuer, "enrollment_request"):
+                raise ProtocolError("IssueJoinTicket: the Coordinator asks for an AK enrollment this variant cannot do")
+            self.stream.send_msg(issuer.enrollment_request())
+            challenge = self.stream.recv_msg("a credential challenge").get("challenge")
+            self.stream.send_msg({"secret": b64e(issuer.activate_credential(challenge))})
+            step = self.stream.recv_msg("a join ticket")
         ticket = step.get("ticket")
         if not isinstance(ticket, dict):
             raise ProtocolError("IssueJoinTicket: the answer holds no ticket")

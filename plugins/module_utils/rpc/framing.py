@@ -29,6 +29,7 @@ from typing import Any, Dict, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import encoding
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    ConnectionLost,
     ConstellationError,
     InputError,
 )
@@ -64,7 +65,7 @@ class RemoteError(ConstellationError):
         super().__init__(message)
 
 
-class ConnectionClosed(ProtocolError):
+class ConnectionClosed(ProtocolError, ConnectionLost):
     """The peer closed the connection at a frame boundary."""
 
 
@@ -175,7 +176,10 @@ class FrameStream:
         message = str(err) if isinstance(err, ConstellationError) else "internal error (%s)" % type(err).__name__
         if isinstance(err, RemoteError):
             kind = err.kind
-        self._send(KIND_END, encode_json({"error": {"kind": kind, "message": message}}))
+        error = {"kind": kind, "message": message}
+        if isinstance(err, ConstellationError) and isinstance(err.reason, str):
+            error["reason"] = err.reason
+        self._send(KIND_END, encode_json({"error": error}))
 
     # -- receiving
     def _recv_exact(self, size: int, at_boundary: bool) -> bytes:
@@ -240,7 +244,8 @@ def raise_for_end(message: Dict[str, Any]) -> Dict[str, Any]:
         error = message.get("error") or {}
         kind = str(error.get("kind", "Error")) if isinstance(error, dict) else "Error"
         text = str(error.get("message", "")) if isinstance(error, dict) else str(error)
-        raise RemoteError(kind, text or kind)
+        reason = error.get("reason") if isinstance(error, dict) else None
+        raise RemoteError(kind, text or kind).with_reason(reason if isinstance(reason, str) else None)
     result = message.get("result")
     if not isinstance(result, dict):
         raise ProtocolError("END frame holds neither result nor error")

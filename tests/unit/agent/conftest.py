@@ -1,10 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Agent unit tests: real swtpm, memory store, a recording VPN (WireGuard itself runs in the lab tests)."""
+"""Agent unit tests: real swtpm (or an in-memory TPM), memory store, a recording VPN (WireGuard itself
+runs in the lab tests). The fakes implement the Core's ports (``core/ports.py``)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from typing import List
@@ -13,6 +15,8 @@ import pytest
 
 from lab.swtpm import SwTPM, free_port
 from ansible_collections.constellation.cluster.plugins.module_utils import core
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
+from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 
 os.environ.setdefault("TSS2_LOG", "all+none")
@@ -21,8 +25,8 @@ if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
     pytest.skip("swtpm is not installed", allow_module_level=True)
 
 
-class RecordingVPN:
-    """Stands in for WireGuard in Core unit tests: remembers what it was told."""
+class RecordingVPN(ports.VPN):
+    """Stands in for WireGuard in Core unit tests: remembers what it was told (``ports.VPN``)."""
 
     vpn_cidr = "10.118.0.0/16"
 
@@ -39,6 +43,21 @@ class RecordingVPN:
     def set_peers(self, records, own_pub_key):
         self.peers = [r for r in records if r.vpn_pub_key != own_pub_key]
         return True
+
+
+class MemoryTPM(ports.TPM):
+    """A PCR 15 in memory (``ports.TPM``), for Core tests that need no real TPM."""
+
+    def __init__(self):
+        self.pcr = bytes(32)
+        self.extends = 0
+
+    def mark_initialized(self, cluster_id: bytes) -> None:
+        self.pcr = extend_digest(self.pcr, hashlib.sha256(cluster_id).digest())
+        self.extends += 1
+
+    def pcr15(self) -> bytes:
+        return self.pcr
 
 
 def start_swtpm(path) -> SwTPM:
@@ -76,7 +95,8 @@ def swtpm_factory(tmp_path):
 
 @pytest.fixture
 def make_core(tmp_path):
-    """make_core(swtpm, store=None, name="n1", public_ip=...) -> (Core, RecordingVPN)"""
+    """make_core(tpm, store=None, public_ip=..., disk_uuid=...) -> (Core, RecordingVPN); ``tpm`` is a
+    started SwTPM or a ``ports.TPM`` (e.g. MemoryTPM)."""
     counter = [0]
 
     def make(tpm, store=None, public_ip=None, disk_uuid=None):
@@ -84,7 +104,8 @@ def make_core(tmp_path):
         state_dir = tmp_path / ("agent%d" % counter[0])
         state_dir.mkdir()
         vpn = RecordingVPN()
-        c = core.Core(store if store is not None else MemoryStore(), core.TPMDevice(tpm.tcti), vpn, str(state_dir),
+        device = tpm if isinstance(tpm, ports.TPM) else core.TPMDevice(tpm.tcti)
+        c = core.Core(store if store is not None else MemoryStore(), device, vpn, str(state_dir),
                       public_ip or "10.42.0.%d" % (10 + counter[0]), disk_uuid or core.new_disk_uuid())
         return c, vpn
 

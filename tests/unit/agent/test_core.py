@@ -234,3 +234,26 @@ def test_get_data_key_refuses_reserved_ids_and_disk_uuids(swtpm, make_core, secr
     with pytest.raises(InputError, match="length"):
         c.get_data_key("foo", 0)
     assert peerstore.load_kms_data(c.store)["kms_uri"] == secret.to_uri()
+
+
+def test_get_state_reports_vpn_ip_and_key_once_activated(swtpm, make_core, secret):
+    c, _vpn = make_core(swtpm)
+    c.load()
+    fresh = c.get_state()
+    assert fresh["vpn_ip"] is None and fresh["vpn_pub_key"] is None
+    result = activate(c, secret)
+    state = c.get_state()
+    assert state["state"] == "ActivatingNodes" and state["role"] == "coordinator"
+    assert state["vpn_ip"] == result.coordinator_vpn_ip
+    assert state["vpn_pub_key"] == result.coordinator_vpn_pub_key
+
+
+def test_recover_refusal_carries_a_machine_readable_reason(swtpm, make_core, secret):
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+        REASON_NOT_WAITING_FOR_RECOVERY)
+
+    c, _vpn = make_core(swtpm)
+    c.load()
+    with pytest.raises(StateError) as err:
+        c.recover(secret.to_uri())
+    assert err.value.reason == REASON_NOT_WAITING_FOR_RECOVERY

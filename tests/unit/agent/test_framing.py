@@ -141,3 +141,23 @@ def test_b64d_checks_size_and_alphabet():
         framing.b64d(framing.b64e(b"a" * 31), "k", 32)
     with pytest.raises(Exception, match="base64"):
         framing.b64d("***", "k")
+
+
+def test_error_reason_travels_with_the_end_frame():
+    import socket as socket_mod
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
+        FrameStream, RemoteError, raise_for_end)
+
+    left, right = socket_mod.socketpair()
+    try:
+        FrameStream(left).send_error(StateError("not now").with_reason("not_waiting_for_recovery"))
+        frame = FrameStream(right).recv()
+        with pytest.raises(RemoteError) as err:
+            raise_for_end(frame.message)
+        assert err.value.kind == "StateError" and err.value.reason == "not_waiting_for_recovery"
+        assert str(err.value) == "not now"
+    finally:
+        left.close()
+        right.close()

@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What both sides of a peer share: its ports, the node lock, start-up (restore or AcceptingInit),
+the persisted node state and the accessors the servers use."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Dict, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils import peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+    expected_pcr15,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
+    ip,
+    normalize_disk_uuid,
+    parse_admin_pub_key,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.lock import NodeLock
+from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import KMS, TPM, VPN, Store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.state import (
+    ROLE_COORDINATOR,
+    State,
+    StateMachine,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.store import StoreError
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import pub_key_from_priv_key
+
+STATE_DISK_KEY_FILE = "state_disk.key"
+
+
+class CoreBase(StateMachine):
+    """One peer. Thread-safe; every method may be called from a server thread."""
+
+    def __init__(self, store: Store, tpm: TPM, vpn: VPN, state_dir: str, public_ip: str,
+                 disk_uuid: str, log: Optional[Callable[..., None]] = None,
+                 kubeadm_join_args: Optional[Callable[[], Dict[str, Any]]] = None):
+        super().__init__(log)
+        self.store = store
+        self.tpm = tpm
+        self.vpn = vpn
+        self.state_dir = state_dir
+        self.public_ip = ip(public_ip, "public_ip")
+        self.disk_uuid = normalize_disk_uuid(disk_uuid)
+        self.kubeadm_join_args = kubeadm_join_args
+        self.lock = NodeLock(tpm)
+        self._node: Optional[NodeState] = None  # the persisted node state (no secrets beyond the store's)
+        self._kms: Optional[KMS] = None
+        self.recovery_pending = False
+        # The WireGuard key a joining node announces (node.py): one per Core, generated on first use.
+        self._join_key_lock = threading.Lock()
+        self._join_priv_key_value: Optional[str] = None
+
+    # -- start-up
+    def load(self) -> State:
+        """Restores a persisted state (agent restart) or enters AcceptingInit (fresh node)."""
+        raw = peerstore.load_node_state(self.store)
+        pcr15 = self.tpm.pcr15()
+        if raw is None:
+            if pcr15 != bytes(32):
+                self.lock.mark_taken()
+                self.failure = "PCR 15 is set but no node state is stored: this node must be reset"
+                self._advance(State.FAILED)
+                return self._state
+            self._advance(State.ACCEPTING_INIT)
+            return self._state
+        try:
+            node = NodeState.from_dict(raw)
+        except InputError as err:
+            raise StoreError("the stored node state is invalid: %s" % err) from None
+        with self._mutex:
+            self._node = node
+            self._role = node.role
+        if pcr15 == expected_pcr15(node.cluster_id):
+            self.lock.mark_taken()
+            self._resume()
+        elif pcr15 == bytes(32):
+            # A reboot reset the TPM: wait for Recover (the KMS URI proves who asks).
+            self.recovery_pending = True
+            self._advance(State.ACCEPTING_INIT)
+        else:
+            self.lock.mark_taken()
+            self.failure = "PCR 15 holds another cluster's ID than the stored state"
+            self._advance(State.FAILED)
+        return self._state
+
+    def _resume(self) -> None:
+        node = self._stored_node()
+        if node.role == ROLE_COORDINATOR:
+            kms_data = peerstore.load_kms_data(self.store)
+            if kms_data is None:
+                raise StateError("the store holds a Coordinator state without KMS settings")
+            self._kms = kms_mod.open_kms(kms_data["kms_uri"])
+        self.vpn.setup(node.vpn_ip, node.vpn_priv_key)
+        if node.role == ROLE_COORDINATOR:
+            registry = peerstore.load_peer_registry(self.store)
+            if registry is not None:
+                self.vpn.set_peers(list(registry.peers.peers.values()), self.vpn_pub_key)
+        else:
+            self.vpn.set_peers(list(node.peers or ()), self.vpn_pub_key)
+        stored = node.stored_state
+        if stored == State.NODE_WAITING_FOR_CLUSTER_JOIN:
+            # Locked, but the activation never completed: the node must be reset.
+            self.failure = "the activation was interrupted after the node lock"
+            stored = State.FAILED
+        self._advance(stored)
+
+    # -- accessors for servers
+    @property
+    def node_state(self) -> Dict[str, Any]:
+        """The persisted node state in the store's format (``{}`` before activation)."""
+        node = self._node
+        return node.to_dict() if node is not None else {}
+
+    def _stored_node(self) -> NodeState:
+        node = self._node
+        if node is None:
+            raise StateError("this node holds no cluster state")
+        return node
+
+    @property
+    def vpn_pub_key(self) -> str:
+        return pub_key_from_priv_key(self._stored_node().vpn_priv_key)
+
+    def get_state(self) -> Dict[str, Any]:
+        """State and role, plus the peer's VPN IP and WireGuard public key once it has them
+        (public values: the controller reads them here instead of parsing ``wg``/``ip`` output)."""
+        answer = super().get_state()
+        node = self._node
+        active = self.state in (State.ACTIVATING_NODES, State.NODE_WAITING_FOR_CLUSTER_JOIN, State.IS_NODE)
+        answer["vpn_ip"] = node.vpn_ip if active and node is not None else None
+        answer["vpn_pub_key"] = self.vpn_pub_key if active and node is not None and node.vpn_priv_key else None
+        return answer
+
+    @property
+    def vpn_ip(self) -> Optional[str]:
+        return self._node.vpn_ip if self._node is not None else None
+
+    @property
+    def coordinator_vpn_ip(self) -> Optional[str]:
+        return self._node.coordinator_vpn_ip if self._node is not None else None
+
+    @property
+    def cluster_id(self) -> Optional[bytes]:
+        return self._node.cluster_id if self._node is not None else None
+
+    def admin_pub_key(self):
+        text = self._node.admin_pub_key if self._node is not None else None
+        return parse_admin_pub_key(text) if text else None
+
+    # -- persistence
+    def _save_node(self, node: Optional[NodeState] = None, **changes: Any) -> None:
+        """Persists ``node`` (or the current node state with ``changes``), then makes it current."""
+        with self._mutex:
+            if node is None:
+                node = self._stored_node().replace(**changes)
+            peerstore.save_node_state(self.store, node.to_dict())
+            self._node = node
+
+    def _take_lock(self, cluster_id: bytes, method: str) -> None:
+        if not self.lock.try_lock_once(cluster_id):
+            raise StateError("%s: the node lock is already taken (another activation is running or done)" % method)
+
+    def _write_disk_key(self, key: bytes) -> None:
+        # The simulated state disk's passphrase: a 0600 file in the agent's directory.
+        kms_mod.write_secret_file(os.path.join(self.state_dir, STATE_DISK_KEY_FILE), key)
+
+    def read_disk_key(self) -> Optional[bytes]:
+        try:
+            with open(os.path.join(self.state_dir, STATE_DISK_KEY_FILE), "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None

@@ -1,0 +1,293 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Coordinator's side: activation as Coordinator, the peer registry, activating nodes, the
+join service and the answers of the vpnapi. The transports come in as ports (``ports.py``)."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
+
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils import peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
+from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
+    b64,
+    normalize_disk_uuid,
+    open_kms,
+    parse_admin_pub_key,
+    parse_measurement_salt,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import (
+    KMS,
+    AttestationValidator,
+    ConnectNode,
+    JoinChannel,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import (
+    CoordinatorActivation,
+    JoinTicket,
+    NodeActivationRequest,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AttestationError,
+    ConstellationError,
+    InputError,
+    StateError,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
+    VPN_CIDR,
+    generate_priv_key,
+    pub_key_from_priv_key,
+)
+
+# GetDataKey never hands out these: they are given only to whom they belong, at activation.
+RESERVED_DATA_KEY_IDS = frozenset((kms_mod.MEASUREMENT_SECRET_KEY_ID, kms_mod.EMERGENCY_SSH_CA_KEY_ID,
+                                   kms_mod.CLUSTER_ID_KEY_ID))
+MAX_NODES_PER_CALL = 256
+ACTIVATION_WORKERS = 16
+
+
+class CoordinatorSide(CoreBase):
+    # -- activation as Coordinator
+    def activate_as_coordinator(self, kms_uri: str, measurement_salt: Any, admin_pub_key: str,
+                                storage_uri: Optional[str] = None,
+                                cluster_config: Optional[Mapping[str, Any]] = None) -> CoordinatorActivation:
+        method = "ActivateAsCoordinator"
+        self.require_state(method, State.ACCEPTING_INIT)
+        if self.recovery_pending:
+            raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
+        # All input is checked before the point of no return.
+        kms = open_kms(kms_uri)
+        storage_uri = storage_uri or kms_mod.NO_STORE_URI
+        kms_mod.parse_storage_uri(storage_uri)
+        salt = parse_measurement_salt(measurement_salt)
+        parse_admin_pub_key(admin_pub_key)
+        config = dict(cluster_config or {})
+        unknown = set(config) - {"cluster_name", "vpn_cidr"}
+        if unknown:
+            raise InputError("cluster_config", "only cluster_name and vpn_cidr", sorted(unknown))
+        vpn_cidr = config.get("vpn_cidr", VPN_CIDR)
+        if vpn_cidr != getattr(self.vpn, "vpn_cidr", VPN_CIDR):
+            raise InputError("cluster_config.vpn_cidr", "the agent's VPN CIDR %s" % getattr(self.vpn, "vpn_cidr", VPN_CIDR),
+                             vpn_cidr)
+        cluster_id = kms.cluster_id(salt)
+        self._take_lock(cluster_id, method)
+        self._log("node_lock", role=ROLE_COORDINATOR, pcr=15)
+        try:
+            priv_key = generate_priv_key()
+            pub_key = pub_key_from_priv_key(priv_key)
+
+            def add_self(registry):
+                return registry.add(pub_key, self.public_ip, "coordinator")
+
+            record = peerstore.update_peer_registry(self.store, add_self, vpn_cidr)
+            peerstore.save_kms_data(self.store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
+            self._kms = kms
+            with self._mutex:
+                self._role = ROLE_COORDINATOR
+            self.vpn.setup(record.vpn_ip, priv_key)
+            self._save_node(NodeState(role=ROLE_COORDINATOR, vpn_ip=record.vpn_ip, vpn_priv_key=priv_key,
+                                      cluster_id=cluster_id, measurement_salt=salt, admin_pub_key=admin_pub_key,
+                                      coordinator_vpn_ip=record.vpn_ip, cluster_name=str(config.get("cluster_name", "")),
+                                      disk_uuid=self.disk_uuid, state=int(State.ACTIVATING_NODES)))
+            self._write_disk_key(kms.state_disk_key(self.disk_uuid))
+            self._advance(State.ACTIVATING_NODES)
+        except BaseException as err:
+            self._fail(method, err)
+            raise
+        return CoordinatorActivation(cluster_id, record.vpn_ip, pub_key, self._state.wire_name)
+
+    # -- the peer registry
+    def require_coordinator(self, method: str) -> KMS:
+        self.require_state(method, State.ACTIVATING_NODES)
+        if self._kms is None:
+            raise StateError("%s: this Coordinator has no KMS" % method)
+        return self._kms
+
+    def reserve_node_ip(self) -> str:
+        self.require_coordinator("ActivateAdditionalNodes")
+        return peerstore.update_peer_registry(self.store, lambda r: r.allocator.allocate("node"))
+
+    def release_node_ip(self, vpn_ip: str) -> None:
+        def release(registry):
+            if registry.peers.get(vpn_ip) is None:
+                registry.allocator.release(vpn_ip)
+
+        peerstore.update_peer_registry(self.store, release)
+
+    def node_activation_request(self, node_vpn_ip: str) -> NodeActivationRequest:
+        self.require_coordinator("ActivateAdditionalNodes")
+        registry = peerstore.load_peer_registry(self.store)
+        node = self._stored_node()
+        return NodeActivationRequest(node_vpn_ip, tuple(registry.peers.peers.values()), node.cluster_id,
+                                     node.measurement_salt, node.admin_pub_key, node.vpn_ip)
+
+    def state_disk_key(self, disk_uuid: str) -> bytes:
+        return self.require_coordinator("state disk key").state_disk_key(disk_uuid)
+
+    def add_node_peer(self, vpn_ip: str, vpn_pub_key: str, public_ip: str) -> int:
+        """Records an activated node (its reserved IP) and adds it to our WireGuard peers."""
+        self.require_coordinator("add node")
+        record = PeerRecord.parse(vpn_ip, vpn_pub_key, public_ip, "node")
+
+        def put(registry):
+            if registry.peers.by_pub_key(record.vpn_pub_key) not in (None, registry.peers.get(vpn_ip)):
+                raise StateError("WireGuard key of %s is already used by another peer" % vpn_ip)
+            if not registry.allocator.in_use(vpn_ip):
+                registry.allocator.reserve(vpn_ip)
+            version = registry.peers.put(record)
+            return version, list(registry.peers.peers.values())
+
+        version, records = peerstore.update_peer_registry(self.store, put)
+        self.vpn.set_peers(records, self.vpn_pub_key)
+        self._log("peer_added", vpn_ip=vpn_ip, public_ip=public_ip, resource_version=version)
+        return version
+
+    def remove_peer(self, vpn_ip: str) -> int:
+        self.require_coordinator("remove peer")
+
+        def remove(registry):
+            registry.remove(vpn_ip)
+            return registry.peers.version, list(registry.peers.peers.values())
+
+        version, records = peerstore.update_peer_registry(self.store, remove)
+        self.vpn.set_peers(records, self.vpn_pub_key)
+        return version
+
+    def issue_join_ticket(self, disk_uuid: str, vpn_ip: str) -> JoinTicket:
+        """The ticket for a verified node that reported ``disk_uuid`` and got ``vpn_ip`` reserved."""
+        kms = self.require_coordinator("IssueJoinTicket")
+        request = self.node_activation_request(vpn_ip)
+        kubeadm_args: Dict[str, Any] = {"available": False, "reason": "kubeadm not available on the Coordinator"}
+        if self.kubeadm_join_args is not None:
+            try:
+                kubeadm_args = dict(self.kubeadm_join_args(), available=True)
+            except ConstellationError as err:
+                kubeadm_args = {"available": False, "reason": str(err)}
+        return JoinTicket(request.cluster_id, request.measurement_salt, kms.measurement_secret(),
+                          kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
+                          request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args)
+
+    # -- activating nodes (ActivateAdditionalNodes)
+    def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode) -> List[Dict[str, Any]]:
+        """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each."""
+        self.require_coordinator("ActivateAdditionalNodes")
+        if not isinstance(endpoints, list) or not endpoints or len(endpoints) > MAX_NODES_PER_CALL:
+            raise InputError("node_public_endpoints", "a non-empty list of host:port (at most %d)" % MAX_NODES_PER_CALL)
+        for index, endpoint in enumerate(endpoints):
+            atls.parse_endpoint(endpoint, "node_public_endpoints[%d]" % index)
+        with ThreadPoolExecutor(max_workers=min(ACTIVATION_WORKERS, len(endpoints)),
+                                thread_name_prefix="activate") as pool:
+            return list(pool.map(lambda e: self.activate_node(e, connect_node), endpoints))
+
+    def activate_node(self, endpoint: str, connect_node: ConnectNode) -> Dict[str, Any]:
+        """Activates one node: connect (the transport verifies it), reserve an IP, ActivateAsNode."""
+        host, _port = atls.parse_endpoint(endpoint)
+        row: Dict[str, Any] = {"node_public_endpoint": endpoint, "ok": False, "node_vpn_ip": None, "error": None}
+        vpn_ip = None
+        try:
+            with connect_node(endpoint) as client:
+                vpn_ip = self.reserve_node_ip()
+                request = self.node_activation_request(vpn_ip)
+                result = client.activate_as_node(request.to_dict(), self.state_disk_key)
+                self.add_node_peer(vpn_ip, result["node_vpn_pub_key"], host)
+            row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=result["state_disk_uuid"])
+            self._log("node_activated", node=endpoint, node_vpn_ip=vpn_ip)
+        except (ConstellationError, OSError) as err:
+            if vpn_ip is not None:
+                try:
+                    self.release_node_ip(vpn_ip)
+                except ConstellationError:
+                    pass
+            row["error"] = str(err) or type(err).__name__
+            self._log("node_activation_failed", node=endpoint, error=row["error"][:300])
+        return row
+
+    # -- the join service (IssueJoinTicket)
+    def serve_join(self, disk_uuid: Any, node_vpn_pub_key: bytes, channel: JoinChannel,
+                   validator: AttestationValidator) -> Dict[str, Any]:
+        """One join: challenge the node, check its attestation and its binding to ``channel``,
+        reserve an IP, hand over the ticket, record the peer once the node confirms."""
+        method = "IssueJoinTicket"
+        self.require_coordinator(method)
+        normalized_uuid = normalize_disk_uuid(disk_uuid)
+        nonce = secrets.token_bytes(32)
+        oid, document = channel.challenge(nonce)
+        if oid != validator.oid:
+            raise AttestationError("%s: attestation variant %r is not accepted (expected %s)" % (method, oid, validator.oid))
+        try:
+            validation = self._validate_join(validator, document, nonce, channel)
+        except AttestationError as err:
+            self._log("join_refused", peer=channel.peer_ip, reason=str(err)[:300])
+            raise AttestationError("%s: attestation refused: %s" % (method, err)) from None
+        if not hmac.compare_digest(bytes(validation.user_data), channel.user_data(node_vpn_pub_key, disk_uuid)):
+            self._log("join_refused", peer=channel.peer_ip, reason="user data not bound to this connection")
+            raise AttestationError("%s: the attestation is not bound to this connection and request "
+                                   "(relayed or replayed?)" % method)
+        vpn_ip = self.reserve_node_ip()
+        added = False
+        try:
+            channel.deliver(self.issue_join_ticket(normalized_uuid, vpn_ip))
+            version = self.add_node_peer(vpn_ip, b64(node_vpn_pub_key), channel.peer_ip)
+            added = True
+        finally:
+            if not added:
+                self.release_node_ip(vpn_ip)
+        self._log("node_joined", peer=channel.peer_ip, node_vpn_ip=vpn_ip)
+        return {"resource_version": version, "node_vpn_ip": vpn_ip}
+
+    def _validate_join(self, validator: AttestationValidator, document: bytes, nonce: bytes, channel: JoinChannel):
+        """Validates the joining node's document; where the variant trusts an AK only after
+        enrollment (qemu-vtpm-ek) and this AK is new, enrolls it in-band first (the challenge goes
+        to the EK of the node's certificate) and validates the same document again."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import (
+            EnrollmentRequired, enroll_over)
+
+        try:
+            return validator.validate(document, nonce)
+        except EnrollmentRequired as needed:
+            asking = needed.validator
+        record = enroll_over(channel, asking.ca_certs)
+        if record.ak_pub != needed.ak_pub:
+            raise AttestationError("the node enrolled another AK than the one that signed its attestation")
+        asking.certified_aks.add(record)
+        self._log("ak_enrolled", peer=channel.peer_ip, via="join")
+        return validator.validate(document, nonce)
+
+    # -- vpnapi
+    def is_known_peer_ip(self, ip: str) -> bool:
+        registry = peerstore.load_peer_registry(self.store)
+        return registry is not None and registry.peers.get(ip) is not None
+
+    def get_update(self, resource_version: Any) -> Dict[str, Any]:
+        self.require_coordinator("GetUpdate")
+        if not isinstance(resource_version, int) or isinstance(resource_version, bool):
+            raise InputError("resource_version", "an integer", type(resource_version).__name__)
+        registry = peerstore.load_peer_registry(self.store)
+        return registry.peers.updates_since(resource_version).to_dict()
+
+    def get_data_key(self, data_key_id: Any, length: Any) -> bytes:
+        kms = self.require_coordinator("GetDataKey")
+        if not isinstance(data_key_id, str) or not data_key_id:
+            raise InputError("data_key_id", "a non-empty key ID")
+        if data_key_id in RESERVED_DATA_KEY_IDS:
+            raise InputError("data_key_id", "an ID other than %s (reserved)" % ", ".join(sorted(RESERVED_DATA_KEY_IDS)),
+                             data_key_id)
+        try:
+            kms_mod.state_disk_key_id(data_key_id)
+        except InputError:
+            pass
+        else:
+            raise InputError("data_key_id", "no disk UUID (state disk keys go only to their node)", data_key_id)
+        if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 64:
+            raise InputError("length", "an integer in 1..64", length)
+        return kms.derive_key(data_key_id, length)

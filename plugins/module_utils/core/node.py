@@ -1,0 +1,167 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Node's side: activation as Node (two steps), joining with a ticket, and applying the
+Coordinator's peer updates. The transport of a join comes in as a port (``ports.TicketRequest``)."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import ipaddress
+from typing import Any, Dict, Mapping
+
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
+from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import TicketRequest
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import (
+    JoinTicket,
+    NodeActivationRequest,
+    NodeActivationStep,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_NODE, State
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    ConnectionLost,
+    ConstellationError,
+    InputError,
+    StateError,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerUpdate
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
+    generate_priv_key,
+    pub_key_from_priv_key,
+)
+
+
+class NodeSide(CoreBase):
+    # -- activation as Node (two steps)
+    def activate_as_node_begin(self, params: Mapping[str, Any]) -> NodeActivationStep:
+        method = "ActivateAsNode"
+        self.require_state(method, State.ACCEPTING_INIT)
+        if self.recovery_pending:
+            raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
+        request = NodeActivationRequest.from_dict(params)
+        self._take_lock(request.cluster_id, method)
+        self._log("node_lock", role=ROLE_NODE, pcr=15)
+        try:
+            priv_key = generate_priv_key()
+            with self._mutex:
+                self._role = ROLE_NODE
+            self.vpn.setup(request.node_vpn_ip, priv_key)
+            self.vpn.set_peers(list(request.peers), pub_key_from_priv_key(priv_key))
+            self._save_node(self._new_node_state(request, priv_key, State.NODE_WAITING_FOR_CLUSTER_JOIN))
+            self._advance(State.NODE_WAITING_FOR_CLUSTER_JOIN)
+        except BaseException as err:
+            self._fail(method, err)
+            raise
+        return NodeActivationStep(self.disk_uuid, pub_key_from_priv_key(priv_key))
+
+    def activate_as_node_finish(self, state_disk_key: bytes) -> Dict[str, Any]:
+        method = "ActivateAsNode"
+        self.require_state(method + " (second step)", State.NODE_WAITING_FOR_CLUSTER_JOIN)
+        try:
+            if not isinstance(state_disk_key, bytes) or len(state_disk_key) != kms_mod.STATE_DISK_KEY_LENGTH:
+                raise InputError("state_disk_key", "%d bytes" % kms_mod.STATE_DISK_KEY_LENGTH)
+            self._write_disk_key(state_disk_key)
+            self._save_node(state=int(State.IS_NODE))
+            self._advance(State.IS_NODE)
+        except BaseException as err:
+            self._fail(method, err)
+            raise
+        return {"state": self._state.wire_name, "node_vpn_ip": self.vpn_ip}
+
+    def abort_node_activation(self, reason: str) -> None:
+        """The Coordinator went away between the two steps: locked but incomplete -> Failed."""
+        if self._state == State.NODE_WAITING_FOR_CLUSTER_JOIN:
+            self._fail("ActivateAsNode", StateError(reason))
+
+    def _new_node_state(self, request: NodeActivationRequest, priv_key: str, state: State) -> NodeState:
+        coordinator = next((p for p in request.peers if p.vpn_ip == request.coordinator_vpn_ip), None)
+        return NodeState(role=ROLE_NODE, vpn_ip=request.node_vpn_ip, vpn_priv_key=priv_key,
+                         cluster_id=request.cluster_id, measurement_salt=request.measurement_salt,
+                         admin_pub_key=request.admin_pub_key, coordinator_vpn_ip=request.coordinator_vpn_ip,
+                         coordinator_vpn_pub_key=coordinator.vpn_pub_key if coordinator else None,
+                         peers=tuple(request.peers), resource_version=-1, disk_uuid=self.disk_uuid, state=int(state))
+
+    # -- join
+    def join(self, ticket: JoinTicket) -> Dict[str, Any]:
+        """A node takes a join ticket: check the cluster ID, node lock, then use the secrets."""
+        method = "IssueJoinTicket"
+        self.require_state(method, State.ACCEPTING_INIT)
+        if self.recovery_pending:
+            raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
+        derived = kms_mod.derive_cluster_id(ticket.measurement_secret, ticket.measurement_salt)
+        if not hmac.compare_digest(derived, ticket.cluster_id):
+            raise StateError("%s: the ticket's cluster ID does not follow from its measurement secret and salt"
+                             % method)
+        self._take_lock(ticket.cluster_id, method)
+        self._log("node_lock", role=ROLE_NODE, pcr=15, via="join")
+        try:
+            priv_key = self._join_priv_key
+            with self._mutex:
+                self._role = ROLE_NODE
+            self.vpn.setup(ticket.node_vpn_ip, priv_key)
+            self.vpn.set_peers(list(ticket.peers), pub_key_from_priv_key(priv_key))
+            self._write_disk_key(ticket.state_disk_key)
+            self._save_node(self._new_node_state(ticket.activation_request(), priv_key, State.IS_NODE))
+            self._advance(State.NODE_WAITING_FOR_CLUSTER_JOIN)
+            self._advance(State.IS_NODE)
+        except BaseException as err:
+            self._fail(method, err)
+            raise
+        return {"state": self._state.wire_name, "node_vpn_ip": self.vpn_ip}
+
+    def join_cluster(self, request_ticket: TicketRequest) -> Dict[str, Any]:
+        """The joining node's side of IssueJoinTicket: ``request_ticket`` reaches a verified Coordinator
+        and hands us the ticket, which we take (``join``); returns the Coordinator's answer and ours."""
+        outcome: Dict[str, Any] = {}
+
+        def on_ticket(ticket: Mapping[str, Any]) -> None:
+            outcome.update(self.join(JoinTicket.from_dict(ticket)))
+
+        try:
+            result = request_ticket(self.disk_uuid, self.join_vpn_pub_key(), on_ticket)
+        except ConnectionLost:
+            if self.state == State.IS_NODE:
+                # We are locked and configured; the Coordinator missed our confirmation.
+                raise ConstellationError("joined, but the Coordinator did not confirm; it may not list us yet")
+            raise
+        outcome.update(result)
+        return outcome
+
+    @property
+    def _join_priv_key(self) -> str:
+        """The WireGuard key a joining node announces; generated once per Core (agent life)."""
+        with self._join_key_lock:
+            if self._join_priv_key_value is None:
+                self._join_priv_key_value = generate_priv_key()
+            return self._join_priv_key_value
+
+    def join_vpn_pub_key(self) -> bytes:
+        return base64.b64decode(pub_key_from_priv_key(self._join_priv_key))
+
+    # -- updates from the Coordinator
+    def apply_update(self, update: Mapping[str, Any]) -> bool:
+        """Applies a GetUpdate answer; returns True if the peers changed."""
+        self.require_state("apply update", State.IS_NODE)
+        parsed = PeerUpdate.from_dict(update)
+        with self._mutex:
+            node = self._stored_node()
+            current = {p.vpn_ip: p for p in node.peers or ()}
+            version = node.resource_version if node.resource_version is not None else -1
+        if parsed.resource_version == version and not parsed:
+            return False
+        new = parsed.apply_to(current)
+        self.vpn.set_peers(list(new.values()), self.vpn_pub_key)
+        self._save_node(peers=tuple(new[ip] for ip in sorted(new, key=lambda a: int(ipaddress.ip_address(a)))),
+                        resource_version=parsed.resource_version)
+        changed = new != current
+        if changed:
+            self._log("peers_updated", resource_version=parsed.resource_version, peers=len(new))
+        return changed
+
+    @property
+    def resource_version(self) -> int:
+        node = self._node
+        return int(node.resource_version) if node is not None and node.resource_version is not None else -1

@@ -1,0 +1,129 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Core's ports: what it needs from the outside, as ``typing.Protocol`` classes.
+
+The real adapters (``TPMDevice``, ``WireGuardVPN``, the stores of ``store.py``, ``kms.ClusterKMS``)
+and the tests' fakes implement them. The transports (``rpc/``) implement the exchange ports
+(``NodeClient``, ``JoinChannel``, ``TicketRequest``): the Core never imports a transport.
+All are ``runtime_checkable`` so a test can check an implementation by ``isinstance``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
+
+from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+
+
+@runtime_checkable
+class TPM(Protocol):
+    """The TPM operations the Core needs."""
+
+    def mark_initialized(self, cluster_id: bytes) -> None:
+        """Extends PCR 15 with the cluster ID (the node lock's point of no return)."""
+
+    def pcr15(self) -> bytes:
+        """The current value of PCR 15 (sha256 bank)."""
+
+
+@runtime_checkable
+class VPN(Protocol):
+    """The VPN as the Core uses it: one interface, a full peer list."""
+
+    vpn_cidr: str
+
+    def setup(self, vpn_ip: str, priv_key: str) -> None:
+        """Brings the interface up with this address and (base64) private key."""
+
+    def set_peers(self, records: List[PeerRecord], own_pub_key: str) -> bool:
+        """Makes the peers exactly ``records`` (minus ourselves); True if anything changed."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A key-value store with transactions (``store.py``); ``peerstore`` keeps the Core's records in it."""
+
+    def get_default(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
+        """The value of ``key``, or ``default``."""
+
+    def put(self, key: str, value: bytes) -> None:
+        """Writes one key."""
+
+    def update(self, fn: Callable[[Any], Any]) -> Any:
+        """Runs ``fn(txn)`` in one transaction (re-run on a conflict) and returns its result."""
+
+    def close(self) -> None:
+        """Releases the store's connections."""
+
+
+@runtime_checkable
+class KMS(Protocol):
+    """The cluster's KMS (``kms.ClusterKMS``): every secret the Core hands out is derived here."""
+
+    def cluster_id(self, measurement_salt: bytes) -> bytes:
+        """The cluster ID for this salt."""
+
+    def measurement_secret(self) -> bytes:
+        """The measurement secret."""
+
+    def state_disk_key(self, disk_uuid: str) -> bytes:
+        """The state disk key of one node's disk."""
+
+    def derive_key(self, key_id: str, length: int) -> bytes:
+        """A named data key."""
+
+
+@runtime_checkable
+class AttestationValidator(Protocol):
+    """Checks a node's attestation document (``attestation/``); ``validate`` raises AttestationError."""
+
+    oid: str
+
+    def validate(self, document: bytes, nonce: bytes) -> Any:
+        """The validation result; its ``user_data`` is what the node bound into the document."""
+
+
+@runtime_checkable
+class NodeClient(Protocol):
+    """A verified connection from the Coordinator to a fresh node (a context manager)."""
+
+    def __enter__(self) -> "NodeClient":
+        """The connection is open."""
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        """Closes the connection."""
+
+    def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str], bytes]) -> Dict[str, Any]:
+        """Runs the two steps of ActivateAsNode; the answer holds ``node_vpn_pub_key`` and
+        ``state_disk_uuid``. ``disk_key_for(uuid)`` derives the key for the UUID the node reports."""
+
+
+ConnectNode = Callable[[str], NodeClient]
+"""``connect_node(endpoint) -> NodeClient``: how the Coordinator reaches a node."""
+
+
+@runtime_checkable
+class JoinChannel(Protocol):
+    """The Coordinator's side of one IssueJoinTicket exchange with a joining node."""
+
+    peer_ip: str
+
+    def user_data(self, node_vpn_pub_key: bytes, disk_uuid: str) -> bytes:
+        """What the node's attestation must carry to be bound to this channel and request."""
+
+    def challenge(self, nonce: bytes) -> Tuple[str, bytes]:
+        """Sends the nonce; returns the node's (attestation variant OID, attestation document)."""
+
+    def enroll_ak(self, challenge_for: Callable[[Dict[str, Any]], Dict[str, Any]]) -> bytes:
+        """qemu-vtpm-ek: asks the node for its enrollment request (EK certificate, AK), sends the
+        challenge ``challenge_for`` makes of it, returns the secret the node's TPM recovered."""
+
+    def deliver(self, ticket: Any) -> None:
+        """Sends the join ticket and waits for the node's confirmation (raises if it does not come)."""
+
+
+TicketRequest = Callable[[str, bytes, Callable[[Mapping[str, Any]], None]], Dict[str, Any]]
+"""The joining node's side: ``request(disk_uuid, node_vpn_pub_key, on_ticket) -> the Coordinator's
+answer``; it attests the node, calls ``on_ticket(ticket)`` (which locks and configures the node; raising
+aborts the join), confirms, and raises ``errors.ConnectionLost`` if the Coordinator goes away."""

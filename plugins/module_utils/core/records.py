@@ -1,0 +1,122 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The records the Core hands out and takes: activation results, the node activation request
+and step, and the join ticket (SPEC 4.1, the parts that apply here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Tuple
+
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
+    CLUSTER_ID_LENGTH,
+    MEASUREMENT_SALT_LENGTH,
+    b64,
+    b64d,
+    ip,
+    parse_admin_pub_key,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+
+
+@dataclass(frozen=True)
+class CoordinatorActivation:
+    cluster_id: bytes
+    coordinator_vpn_ip: str
+    coordinator_vpn_pub_key: str
+    state: str
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"cluster_id": b64(self.cluster_id), "coordinator_vpn_ip": self.coordinator_vpn_ip,
+                "coordinator_vpn_pub_key": self.coordinator_vpn_pub_key, "state": self.state}
+
+
+@dataclass(frozen=True)
+class NodeActivationRequest:
+    """What the Coordinator sends a node in the first step of ActivateAsNode."""
+
+    node_vpn_ip: str
+    peers: Tuple[PeerRecord, ...]
+    cluster_id: bytes
+    measurement_salt: bytes
+    admin_pub_key: str
+    coordinator_vpn_ip: str
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any]) -> "NodeActivationRequest":
+        if not isinstance(params, Mapping):
+            raise InputError("params", "a JSON object", type(params).__name__)
+        node_vpn_ip = ip(params.get("node_vpn_ip"), "node_vpn_ip")
+        coordinator_vpn_ip = ip(params.get("coordinator_vpn_ip"), "coordinator_vpn_ip")
+        peers_raw = params.get("peers")
+        if not isinstance(peers_raw, list) or len(peers_raw) > 65536:
+            raise InputError("peers", "a list of {vpn_ip, vpn_pub_key, public_ip, role}", type(peers_raw).__name__)
+        peers = []
+        for index, item in enumerate(peers_raw):
+            if not isinstance(item, Mapping):
+                raise InputError("peers[%d]" % index, "an object", type(item).__name__)
+            peers.append(PeerRecord.parse(item.get("vpn_ip"), item.get("vpn_pub_key"), item.get("public_ip"),
+                                          item.get("role", "node"), "peers[%d]" % index))
+        cluster_id = b64d(params.get("cluster_id"), "cluster_id", CLUSTER_ID_LENGTH)
+        salt = b64d(params.get("measurement_salt"), "measurement_salt", MEASUREMENT_SALT_LENGTH)
+        admin_pub_key = params.get("admin_pub_key")
+        parse_admin_pub_key(admin_pub_key)
+        return cls(node_vpn_ip, tuple(peers), cluster_id, salt, admin_pub_key, coordinator_vpn_ip)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
+                "cluster_id": b64(self.cluster_id), "measurement_salt": b64(self.measurement_salt),
+                "admin_pub_key": self.admin_pub_key, "coordinator_vpn_ip": self.coordinator_vpn_ip}
+
+
+@dataclass(frozen=True)
+class NodeActivationStep:
+    """The node's answer to the first step: its disk UUID and WireGuard public key."""
+
+    state_disk_uuid: str
+    node_vpn_pub_key: str
+
+
+@dataclass(frozen=True, repr=False)
+class JoinTicket:
+    """What the join service hands a verified node (SPEC 4.1, the parts that apply here)."""
+
+    cluster_id: bytes
+    measurement_salt: bytes
+    measurement_secret: bytes
+    state_disk_key: bytes
+    node_vpn_ip: str
+    peers: Tuple[PeerRecord, ...]
+    coordinator_vpn_ip: str
+    admin_pub_key: str
+    kubeadm: Dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return "JoinTicket(node_vpn_ip=%r, <secrets>)" % self.node_vpn_ip
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"cluster_id": b64(self.cluster_id), "measurement_salt": b64(self.measurement_salt),
+                "measurement_secret": b64(self.measurement_secret), "state_disk_key": b64(self.state_disk_key),
+                "node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
+                "coordinator_vpn_ip": self.coordinator_vpn_ip, "admin_pub_key": self.admin_pub_key,
+                "kubeadm": dict(self.kubeadm)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JoinTicket":
+        request = NodeActivationRequest.from_dict(data)
+        kubeadm = data.get("kubeadm") or {}
+        if not isinstance(kubeadm, Mapping):
+            raise InputError("kubeadm", "an object", type(kubeadm).__name__)
+        return cls(request.cluster_id, request.measurement_salt,
+                   b64d(data.get("measurement_secret"), "measurement_secret", 32),
+                   b64d(data.get("state_disk_key"), "state_disk_key", kms_mod.STATE_DISK_KEY_LENGTH),
+                   request.node_vpn_ip, request.peers, request.coordinator_vpn_ip, request.admin_pub_key,
+                   dict(kubeadm))
+
+    def activation_request(self) -> NodeActivationRequest:
+        """The ticket's non-secret part, as the activation request it replaces."""
+        return NodeActivationRequest(self.node_vpn_ip, self.peers, self.cluster_id, self.measurement_salt,
+                                     self.admin_pub_key, self.coordinator_vpn_ip)

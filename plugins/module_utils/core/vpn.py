@@ -1,0 +1,56 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The VPN port's real adapter: the WireGuard Core (wireguard.py) as the agent uses it."""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from typing import List, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
+    LISTEN_PORT,
+    VPN_CIDR,
+    CommandRunner,
+    PeerRequest,
+    WireGuard,
+    diff_peers,
+    parse_interface_spec,
+    pub_key_from_priv_key,
+)
+
+
+class WireGuardVPN:
+    """One interface, a full peer list. Implements ``ports.VPN``."""
+
+    def __init__(self, interface: str = "wg0", key_file: str = "wg0.key", runner: Optional[CommandRunner] = None,
+                 listen_port: int = LISTEN_PORT, vpn_cidr: str = VPN_CIDR):
+        self.interface = interface
+        self.key_file = key_file
+        self.listen_port = listen_port
+        self.vpn_cidr = vpn_cidr
+        self.wg = WireGuard(runner or CommandRunner())
+        self._lock = threading.Lock()
+
+    def setup(self, vpn_ip: str, priv_key: str) -> None:
+        kms_mod.write_secret_file(self.key_file, priv_key.encode("ascii") + b"\n")
+        prefix = ipaddress.ip_network(self.vpn_cidr).prefixlen
+        spec = parse_interface_spec(self.interface, "%s/%d" % (vpn_ip, prefix), self.listen_port,
+                                    vpn_cidr=self.vpn_cidr)
+        with self._lock:
+            self.wg.ensure_interface(spec, self.key_file, pub_key_from_priv_key(priv_key))
+
+    def set_peers(self, records: List[PeerRecord], own_pub_key: str) -> bool:
+        """Makes the interface's peers exactly ``records`` (minus ourselves), changing in place."""
+        wanted = [PeerRequest(r.to_peer(self.listen_port)) for r in records if r.vpn_pub_key != own_pub_key]
+        with self._lock:
+            live = self.wg.show(self.interface)
+            if live is None:
+                raise StateError("WireGuard interface %s does not exist" % self.interface)
+            diff = diff_peers(wanted, live, exclusive=True)
+            self.wg.apply_peer_diff(self.interface, diff)
+        return bool(diff)

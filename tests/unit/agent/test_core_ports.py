@@ -1,0 +1,260 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Core package's seams: its ports (Protocols) and who implements them, the per-instance join
+key, the node state's store format, and the transport-free node activation and join."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import os
+import pathlib
+import threading
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from conftest import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
+from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
+from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AttestationError,
+    ConnectionLost,
+    ConstellationError,
+    InputError,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ConnectionClosed
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import ServerJoinChannel
+from ansible_collections.constellation.cluster.plugins.module_utils.store import FileStore, MemoryStore
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
+
+State = core.State
+CORE_DIR = pathlib.Path(core.__file__).parent
+
+
+def admin_pem() -> str:
+    return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+@pytest.fixture
+def secret():
+    return kms.MasterSecret.generate()
+
+
+def coordinator(make_core, secret):
+    c, vpn = make_core(MemoryTPM())
+    c.load()
+    c.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
+    return c, vpn
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def test_real_adapters_and_fakes_implement_the_ports(tmp_path):
+    assert isinstance(core.TPMDevice("swtpm:host=127.0.0.1,port=1"), ports.TPM)
+    assert isinstance(MemoryTPM(), ports.TPM)
+    assert isinstance(core.WireGuardVPN("wg9", str(tmp_path / "wg9.key")), ports.VPN)
+    assert isinstance(RecordingVPN(), ports.VPN)
+    assert isinstance(MemoryStore(), ports.Store)
+    assert isinstance(FileStore(str(tmp_path / "store.json")), ports.Store)
+    assert isinstance(kms.ClusterKMS(kms.MasterSecret.generate()), ports.KMS)
+    assert isinstance(DummyValidator(), ports.AttestationValidator)
+    assert issubclass(AgentClient, ports.NodeClient)
+    conn = type("Conn", (), {"peer_ip": "10.42.0.9", "server_spki_hash": bytes(32), "stream": None})()
+    assert isinstance(ServerJoinChannel(conn), ports.JoinChannel)
+    assert issubclass(ConnectionClosed, ConnectionLost)
+    # Something that lacks a port's method is not taken for it.
+    assert not isinstance(object(), ports.TPM) and not isinstance(MemoryTPM(), ports.VPN)
+
+
+def test_the_core_package_imports_neither_ansible_nor_rpc():
+    for path in sorted(CORE_DIR.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = []
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 0, "%s: relative import" % path.name
+                modules = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            for module in modules:
+                assert not module.startswith("ansible.") and module != "ansible", (path.name, module)
+                assert ".module_utils.rpc" not in module, (path.name, module)
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 300, path.name
+
+
+# --------------------------------------------------------------------------- per-instance join key
+
+
+def test_two_cores_have_their_own_join_key_and_lock(make_core):
+    a, _vpn_a = make_core(MemoryTPM())
+    b, _vpn_b = make_core(MemoryTPM())
+    assert a._join_key_lock is not b._join_key_lock
+    assert "_join_key_lock" not in vars(core.Core) and "_join_priv_key_value" not in vars(core.Core)
+    key_a, key_b = a.join_vpn_pub_key(), b.join_vpn_pub_key()
+    assert key_a != key_b and len(key_a) == 32
+    assert a.join_vpn_pub_key() == key_a  # once per Core
+    # Holding one Core's join key lock does not block the other Core.
+    with a._join_key_lock:
+        done = threading.Event()
+        threading.Thread(target=lambda: (b.join_vpn_pub_key(), done.set()), daemon=True).start()
+        assert done.wait(5)
+
+
+# --------------------------------------------------------------------------- node state
+
+
+def test_node_state_keeps_the_store_format(make_core, secret):
+    c, _vpn = coordinator(make_core, secret)
+    stored = peerstore.load_node_state(c.store)
+    assert set(stored) == {"role", "vpn_ip", "vpn_priv_key", "cluster_id", "measurement_salt", "admin_pub_key",
+                           "coordinator_vpn_ip", "cluster_name", "disk_uuid", "state"}
+    assert base64.b64decode(stored["cluster_id"]) == c.cluster_id
+    assert c.node_state == stored
+    node = NodeState.from_dict(stored)
+    assert isinstance(node.cluster_id, bytes) and isinstance(node.measurement_salt, bytes)
+    assert node.to_dict() == stored
+
+
+def test_node_state_round_trips_a_node_and_unknown_fields():
+    peer = {"vpn_ip": "10.118.0.1", "vpn_pub_key": pub_key_from_priv_key(generate_priv_key()),
+            "public_ip": "10.42.0.11", "role": "coordinator"}
+    saved = {"role": "node", "vpn_ip": "10.118.0.11", "vpn_priv_key": generate_priv_key(),
+             "cluster_id": base64.b64encode(os.urandom(32)).decode(),
+             "measurement_salt": base64.b64encode(os.urandom(32)).decode(), "admin_pub_key": admin_pem(),
+             "coordinator_vpn_ip": "10.118.0.1", "coordinator_vpn_pub_key": None, "peers": [peer],
+             "resource_version": -1, "disk_uuid": core.new_disk_uuid(), "state": 4, "owner_id": base64.b64encode(os.urandom(32)).decode()}
+    node = NodeState.from_dict(saved)
+    assert node.peers[0].vpn_ip == "10.118.0.1" and node.stored_state == State.IS_NODE
+    assert node.to_dict() == saved
+    assert peerstore.check_node_state(node.to_dict()) == saved
+    legacy = {k: v for k, v in saved.items() if k != "state"}
+    assert NodeState.from_dict(legacy).stored_state == State.IS_NODE and NodeState.from_dict(legacy).to_dict() == legacy
+    with pytest.raises(InputError, match="node_state.cluster_id"):
+        NodeState.from_dict(dict(saved, cluster_id="AAAA"))
+
+
+# --------------------------------------------------------------------------- node activation, no transport
+
+
+class FakeNodeClient(ports.NodeClient):
+    """Stands in for the aTLS connection to a node: hands the request to that node's Core."""
+
+    def __init__(self, node):
+        self.node = node
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return None
+
+    def activate_as_node(self, params, disk_key_for):
+        step = self.node.activate_as_node_begin(params)
+        self.node.activate_as_node_finish(disk_key_for(step.state_disk_uuid))
+        return {"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key}
+
+
+def test_activate_nodes_through_a_connect_port(make_core, secret):
+    coord, coord_vpn = coordinator(make_core, secret)
+    node, _vpn = make_core(MemoryTPM())
+    node.load()
+    nodes = {"10.42.0.50:9000": node}
+
+    def connect_node(endpoint):
+        if endpoint not in nodes:
+            raise OSError("connection refused")
+        return FakeNodeClient(nodes[endpoint])
+
+    rows = coord.activate_nodes(["10.42.0.50:9000", "10.42.0.51:9000"], connect_node)
+    assert rows[0]["ok"] and rows[0]["node_vpn_ip"] == "10.118.0.11" and node.state == State.IS_NODE
+    assert rows[1] == {"node_public_endpoint": "10.42.0.51:9000", "ok": False, "node_vpn_ip": None,
+                       "error": "connection refused"}
+    assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)
+    assert [p.vpn_ip for p in coord_vpn.peers] == ["10.118.0.11"]
+    with pytest.raises(InputError, match="node_public_endpoints"):
+        coord.activate_nodes([], connect_node)
+
+
+# --------------------------------------------------------------------------- the join, no transport
+
+
+class FakeJoinChannel(ports.JoinChannel):
+    """The Coordinator's end of a join, wired straight to the joining node's ``on_ticket``."""
+
+    def __init__(self, issuer, on_ticket, confirm=True):
+        self.peer_ip = "10.42.0.60"
+        self.issuer, self.on_ticket, self.confirm = issuer, on_ticket, confirm
+        self.node_vpn_pub_key, self.disk_uuid = b"", ""
+
+    def user_data(self, node_vpn_pub_key, disk_uuid):
+        return b"bound:" + node_vpn_pub_key + disk_uuid.encode()
+
+    def challenge(self, nonce):
+        return self.issuer.oid, self.issuer.issue(self.user_data(self.node_vpn_pub_key, self.disk_uuid), nonce)
+
+    def deliver(self, ticket):
+        self.on_ticket(ticket.to_dict())
+        if not self.confirm:
+            raise ConnectionClosed("the node went away")
+
+
+def test_join_through_ports(make_core, secret):
+    coord, coord_vpn = coordinator(make_core, secret)
+    node, _vpn = make_core(MemoryTPM())
+    node.load()
+
+    def request_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
+        channel = FakeJoinChannel(DummyIssuer(), on_ticket)
+        channel.node_vpn_pub_key, channel.disk_uuid = node_vpn_pub_key, disk_uuid
+        return coord.serve_join(disk_uuid, node_vpn_pub_key, channel, DummyValidator())
+
+    result = node.join_cluster(request_ticket)
+    assert result["node_vpn_ip"] == "10.118.0.11" and result["state"] == "IsNode"
+    assert node.tpm.pcr15() == expected_pcr15(coord.cluster_id)
+    assert [p.vpn_pub_key for p in coord_vpn.peers] == [node.vpn_pub_key]
+
+
+def test_join_refuses_an_unbound_attestation_and_releases_the_ip(make_core, secret):
+    coord, _vpn = coordinator(make_core, secret)
+    channel = FakeJoinChannel(DummyIssuer(), lambda ticket: None)
+    channel.node_vpn_pub_key, channel.disk_uuid = os.urandom(32), core.new_disk_uuid()  # not what is asked
+    with pytest.raises(AttestationError, match="not bound"):
+        coord.serve_join(core.new_disk_uuid(), os.urandom(32), channel, DummyValidator())
+    # A node that takes the ticket but never confirms: its IP goes back to the pool.
+    node_pub, disk_uuid = os.urandom(32), core.new_disk_uuid()
+    channel = FakeJoinChannel(DummyIssuer(), lambda ticket: None, confirm=False)
+    channel.node_vpn_pub_key, channel.disk_uuid = node_pub, disk_uuid
+    with pytest.raises(ConnectionLost):
+        coord.serve_join(disk_uuid, node_pub, channel, DummyValidator())
+    assert coord.reserve_node_ip() == "10.118.0.11"
+
+
+def test_join_whose_confirmation_is_lost_says_so(make_core, secret):
+    coord, _vpn = coordinator(make_core, secret)
+    node, _vpn2 = make_core(MemoryTPM())
+    node.load()
+
+    def lost_after_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
+        on_ticket(coord.issue_join_ticket(disk_uuid, coord.reserve_node_ip()).to_dict())
+        raise ConnectionClosed("closed")
+
+    with pytest.raises(ConstellationError, match="joined, but the Coordinator did not confirm"):
+        node.join_cluster(lost_after_ticket)
+    assert node.state == State.IS_NODE
+    fresh, _vpn3 = make_core(MemoryTPM())
+    fresh.load()
+
+    def lost_before_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
+        raise ConnectionClosed("closed")
+
+    with pytest.raises(ConnectionClosed):
+        fresh.join_cluster(lost_before_ticket)
+    assert fresh.state == State.ACCEPTING_INIT
