@@ -48,7 +48,7 @@ def main() -> int:
     admin = None
     try:
         t0 = time.monotonic()
-        lab.up(hosts=n + 3, tpm=True)  # the Coordinator, n Nodes, and a pair for the one-node baseline
+        lab.up(hosts=n + 3, tpm=True, variant="qemu-vtpm")  # the Coordinator, n Nodes, and a pair for the one-node baseline
         for h in lab.hosts:
             procs.append(start_agent(lab, h, wait=False, update_interval=0.5))
         from lab.agent import wait_listening

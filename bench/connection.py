@@ -232,7 +232,7 @@ def main() -> int:
     lab = Lab(args.lab, inventory_dir=None)
     agents = []
     try:
-        lab.up(hosts=args.hosts, tpm=True)
+        lab.up(hosts=args.hosts, tpm=True, variant="qemu-vtpm")
         admin_key = ed25519.Ed25519PrivateKey.generate()
         key_file = work / "admin.key"
         key_file.write_bytes(admin_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

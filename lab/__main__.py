@@ -1,4 +1,4 @@
-"""python -m lab {up,grow,down,status,tamper,exec,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
+"""python -m lab {up,grow,down,status,tamper,foreign-tpm,exec,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     t = sub.add_parser("tamper", help="extend a PCR of HOST differently, to stand for a modified host")
     t.add_argument("host")
     t.add_argument("--pcr", type=int, default=9)
+    f = sub.add_parser("foreign-tpm", help="give HOST a TPM whose EK certificate comes from another CA")
+    f.add_argument("host")
     e = sub.add_parser("exec", help="run a command inside HOST (or 'admin')")
     e.add_argument("host")
     e.add_argument("argv", nargs=argparse.REMAINDER)
@@ -48,6 +50,9 @@ def main(argv=None) -> int:
         elif args.cmd == "tamper":
             lab.tamper(args.host, args.pcr)
             print("lab %s: %s PCR %d tampered" % (lab.name, args.host, args.pcr))
+        elif args.cmd == "foreign-tpm":
+            lab.foreign_tpm(args.host)
+            print("lab %s: %s has a TPM of another vendor (EK certificate of another CA)" % (lab.name, args.host))
         elif args.cmd == "exec":
             argv_ = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             run = lab.admin_run if args.host == "admin" else lab.host(args.host).run

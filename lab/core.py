@@ -392,15 +392,21 @@ class Lab:
     def foreign_tpm(self, name: str) -> None:
         """Stands for a host whose TPM is not from our vendor: its swtpm is replaced by one whose EK
         certificate comes from another CA, with the lab image measured as usual (so only the EK
-        chain can tell). A running agent must be restarted to use it."""
+        chain can tell). A running agent is restarted on the new TPM."""
         from lab.swtpm import SwTPM
 
         h = self.host(name)
-        SwTPM(str(h.dir / "tpm"), port=TPM_PORT, netns=h.netns).destroy()
+        agent_pids = self._agent_pids(h)
+        _kill_all(agent_pids)
+        old = SwTPM(str(h.dir / "tpm"), port=TPM_PORT, netns=h.netns)
+        old.adopt()  # the running daemon, by its pid file
+        old.destroy()
         foreign_ca = self.state_dir / "foreign-ca"
         foreign_ca.mkdir(parents=True, exist_ok=True)
         SwTPM(str(h.dir / "tpm"), port=TPM_PORT, ek_cert=True, ca_dir=str(foreign_ca), netns=h.netns).start()
         self.measure(h, {pcr: image_digest(self._state().get("image", LAB_IMAGE), pcr) for pcr in MEASURED_PCRS})
+        if agent_pids:
+            self._start_agents([h])
 
     # -- inventory ----------------------------------------------------------------------
     def write_inventory(self) -> Optional[Path]:
@@ -517,16 +523,20 @@ class Lab:
             return False
         return Path("/proc/%d" % pid).exists() and not _is_zombie(pid)
 
-    def _agent_alive(self, h: Host) -> bool:
+    def _agent_pids(self, h: Host) -> List[int]:
         if h.netns not in _netns_list():
-            return False
+            return []
+        pids = []
         for pid in _pids_in_netns(h.netns):
             try:
-                if b"constellation-agent" in Path("/proc/%d/cmdline" % pid).read_bytes():
-                    return not _is_zombie(pid)
+                if b"constellation-agent" in Path("/proc/%d/cmdline" % pid).read_bytes() and not _is_zombie(pid):
+                    pids.append(pid)
             except OSError:
                 continue
-        return False
+        return pids
+
+    def _agent_alive(self, h: Host) -> bool:
+        return bool(self._agent_pids(h))
 
     def healthy(self) -> bool:
         state = self._state()

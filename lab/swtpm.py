@@ -195,6 +195,16 @@ class SwTPM:
         if os.path.exists(self._pid_file):
             os.unlink(self._pid_file)
 
+    def adopt(self) -> "SwTPM":
+        """Takes over a daemon started earlier for this state dir (by its pid file), so that
+        stop() and destroy() reach it from another process or object."""
+        try:
+            with open(self._pid_file, encoding="ascii") as handle:
+                self._pid = int(handle.read().strip())
+        except (OSError, ValueError):
+            self._pid = None
+        return self
+
     def destroy(self) -> None:
         """Stops the daemon and removes its state (not the shared CA)."""
         self.stop()

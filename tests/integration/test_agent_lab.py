@@ -107,7 +107,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster():
     lab = Lab("agt", inventory_dir=None)
-    lab.up(hosts=HOSTS, tpm=True)
+    lab.up(hosts=HOSTS, tpm=True, variant="qemu-vtpm")  # this file validates with VTPMValidator itself
     c = Cluster(lab)
     try:
         for name in ("h1", "h2", "h3", "h4", "h5", "h7"):
@@ -198,7 +198,11 @@ def test_coordinator_restart_with_file_store_then_add_node(cluster):
     assert cluster.stop("h1") == 0  # SIGTERM: clean shutdown
     cluster.start("h1")
     with cluster.client("h1", fresh=False) as c:
-        assert c.get_state() == {"state": "ActivatingNodes", "state_code": 2, "role": "coordinator"}
+        state = c.get_state()
+        assert {k: state[k] for k in ("state", "state_code", "role")} == {
+            "state": "ActivatingNodes", "state_code": 2, "role": "coordinator"}
+        # GetState also reports the VPN identity (the controller no longer reads it from wg/ip output).
+        assert state["vpn_ip"] == "10.118.0.1" and state["vpn_pub_key"] == cluster.wg_pub_key("h1")
     with cluster.admin_client() as c:
         result = c.activate_additional_nodes([cluster.hosts["h5"].public_endpoint])
     assert result["nodes"][0]["ok"], result

@@ -104,7 +104,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     lab = Lab("cnx", inventory_dir=None)
-    lab.up(hosts=4, tpm=True)
+    lab.up(hosts=4, tpm=True, variant="qemu-vtpm")  # this file validates with VTPMValidator itself
     e = Env(lab, tmp_path_factory.mktemp("atls"))
     try:
         for name in e.hosts:

@@ -4,8 +4,10 @@
 """site.yml, add_nodes.yml and verify.yml end to end on one lab (real agents, swtpm, wireguard-go).
 
 Hosts h1-h4 form the cluster (h1 the Coordinator); h5 booted a modified image (its PCR 9 differs
-from the policy); h6 boots later and is added with add_nodes.yml. The tests run in file order
-and share the lab: the tampered run comes first, while the Coordinator is still fresh.
+from the policy); h6 boots later and is added with add_nodes.yml; h7 boots last with a TPM from
+another vendor (its EK certificate does not chain to the lab CA). The lab attests with its default
+variant, qemu-vtpm-ek. The tests run in file order and share the lab: the tampered run comes first,
+while the Coordinator is still fresh.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ class Site:
 
     def status(self, name: str, cluster_id=None):
         settings = settings_from_args({"measurements_path": str(self.inv / "measurements.json"),
-                                       "variant": "qemu-vtpm", "netns": self.lab.bridge_netns,
-                                       "timeout": 10.0, "attestation_timeout": 30.0})
+                                       "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
+                                       "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
         return peer_status(self.lab.host(name).public_endpoint, settings, cluster_id)
 
     def secrets(self):
@@ -211,3 +213,27 @@ def test_verify_prints_one_table(site):
             assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr),
                              proc.stdout), (name, pcr)
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+
+
+def test_lab_attests_with_the_ek_variant(site):
+    assert site.lab.variant == "qemu-vtpm-ek"
+    status = site.status("h1")
+    assert status.state == "ActivatingNodes"  # attested through the EK chain: EnrollAK, then aTLS
+
+
+def test_foreign_tpm_is_refused_by_add_nodes_and_verify(site):
+    (new,) = site.lab.grow(7)
+    site.lab.foreign_tpm(new.name)  # same image and PCRs; only the EK chain differs
+    before = {name: wg_peers(site.lab, name) for name in ("h1", "h2", "h3", "h4", "h6")}
+    proc = site.play("playbooks/add_nodes.yml")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert re.search(r"h7.*EK certificate does not chain to the trusted CAs", out, re.S), out[-3000:]
+    assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+    pcr15 = new.run(["tpm2_pcrread", "-T", new.tcti, "sha256:15"], env=dict(os.environ, TSS2_LOG="all+none"))
+    assert pcr15.stdout.strip().endswith("0x" + "0" * 64)  # never locked: nothing was activated
+    for name, peers in before.items():
+        assert wg_peers(site.lab, name) == peers, name
+    proc = site.play("playbooks/verify.yml")
+    assert proc.returncode != 0
+    assert re.search(r"h7.*EK certificate does not chain to the trusted CAs", proc.stdout + proc.stderr, re.S)

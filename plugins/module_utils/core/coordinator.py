@@ -255,9 +255,9 @@ class CoordinatorSide(CoreBase):
         try:
             return validator.validate(document, nonce)
         except EnrollmentRequired as needed:
-            asking = needed.validator
+            asking, signing_ak_pub = needed.validator, needed.ak_pub
         record = enroll_over(channel, asking.ca_certs)
-        if record.ak_pub != needed.ak_pub:
+        if record.ak_pub != signing_ak_pub:
             raise AttestationError("the node enrolled another AK than the one that signed its attestation")
         asking.certified_aks.add(record)
         self._log("ak_enrolled", peer=channel.peer_ip, via="join")
