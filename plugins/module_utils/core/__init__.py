@@ -15,7 +15,7 @@ operation needs a transport (activating a node, a join), the caller passes it in
   KMS, allocates the VPN IPs and persists everything in the store; activation as Node (``node``) takes
   the VPN IP, peers, cluster ID and admin key, and stores the disk key derived for the UUID it reported.
 * Persistence: the node state (``NodeState``), KMS settings and the peer registry live in the store
-  (``peerstore``), so an agent restart loses nothing; ``recovery`` resumes after a TPM reset.
+  (``state_store``), so an agent restart loses nothing; ``recovery`` resumes after a TPM reset.
 
 Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, ``vpn``, ``base``,
 ``coordinator``, ``node``, ``recovery``; ``Core`` composes the last three.

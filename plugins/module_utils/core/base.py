@@ -11,7 +11,7 @@ import threading
 from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils import peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     expected_pcr15,
 )
@@ -60,7 +60,7 @@ class CoreBase(StateMachine):
     # -- start-up
     def load(self) -> State:
         """Restores a persisted state (agent restart) or enters AcceptingInit (fresh node)."""
-        raw = peerstore.load_node_state(self.store)
+        raw = state_store.load_node_state(self.store)
         pcr15 = self.tpm.pcr15()
         if raw is None:
             if pcr15 != bytes(32):
@@ -93,13 +93,13 @@ class CoreBase(StateMachine):
     def _resume(self) -> None:
         node = self._stored_node()
         if node.role == ROLE_COORDINATOR:
-            kms_data = peerstore.load_kms_data(self.store)
+            kms_data = state_store.load_kms_data(self.store)
             if kms_data is None:
                 raise StateError("the store holds a Coordinator state without KMS settings")
             self._kms = kms_mod.open_kms(kms_data["kms_uri"])
         self.vpn.setup(node.vpn_ip, node.vpn_priv_key)
         if node.role == ROLE_COORDINATOR:
-            registry = peerstore.load_peer_registry(self.store)
+            registry = state_store.load_peer_registry(self.store)
             if registry is not None:
                 self.vpn.set_peers(list(registry.peers.peers.values()), self.vpn_pub_key)
         else:
@@ -160,7 +160,7 @@ class CoreBase(StateMachine):
         with self._mutex:
             if node is None:
                 node = self._stored_node().replace(**changes)
-            peerstore.save_node_state(self.store, node.to_dict())
+            state_store.save_node_state(self.store, node.to_dict())
             self._node = node
 
     def _take_lock(self, cluster_id: bytes, method: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils import peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     b64,
@@ -89,8 +89,8 @@ class CoordinatorSide(CoreBase):
             def add_self(registry):
                 return registry.add(pub_key, self.public_ip, "coordinator")
 
-            record = peerstore.update_peer_registry(self.store, add_self, vpn_cidr)
-            peerstore.save_kms_data(self.store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
+            record = state_store.update_peer_registry(self.store, add_self, vpn_cidr)
+            state_store.save_kms_data(self.store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
             self._kms = kms
             with self._mutex:
                 self._role = ROLE_COORDINATOR
@@ -115,18 +115,18 @@ class CoordinatorSide(CoreBase):
 
     def reserve_node_ip(self) -> str:
         self.require_coordinator("ActivateAdditionalNodes")
-        return peerstore.update_peer_registry(self.store, lambda r: r.allocator.allocate("node"))
+        return state_store.update_peer_registry(self.store, lambda r: r.allocator.allocate("node"))
 
     def release_node_ip(self, vpn_ip: str) -> None:
         def release(registry):
             if registry.peers.get(vpn_ip) is None:
                 registry.allocator.release(vpn_ip)
 
-        peerstore.update_peer_registry(self.store, release)
+        state_store.update_peer_registry(self.store, release)
 
     def node_activation_request(self, node_vpn_ip: str) -> NodeActivationRequest:
         self.require_coordinator("ActivateAdditionalNodes")
-        registry = peerstore.load_peer_registry(self.store)
+        registry = state_store.load_peer_registry(self.store)
         node = self._stored_node()
         return NodeActivationRequest(node_vpn_ip, tuple(registry.peers.peers.values()), node.cluster_id,
                                      node.measurement_salt, node.admin_pub_key, node.vpn_ip)
@@ -147,7 +147,7 @@ class CoordinatorSide(CoreBase):
             version = registry.peers.put(record)
             return version, list(registry.peers.peers.values())
 
-        version, records = peerstore.update_peer_registry(self.store, put)
+        version, records = state_store.update_peer_registry(self.store, put)
         self.vpn.set_peers(records, self.vpn_pub_key)
         self._log("peer_added", vpn_ip=vpn_ip, public_ip=public_ip, resource_version=version)
         return version
@@ -159,7 +159,7 @@ class CoordinatorSide(CoreBase):
             registry.remove(vpn_ip)
             return registry.peers.version, list(registry.peers.peers.values())
 
-        version, records = peerstore.update_peer_registry(self.store, remove)
+        version, records = state_store.update_peer_registry(self.store, remove)
         self.vpn.set_peers(records, self.vpn_pub_key)
         return version
 
@@ -265,14 +265,14 @@ class CoordinatorSide(CoreBase):
 
     # -- vpnapi
     def is_known_peer_ip(self, ip: str) -> bool:
-        registry = peerstore.load_peer_registry(self.store)
+        registry = state_store.load_peer_registry(self.store)
         return registry is not None and registry.peers.get(ip) is not None
 
     def get_update(self, resource_version: Any) -> Dict[str, Any]:
         self.require_coordinator("GetUpdate")
         if not isinstance(resource_version, int) or isinstance(resource_version, bool):
             raise InputError("resource_version", "an integer", type(resource_version).__name__)
-        registry = peerstore.load_peer_registry(self.store)
+        registry = state_store.load_peer_registry(self.store)
         return registry.peers.updates_since(resource_version).to_dict()
 
     def get_data_key(self, data_key_id: Any, length: Any) -> bytes:

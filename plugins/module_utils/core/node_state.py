@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A peer's persisted node state, typed. ``to_dict``/``from_dict`` give the store's format
-(``peerstore.save_node_state``: base64 for bytes, the same keys as before this class existed):
+(``state_store.save_node_state``: base64 for bytes, the same keys as before this class existed):
 
 * both roles: ``role, vpn_ip, vpn_priv_key, cluster_id, measurement_salt, admin_pub_key,
   coordinator_vpn_ip, disk_uuid, state``;
@@ -72,7 +72,7 @@ class NodeState:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "NodeState":
-        """A stored node state (as ``peerstore.load_node_state`` checked it); InputError names a bad field."""
+        """A stored node state (as ``state_store.load_node_state`` checked it); InputError names a bad field."""
         if not isinstance(data, Mapping):
             raise InputError("node_state", "a mapping", type(data).__name__)
         for name in ("role", "vpn_ip", "vpn_priv_key"):

@@ -42,7 +42,7 @@ class VPN(Protocol):
 
 @runtime_checkable
 class Store(Protocol):
-    """A key-value store with transactions (``store.py``); ``peerstore`` keeps the Core's records in it."""
+    """A key-value store with transactions (``store.py``); ``state_store`` keeps the Core's records in it."""
 
     def get_default(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
         """The value of ``key``, or ``default``."""

@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
@@ -233,7 +233,7 @@ def test_get_data_key_refuses_reserved_ids_and_disk_uuids(swtpm, make_core, secr
             c.get_data_key(bad, 32)
     with pytest.raises(InputError, match="length"):
         c.get_data_key("foo", 0)
-    assert peerstore.load_kms_data(c.store)["kms_uri"] == secret.to_uri()
+    assert state_store.load_kms_data(c.store)["kms_uri"] == secret.to_uri()
 
 
 def test_get_state_reports_vpn_ip_and_key_once_activated(swtpm, make_core, secret):

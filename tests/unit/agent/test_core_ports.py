@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from conftest import MemoryTPM, RecordingVPN
-from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
@@ -113,7 +113,7 @@ def test_two_cores_have_their_own_join_key_and_lock(make_core):
 
 def test_node_state_keeps_the_store_format(make_core, secret):
     c, _vpn = coordinator(make_core, secret)
-    stored = peerstore.load_node_state(c.store)
+    stored = state_store.load_node_state(c.store)
     assert set(stored) == {"role", "vpn_ip", "vpn_priv_key", "cluster_id", "measurement_salt", "admin_pub_key",
                            "coordinator_vpn_ip", "cluster_name", "disk_uuid", "state"}
     assert base64.b64decode(stored["cluster_id"]) == c.cluster_id
@@ -134,7 +134,7 @@ def test_node_state_round_trips_a_node_and_unknown_fields():
     node = NodeState.from_dict(saved)
     assert node.peers[0].vpn_ip == "10.118.0.1" and node.stored_state == State.IS_NODE
     assert node.to_dict() == saved
-    assert peerstore.check_node_state(node.to_dict()) == saved
+    assert state_store.check_node_state(node.to_dict()) == saved
     legacy = {k: v for k, v in saved.items() if k != "state"}
     assert NodeState.from_dict(legacy).stored_state == State.IS_NODE and NodeState.from_dict(legacy).to_dict() == legacy
     with pytest.raises(InputError, match="node_state.cluster_id"):

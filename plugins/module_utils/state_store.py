@@ -1,7 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Typed records on top of a store (``store.py``), in the Coordinator's key layout (SPEC §6.8).
+"""A peer's persisted state, as typed records on top of a store (``store.py``), in the
+Coordinator's key layout (SPEC §6.8): the peer registry, the node state and the KMS settings.
+(Named ``peerstore.py`` before 0.2.0; it always held more than peers.)
 
 * Peer state (``peers.PeerRegistry.to_dict()``): the peers, their resource version, the change log
   and the VPN IP allocator are written and read in ONE transaction, so a reader never sees a peer

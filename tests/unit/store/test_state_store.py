@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils import peerstore
+from ansible_collections.constellation.cluster.plugins.module_utils import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord, PeerRegistry
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore, StoreError, transfer
@@ -33,8 +33,8 @@ def _registry() -> PeerRegistry:
 
 def test_peer_state_round_trip_and_reopen(store_factory):
     reg = _registry()
-    peerstore.save_peer_state(store_factory(), reg.to_dict())
-    loaded = peerstore.load_peer_state(store_factory())  # a second handle: a restarted agent
+    state_store.save_peer_state(store_factory(), reg.to_dict())
+    loaded = state_store.load_peer_state(store_factory())  # a second handle: a restarted agent
     assert loaded == reg.to_dict()
     again = PeerRegistry.from_dict(loaded)
     assert again.peers.version == reg.peers.version
@@ -46,7 +46,7 @@ def test_peer_state_round_trip_and_reopen(store_factory):
 
 def test_peer_state_uses_the_coordinator_key_layout(store):
     reg = _registry()
-    peerstore.save_peer_state(store, reg)
+    state_store.save_peer_state(store, reg)
     assert store.get("peersResourceVersion") == str(reg.peers.version).encode()
     peer = json.loads(store.get("peerPrefix10.118.0.1"))
     assert peer == {"PublicIP": "192.0.2.1", "VPNIP": "10.118.0.1", "VPNPubKey": _key(1), "Role": "Coordinator"}
@@ -59,22 +59,22 @@ def test_peer_state_uses_the_coordinator_key_layout(store):
 
 def test_saving_again_writes_only_the_difference(store):
     reg = _registry()
-    peerstore.save_peer_state(store, reg)
+    state_store.save_peer_state(store, reg)
     before = dict(store.items(""))
     reg.add(_key(70), "192.0.2.70", "node")  # takes the freed 10.118.0.12
-    peerstore.save_peer_state(store, reg)
+    state_store.save_peer_state(store, reg)
     after = dict(store.items(""))
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     assert changed == {"peerPrefix10.118.0.12", "freeNodeVPNIPs10.118.0.12", "peersResourceVersion",
                        "peersChangeLog"}
-    assert peerstore.load_peer_state(store) == reg.to_dict()
+    assert state_store.load_peer_state(store) == reg.to_dict()
 
 
 def test_no_saved_state(store):
-    assert peerstore.load_peer_state(store) is None
-    assert peerstore.load_peer_registry(store) is None
-    assert peerstore.load_node_state(store) is None
-    assert peerstore.load_kms_data(store) is None
+    assert state_store.load_peer_state(store) is None
+    assert state_store.load_peer_registry(store) is None
+    assert state_store.load_node_state(store) is None
+    assert state_store.load_kms_data(store) is None
 
 
 def test_update_peer_registry_loses_no_peer(store_factory):
@@ -85,7 +85,7 @@ def test_update_peer_registry_loses_no_peer(store_factory):
         try:
             own = store_factory()
             for i in range(4):
-                peerstore.update_peer_registry(own, lambda reg: reg.add(_key(10 + n * 4 + i), None, "admin"))
+                state_store.update_peer_registry(own, lambda reg: reg.add(_key(10 + n * 4 + i), None, "admin"))
         except Exception as err:  # pragma: no cover - reported below
             errors.append(err)
 
@@ -95,28 +95,28 @@ def test_update_peer_registry_loses_no_peer(store_factory):
     for t in threads:
         t.join(120)
     assert not errors
-    reg = peerstore.load_peer_registry(store_factory())
+    reg = state_store.load_peer_registry(store_factory())
     assert len(reg.peers) == 32 and reg.peers.version == 32
     assert sorted(reg.peers.peers, key=lambda a: int(ipaddress.ip_address(a))) == \
         ["10.118.0.%d" % i for i in range(11, 43)]
 
 
 def test_inconsistent_stored_peer_state_is_refused(store):
-    peerstore.save_peer_state(store, _registry())
+    state_store.save_peer_state(store, _registry())
     store.delete("highestAvailableNodeIP")
     with pytest.raises(StoreError, match="peer state is inconsistent"):
-        peerstore.load_peer_state(store)
-    peerstore.save_peer_state(store, _registry())
+        state_store.load_peer_state(store)
+    state_store.save_peer_state(store, _registry())
     store.put("peerPrefix10.118.0.99", PeerRecord.parse("10.118.0.99", _key(99)).to_store_value())
     with pytest.raises(StoreError, match="inconsistent"):  # an IP the allocator never handed out
-        peerstore.load_peer_state(store)
+        state_store.load_peer_state(store)
 
 
 @pytest.mark.parametrize("state", [None, "x", {}, {"allocator": {}, "peers": {}}])
 def test_bad_peer_state_input(state):
     store = MemoryStore()
     with pytest.raises(InputError):
-        peerstore.save_peer_state(store, state)
+        state_store.save_peer_state(store, state)
     assert store.items("") == []
 
 
@@ -128,17 +128,17 @@ NODE = {"role": "coordinator", "vpn_ip": "10.118.0.1", "vpn_priv_key": base64.b6
 def test_node_state_and_kms_round_trip_through_transfer(store_factory):
     """Before activation the agent keeps state in memory; activation transfers it (SPEC §6.8)."""
     memory = MemoryStore()
-    peerstore.save_node_state(memory, NODE)
+    state_store.save_node_state(memory, NODE)
     kms = {"kms_uri": "kms://cluster-kms?salt=AAAA", "storage_uri": "storage://no-store", "key_encryption_key_id": ""}
-    peerstore.save_kms_data(memory, kms)
-    peerstore.save_peer_state(memory, _registry())
+    state_store.save_kms_data(memory, kms)
+    state_store.save_peer_state(memory, _registry())
     transfer(memory, store_factory())
     reopened = store_factory()
-    assert peerstore.load_node_state(reopened) == NODE
-    assert peerstore.load_kms_data(reopened) == kms
+    assert state_store.load_node_state(reopened) == NODE
+    assert state_store.load_kms_data(reopened) == kms
     assert json.loads(reopened.get("KMSData")) == {"KmsUri": kms["kms_uri"], "StorageUri": "storage://no-store",
                                                    "KeyEncryptionKeyID": ""}
-    assert peerstore.load_peer_state(reopened) == _registry().to_dict()
+    assert state_store.load_peer_state(reopened) == _registry().to_dict()
 
 
 @pytest.mark.parametrize("change, field", [
@@ -150,7 +150,7 @@ def test_node_state_and_kms_round_trip_through_transfer(store_factory):
 def test_bad_node_state(change, field):
     store = MemoryStore()
     with pytest.raises(InputError) as info:
-        peerstore.save_node_state(store, dict(NODE, **change))
+        state_store.save_node_state(store, dict(NODE, **change))
     assert str(info.value).startswith(field + ":")
     assert NODE["vpn_priv_key"] not in str(info.value)
     assert store.items("") == []
@@ -159,11 +159,11 @@ def test_bad_node_state(change, field):
 def test_bad_kms_data():
     store = MemoryStore()
     with pytest.raises(InputError, match="kms_data.kms_uri"):
-        peerstore.save_kms_data(store, {"kms_uri": ""})
+        state_store.save_kms_data(store, {"kms_uri": ""})
     with pytest.raises(InputError, match="kms_data.storage_uri"):
-        peerstore.save_kms_data(store, {"kms_uri": "kms://cluster-kms", "storage_uri": 3})
+        state_store.save_kms_data(store, {"kms_uri": "kms://cluster-kms", "storage_uri": 3})
     with pytest.raises(InputError, match="only kms_uri"):
-        peerstore.save_kms_data(store, {"kms_uri": "kms://cluster-kms", "master_secret": "x"})
+        state_store.save_kms_data(store, {"kms_uri": "kms://cluster-kms", "master_secret": "x"})
     store.put("KMSData", b"not json")
     with pytest.raises(StoreError, match="KMS settings are invalid"):
-        peerstore.load_kms_data(store)
+        state_store.load_kms_data(store)
