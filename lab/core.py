@@ -45,7 +45,7 @@ LAB_IMAGE = "constellation-lab-image-v1"
 # The lab's attestation variant (attestation/choose.py): AKs trusted only through the lab CA's
 # EK certificates (swtpm's local CA stands for the TPM vendor). `--variant qemu-vtpm` for the
 # Constellation-compatible one.
-LAB_VARIANT = "qemu-vtpm"  # qemu-vtpm-ek once the atls connection plugin takes ek_ca_path
+LAB_VARIANT = "qemu-vtpm-ek"
 MEASURED_PCRS = (4, 9, 11)
 
 

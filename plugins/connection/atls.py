@@ -75,13 +75,23 @@ options:
       - name: constellation_measurements_path
   attestation_variant:
     description:
-      - Attestation variant the node must present.
+      - Attestation variant the node must present (the chooser in C(module_utils/attestation/choose.py)).
+      - V(qemu-vtpm) trusts the node's attestation key as Constellation does; V(qemu-vtpm-ek) trusts it only
+        after enrollment through the TPM's EK certificate chain (to O(ek_ca_path)) and credential activation.
       - V(dummy) accepts any node and exists for tests only.
     type: str
     default: qemu-vtpm
-    choices: [qemu-vtpm, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
     vars:
       - name: constellation_attestation_variant
+  ek_ca_path:
+    description:
+      - PEM file with the CA certificate(s) (root and intermediates) that the nodes' TPM EK certificates chain to;
+        required for V(qemu-vtpm-ek). A node whose AK is not certified yet is enrolled first (C(EnrollAK)),
+        and a TPM whose EK certificate does not chain to these CAs is unreachable with that reason.
+    type: path
+    vars:
+      - name: constellation_ek_ca_path
   admin_priv_key_file:
     description:
       - The admin's private key (unencrypted PEM or OpenSSH; Ed25519 or ECDSA P-256), whose public key
@@ -199,7 +209,6 @@ from ansible.utils.display import Display
 display = Display()
 
 COPY_CHUNK = 64 * 1024
-VARIANTS = ("qemu-vtpm", "dummy")
 MUX_MAX_SESSIONS = 16
 MUX_START_TIMEOUT = 60.0
 _COLLECTIONS_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *([os.pardir] * 5)))
@@ -226,6 +235,7 @@ class Settings:
     control_path_dir: str
     netns: Optional[str]
     warm_interpreter: bool = True
+    ek_ca_path: Optional[str] = None
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -243,8 +253,18 @@ class Settings:
         except OSError:
             key_digest = ""
         material = json.dumps([playbook_pid, self.endpoint, self.variant, self.measurements, key_digest,
-                               self.netns], sort_keys=True)
+                               self.netns, _file_digest(self.ek_ca_path)], sort_keys=True)
         return os.path.join(self.control_path_dir, "atls-%s.sock" % hashlib.sha256(material.encode()).hexdigest()[:20])
+
+
+def _file_digest(path: Optional[str]) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return ""
 
 
 def _split_endpoint(endpoint: str):
@@ -313,9 +333,22 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         endpoint = "[%s]:%s" % (host, port) if ":" in str(host) else "%s:%s" % (host, port)
     _split_endpoint(endpoint)
 
-    variant = get_option("attestation_variant") or "qemu-vtpm"
-    if variant not in VARIANTS:
-        raise SettingsError("attestation_variant: expected one of %s, got %r" % (", ".join(VARIANTS), variant))
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+
+    variant = get_option("attestation_variant") or choose.DEFAULT_VARIANT
+    if variant not in choose.VARIANT_NAMES:
+        raise SettingsError("attestation_variant: expected one of %s, got %r" % (", ".join(choose.VARIANT_NAMES),
+                                                                                 variant))
+    ek_ca_path = get_option("ek_ca_path") or None
+    if choose.spec(variant).needs_ek_ca:
+        if not ek_ca_path:
+            raise SettingsError("ek_ca_path: expected the PEM file of the CA(s) that TPMs' EK certificates chain to "
+                                "(constellation_ek_ca_path), for variant %s" % variant)
+        ek_ca_path = os.path.abspath(os.path.expanduser(str(ek_ca_path)))
+        if not os.path.isfile(ek_ca_path):
+            raise SettingsError("ek_ca_path: expected a readable PEM file, got %s" % ek_ca_path)
+    else:
+        ek_ca_path = None
     inline, path = get_option("measurements"), get_option("measurements_path")
     if inline is not None and path:
         raise SettingsError("measurements and measurements_path are mutually exclusive: set one")
@@ -353,6 +386,7 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         control_path_dir=os.path.abspath(os.path.expanduser(str(get_option("control_path_dir") or "~/.ansible/cp"))),
         netns=netns,
         warm_interpreter=_boolean("warm_interpreter", get_option("warm_interpreter")),
+        ek_ca_path=ek_ca_path,
     )
 
 
@@ -415,18 +449,23 @@ def _pcr_table(err: BaseException) -> str:
 def open_admin_client(settings: Settings):
     """An AgentClient on a TLS connection whose peer passed attestation and which proved the admin
     key. Raises AnsibleConnectionFailure naming the reason."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
         AttestationError, ConstellationError)
-    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, load_priv_key
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (
+        AgentClient, connect_enrolling, load_priv_key)
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 
     where = settings.endpoint
-    if settings.variant == "dummy":
-        validators = [DummyValidator()]
-    else:
-        validators = [VTPMValidator(_policy(settings.measurements))]
+    try:
+        # The validators come from the one chooser, through the same settings as the cluster actions.
+        attestation = settings_from_args({"variant": settings.variant, "measurements": settings.measurements,
+                                          "ek_ca_path": settings.ek_ca_path, "netns": settings.netns,
+                                          "timeout": settings.timeout,
+                                          "attestation_timeout": settings.attestation_timeout})
+        validators = attestation.validators()
+    except ConstellationError as err:
+        raise AnsibleConnectionFailure("%s: %s" % (where, err)) from None
     try:
         with open(settings.admin_priv_key_file, "rb") as handle:
             priv_key = load_priv_key(handle.read())
@@ -435,12 +474,17 @@ def open_admin_client(settings: Settings):
                                        % (settings.admin_priv_key_file, err.strerror)) from None
     except ConstellationError as err:
         raise AnsibleConnectionFailure("admin_priv_key_file %s: %s" % (settings.admin_priv_key_file, err)) from None
+
+    def connect(with_validators):
+        try:
+            sock = _tcp_socket(settings)
+        except OSError as err:
+            raise AnsibleConnectionFailure("%s: cannot connect: %s" % (where, err.strerror or err)) from None
+        return AgentClient.connect(where, with_validators, sock=sock, timeout=settings.timeout)
+
     try:
-        sock = _tcp_socket(settings)
-    except OSError as err:
-        raise AnsibleConnectionFailure("%s: cannot connect: %s" % (where, err.strerror or err)) from None
-    try:
-        client = AgentClient.connect(where, validators, sock=sock, timeout=settings.timeout)
+        # qemu-vtpm-ek: a node whose AK is not certified yet is enrolled first (EnrollAK), then attested.
+        client = connect_enrolling(connect, validators)
     except AttestationError as err:
         table = _pcr_table(err)
         raise AnsibleConnectionFailure("%s: attestation refused, nothing was sent: %s%s"

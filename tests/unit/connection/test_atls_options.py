@@ -29,7 +29,7 @@ def options(key_file, **changes):
     opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_path": None,
             "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
-            "netns": None, "warm_interpreter": True}
+            "netns": None, "warm_interpreter": True, "ek_ca_path": None}
     opts.update(changes)
     return opts.__getitem__
 
@@ -76,7 +76,7 @@ def test_policy_from_file_json_or_yaml(key_file, tmp_path):
     ({"measurements": ["4"]}, "measurements: expected a mapping"),
     ({"measurements_path": "/nonexistent/m.json"}, "mutually exclusive"),
     ({"measurements": None, "measurements_path": "/nonexistent/m.json"}, "measurements_path: expected a readable"),
-    ({"attestation_variant": "sev-snp"}, "attestation_variant: expected one of qemu-vtpm, dummy"),
+    ({"attestation_variant": "sev-snp"}, "attestation_variant: expected one of qemu-vtpm, qemu-vtpm-ek, dummy"),
     ({"admin_priv_key_file": None}, "admin_priv_key_file: expected the path"),
     ({"admin_priv_key_file": "/nonexistent/admin.key"}, "admin_priv_key_file: expected a readable"),
     ({"connect_timeout": 0}, r"connect_timeout: expected seconds in \(0, 86400\]"),
@@ -211,3 +211,19 @@ def test_task_workers_import_no_atls_and_no_more_cryptography():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "collections"), REPO])))
     assert proc.stdout.strip() == "[]"
+
+
+def test_ek_variant_needs_an_ek_ca_file(key_file, tmp_path):
+    with pytest.raises(SettingsError, match="ek_ca_path: expected the PEM file"):
+        settings_from_options(options(key_file, attestation_variant="qemu-vtpm-ek"))
+    with pytest.raises(SettingsError, match="ek_ca_path: expected a readable PEM file"):
+        settings_from_options(options(key_file, attestation_variant="qemu-vtpm-ek", ek_ca_path=str(tmp_path / "no")))
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    s = settings_from_options(options(key_file, attestation_variant="qemu-vtpm-ek", ek_ca_path=str(tmp_path / "ca.pem")))
+    assert s.variant == "qemu-vtpm-ek" and s.ek_ca_path == str(tmp_path / "ca.pem")
+    # Another CA file is another relay: a connection attested under one trust anchor is never reused.
+    before = s.control_path("1")
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nchanged\n")
+    assert s.control_path("1") != before
+    # The plain variant ignores an EK CA.
+    assert settings_from_options(options(key_file, ek_ca_path=str(tmp_path / "ca.pem"))).ek_ca_path is None
