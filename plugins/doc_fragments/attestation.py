@@ -4,16 +4,12 @@
 
 from __future__ import annotations
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import (
-    DEFAULT_VARIANT,
-    VARIANT_NAMES,
-)
-
 
 class ModuleDocFragment:
     """Attestation options of the controller-side cluster actions (module_utils/attestation/policy.py)."""
 
-    # The variant choices come from the one chooser (attestation/choose.py), as the argument spec's.
+    # Documentation is read as a literal: the variant choices must equal attestation/choose.py's
+    # VARIANT_NAMES, which the argument spec uses (tests/unit/attestation/test_choose.py checks it).
     DOCUMENTATION = r"""
 options:
   measurements:
@@ -31,8 +27,8 @@ options:
         enrollment through the TPM's EK certificate chain (to O(ek_ca_path)) and credential activation;
         V(dummy) proves nothing and is for tests only.
     type: str
-    choices: [%(choices)s]
-    default: %(default)s
+    choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
+    default: qemu-vtpm
   ek_ca_path:
     description:
       - PEM file with the CA certificate(s) that TPMs' EK certificates must chain to; required for
@@ -55,4 +51,4 @@ options:
 notes:
   - Runs on the controller (an action plugin) whatever the host; the host's connection is not used.
   - Every peer is attested (fresh nonce, TPM quote, policy) before the first byte is sent to it.
-""" % {"choices": ", ".join(VARIANT_NAMES), "default": DEFAULT_VARIANT}
+"""

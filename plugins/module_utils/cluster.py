@@ -17,7 +17,7 @@ import hmac
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils import atls, constants
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
@@ -64,11 +64,11 @@ RECOVER_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
     measurement_salt=dict(type="str", required=True, no_log=True),
 )
 
-ACCEPTING_INIT = "AcceptingInit"
-ACTIVATING_NODES = "ActivatingNodes"
-IS_NODE = "IsNode"
-ROLE_COORDINATOR = "coordinator"
-ROLE_NODE = "node"
+ACCEPTING_INIT = constants.STATE_ACCEPTING_INIT
+ACTIVATING_NODES = constants.STATE_ACTIVATING_NODES
+IS_NODE = constants.STATE_IS_NODE
+ROLE_COORDINATOR = constants.ROLE_COORDINATOR
+ROLE_NODE = constants.ROLE_NODE
 
 
 @dataclass

@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import ROLE_ADMIN, ROLE_COORDINATOR, ROLE_NODE
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     LISTEN_PORT,
@@ -31,7 +32,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
     normalize_pub_key,
 )
 
-ROLES = ("coordinator", "node", "admin")
+ROLES = (ROLE_COORDINATOR, ROLE_NODE, ROLE_ADMIN)
 COORDINATOR_IP_COUNT = 10
 DEFAULT_MAX_LOG_CHANGES = 1024
 # Store key names of SPEC §6.8, for the stores that persist a peer set.

@@ -17,12 +17,11 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import PCRCheck
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_COUNT, PCR_INDEX_CLUSTER_ID  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
-PCR_COUNT = 24
 # 32 bytes for TPM SHA-256 PCRs, 48 for TDX RTMRs (SPEC.md 2.6).
 _ALLOWED_LENGTHS = (32, 48)
-PCR_INDEX_CLUSTER_ID = 15
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ import threading
 from contextlib import contextmanager
 from typing import Dict, Iterable, Iterator, List, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import (  # noqa: F401 pylint: disable=unused-import
+    PCR_COUNT,
+    PCR_INDEX_CLUSTER_ID,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 try:
@@ -26,7 +30,6 @@ except ImportError as _err:  # ansible-test's import sanity runs without third-p
     TPM2_PYTSS_IMPORT_ERROR = _err
 
 DEFAULT_TCTI = "device:/dev/tpmrm0"
-PCR_COUNT = 24
 _PCR_READ_BATCH = 8  # TPM2_PCR_Read returns at most 8 digests per call
 
 # TPM_ALG_ID of the hash banks (SPEC.md 2.1: 4=SHA1, 11=SHA256, 12=SHA384, 13=SHA512).
@@ -213,9 +216,6 @@ def extend_pcr(tcti: Optional[str], index: int, digest: bytes) -> None:
     """The lab's measured boot: TPM2_PCR_Extend(index, SHA-256 digest)."""
     with open_tpm(tcti) as tpm:
         tpm.pcr_extend(index, digest)
-
-
-PCR_INDEX_CLUSTER_ID = 15
 
 
 def mark_initialized(tcti: Optional[str], cluster_id: bytes) -> None:

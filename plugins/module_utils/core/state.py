@@ -10,6 +10,12 @@ import enum
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils import constants
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import (  # noqa: F401 pylint: disable=unused-import
+    ROLE_COORDINATOR,
+    ROLE_NODE,
+    ROLE_UNKNOWN,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, StateError
 
 
@@ -29,17 +35,13 @@ class State(enum.IntEnum):
 
 
 _STATE_NAMES = {
-    State.UNINITIALIZED: "Uninitialized",
-    State.ACCEPTING_INIT: "AcceptingInit",
-    State.ACTIVATING_NODES: "ActivatingNodes",
-    State.NODE_WAITING_FOR_CLUSTER_JOIN: "NodeWaitingForClusterJoin",
-    State.IS_NODE: "IsNode",
-    State.FAILED: "Failed",
+    State.UNINITIALIZED: constants.STATE_UNINITIALIZED,
+    State.ACCEPTING_INIT: constants.STATE_ACCEPTING_INIT,
+    State.ACTIVATING_NODES: constants.STATE_ACTIVATING_NODES,
+    State.NODE_WAITING_FOR_CLUSTER_JOIN: constants.STATE_NODE_WAITING_FOR_CLUSTER_JOIN,
+    State.IS_NODE: constants.STATE_IS_NODE,
+    State.FAILED: constants.STATE_FAILED,
 }
-
-ROLE_UNKNOWN = "unknown"
-ROLE_COORDINATOR = "coordinator"
-ROLE_NODE = "node"
 
 
 class StateMachine:
