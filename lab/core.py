@@ -385,8 +385,8 @@ class Lab:
         return self.state_dir / "ek_ca.pem"
 
     def _write_ek_ca(self) -> None:
-        bundle = "".join((self.ca_dir / name).read_text() for name in ("swtpm-localca-rootca-cert.pem",
-                                                                        "issuercert.pem"))
+        names = ("swtpm-localca-rootca-cert.pem", "issuercert.pem")
+        bundle = "".join((self.ca_dir / name).read_text() for name in names)
         _atomic_write(self.ek_ca_path, bundle)
 
     def foreign_tpm(self, name: str) -> None:

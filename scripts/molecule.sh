@@ -32,7 +32,7 @@ for s in $scenarios; do
         tail -n 40 "$logdir/$s.log" | sed 's/^/    /'
     fi
 done
-nfailed=$(echo $failed | wc -w)
+nfailed=$(echo "$failed" | wc -w)
 echo "molecule: $passed passed, $nfailed failed"
 [ -z "$failed" ] && rm -rf "$logdir"
 [ -z "$failed" ]

@@ -10,6 +10,7 @@ DIR=$(mktemp -d /tmp/constellation-sanity.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 mkdir -p "$DIR/ansible_collections/constellation/cluster"
 export PATH="$ROOT/.venv/bin:$PATH"
+# shellcheck disable=SC2016 # the inner shell expands its own arguments
 unshare --mount --propagation private sh -c '
     mount --bind "$1" "$2/ansible_collections/constellation/cluster"
     cd "$2/ansible_collections/constellation/cluster"

@@ -17,6 +17,7 @@ if [ -n "$missing" ]; then
     apt-get update -qq
     # etcd-server and ssh would start system services; the project starts its own on loopback.
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    # shellcheck disable=SC2086 # one word per package
     apt-get install -y -qq --no-install-recommends $missing
     rm -f /usr/sbin/policy-rc.d
 fi

@@ -22,8 +22,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, StateError)
+    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
+
 
 def _deprecated(alias: str) -> Dict[str, str]:
     """An old option name that keeps working, with a deprecation warning, until 2.0.0."""

@@ -88,4 +88,3 @@ class StateMachine:
 
     def get_state(self) -> Dict[str, Any]:
         return {"state": self._state.wire_name, "state_code": int(self._state), "role": self._role}
-
