@@ -45,6 +45,11 @@ OTHER = "other"
 
 def load_policy_file(path: str, basedir: Optional[str] = None) -> Measurements:
     """A JSON or YAML policy file; a relative path is relative to ``basedir``."""
+    return Measurements.from_dict(read_policy_document(path, basedir))
+
+
+def read_policy_document(path: str, basedir: Optional[str] = None) -> Any:
+    """The parsed JSON or YAML document of a policy file (not yet checked as a policy)."""
     if basedir and not os.path.isabs(path):
         path = os.path.join(basedir, path)
     try:
@@ -57,12 +62,16 @@ def load_policy_file(path: str, basedir: Optional[str] = None) -> Measurements:
     except OSError as err:
         raise InputError("measurements_path", "a readable JSON or YAML file", "%s (%s)" % (path, err.strerror))
     if yaml is None:
-        return Measurements.loads(text)
+        import json
+
+        try:
+            return json.loads(text)
+        except ValueError as err:
+            raise InputError("measurements_path", "a JSON file", "%s (%s)" % (path, err)) from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise InputError("measurements_path", "a JSON or YAML file", "%s (%s)" % (path, err))
-    return Measurements.from_dict(data)
+        raise InputError("measurements_path", "a JSON or YAML file", "%s (%s)" % (path, err)) from None
 
 
 def load_policy(measurements: Optional[Mapping] = None, measurements_path: Optional[str] = None,
@@ -125,6 +134,15 @@ def cluster_membership(pcrs: Mapping[int, bytes], cluster_id: Optional[bytes]) -
     if cluster_id is not None and hmac.compare_digest(pcr15, expected_pcr15(cluster_id)):
         return OURS
     return OTHER
+
+
+def pcr_mismatch_text(checks) -> str:
+    """The failed rows of the per-PCR table, for one line of an error message."""
+    rows = []
+    for check in checks or []:
+        if not check.ok:
+            rows.append("PCR %d: expected %s, found %s" % (check.index, check.expected, check.found or "(not quoted)"))
+    return "; ".join(rows)
 
 
 def pcr_rows(checks) -> List[Dict[str, Any]]:

@@ -1,0 +1,286 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The relay ("mux") of the atls connection plugin: one process per host and playbook run that
+keeps the attested, admin-authenticated TLS connection and lends it to the task workers over a
+0600 Unix socket (like ssh's ControlPersist)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.module_utils.common.text.converters import to_bytes, to_native
+
+from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client
+from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import Settings
+
+MUX_MAX_SESSIONS = 16
+MUX_START_TIMEOUT = 60.0
+# plugins/plugin_utils/atls/relay.py -> the folder that holds ansible_collections/
+_COLLECTIONS_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *([os.pardir] * 6)))
+
+# ---------------------------------------------------------------------------------------------
+# The relay ("mux"): one process per host and playbook run, holding attested TLS connections.
+#
+# Session protocol on the Unix socket (same frames as the agent): the relay first sends one END
+# (result: the connection is ready; error: why not), then relays requests. It knows the methods'
+# shapes, so it knows when a TLS connection is idle again and can lend it to the next task.
+
+_STDIN_METHODS = ("Exec", "ExecModule", "PutFile")
+_NEXT = "next"
+_SESSION_END = "session-end"
+_BROKEN = "broken"
+_RELAYED_METHODS = ("Exec", "ExecModule", "PutFile", "FetchFile", "GetState")
+
+
+class _Relay:
+    def __init__(self, settings: Settings, playbook_pid: int, path: str):
+        self.settings = settings
+        self.playbook_pid = playbook_pid
+        self.path = path
+        self.idle = []  # attested AgentClients not lent out
+        self.lock = threading.Lock()
+        self.sessions = 0
+        self.last_use = time.monotonic()
+        self.stop = threading.Event()
+        self.inode = None
+
+    def take(self):
+        with self.lock:
+            while self.idle:
+                client = self.idle.pop()
+                # A readable idle connection holds an EOF or garbage: the agent closed it.
+                readable, _w, _x = select.select([client.sock], [], [], 0)
+                if not readable:
+                    return client
+                client.close()
+        return open_admin_client(self.settings)
+
+    def give_back(self, client) -> None:
+        with self.lock:
+            if len(self.idle) < 2:
+                self.idle.append(client)
+                return
+        client.close()
+
+    def serve_session(self, conn: socket.socket) -> None:
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
+            FrameStream, RemoteError)
+
+        local = FrameStream(conn)
+        client = None
+        try:
+            try:
+                client = self.take()
+            except AnsibleError as err:
+                local.send_error(RemoteError("ConnectionFailure", to_native(err.message)))
+                return
+            local.send_result({"endpoint": self.settings.endpoint, "variant_oid": client.attested.variant_oid})
+            while not self.stop.is_set():
+                outcome = self._relay_one(local, client)
+                if outcome == _BROKEN:
+                    client.close()
+                    client = None
+                    return
+                if outcome == _SESSION_END:
+                    return
+        finally:
+            if client is not None:
+                self.give_back(client)
+            conn.close()
+            with self.lock:
+                self.sessions -= 1
+                self.last_use = time.monotonic()
+
+    def _relay_one(self, local, client) -> str:
+        """Relays one request and its answer; says whether the TLS connection is still usable."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
+            CHANNEL_STDIN, KIND_END, KIND_EOF, KIND_MSG, ConnectionClosed, ProtocolError, encode_frame, encode_json,
+            request_of)
+
+        try:
+            conn_frame = local.recv()
+        except ConnectionClosed:
+            return _SESSION_END  # the task is done; the TLS connection is between requests
+        except ProtocolError:
+            return _SESSION_END
+        if conn_frame.kind != KIND_MSG:
+            return _SESSION_END
+        try:
+            method, _params = request_of(conn_frame.message)
+        except Exception:  # pylint: disable=broad-except
+            return _SESSION_END
+        if method == "RelayShutdown":
+            self.stop.set()
+            self.unlink()  # the next task starts a new relay at once
+            local.send_result({"stopped": True})
+            return _BROKEN
+        if method not in _RELAYED_METHODS:
+            local.send_error(ProtocolError("the relay passes on only %s" % ", ".join(_RELAYED_METHODS)))
+            return _NEXT
+
+        def forward(frame, sock) -> None:
+            if frame.kind in (KIND_MSG, KIND_END):
+                payload = encode_json(frame.message)
+            elif frame.kind == KIND_EOF:
+                payload = bytes([frame.channel])
+            else:
+                payload = bytes([frame.channel]) + frame.data
+            sock.sendall(encode_frame(frame.kind, payload))
+
+        try:
+            client.sock.settimeout(None)  # a module may run for long; the agent bounds idle time
+            forward(conn_frame, client.sock)
+            if method in _STDIN_METHODS:
+                while True:
+                    frame = local.recv()
+                    forward(frame, client.sock)
+                    if frame.kind == KIND_EOF and frame.channel == CHANNEL_STDIN:
+                        break
+            while True:
+                frame = client.stream.recv()
+                forward(frame, local.sock)
+                if frame.kind == KIND_END:
+                    return _NEXT
+        except (ProtocolError, OSError):
+            return _BROKEN
+        finally:
+            client.sock.settimeout(self.settings.timeout)
+
+    def unlink(self) -> None:
+        """Removes our socket file, never a successor's that took the same path."""
+        try:
+            if os.stat(self.path).st_ino == self.inode:
+                os.unlink(self.path)
+                os.unlink(self.path + ".lock")
+        except OSError:
+            pass
+
+    def playbook_alive(self) -> bool:
+        try:
+            os.kill(self.playbook_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def run(self, listener: socket.socket) -> None:
+        listener.settimeout(1.0)
+        while not self.stop.is_set():
+            try:
+                conn, _addr = listener.accept()
+            except socket.timeout:
+                with self.lock:
+                    idle_for = time.monotonic() - self.last_use if self.sessions == 0 else 0.0
+                if idle_for > self.settings.persist or not self.playbook_alive():
+                    break
+                continue
+            with self.lock:
+                if self.sessions >= MUX_MAX_SESSIONS:
+                    conn.close()
+                    continue
+                self.sessions += 1
+                self.last_use = time.monotonic()
+            threading.Thread(target=self.serve_session, args=(conn,), daemon=True).start()
+        self.stop.set()
+        self.unlink()
+        listener.close()
+        with self.lock:
+            for client in self.idle:
+                client.close()
+            self.idle = []
+
+
+def relay_main() -> int:
+    """Entry of the relay process: settings as JSON on stdin; one status line on stdout."""
+    request = json.loads(sys.stdin.readline())
+    settings = Settings.from_json(request["settings"])
+    path, playbook_pid = request["path"], int(request["playbook_pid"])
+    out = sys.stdout
+    try:
+        first = open_admin_client(settings)  # attest before anyone may use the socket
+    except AnsibleError as err:
+        out.write(json.dumps({"error": to_native(err.message)}) + "\n")
+        out.flush()
+        return 1
+    relay = _Relay(settings, playbook_pid, path)
+    relay.idle.append(first)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    relay.inode = os.stat(path).st_ino
+    listener.listen(MUX_MAX_SESSIONS)
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)
+    relay.run(listener)
+    return 0
+
+
+def ensure_private_dir(path: str) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.stat(path)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise AnsibleConnectionFailure("control_path_dir %s must be owned by this user with mode 0700" % path)
+
+
+def connect_unix(path: str) -> Optional[socket.socket]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as err:
+        sock.close()
+        if err.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            return None
+        raise
+    return sock
+
+
+def start_relay(settings: Settings, path: str, playbook_pid: str) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([_COLLECTIONS_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                               if p])
+    code = "from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.relay import relay_main; " \
+           "raise SystemExit(relay_main())"
+    with open(os.devnull, "wb") as devnull:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=devnull, env=env, start_new_session=True, close_fds=True)
+    try:
+        proc.stdin.write(to_bytes(json.dumps({"settings": settings.to_json(), "path": path,
+                                              "playbook_pid": playbook_pid}) + "\n"))
+        proc.stdin.close()
+        ready, _w, _x = select.select([proc.stdout], [], [], MUX_START_TIMEOUT)
+        line = proc.stdout.readline() if ready else b""
+    finally:
+        proc.stdout.close()
+    try:
+        status = json.loads(line.decode("utf-8") or "{}")
+    except ValueError:
+        status = {}
+    if status.get("ready"):
+        return
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    raise AnsibleConnectionFailure(status.get("error") or "%s: the connection relay did not start (exit %s)"
+                                   % (settings.endpoint, proc.returncode))

@@ -1,0 +1,90 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Opening an attested, admin-authenticated connection to a node agent (used by the relay, or
+per task when ``persist`` is 0). Validators come from the one chooser through
+``attestation.policy.AttestationSettings``, as for the cluster actions."""
+
+from __future__ import annotations
+
+import socket
+
+from ansible.errors import AnsibleConnectionFailure
+from ansible.utils.display import Display
+
+from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import Settings, split_endpoint
+
+display = Display()
+
+
+def tcp_socket(settings: Settings) -> socket.socket:
+    """A TCP connection to the endpoint, in the lab's namespace where one is set (netns.py)."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
+
+    return create_connection(split_endpoint(settings.endpoint), settings.timeout, settings.netns)
+
+
+def open_admin_client(settings: Settings):
+    """An AgentClient on a TLS connection whose peer passed attestation and which proved the admin
+    key. Raises AnsibleConnectionFailure naming the reason."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+        AttestationError, ConstellationError)
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (
+        AgentClient, connect_enrolling, load_priv_key)
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
+
+    where = settings.endpoint
+    try:
+        # The validators come from the one chooser, through the same settings as the cluster actions.
+        attestation = settings_from_args({"variant": settings.variant, "measurements": settings.measurements,
+                                          "ek_ca_path": settings.ek_ca_path, "netns": settings.netns,
+                                          "timeout": settings.timeout,
+                                          "attestation_timeout": settings.attestation_timeout})
+        validators = attestation.validators()
+    except ConstellationError as err:
+        raise AnsibleConnectionFailure("%s: %s" % (where, err)) from None
+    try:
+        with open(settings.admin_priv_key_file, "rb") as handle:
+            priv_key = load_priv_key(handle.read())
+    except OSError as err:
+        raise AnsibleConnectionFailure("admin_priv_key_file: cannot read %s: %s"
+                                       % (settings.admin_priv_key_file, err.strerror)) from None
+    except ConstellationError as err:
+        raise AnsibleConnectionFailure("admin_priv_key_file %s: %s" % (settings.admin_priv_key_file, err)) from None
+
+    def connect(with_validators):
+        try:
+            sock = tcp_socket(settings)
+        except OSError as err:
+            raise AnsibleConnectionFailure("%s: cannot connect: %s" % (where, err.strerror or err)) from None
+        return AgentClient.connect(where, with_validators, sock=sock, timeout=settings.timeout)
+
+    try:
+        # qemu-vtpm-ek: a node whose AK is not certified yet is enrolled first (EnrollAK), then attested.
+        client = connect_enrolling(connect, validators)
+    except AttestationError as err:
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+            pcr_mismatch_text)
+
+        table = pcr_mismatch_text(getattr(err, "checks", None))
+        raise AnsibleConnectionFailure("%s: attestation refused, nothing was sent: %s%s"
+                                       % (where, err, " [%s]" % table if table else "")) from None
+    except ConstellationError as err:
+        raise AnsibleConnectionFailure("%s: %s" % (where, err)) from None
+    try:
+        client.admin_auth(priv_key)
+    except RemoteError as err:
+        client.close()
+        if err.kind == "StateError":
+            raise AnsibleConnectionFailure("%s: attested, but the admin channel is refused: %s" % (where, err)) from None
+        if err.kind == "AccessDenied":
+            raise AnsibleConnectionFailure("%s: attested, but not authorised: %s (is %s the admin key pinned at "
+                                           "activation?)" % (where, err, settings.admin_priv_key_file)) from None
+        raise AnsibleConnectionFailure("%s: AdminAuth failed: %s: %s" % (where, err.kind, err)) from None
+    except ConstellationError as err:
+        client.close()
+        raise AnsibleConnectionFailure("%s: AdminAuth failed: %s" % (where, err)) from None
+    for warning in client.attested.validation.warnings:
+        display.warning("%s: %s" % (where, warning))
+    return client

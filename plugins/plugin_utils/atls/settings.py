@@ -1,0 +1,192 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The atls connection plugin's options, validated, as one record (``Settings``) that the relay
+process can be given as JSON. Every error names the option and what was expected."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from ansible.errors import AnsibleError
+
+
+class SettingsError(AnsibleError):
+    """An option has a value the plugin cannot use; names the option and what was expected."""
+
+
+@dataclass
+class Settings:
+    endpoint: str
+    variant: str
+    measurements: Optional[Dict[str, Any]]
+    admin_priv_key_file: str
+    timeout: float
+    attestation_timeout: float
+    command_timeout: float
+    persist: float
+    control_path_dir: str
+    netns: Optional[str]
+    warm_interpreter: bool = True
+    ek_ca_path: Optional[str] = None
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Settings":
+        return cls(**json.loads(text))
+
+    def control_path(self, playbook_pid: str) -> str:
+        """One relay per (playbook run, endpoint, policy, admin key, namespace): a changed policy
+        or key never reuses a connection attested under another one."""
+        try:
+            with open(self.admin_priv_key_file, "rb") as handle:
+                key_digest = hashlib.sha256(handle.read()).hexdigest()
+        except OSError:
+            key_digest = ""
+        material = json.dumps([playbook_pid, self.endpoint, self.variant, self.measurements, key_digest,
+                               self.netns, _file_digest(self.ek_ca_path)], sort_keys=True)
+        return os.path.join(self.control_path_dir, "atls-%s.sock" % hashlib.sha256(material.encode()).hexdigest()[:20])
+
+
+def _file_digest(path: Optional[str]) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return ""
+
+
+def split_endpoint(endpoint: str):
+    """(host, port) of ``endpoint`` (encoding.parse_endpoint), as a SettingsError."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+    try:
+        return parse_endpoint(endpoint, "endpoint")
+    except InputError as err:
+        raise SettingsError(str(err)) from None
+
+
+def _load_policy_file(path: str) -> Dict[str, Any]:
+    """The policy document of a JSON or YAML file (attestation/policy.py reads it)."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+        read_policy_document)
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+    try:
+        return read_policy_document(path)
+    except InputError as err:
+        raise SettingsError(str(err)) from None
+
+
+def _boolean(name: str, value: Any) -> bool:
+    from ansible.module_utils.parsing.convert_bool import boolean
+
+    if value is None:
+        return True
+    try:
+        return boolean(value, strict=True)
+    except TypeError:
+        raise SettingsError("%s: expected a boolean, got %r" % (name, value)) from None
+
+
+def _positive(name: str, value: Any, allow_zero: bool = False) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError("%s: expected a number of seconds, got %r" % (name, value)) from None
+    if number < 0 or (number == 0 and not allow_zero) or number > 86400:
+        interval = "[0, 86400]" if allow_zero else "(0, 86400]"
+        raise SettingsError("%s: expected seconds in %s, got %r" % (name, interval, value))
+    return number
+
+
+def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
+    """Validates the plugin's options; every error names the option and what was expected."""
+    endpoint = get_option("endpoint")
+    if endpoint:
+        endpoint = str(endpoint)
+    else:
+        host = get_option("host")
+        port = get_option("port")
+        if not host:
+            raise SettingsError("host: expected the node's address (or set endpoint)")
+        endpoint = "[%s]:%s" % (host, port) if ":" in str(host) else "%s:%s" % (host, port)
+    split_endpoint(endpoint)
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+
+    variant = get_option("attestation_variant") or choose.DEFAULT_VARIANT
+    if variant not in choose.VARIANT_NAMES:
+        raise SettingsError("attestation_variant: expected one of %s, got %r" % (", ".join(choose.VARIANT_NAMES),
+                                                                                 variant))
+    ek_ca_path = get_option("ek_ca_path") or None
+    if choose.spec(variant).needs_ek_ca:
+        if not ek_ca_path:
+            raise SettingsError("ek_ca_path: expected the PEM file of the CA(s) that TPMs' EK certificates chain to "
+                                "(constellation_ek_ca_path), for variant %s" % variant)
+        ek_ca_path = os.path.abspath(os.path.expanduser(str(ek_ca_path)))
+        if not os.path.isfile(ek_ca_path):
+            raise SettingsError("ek_ca_path: expected a readable PEM file, got %s" % ek_ca_path)
+    else:
+        ek_ca_path = None
+    inline, path = get_option("measurements"), get_option("measurements_path")
+    if inline is not None and path:
+        raise SettingsError("measurements and measurements_path are mutually exclusive: set one")
+    measurements = _load_policy_file(path) if path else inline
+    if measurements is not None and not isinstance(measurements, dict):
+        raise SettingsError("measurements: expected a mapping of PCR index to measurement, got %s"
+                            % type(measurements).__name__)
+    if variant != "dummy":
+        if not measurements:
+            raise SettingsError("measurements: expected a measurements policy (measurements or measurements_path) "
+                                "for variant %s; an empty policy would accept any TPM" % variant)
+        validate_policy(measurements)  # validate now: a typo must not surface as "unreachable" later
+
+    key_file = get_option("admin_priv_key_file")
+    if not key_file:
+        raise SettingsError("admin_priv_key_file: expected the path of the admin's private key "
+                            "(constellation_admin_priv_key_file)")
+    key_file = os.path.abspath(os.path.expanduser(str(key_file)))
+    if not os.path.isfile(key_file):
+        raise SettingsError("admin_priv_key_file: expected a readable private key file, got %s" % key_file)
+
+    netns = get_option("netns") or None
+    if netns is not None and (not isinstance(netns, str) or "/" in netns or netns in (".", "..")):
+        raise SettingsError("netns: expected the name of a network namespace in /run/netns, got %r" % netns)
+
+    return Settings(
+        endpoint=endpoint,
+        variant=variant,
+        measurements=measurements if variant != "dummy" else None,
+        admin_priv_key_file=key_file,
+        timeout=_positive("connect_timeout", get_option("connect_timeout")),
+        attestation_timeout=_positive("attestation_timeout", get_option("attestation_timeout")),
+        command_timeout=_positive("command_timeout", get_option("command_timeout") or 0, allow_zero=True),
+        persist=_positive("persist", get_option("persist") or 0, allow_zero=True),
+        control_path_dir=os.path.abspath(os.path.expanduser(str(get_option("control_path_dir") or "~/.ansible/cp"))),
+        netns=netns,
+        warm_interpreter=_boolean("warm_interpreter", get_option("warm_interpreter")),
+        ek_ca_path=ek_ca_path,
+    )
+
+
+def validate_policy(measurements: Dict[str, Any]):
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+
+    try:
+        policy = Measurements.from_dict(measurements)
+    except (ConstellationError, ValueError, TypeError) as err:
+        raise SettingsError("measurements: %s" % err) from None
+    if not policy.pcrs:
+        raise SettingsError("measurements: expected at least one PCR: an empty policy would accept any TPM")
+    return policy
