@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
+from ansible_collections.constellation.cluster.plugins.module_utils.kms import backends as kms_backends
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
 
 
@@ -58,8 +59,9 @@ class Store(Protocol):
 
 
 @runtime_checkable
-class KMS(Protocol):
-    """The cluster's KMS (``kms.ClusterKMS``): every secret the Core hands out is derived here."""
+class KMS(kms_backends.KMS, Protocol):
+    """The cluster's KMS (``kms.ClusterKMS``): every secret the Core hands out is derived here.
+    The KMS protocol of ``kms/backends.py`` (a key by ID and length) plus the named keys."""
 
     def cluster_id(self, measurement_salt: bytes) -> bytes:
         """The cluster ID for this salt."""

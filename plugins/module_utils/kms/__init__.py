@@ -1,0 +1,33 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""KMS and storage URIs, the master secret and the keys derived from it (SPEC.md 3).
+
+Compatible with Constellation's ``internal/kms/uri`` and cluster KMS: the same URI forms,
+the same ``constellation-mastersecret.json`` file and the same HKDF-SHA256 derivations, so a
+master secret made here unlocks a Constellation cluster and the other way round.
+
+Rooms: ``derive.py`` (HKDF and the named key IDs), ``uri.py`` (URIs), ``cluster.py`` (the cluster
+KMS: master secret and derived keys), ``backends.py`` (the KMS protocol and the one table that
+picks a backend from a URI), ``files.py`` (secret files). This module re-exports their names.
+
+Plain Python: no Ansible, no RPC. Key material never appears in an error message or a repr.
+"""
+
+from __future__ import annotations
+
+# pylint: disable=unused-import
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.backends import (  # noqa: F401
+    BACKENDS, KMS, Backend, KMSBackendUnavailable, open_kms, register_backend, unregister_backend)
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.cluster import ClusterKMS, MasterSecret  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.derive import (  # noqa: F401
+    CLUSTER_ID_KEY_ID, DEK_PREFIX, DERIVED_KEY_LENGTH_DEFAULT, DERIVED_KEY_LENGTH_MAX, EMERGENCY_SSH_CA_KEY_ID,
+    HAS_CRYPTOGRAPHY, KEY_ID_LENGTH_MAX, MASTER_SECRET_FILE_NAME, MASTER_SECRET_FILE_SIZE_MAX,
+    MASTER_SECRET_LENGTH_DEFAULT, MASTER_SECRET_LENGTH_MAX, MASTER_SECRET_LENGTH_MIN, MEASUREMENT_SECRET_KEY_ID,
+    NO_STORE_URI, RNG_LENGTH_DEFAULT, SALT_LENGTH_MAX, STATE_DISK_KEY_LENGTH, URI_LENGTH_MAX, URI_VALUE_LENGTH_MAX,
+    derive_cluster_id, hkdf_sha256, state_disk_key_id)
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.files import secret_file_state, write_secret_file  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.uri import (  # noqa: F401
+    AZURE_VAULT_TYPES, CLUSTER_KMS, KMS_BACKENDS, KMS_SCHEME, NO_STORE, SECRET_PARAMS, STORAGE_BACKENDS,
+    STORAGE_SCHEME, BackendURI, decode_base64, format_kms_uri, format_storage_uri, format_uri, parse_kms_uri,
+    parse_storage_uri, parse_uri)
