@@ -32,6 +32,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
     normalize_disk_uuid,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import (
@@ -220,7 +221,8 @@ class Agent:
         self.tls = AgentServerContext(self.issuer)
         handlers = dict(self.pubapi.handlers())
         handlers.update(self.admin.handlers())
-        self.servers.append(FrameServer("pubapi", (host, port), handlers, tls=self.tls, log=self.log).start())
+        self.servers.append(FrameServer("pubapi", (host, port), handlers, tls=self.tls, log=self.log,
+                                        apis=(schema.PUBAPI, schema.ADMIN)).start())
         self._spawn("loop", self._loop)
         return self
 
@@ -239,7 +241,7 @@ class Agent:
                 return
             self.vpnapi_server = FrameServer("vpnapi", (self.core.vpn_ip, self.config.vpn_api_port),
                                              self.vpnapi.handlers(), log=self.log,
-                                             accept_check=self.vpnapi.accept_check).start()
+                                             accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
             self.servers.append(self.vpnapi_server)
 
     def _loop(self) -> None:

@@ -44,7 +44,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     b64d,
     b64e,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc import warm
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema, warm
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
 
 ACTIVATED = (State.ACTIVATING_NODES, State.IS_NODE)
@@ -93,7 +93,8 @@ class AdminHandlers:
             raise AccessDenied("%s: this connection has not proven possession of the admin key (AdminAuth first)"
                                % method)
 
-    def admin_auth(self, conn: Connection, params: Dict[str, Any]) -> None:
+    # Every handler gets its request decoded by the server (schema.py records).
+    def admin_auth(self, conn: Connection, request: schema.Empty) -> None:
         self._require_activated("AdminAuth")
         if conn.server_spki_hash is None:
             raise AccessDenied("AdminAuth: only over aTLS")
@@ -111,20 +112,20 @@ class AdminHandlers:
         conn.stream.send_result({"authenticated": True})
 
     # -- Exec, ExecModule
-    def _exec_params(self, conn: Connection, method: str, params: Dict[str, Any]):
+    def _exec_params(self, conn: Connection, method: str, request):
         try:
             self.require_admin(conn, method)
-            argv = _exec_argv(params)
-            cwd = params.get("cwd")
-            if cwd is not None and (not isinstance(cwd, str) or not os.path.isdir(cwd)):
+            argv = _exec_argv(request.argv, request.cmd)
+            cwd = request.cwd
+            if cwd is not None and not os.path.isdir(cwd):
                 raise InputError("cwd", "an existing directory", cwd)
-            env = params.get("env") or {}
-            if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            env = request.env or {}
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
                 raise InputError("env", "an object of strings")
-            timeout = params.get("timeout")
-            if timeout is not None and (not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400):
+            timeout = request.timeout
+            if timeout is not None and not 0 < timeout <= 86400:
                 raise InputError("timeout", "seconds in (0, 86400]", timeout)
-            interpreter = params.get("interpreter")
+            interpreter = getattr(request, "interpreter", None)
             if method == "ExecModule" and (not isinstance(interpreter, str) or not os.path.isabs(interpreter)):
                 raise InputError("interpreter", "the absolute path of the module's Python interpreter", interpreter)
         except Exception:
@@ -135,18 +136,18 @@ class AdminHandlers:
         run_env.update(env)
         return argv, cwd, run_env, timeout, interpreter
 
-    def exec_(self, conn: Connection, params: Dict[str, Any]) -> None:
-        argv, cwd, env, timeout, _interpreter = self._exec_params(conn, "Exec", params)
+    def exec_(self, conn: Connection, request: schema.ExecRequest) -> None:
+        argv, cwd, env, timeout, _interpreter = self._exec_params(conn, "Exec", request)
         proc = self._popen(conn, argv, cwd, env)
         self._log("exec", peer=conn.peer_ip, program=os.path.basename(argv[0]), pid=proc.pid)
         exit_code = self._run(conn, proc, timeout)
         conn.stream.send_result({"exit_code": exit_code})
 
-    def exec_module(self, conn: Connection, params: Dict[str, Any]) -> None:
+    def exec_module(self, conn: Connection, request: schema.ExecModuleRequest) -> None:
         """A pipelined Ansible module: like Exec (``cmd`` runs the interpreter, the payload is stdin),
         but the payload may run in a pre-warmed interpreter (rpc/warm.py). Anything the warm path
         does not know runs exactly as Exec would run it."""
-        argv, cwd, env, timeout, interpreter = self._exec_params(conn, "ExecModule", params)
+        argv, cwd, env, timeout, interpreter = self._exec_params(conn, "ExecModule", request)
         chunks = []
         received = [0]
 
@@ -230,12 +231,12 @@ class AdminHandlers:
                 timer.cancel()
 
     # -- files
-    def put_file(self, conn: Connection, params: Dict[str, Any]) -> None:
+    def put_file(self, conn: Connection, request: schema.PutFileRequest) -> None:
         try:
             self.require_admin(conn, "PutFile")
-            path = _abs_path(params.get("path"))
-            mode = params.get("mode", 0o600)
-            if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
+            path = _abs_path(request.path)
+            mode = 0o600 if request.mode is None else request.mode
+            if not 0 <= mode <= 0o7777:
                 raise InputError("mode", "an integer file mode such as 420 (0644)", mode)
             directory = os.path.dirname(path)
             if not os.path.isdir(directory):
@@ -261,9 +262,9 @@ class AdminHandlers:
         self._log("put_file", peer=conn.peer_ip, path=path, size=size)
         conn.stream.send_result({"path": path, "size": size, "sha256": digest.hexdigest()})
 
-    def fetch_file(self, conn: Connection, params: Dict[str, Any]) -> None:
+    def fetch_file(self, conn: Connection, request: schema.FetchFileRequest) -> None:
         self.require_admin(conn, "FetchFile")
-        path = _abs_path(params.get("path"))
+        path = _abs_path(request.path)
         try:
             handle = open(path, "rb")
         except OSError as err:
@@ -285,13 +286,11 @@ class AdminHandlers:
         conn.stream.send_result({"size": size, "sha256": digest.hexdigest()})
 
 
-def _exec_argv(params: Dict[str, Any]):
-    if "argv" in params:
-        argv = params["argv"]
+def _exec_argv(argv, cmd):
+    if argv is not None:
         if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGV or not all(isinstance(a, str) for a in argv):
             raise InputError("argv", "a non-empty list of strings")
         return argv
-    cmd = params.get("cmd")
     if not isinstance(cmd, str) or not cmd:
         raise InputError("cmd", "a shell command string (or argv)")
     return ["/bin/sh", "-c", cmd]

@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDERR,
     CHANNEL_STDIN,
@@ -112,8 +113,11 @@ class ExecResult:
     warm: bool = False  # ExecModule ran it in a pre-warmed interpreter
 
 
-class AgentClient:
-    """One connection to an agent. Requests run one after another on it."""
+class Channel:
+    """One connection to an agent, shared by the per-API clients. Requests run one after another;
+    ``invoke`` runs any request/answer method of the schema (rpc/schema.py) for this client's APIs."""
+
+    APIS: Tuple[str, ...] = schema.APIS
 
     def __init__(self, sock: socket.socket, server_spki_hash: Optional[bytes] = None,
                  attested: Optional[atls.AttestedConnection] = None):
@@ -122,51 +126,27 @@ class AgentClient:
         self.server_spki_hash = server_spki_hash
         self.attested = attested
 
-    # -- connecting
-    @classmethod
-    def connect(cls, endpoint: str, validators: Sequence, *, sock: Optional[socket.socket] = None,
-                timeout: float = DEFAULT_TIMEOUT) -> "AgentClient":
-        """aTLS to the agent's public endpoint; ``sock``: an already connected TCP socket."""
-        from ansible_collections.constellation.cluster.plugins.module_utils import atls
-
-        if sock is None:
-            conn = atls.connect(endpoint, validators)
-        else:
-            conn = atls.client_handshake(sock, validators)
-        conn.sock.settimeout(timeout)
-        _no_delay(conn.sock)
-        from cryptography import x509
-        cert = x509.load_der_x509_certificate(conn.peer_certificate)
-        return cls(conn.sock, atls.spki_hash(cert.public_key()), conn)
-
-    @classmethod
-    def connect_plain(cls, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT,
-                      sock: Optional[socket.socket] = None) -> "AgentClient":
-        """Plain TCP (the vpnapi inside the VPN)."""
-        if sock is None:
-            from ansible_collections.constellation.cluster.plugins.module_utils import atls
-
-            host, port = atls.parse_endpoint(endpoint)
-            try:
-                sock = socket.create_connection((host, port), timeout=timeout)
-            except OSError as err:
-                raise ConstellationError("cannot connect to %s: %s" % (endpoint, err)) from None
-        sock.settimeout(timeout)
-        return cls(sock)
-
     def close(self) -> None:
         try:
             self.sock.close()
         except OSError:
             pass
 
-    def __enter__(self) -> "AgentClient":
+    def __enter__(self) -> "Channel":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     # -- generic
+    def invoke(self, name: str, on_log: Optional[Callable[[str], None]] = None, **fields: Any) -> Dict[str, Any]:
+        """A method of the table (rpc/schema.py) that is one request and one END: the request
+        record is built from ``fields`` and encoded, the answer is checked against its record."""
+        spec = schema.method(name, self.APIS)
+        result = self.call(spec.name, spec.request(**fields).encode(), on_log)
+        spec.answer.decode(result)  # a malformed answer is refused here, naming the field
+        return result
+
     def call(self, method: str, params: Optional[Dict[str, Any]] = None,
              on_log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
         """A request whose answer is optional log lines and an END."""
@@ -181,18 +161,21 @@ class AgentClient:
                 continue
             raise ProtocolError("%s: unexpected %s frame in the answer" % (method, frame.kind_name))
 
-    # -- pubapi
+
+class PubAPIClient(Channel):
+    """The pubapi (docs/protocol.md): state, activation, join, recovery, AK enrollment."""
+
+    APIS = (schema.PUBAPI,)
+
     def get_state(self) -> Dict[str, Any]:
-        return self.call("GetState")
+        return self.invoke("GetState")
 
     def activate_as_coordinator(self, kms_uri: str, measurement_salt: bytes, admin_pub_key: str,
                                 storage_uri: Optional[str] = None, cluster_config: Optional[Dict] = None,
                                 on_log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-        params = {"kms_uri": kms_uri, "measurement_salt": b64e(measurement_salt), "admin_pub_key": admin_pub_key,
-                  "cluster_config": cluster_config or {}}
-        if storage_uri:
-            params["storage_uri"] = storage_uri
-        return self.call("ActivateAsCoordinator", params, on_log)
+        return self.invoke("ActivateAsCoordinator", on_log, kms_uri=kms_uri, measurement_salt=measurement_salt,
+                           admin_pub_key=admin_pub_key, storage_uri=storage_uri or None,
+                           cluster_config=cluster_config or {})
 
     def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str], bytes]) -> Dict[str, Any]:
         """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid)`` derives the key."""
@@ -210,10 +193,10 @@ class AgentClient:
 
     def activate_additional_nodes(self, node_public_endpoints: List[str],
                                   on_log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-        return self.call("ActivateAdditionalNodes", {"node_public_endpoints": list(node_public_endpoints)}, on_log)
+        return self.invoke("ActivateAdditionalNodes", on_log, node_public_endpoints=list(node_public_endpoints))
 
     def recover(self, kms_uri: str) -> Dict[str, Any]:
-        return self.call("Recover", {"kms_uri": kms_uri})
+        return self.invoke("Recover", kms_uri=kms_uri)
 
     def enroll_ak(self, challenge_for: Callable[[Dict[str, Any]], Dict[str, Any]]) -> bytes:
         """EnrollAK (qemu-vtpm-ek): the node's {ek_cert, ak_pub} go to ``challenge_for``, whose
@@ -251,7 +234,12 @@ class AgentClient:
         self.stream.send_msg({"joined": True})
         return self.stream.recv_end()
 
-    # -- admin channel
+
+class AdminClient(Channel):
+    """The admin channel: AdminAuth, then commands and files."""
+
+    APIS = (schema.ADMIN,)
+
     def admin_auth(self, priv_key) -> Dict[str, Any]:
         if self.server_spki_hash is None:
             raise ProtocolError("AdminAuth needs an aTLS connection")
@@ -337,10 +325,58 @@ class AgentClient:
         self.stream.recv_data_until_eof(CHANNEL_STDOUT, write)
         return self.stream.recv_end()
 
-    # -- vpnapi
+
+class VPNAPIClient(Channel):
+    """The vpnapi, inside the VPN."""
+
+    APIS = (schema.VPNAPI,)
+
     def get_update(self, resource_version: int) -> Dict[str, Any]:
-        return self.call("GetUpdate", {"resource_version": int(resource_version)})
+        return self.invoke("GetUpdate", resource_version=int(resource_version))
 
     def get_data_key(self, data_key_id: str, length: int = 32) -> bytes:
-        return b64d(self.call("GetDataKey", {"data_key_id": data_key_id, "length": length}).get("data_key"),
-                    "data_key", length)
+        return b64d(self.invoke("GetDataKey", data_key_id=data_key_id, length=length)["data_key"], "data_key", length)
+
+    def get_join_args(self) -> Dict[str, Any]:
+        return self.invoke("GetJoinArgs")
+
+    def get_certificate_key(self) -> str:
+        return self.invoke("GetCertificateKey")["certificate_key"]
+
+
+class AgentClient(PubAPIClient, AdminClient, VPNAPIClient):
+    """All three APIs on one connection (the agent's public listener serves pubapi and admin)."""
+
+    APIS = schema.APIS
+
+    # -- connecting
+    @classmethod
+    def connect(cls, endpoint: str, validators: Sequence, *, sock: Optional[socket.socket] = None,
+                timeout: float = DEFAULT_TIMEOUT) -> "AgentClient":
+        """aTLS to the agent's public endpoint; ``sock``: an already connected TCP socket."""
+        from ansible_collections.constellation.cluster.plugins.module_utils import atls
+
+        if sock is None:
+            conn = atls.connect(endpoint, validators)
+        else:
+            conn = atls.client_handshake(sock, validators)
+        conn.sock.settimeout(timeout)
+        _no_delay(conn.sock)
+        from cryptography import x509
+        cert = x509.load_der_x509_certificate(conn.peer_certificate)
+        return cls(conn.sock, atls.spki_hash(cert.public_key()), conn)
+
+    @classmethod
+    def connect_plain(cls, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT,
+                      sock: Optional[socket.socket] = None) -> "AgentClient":
+        """Plain TCP (the vpnapi inside the VPN)."""
+        if sock is None:
+            from ansible_collections.constellation.cluster.plugins.module_utils import atls
+
+            host, port = atls.parse_endpoint(endpoint)
+            try:
+                sock = socket.create_connection((host, port), timeout=timeout)
+            except OSError as err:
+                raise ConstellationError("cannot connect to %s: %s" % (endpoint, err)) from None
+        sock.settimeout(timeout)
+        return cls(sock)

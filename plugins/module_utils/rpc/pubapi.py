@@ -17,6 +17,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core import JoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (
     AgentClient,
     connect_enrolling,
@@ -61,17 +62,17 @@ class PubAPI:
                 "ActivateAsNode": self.activate_as_node, "ActivateAdditionalNodes": self.activate_additional_nodes,
                 "IssueJoinTicket": self.issue_join_ticket, "Recover": self.recover, "EnrollAK": self.enroll_ak}
 
-    def get_state(self, conn: Connection, params: Dict[str, Any]) -> None:
+    # Every handler gets its request decoded by the server (schema.py records).
+    def get_state(self, conn: Connection, request: schema.Empty) -> None:
         conn.stream.send_result(self.core.get_state())
 
-    def activate_as_coordinator(self, conn: Connection, params: Dict[str, Any]) -> None:
-        result = self.core.activate_as_coordinator(params.get("kms_uri"), params.get("measurement_salt"),
-                                                   params.get("admin_pub_key"), params.get("storage_uri"),
-                                                   params.get("cluster_config"))
+    def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:
+        result = self.core.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,
+                                                   request.storage_uri, request.cluster_config)
         conn.stream.send_result(result.to_dict())
 
-    def activate_as_node(self, conn: Connection, params: Dict[str, Any]) -> None:
-        step = self.core.activate_as_node_begin(params)
+    def activate_as_node(self, conn: Connection, request: schema.ActivateAsNodeRequest) -> None:
+        step = self.core.activate_as_node_begin(request.encode())  # the Core checks the domain itself
         try:
             conn.stream.send_msg({"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key})
             answer = conn.stream.recv_msg("the state disk key")
@@ -81,10 +82,10 @@ class PubAPI:
             raise
         conn.stream.send_result(self.core.activate_as_node_finish(key))
 
-    def recover(self, conn: Connection, params: Dict[str, Any]) -> None:
-        conn.stream.send_result(self.core.recover(params.get("kms_uri")))
+    def recover(self, conn: Connection, request: schema.RecoverRequest) -> None:
+        conn.stream.send_result(self.core.recover(request.kms_uri))
 
-    def enroll_ak(self, conn: Connection, params: Dict[str, Any]) -> None:
+    def enroll_ak(self, conn: Connection, request: schema.Empty) -> None:
         """qemu-vtpm-ek: our EK certificate and AK, then TPM2_ActivateCredential of the verifier's
         challenge. Any state: nothing secret is involved (the secret is the verifier's own)."""
         if self.issuer is None or not hasattr(self.issuer, "enrollment_request"):
@@ -96,11 +97,11 @@ class PubAPI:
         conn.stream.send_result({"secret": b64e(secret)})
 
     # -- Coordinator: activate nodes listed by the admin
-    def activate_additional_nodes(self, conn: Connection, params: Dict[str, Any]) -> None:
+    def activate_additional_nodes(self, conn: Connection, request: schema.ActivateAdditionalNodesRequest) -> None:
         if self.admin is None:
             raise AccessDenied("ActivateAdditionalNodes: no admin channel on this agent")
         self.admin.require_admin(conn, "ActivateAdditionalNodes")
-        results = self.core.activate_nodes(params.get("node_public_endpoints"), self.connect_node)
+        results = self.core.activate_nodes(request.node_public_endpoints, self.connect_node)
         for row in results:
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
                                                      "activated as %s" % row["node_vpn_ip"] if row["ok"]
@@ -108,12 +109,11 @@ class PubAPI:
         conn.stream.send_result({"nodes": results, "resource_version": self.core.get_update(-1)["resource_version"]})
 
     # -- Coordinator: the join service
-    def issue_join_ticket(self, conn: Connection, params: Dict[str, Any]) -> None:
+    def issue_join_ticket(self, conn: Connection, request: schema.IssueJoinTicketRequest) -> None:
         self.core.require_coordinator("IssueJoinTicket")
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueJoinTicket: only over aTLS on a Coordinator with a node policy")
-        node_pub = b64d(params.get("node_vpn_pub_key"), "node_vpn_pub_key", 32)
-        result = self.core.serve_join(params.get("disk_uuid"), node_pub, ServerJoinChannel(conn),
+        result = self.core.serve_join(request.disk_uuid, request.node_vpn_pub_key, ServerJoinChannel(conn),
                                       self.validator_for_nodes)
         conn.stream.send_result(result)
 

@@ -3,6 +3,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A small threaded frame server: accept, (aTLS) handshake, then requests one after another.
 
+Dispatch comes from the RPC schema (``schema.py``): a server built for some APIs refuses any other
+method (naming the ones it has), checks at start that it has a handler for every method of its
+APIs and none without a table entry, and decodes every request into its record before the
+handler runs (a bad request of a method that streams stdin is drained first, so the connection
+stays in step).
+
 Bounded: at most ``max_connections`` connections are served at once (others wait in the
 listen backlog); every connection has an idle timeout. Handlers get a ``Connection`` and the
 request's params and must finish the answer with exactly one END (``send_result``); any
@@ -17,7 +23,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
+    CHANNEL_STDIN,
     KIND_MSG,
     ConnectionClosed,
     FrameStream,
@@ -59,9 +67,17 @@ class FrameServer:
     def __init__(self, name: str, bind: Tuple[str, int], handlers: Dict[str, Handler],
                  tls: Optional[AgentServerContext] = None, log: Optional[Callable[..., None]] = None,
                  accept_check: Optional[Callable[[Tuple[str, int]], Optional[str]]] = None,
-                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT):
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
+                 apis: Optional[Tuple[str, ...]] = None):
         self.name = name
         self.handlers = handlers
+        self.apis = apis
+        if apis is not None:
+            served = {m.name for m in schema.methods_of(*apis)}
+            missing, extra = sorted(served - set(handlers)), sorted(set(handlers) - served)
+            if missing or extra:
+                raise ValueError("%s: handlers must match the schema's %s methods (missing %s, not in the table %s)"
+                                 % (name, "/".join(apis), missing, extra))
         self.tls = tls
         self._log = log or (lambda event, **fields: None)
         self.accept_check = accept_check
@@ -163,11 +179,13 @@ class FrameServer:
                 if frame.kind != KIND_MSG:
                     raise ProtocolError("expected a request, got a %s frame" % frame.kind_name)
                 method, params = request_of(frame.message)
+                if self.apis is not None:
+                    schema.method(method, self.apis)  # InputError naming this server's methods
                 handler = self.handlers.get(method)
                 if handler is None:
                     raise InputError("method", "one of %s" % ", ".join(sorted(self.handlers)), method)
                 self._log("request", server=self.name, method=method, peer=conn.peer_ip)
-                handler(conn, params)
+                handler(conn, self._decode(conn, method, params))
             except ConnectionClosed:
                 return
             except ProtocolError as err:
@@ -178,6 +196,19 @@ class FrameServer:
                     self._log("internal_error", level="error", server=self.name, error=type(err).__name__)
                 if not self._answer_error(conn, err):
                     return
+
+    @staticmethod
+    def _decode(conn: Connection, method: str, params: Dict[str, Any]):
+        """The request's record (schema.py); a method outside the table gets its params as sent."""
+        spec = schema.METHODS.get(method)
+        if spec is None:
+            return params
+        try:
+            return spec.request.decode(params)
+        except InputError:
+            if spec.stdin:  # the client sends its stdin and EOF whatever happens: take them first
+                conn.stream.recv_data_until_eof(CHANNEL_STDIN, lambda data: None)
+            raise
 
     def _answer_error(self, conn: Connection, err: BaseException) -> bool:
         try:

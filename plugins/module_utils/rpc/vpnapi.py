@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64e
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import Connection
 
@@ -31,8 +32,9 @@ class VPNAPI:
         return {"GetUpdate": self.get_update, "GetJoinArgs": self.get_join_args,
                 "GetCertificateKey": self.get_certificate_key, "GetDataKey": self.get_data_key}
 
-    def get_update(self, conn: Connection, params: Dict[str, Any]) -> None:
-        conn.stream.send_result(self.core.get_update(params.get("resource_version")))
+    # Every handler gets its request decoded by the server (schema.py records).
+    def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
+        conn.stream.send_result(self.core.get_update(request.resource_version))
 
     def _kubeadm(self, method: str):
         self.core.require_coordinator(method)
@@ -40,15 +42,16 @@ class VPNAPI:
             raise StateError("%s: %s" % (method, KUBEADM_UNAVAILABLE))
         return self.kubeadm
 
-    def get_join_args(self, conn: Connection, params: Dict[str, Any]) -> None:
+    def get_join_args(self, conn: Connection, request: schema.Empty) -> None:
         args = self._kubeadm("GetJoinArgs").join_args()
         conn.stream.send_result({"api_server_endpoint": args["api_server_endpoint"], "token": args["token"],
                                  "discovery_token_ca_cert_hash": args["discovery_token_ca_cert_hash"]})
 
-    def get_certificate_key(self, conn: Connection, params: Dict[str, Any]) -> None:
+    def get_certificate_key(self, conn: Connection, request: schema.Empty) -> None:
         conn.stream.send_result({"certificate_key": self._kubeadm("GetCertificateKey").certificate_key()})
 
-    def get_data_key(self, conn: Connection, params: Dict[str, Any]) -> None:
-        key = self.core.get_data_key(params.get("data_key_id"), params.get("length", 32))
-        self._log("data_key", peer=conn.peer_ip, data_key_id=params.get("data_key_id"))
+    def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
+        length = 32 if request.length is None else request.length
+        key = self.core.get_data_key(request.data_key_id, length)
+        self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)
         conn.stream.send_result({"data_key": b64e(key)})

@@ -21,6 +21,7 @@ from typing import Optional
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.module_utils.common.text.converters import to_bytes, to_native
 
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import Settings
 
@@ -36,11 +37,14 @@ _COLLECTIONS_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *([o
 # (result: the connection is ready; error: why not), then relays requests. It knows the methods'
 # shapes, so it knows when a TLS connection is idle again and can lend it to the next task.
 
-_STDIN_METHODS = ("Exec", "ExecModule", "PutFile")
 _NEXT = "next"
 _SESSION_END = "session-end"
 _BROKEN = "broken"
-_RELAYED_METHODS = ("Exec", "ExecModule", "PutFile", "FetchFile", "GetState")
+# From the RPC schema (module_utils/rpc/schema.py): the relay passes on the admin channel's methods
+# and GetState, and knows from the table which of them carry stdin. The schema module is plain
+# dataclasses: task workers may import it.
+_RELAYED_METHODS = tuple(m.name for m in schema.methods_of(schema.ADMIN) if m.name != "AdminAuth") + ("GetState",)
+_STDIN_METHODS = tuple(m.name for m in schema.METHODS.values() if m.name in _RELAYED_METHODS and m.stdin)
 
 
 class _Relay:

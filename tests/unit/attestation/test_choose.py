@@ -120,13 +120,14 @@ def test_toy_variant_registered_in_the_chooser_attests_over_atls(toy_variant):
     assert "toy" in choose.names()
     settings = settings_from_args({"variant": "toy", "timeout": 5.0, "attestation_timeout": 5.0})
     tls = AgentServerContext(choose.issuer("toy"))
-    server = FrameServer("pubapi", ("127.0.0.1", 0), {"GetState": lambda c, p: c.stream.send_result({"ok": 1})},
+    state = {"state": "AcceptingInit", "state_code": 1, "role": "unknown"}
+    server = FrameServer("pubapi", ("127.0.0.1", 0), {"GetState": lambda c, p: c.stream.send_result(state)},
                          tls=tls).start()
     try:
         endpoint = "127.0.0.1:%d" % server.address[1]
         with AgentClient.connect(endpoint, settings.validators()) as client:
             assert client.attested.variant_oid == "1.3.9900.77.1"
-            assert client.get_state() == {"ok": 1}
+            assert client.get_state() == state
         # A peer of another variant is refused before anything is sent.
         with pytest.raises(AttestationError, match="no attestation of an accepted variant"):
             AgentClient.connect(endpoint, [choose.validator("dummy")])
@@ -157,7 +158,8 @@ class _EKServer:
             pubapi.enroll_ak(conn, params)
 
         self.server = FrameServer("pubapi", ("127.0.0.1", 0), {
-            "EnrollAK": enroll, "GetState": lambda c, p: c.stream.send_result({"state": "AcceptingInit"})},
+            "EnrollAK": enroll, "GetState": lambda c, p: c.stream.send_result(
+                {"state": "AcceptingInit", "state_code": 1, "role": "unknown"})},
             tls=self.tls).start()
         self.endpoint = "127.0.0.1:%d" % self.server.address[1]
 

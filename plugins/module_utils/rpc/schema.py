@@ -1,0 +1,396 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The RPC schema: one dataclass per request and per answer, and ONE table of methods.
+
+From the table (``METHODS``) come the server's dispatch (``server.FrameServer`` refuses a method
+its API does not have and decodes every request before the handler sees it), the clients
+(``client.PubAPIClient``, ``AdminClient``, ``VPNAPIClient``: ``invoke(name, **fields)``), the relay
+of the atls connection plugin (which methods it passes on, which carry stdin) and the method
+table of docs/protocol.md (``markdown_table``, checked by a test). A new method is one request
+record, one answer record and one ``register(Method(...))`` here, plus its handler.
+
+Decoding is strict on types (base64 through ``encoding.b64decode`` with the size, integers are
+not booleans) and never echoes a value: a wrong field is named with its expected kind and the
+type found. Unknown fields are ignored (an older agent accepts a newer client's extras).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
+
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode, b64encode
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+PUBAPI = "pubapi"
+ADMIN = "admin"
+VPNAPI = "vpnapi"
+APIS = (PUBAPI, ADMIN, VPNAPI)
+
+# What a method streams besides its request and END (docs/protocol.md, "Frames").
+STREAMS_NONE = "none"
+STREAMS_LOG = "log lines (MSG)"
+STREAMS_EXCHANGE = "message exchange (MSG steps)"
+STREAMS_STDIN = "stdin (DATA 0, EOF)"
+STREAMS_STDOUT = "stdout (DATA 1, EOF)"
+STREAMS_PROCESS = "stdin, then stdout and stderr"
+
+MAX_LIST = 65536
+MAX_TEXT = 1 << 20
+
+_KINDS = ("str", "int", "bool", "number", "b64", "list", "strlist", "object")
+
+
+def wire(kind: str, required: bool = False, size: Optional[int] = None, doc: str = "") -> Any:
+    """A record field: its kind on the wire, whether it is required, the size of a base64 value."""
+    if kind not in _KINDS:
+        raise ValueError("unknown field kind %r" % kind)
+    metadata = {"kind": kind, "required": required, "size": size, "doc": doc}
+    if required:
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(default=None, metadata=metadata)
+
+
+def _decode_value(kind: str, value: Any, name: str, size: Optional[int]) -> Any:
+    if kind == "b64":
+        return b64decode(value, name, size)
+    checks = {
+        "str": lambda v: isinstance(v, str) and len(v) <= MAX_TEXT,
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "list": lambda v: isinstance(v, list) and len(v) <= MAX_LIST,
+        "strlist": lambda v: isinstance(v, list) and len(v) <= MAX_LIST and all(isinstance(i, str) for i in v),
+        "object": lambda v: isinstance(v, dict),
+    }
+    if not checks[kind](value):
+        expected = {"str": "a string", "int": "an integer", "bool": "true or false", "number": "a number",
+                    "list": "a list", "strlist": "a list of strings", "object": "a JSON object"}[kind]
+        raise InputError(name, expected, type(value).__name__)
+    return value
+
+
+class Record:
+    """Base of every request and answer: ``decode(params)`` checks and converts the wire form,
+    ``encode()`` makes it (base64 for bytes; absent optional fields are left out)."""
+
+    @classmethod
+    def decode(cls, params: Any) -> "Record":
+        if params is None:
+            params = {}
+        if not isinstance(params, Mapping):
+            raise InputError("params", "a JSON object", type(params).__name__)
+        values = {}
+        for item in dataclasses.fields(cls):
+            meta = item.metadata
+            value = params.get(item.name)
+            if value is None:
+                if meta.get("required"):
+                    raise InputError(item.name, "a value (required)")
+                values[item.name] = None
+                continue
+            values[item.name] = _decode_value(meta["kind"], value, item.name, meta.get("size"))
+        return cls(**values)
+
+    def encode(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value is None:
+                continue
+            out[item.name] = b64encode(value) if item.metadata["kind"] == "b64" else value
+        return out
+
+    @classmethod
+    def describe(cls) -> str:
+        """``name: kind`` for the docs (``?`` marks an optional field)."""
+        parts = []
+        for item in dataclasses.fields(cls):
+            meta = item.metadata
+            kind = "b64(%d)" % meta["size"] if meta["kind"] == "b64" and meta.get("size") else meta["kind"]
+            parts.append("`%s%s` %s" % (item.name, "" if meta["required"] else "?", kind))
+        return ", ".join(parts) or "—"
+
+
+@dataclass(frozen=True)
+class Empty(Record):
+    """No fields."""
+
+
+# ------------------------------------------------------------------ pubapi
+
+
+@dataclass(frozen=True)
+class StateAnswer(Record):
+    state: str = wire("str", True)
+    state_code: int = wire("int", True)
+    role: str = wire("str", True)
+    vpn_ip: Optional[str] = wire("str")
+    vpn_pub_key: Optional[str] = wire("str")
+
+
+@dataclass(frozen=True)
+class ActivateAsCoordinatorRequest(Record):
+    kms_uri: str = wire("str", True, doc="secret")
+    measurement_salt: bytes = wire("b64", True, 32)
+    admin_pub_key: str = wire("str", True)
+    storage_uri: Optional[str] = wire("str", doc="secret")
+    cluster_config: Optional[dict] = wire("object")
+
+
+@dataclass(frozen=True)
+class ActivateAsCoordinatorAnswer(Record):
+    cluster_id: bytes = wire("b64", True, 32)
+    coordinator_vpn_ip: str = wire("str", True)
+    coordinator_vpn_pub_key: str = wire("str", True)
+    state: str = wire("str", True)
+
+
+@dataclass(frozen=True)
+class ActivateAsNodeRequest(Record):
+    """Types only: the Core checks the state first (a second activation is a StateError whatever
+    it sends), then that every field is there (core/records.py NodeActivationRequest)."""
+
+    node_vpn_ip: Optional[str] = wire("str")
+    peers: Optional[list] = wire("list")
+    cluster_id: Optional[bytes] = wire("b64", False, 32)
+    measurement_salt: Optional[bytes] = wire("b64", False, 32)
+    admin_pub_key: Optional[str] = wire("str")
+    coordinator_vpn_ip: Optional[str] = wire("str")
+
+
+@dataclass(frozen=True)
+class ActivateAsNodeAnswer(Record):
+    state: str = wire("str", True)
+    node_vpn_ip: Optional[str] = wire("str")
+
+
+@dataclass(frozen=True)
+class ActivateAdditionalNodesRequest(Record):
+    node_public_endpoints: List[str] = wire("strlist", True)
+
+
+@dataclass(frozen=True)
+class ActivateAdditionalNodesAnswer(Record):
+    nodes: list = wire("list", True)
+    resource_version: Optional[int] = wire("int")
+
+
+@dataclass(frozen=True)
+class IssueJoinTicketRequest(Record):
+    disk_uuid: str = wire("str", True)
+    node_vpn_pub_key: bytes = wire("b64", True, 32)
+    is_control_plane: Optional[bool] = wire("bool")
+
+
+@dataclass(frozen=True)
+class IssueJoinTicketAnswer(Record):
+    resource_version: int = wire("int", True)
+    node_vpn_ip: Optional[str] = wire("str")
+
+
+@dataclass(frozen=True)
+class RecoverRequest(Record):
+    kms_uri: str = wire("str", True, doc="secret")
+
+
+@dataclass(frozen=True)
+class EnrollAKAnswer(Record):
+    secret: bytes = wire("b64", True, 32)
+
+
+# ------------------------------------------------------------------ admin channel
+
+
+@dataclass(frozen=True)
+class AdminAuthAnswer(Record):
+    authenticated: bool = wire("bool", True)
+
+
+@dataclass(frozen=True)
+class ExecRequest(Record):
+    cmd: Optional[str] = wire("str")
+    argv: Optional[List[str]] = wire("strlist")
+    cwd: Optional[str] = wire("str")
+    env: Optional[dict] = wire("object")
+    timeout: Optional[float] = wire("number")
+
+
+@dataclass(frozen=True)
+class ExecAnswer(Record):
+    exit_code: int = wire("int", True)
+
+
+@dataclass(frozen=True)
+class ExecModuleRequest(Record):
+    interpreter: str = wire("str", True)
+    cmd: Optional[str] = wire("str")
+    argv: Optional[List[str]] = wire("strlist")
+    cwd: Optional[str] = wire("str")
+    env: Optional[dict] = wire("object")
+    timeout: Optional[float] = wire("number")
+
+
+@dataclass(frozen=True)
+class ExecModuleAnswer(Record):
+    exit_code: int = wire("int", True)
+    warm: Optional[bool] = wire("bool")
+
+
+@dataclass(frozen=True)
+class PutFileRequest(Record):
+    path: str = wire("str", True)
+    mode: Optional[int] = wire("int")
+
+
+@dataclass(frozen=True)
+class PutFileAnswer(Record):
+    path: str = wire("str", True)
+    size: int = wire("int", True)
+    sha256: str = wire("str", True)
+
+
+@dataclass(frozen=True)
+class FetchFileRequest(Record):
+    path: str = wire("str", True)
+
+
+@dataclass(frozen=True)
+class FetchFileAnswer(Record):
+    size: int = wire("int", True)
+    sha256: str = wire("str", True)
+
+
+# ------------------------------------------------------------------ vpnapi
+
+
+@dataclass(frozen=True)
+class GetUpdateRequest(Record):
+    resource_version: int = wire("int", True)
+
+
+@dataclass(frozen=True)
+class GetUpdateAnswer(Record):
+    resource_version: int = wire("int", True)
+    full: Optional[bool] = wire("bool")
+    added: Optional[list] = wire("list")
+    removed: Optional[List[str]] = wire("strlist")
+    changed: Optional[list] = wire("list")
+
+
+@dataclass(frozen=True)
+class GetJoinArgsAnswer(Record):
+    api_server_endpoint: str = wire("str", True)
+    token: str = wire("str", True, doc="secret")
+    discovery_token_ca_cert_hash: str = wire("str", True)
+
+
+@dataclass(frozen=True)
+class GetCertificateKeyAnswer(Record):
+    certificate_key: str = wire("str", True, doc="secret")
+
+
+@dataclass(frozen=True)
+class GetDataKeyRequest(Record):
+    data_key_id: str = wire("str", True)
+    length: Optional[int] = wire("int")
+
+
+@dataclass(frozen=True)
+class GetDataKeyAnswer(Record):
+    data_key: bytes = wire("b64", True, doc="secret")
+
+
+# ------------------------------------------------------------------ the table
+
+
+@dataclass(frozen=True)
+class Method:
+    """One RPC method: its name, API, request and answer records, what it streams, and what it does."""
+
+    name: str
+    api: str
+    request: Type[Record]
+    answer: Type[Record]
+    streams: str
+    summary: str
+
+    @property
+    def stdin(self) -> bool:
+        """The client sends DATA on channel 0 and an EOF after the request."""
+        return self.streams in (STREAMS_STDIN, STREAMS_PROCESS)
+
+
+METHODS: Dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    if method.api not in APIS:
+        raise ValueError("API %r is not one of %s" % (method.api, ", ".join(APIS)))
+    if method.name in METHODS and METHODS[method.name] != method:
+        raise ValueError("RPC method %s is already registered" % method.name)
+    METHODS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Removes a method (tests)."""
+    METHODS.pop(name, None)
+
+
+for _method in (
+        Method("GetState", PUBAPI, Empty, StateAnswer, STREAMS_NONE,
+               "the peer's state, role, and VPN IP and key once activated; any state"),
+        Method("ActivateAsCoordinator", PUBAPI, ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer, STREAMS_LOG,
+               "the admin makes this peer the Coordinator (node lock, KMS, WireGuard); AcceptingInit only"),
+        Method("ActivateAsNode", PUBAPI, ActivateAsNodeRequest, ActivateAsNodeAnswer, STREAMS_EXCHANGE,
+               "the Coordinator makes this peer a Node: it answers its disk UUID and VPN key, gets its disk key"),
+        Method("ActivateAdditionalNodes", PUBAPI, ActivateAdditionalNodesRequest, ActivateAdditionalNodesAnswer,
+               STREAMS_LOG, "the admin (authenticated) asks the Coordinator to attest and activate these nodes"),
+        Method("IssueJoinTicket", PUBAPI, IssueJoinTicketRequest, IssueJoinTicketAnswer, STREAMS_EXCHANGE,
+               "a fresh node attests itself in-band (and enrolls its AK for qemu-vtpm-ek) and takes a join ticket"),
+        Method("Recover", PUBAPI, RecoverRequest, StateAnswer, STREAMS_NONE,
+               "a rebooted peer (PCR 15 reset, state stored) gets the KMS URI back"),
+        Method("EnrollAK", PUBAPI, Empty, EnrollAKAnswer, STREAMS_EXCHANGE,
+               "qemu-vtpm-ek: EK certificate and AK out, credential challenge in, recovered secret out"),
+        Method("AdminAuth", ADMIN, Empty, AdminAuthAnswer, STREAMS_EXCHANGE,
+               "proves the admin key pinned at activation, bound to this TLS connection"),
+        Method("Exec", ADMIN, ExecRequest, ExecAnswer, STREAMS_PROCESS, "runs a command (argv or /bin/sh -c cmd)"),
+        Method("ExecModule", ADMIN, ExecModuleRequest, ExecModuleAnswer, STREAMS_PROCESS,
+               "runs a pipelined Ansible module, in a pre-warmed interpreter where possible"),
+        Method("PutFile", ADMIN, PutFileRequest, PutFileAnswer, STREAMS_STDIN, "writes a file atomically"),
+        Method("FetchFile", ADMIN, FetchFileRequest, FetchFileAnswer, STREAMS_STDOUT, "reads a file"),
+        Method("GetUpdate", VPNAPI, GetUpdateRequest, GetUpdateAnswer, STREAMS_NONE,
+               "the peer changes since a version (only the version when nothing changed)"),
+        Method("GetJoinArgs", VPNAPI, Empty, GetJoinArgsAnswer, STREAMS_NONE,
+               "kubeadm join arguments (API server endpoint, token, pinned CA hash)"),
+        Method("GetCertificateKey", VPNAPI, Empty, GetCertificateKeyAnswer, STREAMS_NONE,
+               "kubeadm's control-plane certificate key"),
+        Method("GetDataKey", VPNAPI, GetDataKeyRequest, GetDataKeyAnswer, STREAMS_NONE,
+               "a data key derived by the Coordinator's KMS (never a disk key or a reserved ID)"),
+):
+    register(_method)
+
+
+def method(name: Any, apis: Tuple[str, ...] = APIS) -> Method:
+    """The method called ``name`` among ``apis``; InputError listing those APIs' methods otherwise."""
+    found = METHODS.get(name) if isinstance(name, str) else None
+    if found is None or found.api not in apis:
+        raise InputError("method", "one of %s" % ", ".join(sorted(m.name for m in METHODS.values() if m.api in apis)),
+                         name if isinstance(name, str) and len(name) <= 64 else None)
+    return found
+
+
+def methods_of(*apis: str) -> List[Method]:
+    return [m for m in METHODS.values() if m.api in apis]
+
+
+def markdown_table() -> str:
+    """The method table of docs/protocol.md, made from METHODS."""
+    lines = ["| method | API | request | answer (END result) | streams | what it does |", "|---|---|---|---|---|---|"]
+    for item in METHODS.values():
+        lines.append("| `%s` | %s | %s | %s | %s | %s |" % (item.name, item.api, item.request.describe(),
+                                                          item.answer.describe(), item.streams, item.summary))
+    return "\n".join(lines) + "\n"
