@@ -65,8 +65,6 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _SAFE_NAME = re.compile(r"\A[A-Za-z][A-Za-z0-9_.-]{0,19}\Z")
 
 
-
-
 def safe_name(value: object) -> object:
     """``value`` if it is a short identifier (a scheme, backend or parameter name), else None:
     a malformed URI may put key material where a name was expected, and errors never echo it."""

@@ -109,12 +109,12 @@ def test_no_kms_uri_error_contains_key_material(uri):
     message = str(err.value)
     leaked = sorted(piece for piece in _forbidden() if piece in message)
     assert not leaked, "%r leaks %s" % (message, leaked[:3])
-    assert message.split(":")[0]  # still names the field
+    assert message.split(":", maxsplit=1)[0]  # still names the field
 
 
 def test_master_secret_file_errors_contain_no_key_material():
-    doc = '{"key": "%s", "salt": "%s", "%s": 1}' % (base64.b64encode(KEY).decode(), base64.b64encode(SALT).decode(),
-                                                  base64.b64encode(KEY).decode())
+    key_b64, salt_b64 = base64.b64encode(KEY).decode(), base64.b64encode(SALT).decode()
+    doc = '{"key": "%s", "salt": "%s", "%s": 1}' % (key_b64, salt_b64, key_b64)
     with pytest.raises(ConstellationError) as err:
         kms.MasterSecret.from_json(doc)
     assert not [p for p in _forbidden() if p in str(err.value)]
