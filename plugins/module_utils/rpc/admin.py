@@ -14,8 +14,6 @@ import hashlib
 import os
 import queue
 import secrets
-import signal
-import subprocess
 import tempfile
 import threading
 from typing import Any, Dict, Optional
@@ -44,7 +42,14 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     b64d,
     b64e,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema, warm
+from ansible_collections.constellation.cluster.plugins.module_utils.execution import warm
+from ansible_collections.constellation.cluster.plugins.module_utils.execution.process import (
+    kill_group,
+    pump,
+    start_process,
+    write_all,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
 
 ACTIVATED = (State.ACTIVATING_NODES, State.IS_NODE)
@@ -145,7 +150,7 @@ class AdminHandlers:
 
     def exec_module(self, conn: Connection, request: schema.ExecModuleRequest) -> None:
         """A pipelined Ansible module: like Exec (``cmd`` runs the interpreter, the payload is stdin),
-        but the payload may run in a pre-warmed interpreter (rpc/warm.py). Anything the warm path
+        but the payload may run in a pre-warmed interpreter (execution/warm.py). Anything the warm path
         does not know runs exactly as Exec would run it."""
         argv, cwd, env, timeout, interpreter = self._exec_params(conn, "ExecModule", request)
         chunks = []
@@ -185,8 +190,7 @@ class AdminHandlers:
     @staticmethod
     def _popen(conn: Connection, argv, cwd, env, drain: bool = True):
         try:
-            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    cwd=cwd, env=env, start_new_session=True)
+            return start_process(argv, cwd, env)
         except OSError as err:
             if drain:
                 _drain_stdin(conn)
@@ -196,15 +200,15 @@ class AdminHandlers:
     def _run(conn: Connection, proc, timeout, stdin: Optional[bytes] = None) -> int:
         """Streams stdin (from the client, or ``stdin``) in and stdout/stderr out; the exit code."""
         out: "queue.Queue" = queue.Queue()
-        readers = [threading.Thread(target=_pump, args=(proc.stdout, CHANNEL_STDOUT, out), daemon=True),
-                   threading.Thread(target=_pump, args=(proc.stderr, CHANNEL_STDERR, out), daemon=True)]
+        readers = [threading.Thread(target=pump, args=(proc.stdout, CHANNEL_STDOUT, out), daemon=True),
+                   threading.Thread(target=pump, args=(proc.stderr, CHANNEL_STDERR, out), daemon=True)]
         if stdin is not None:
-            readers.append(threading.Thread(target=_write_all, args=(proc.stdin, stdin), daemon=True))
+            readers.append(threading.Thread(target=write_all, args=(proc.stdin, stdin), daemon=True))
         for reader in readers:
             reader.start()
         timer = None
         if timeout:
-            timer = threading.Timer(timeout, _kill_group, args=(proc,))
+            timer = threading.Timer(timeout, kill_group, args=(proc,))
             timer.daemon = True
             timer.start()
         try:
@@ -220,7 +224,7 @@ class AdminHandlers:
                     conn.stream.send_data(channel, data)
             return proc.wait()
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc)
             try:
                 proc.wait()
             except warm.WarmUnavailable:
@@ -300,42 +304,6 @@ def _abs_path(path: Any) -> str:
     if not isinstance(path, str) or not os.path.isabs(path) or "\x00" in path:
         raise InputError("path", "an absolute path", path)
     return os.path.normpath(path)
-
-
-def _write_all(pipe, data: bytes) -> None:
-    try:
-        pipe.write(data)
-    except (BrokenPipeError, OSError):
-        pass
-    finally:
-        try:
-            pipe.close()
-        except OSError:
-            pass
-
-
-def _pump(pipe, channel: int, out: "queue.Queue") -> None:
-    try:
-        while True:
-            data = pipe.read1(DATA_CHUNK) if hasattr(pipe, "read1") else pipe.read(DATA_CHUNK)
-            if not data:
-                break
-            out.put((channel, data))
-    finally:
-        out.put((channel, None))
-        pipe.close()
-
-
-def _kill_group(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        try:  # a warm child killed before its setsid()
-            os.kill(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    except PermissionError:
-        pass
 
 
 def _feed_stdin(conn: Connection, proc) -> None:
