@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Options shared by the kubeadm_* modules (argument specs in module_utils/kubeadm.py)."""
+"""Options shared by the kubeadm_* modules (argument specs in module_utils/kubeadm/validate.py)."""
 
 from __future__ import absolute_import, division, print_function
 

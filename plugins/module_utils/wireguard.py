@@ -27,11 +27,14 @@ import base64
 import ipaddress
 import json
 import os
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from ansible_collections.constellation.cluster.plugins.module_utils.command import (  # noqa: F401 pylint: disable=unused-import
+    CommandResult,
+    CommandRunner,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ExternalCommandError,
@@ -508,45 +511,6 @@ def wg_set_argv(name: str, diff: PeerDiff) -> list[str]:
 
 
 # --------------------------------------------------------------------------- command seam
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    argv: tuple[str, ...]
-    rc: int
-    stdout: str
-    stderr: str
-
-
-class CommandRunner:
-    """Runs programs. ``prefix`` is prepended to every argv (e.g. a lab host's
-    ``nsenter --mount=... --net=...``); tests replace or prefix this one object."""
-
-    def __init__(self, prefix: Sequence[str] = (), env: Mapping[str, str] | None = None, timeout: float = 30.0):
-        self.prefix = list(prefix)
-        self.env = dict(env or {})
-        self.timeout = timeout
-
-    def run(self, argv: Sequence[str], check: bool = True, env: Mapping[str, str] | None = None,
-            stdin: str | None = None, new_session: bool = False) -> CommandResult:
-        """Run argv (after the prefix). ``new_session``: start it in its own session, so a daemon it
-        leaves behind is not killed with the caller's process group (Ansible's worker kills its
-        group when it is terminated)."""
-        full = self.prefix + list(argv)
-        run_env = dict(os.environ)
-        run_env.update(self.env)
-        run_env.update(env or {})
-        try:
-            proc = subprocess.run(full, input=stdin, capture_output=True, text=True, env=run_env,
-                                  timeout=self.timeout, check=False, start_new_session=new_session)
-        except FileNotFoundError as err:
-            raise ExternalCommandError(list(argv), 127, str(err)) from None
-        except subprocess.TimeoutExpired:
-            raise ExternalCommandError(list(argv), -1, "timed out after %ss" % self.timeout) from None
-        result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
-        if check and proc.returncode != 0:
-            raise ExternalCommandError(list(argv), proc.returncode, proc.stderr)
-        return result
 
 
 # --------------------------------------------------------------------------- operations
