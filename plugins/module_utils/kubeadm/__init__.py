@@ -138,3 +138,5 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.oper
     wait_for_nodes_ready,
     write_audit_policy,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.validate import HAS_CRYPTOGRAPHY  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.config import HAS_YAML  # noqa: F401
