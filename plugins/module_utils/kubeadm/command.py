@@ -22,7 +22,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     KUBERNETES_DIR,
     _TOKEN_RE,
     _validate_path,
-    token_id,
     validate_token_id,
 )
 

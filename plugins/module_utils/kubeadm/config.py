@@ -39,7 +39,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     V1BETA4_MIN_VERSION,
     _validate_path,
     _validate_str_list,
-    ca_cert_hash,
     validate_api_version,
     validate_ca_cert_hash,
     validate_certificate_key,

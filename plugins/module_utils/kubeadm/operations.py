@@ -50,14 +50,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.comm
     Kubeadm,
 )
 
-try:
-    import yaml
-except ImportError:  # pragma: no cover - reported by the modules via HAS_YAML
-    HAS_YAML = False
-else:
-    HAS_YAML = True
-
-
 # --------------------------------------------------------------------------- files (conditions layer)
 
 
