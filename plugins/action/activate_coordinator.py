@@ -9,17 +9,17 @@ Constellation's CLI). Documentation is in plugins/modules/activate_coordinator.p
 
 from __future__ import annotations
 
-from ansible_collections.constellation.cluster.plugins.module_utils import cluster
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
 
 class ActionModule(ClusterAction):
-    SPEC = cluster.ACTIVATE_COORDINATOR_ARGS
+    SPEC = controller_options.ACTIVATE_COORDINATOR_ARGS
     _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
-        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import (
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
             activate_coordinator, decode_salt)
         priv_key = None
         if args["admin_priv_key_file"]:

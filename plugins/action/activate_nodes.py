@@ -8,16 +8,16 @@ Documentation is in plugins/modules/activate_nodes.py.
 
 from __future__ import annotations
 
-from ansible_collections.constellation.cluster.plugins.module_utils import cluster
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
 
 class ActionModule(ClusterAction):
-    SPEC = cluster.ACTIVATE_NODES_ARGS
+    SPEC = controller_options.ACTIVATE_NODES_ARGS
     _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
-        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import activate_nodes
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import activate_nodes
         if not args["node_public_endpoints"]:
             return {"changed": False, "nodes": [], "resource_version": None}
         out = activate_nodes(args["coordinator_public_endpoint"], args["node_public_endpoints"], settings,

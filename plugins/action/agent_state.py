@@ -8,16 +8,16 @@ Documentation is in plugins/modules/agent_state.py; the shared base is plugin_ut
 
 from __future__ import annotations
 
-from ansible_collections.constellation.cluster.plugins.module_utils import cluster
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
 
 class ActionModule(ClusterAction):
-    SPEC = cluster.AGENT_STATE_ARGS
+    SPEC = controller_options.AGENT_STATE_ARGS
     _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
-        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import peer_status
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
         status = peer_status(args["endpoint"], settings, self.cluster_id_arg(args))
         out = status.to_dict()
         out["changed"] = False

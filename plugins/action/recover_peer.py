@@ -7,16 +7,16 @@ Documentation is in plugins/modules/recover_peer.py.
 
 from __future__ import annotations
 
-from ansible_collections.constellation.cluster.plugins.module_utils import cluster
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
 
 class ActionModule(ClusterAction):
-    SPEC = cluster.RECOVER_PEER_ARGS
+    SPEC = controller_options.RECOVER_PEER_ARGS
     _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
-        from ansible_collections.constellation.cluster.plugins.module_utils.cluster import (
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
             decode_salt, derive_cluster_id, recover_peer)
         cluster_id = derive_cluster_id(args["kms_uri"], decode_salt(args["measurement_salt"]))
         out = recover_peer(args["endpoint"], settings, args["kms_uri"], cluster_id,

@@ -107,14 +107,14 @@ state:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.constellation.cluster.plugins.module_utils import cluster
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **cluster.ACTIVATE_COORDINATOR_ARGS),
+        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **controller_options.ACTIVATE_COORDINATOR_ARGS),
         mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )

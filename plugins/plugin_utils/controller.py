@@ -1,7 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The controller's side of the chain of trust (DESIGN.md 1, steps 1, 2, 4 and recovery).
+"""The controller's side of the chain of trust (DESIGN.md 1, steps 1, 2, 4 and recovery): the
+orchestration the cluster actions run (formerly module_utils/cluster.py; controller-only, so it may
+use the RPC client). Their options are in module_utils/controller_options.py.
 
 Each operation attests the peer first (aTLS verifies before the first byte is sent), asks its
 state, and decides from the attested PCR 15 whether there is anything to do, so every operation
@@ -25,45 +27,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
 
-
-def _deprecated(alias: str) -> Dict[str, str]:
-    """An old option name that keeps working, with a deprecation warning, until 2.0.0."""
-    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
-
-
-# The options of the controller-side actions beyond the shared attestation options
-# (attestation/policy.py ATTESTATION_ARGUMENT_SPEC). The action plugins validate with these and
-# their documentation stubs in plugins/modules declare the same dicts, so the two cannot drift.
-ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
-    endpoint=dict(type="str", required=True),
-    kms_uri=dict(type="str", required=True, no_log=True),
-    measurement_salt=dict(type="str", required=True, no_log=True),
-    storage_uri=dict(type="str", no_log=True),
-    admin_pub_key=dict(type="str"),
-    admin_priv_key_file=dict(type="path"),
-    cluster_name=dict(type="str", default=""),
-    vpn_cidr=dict(type="str", default="10.118.0.0/16"),
-    # Unused since GetState reports the VPN IP and key; accepted with a deprecation until 2.0.0.
-    vpn_interface=dict(type="str", removed_in_version="2.0.0", removed_from_collection="constellation.cluster"),
-)
-ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
-    # Renamed in 0.2.0 (DESIGN.md 6: entity, interface, kind); the old names work until 2.0.0.
-    coordinator_public_endpoint=dict(type="str", required=True, aliases=["coordinator_endpoint"],
-                                     deprecated_aliases=[_deprecated("coordinator_endpoint")]),
-    node_public_endpoints=dict(type="list", elements="str", required=True,
-                               aliases=["node_endpoints"], deprecated_aliases=[_deprecated("node_endpoints")]),
-    admin_priv_key_file=dict(type="path", required=True),
-    cluster_id=dict(type="str"),
-)
-AGENT_STATE_ARGS: Dict[str, Dict[str, Any]] = dict(
-    endpoint=dict(type="str", required=True),
-    cluster_id=dict(type="str"),
-)
-RECOVER_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
-    endpoint=dict(type="str", required=True),
-    kms_uri=dict(type="str", required=True, no_log=True),
-    measurement_salt=dict(type="str", required=True, no_log=True),
-)
 
 ACCEPTING_INIT = constants.STATE_ACCEPTING_INIT
 ACTIVATING_NODES = constants.STATE_ACTIVATING_NODES

@@ -1,0 +1,263 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""EtcdStore: etcd v3 through its HTTP gateway (etcd3gw), with optimistic transactions that compare the
+mod_revision of everything read."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.store.base import (  # noqa: F401
+    DEFAULT_ETCD_PREFIX,
+    StoreError,
+    TransactionConflict,
+    Txn,
+    _BaseStore,
+    check_key,
+    check_prefix,
+    check_value,
+)
+
+
+# --------------------------------------------------------------------------- etcd
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _range_end(start: bytes) -> bytes:
+    """The end of etcd's range of every key that starts with ``start`` ("\\0" = no end)."""
+    stripped = start.rstrip(b"\xff")
+    if not stripped:
+        return b"\0"
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class EtcdStore(_BaseStore):
+    """etcd v3 through the HTTP gateway; every key is stored as ``prefix + key``.
+
+    ``endpoints``: ``host:port`` or ``http(s)://host:port``; tried in order, the first that answers
+    is used until it fails. ``tls``: ``{"ca_cert": path, "cert": path, "key": path}`` (https with a
+    client certificate; Constellation used etcd's peer certificate). ``timeout`` is per request.
+    """
+
+    def __init__(self, endpoints: List[str], prefix: str = DEFAULT_ETCD_PREFIX, timeout: float = 5,
+                 tls: Optional[Mapping[str, str]] = None):
+        # Imported here: the other stores (and Ansible modules that use them) need no etcd client.
+        try:
+            from etcd3gw import exceptions as etcd_exceptions
+            from etcd3gw.client import Etcd3Client
+        except ImportError:
+            raise StoreError("the etcd store needs the Python package etcd3gw") from None
+        self._exceptions = etcd_exceptions
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        if not isinstance(endpoints, (list, tuple)) or not endpoints:
+            raise InputError("endpoints", "a non-empty list of host:port", endpoints)
+        if not isinstance(prefix, str) or not prefix:
+            raise InputError("prefix", "a non-empty string", prefix)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise InputError("timeout", "a positive number of seconds", timeout)
+        tls = dict(tls or {})
+        unknown = set(tls) - {"ca_cert", "cert", "key"}
+        if unknown:
+            raise InputError("tls", "keys among ca_cert, cert, key", sorted(unknown))
+        if bool(tls.get("cert")) != bool(tls.get("key")):
+            raise InputError("tls", "both cert and key, or neither", sorted(tls))
+        if prefix.startswith("\0"):
+            raise InputError("prefix", "a string that does not start with NUL", prefix)
+        self.prefix = prefix
+        self._raw_prefix = prefix.encode("utf-8")
+        # Outside every prefix's range (prefixes never start with NUL): rewritten by each delete.
+        self._guard_key = b"\0constellation-delete-guard/" + self._raw_prefix
+        self.endpoints: List[str] = []
+        self._clients = []
+        for index, endpoint in enumerate(endpoints):
+            host, port, scheme = self._parse_endpoint(endpoint, index, bool(tls))
+            self.endpoints.append("%s://%s:%d" % (scheme, host if ":" not in host else "[%s]" % host, port))
+            self._clients.append(Etcd3Client(
+                host=host, port=port, protocol=scheme, timeout=timeout, api_path="/v3/",
+                ca_cert=tls.get("ca_cert"), cert_cert=tls.get("cert"), cert_key=tls.get("key")))
+        self._current = 0
+        self._lock = threading.Lock()  # guards _current
+        # Serialises this object's transactions (threads of one agent never conflict with each
+        # other); other processes are caught by the commit's compares.
+        self._tx_lock = threading.RLock()
+        self._closed = False
+        self._call("/kv/range", {"key": _b64(self._raw_prefix), "limit": 1, "keys_only": True})
+
+    @staticmethod
+    def _parse_endpoint(endpoint: Any, index: int, tls: bool) -> Tuple[str, int, str]:
+        field = "endpoints[%d]" % index
+        if not isinstance(endpoint, str) or not endpoint:
+            raise InputError(field, "host:port", endpoint)
+        scheme = "https" if tls else "http"
+        rest = endpoint
+        if "://" in endpoint:
+            scheme, rest = endpoint.split("://", 1)
+            if scheme not in ("http", "https"):
+                raise InputError(field, "an http:// or https:// endpoint", endpoint)
+        rest = rest.rstrip("/")
+        if rest.startswith("["):
+            host, _sep, port_text = rest[1:].partition("]:")
+        else:
+            host, _sep, port_text = rest.rpartition(":")
+        try:
+            port = int(port_text)
+        except ValueError:
+            port = -1
+        if not host or not 0 < port < 65536:
+            raise InputError(field, "host:port", endpoint)
+        return host, port, scheme
+
+    # -- transport
+
+    def _call(self, path: str, payload: dict) -> dict:
+        if self._closed:
+            raise StoreError("the etcd store is closed")
+        exc = self._exceptions
+        errors = []
+        with self._lock:
+            first = self._current
+        for step in range(len(self._clients)):
+            index = (first + step) % len(self._clients)
+            client = self._clients[index]
+            try:
+                result = client.post(client.get_url(path), json=payload)
+            except (exc.ConnectionFailedError, exc.ConnectionTimeoutError) as err:
+                errors.append("%s: %s" % (self.endpoints[index], _short(err)))
+                continue
+            except exc.Etcd3Exception as err:
+                detail = _short(err)
+                if "too many operations" in detail:
+                    raise StoreError("etcd refused a transaction with too many operations (etcd's "
+                                     "--max-txn-ops, 128 by default): %s" % detail) from None
+                raise StoreError("etcd at %s refused %s: %s" % (self.endpoints[index], path, detail)) from None
+            except Exception as err:  # requests' own errors (TLS, bad URL, ...)
+                errors.append("%s: %s" % (self.endpoints[index], _short(err)))
+                continue
+            with self._lock:
+                self._current = index
+            return result
+        raise StoreError("etcd is unreachable (%s)" % "; ".join(errors))
+
+    def _key(self, key: str) -> bytes:
+        return self._raw_prefix + key.encode("utf-8")
+
+    def _range(self, start: bytes, end: Optional[bytes], revision: Optional[int]) -> Tuple[int, List[dict]]:
+        payload: Dict[str, Any] = {"key": _b64(start)}
+        if end is not None:
+            payload["range_end"] = _b64(end)
+        if revision is not None:
+            payload["revision"] = revision
+        result = self._call("/kv/range", payload)
+        return int(result["header"]["revision"]), result.get("kvs", [])
+
+    def _decode_kv(self, kv: dict) -> Tuple[str, bytes, int]:
+        full = base64.b64decode(kv["key"])
+        key = full[len(self._raw_prefix):].decode("utf-8", "replace")
+        return key, base64.b64decode(kv.get("value", "")), int(kv["mod_revision"])
+
+    # -- the interface
+
+    def get_default(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
+        check_key(key)
+        _rev, kvs = self._range(self._key(key), None, None)
+        return self._decode_kv(kvs[0])[1] if kvs else default
+
+    def items(self, prefix: str = "") -> List[Tuple[str, bytes]]:
+        check_prefix(prefix)
+        start = self._key(prefix)
+        _rev, kvs = self._range(start, _range_end(start), None)
+        return sorted(self._decode_kv(kv)[:2] for kv in kvs)
+
+    def put(self, key: str, value: bytes) -> None:
+        key, value = check_key(key), check_value(value)
+        self._call("/kv/put", {"key": _b64(self._key(key)), "value": _b64(value)})
+
+    def delete(self, key: str) -> None:
+        check_key(key)
+        self._commit({key: None}, {}, [], None)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Txn]:
+        snapshot: Dict[str, Optional[int]] = {"revision": None}
+        seen: Dict[bytes, int] = {}  # etcd key read -> its mod_revision (0: absent)
+        ranges: List[Tuple[bytes, bytes]] = []
+
+        def at_snapshot(start: bytes, end: Optional[bytes]) -> List[dict]:
+            rev, kvs = self._range(start, end, snapshot["revision"])
+            if snapshot["revision"] is None:
+                snapshot["revision"] = rev
+            return kvs
+
+        def read_one(key: str) -> Optional[bytes]:
+            full = self._key(key)
+            kvs = at_snapshot(full, None)
+            seen[full] = int(kvs[0]["mod_revision"]) if kvs else 0
+            return self._decode_kv(kvs[0])[1] if kvs else None
+
+        def read_range(prefix: str) -> List[Tuple[str, bytes]]:
+            start = self._key(prefix)
+            kvs = at_snapshot(start, _range_end(start))
+            if not ranges:
+                guard = at_snapshot(self._guard_key, None)
+                seen[self._guard_key] = int(guard[0]["mod_revision"]) if guard else 0
+            ranges.append((start, _range_end(start)))
+            return [self._decode_kv(kv)[:2] for kv in kvs]
+
+        with self._tx_lock:
+            tx = Txn(read_one, read_range)
+            yield tx
+            if tx.writes:
+                self._commit(tx.writes, seen, ranges, snapshot["revision"])
+
+    def _commit(self, writes: Mapping[str, Optional[bytes]], seen: Mapping[bytes, int],
+                ranges: List[Tuple[bytes, bytes]], revision: Optional[int]) -> None:
+        # Keys read one by one: unchanged (a deleted key compares as 0). Ranges: no key created or
+        # modified after the snapshot; deletions in a range are caught by the guard key, which every
+        # delete through this class rewrites. One compare per range, not per key in it.
+        compare = [{"key": _b64(k), "target": "MOD", "result": "EQUAL", "mod_revision": rev}
+                   for k, rev in sorted(seen.items())]
+        if revision is not None:
+            compare += [{"key": _b64(s), "range_end": _b64(e), "target": "MOD", "result": "LESS",
+                         "mod_revision": revision + 1} for s, e in ranges]
+        ops = []
+        for key, value in sorted(writes.items()):
+            full = _b64(self._key(key))
+            if value is None:
+                ops.append({"request_delete_range": {"key": full}})
+            else:
+                ops.append({"request_put": {"key": full, "value": _b64(value)}})
+        if any(value is None for value in writes.values()):
+            ops.append({"request_put": {"key": _b64(self._guard_key), "value": ""}})
+        result = self._call("/kv/txn", {"compare": compare, "success": ops, "failure": []})
+        if not result.get("succeeded", False):
+            raise TransactionConflict("another writer changed the etcd keys this transaction read "
+                                      "(under %r); nothing was written" % self.prefix)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for client in self._clients:
+            with contextlib.suppress(Exception):
+                client.session.close()
+
+
+def _short(err: Exception) -> str:
+    detail = getattr(err, "detail_text", None)
+    try:
+        # The gateway's JSON error body: {"error": ..., "message": ..., "code": ...}
+        detail = json.loads(detail)["message"]
+    except (TypeError, ValueError, KeyError):
+        pass
+    text = " ".join(str(a) for a in (detail,) + tuple(getattr(err, "args", ())) if a) or type(err).__name__
+    return text.strip()[:300]
