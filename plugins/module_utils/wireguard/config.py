@@ -1,149 +1,24 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""WireGuard: keys, peer lists, the live state of an interface, and what must change.
-
-Three layers, lowest first (the community.crypto ``luks_device`` pattern):
-
-* ``CommandRunner``: the one place that runs programs (``wg``, ``ip``, ``wireguard-go``), with an
-  optional argv prefix so tests can run everything inside a lab host's namespaces.
-* ``WireGuard``: operations on one host (read ``wg show <if> dump``, create an interface, apply a
-  ``PeerDiff`` with ``wg set``).
-* conditions: pure functions that compare what is wanted with what is live (``diff_peers``,
-  ``interface_changes``). They decide; the operations only do.
-
-Peers are changed in place (``wg set <if> peer K endpoint ...``), never removed and re-added, so an
-unrelated change never drops a live session. A peer list is always explicit and complete: it is never
-derived from whatever hosts happen to be in a play. Everything is validated before anything is touched.
-
-Private keys are generated on the host, stored in a 0600 file and handed to ``wg`` as a file path;
-they never appear on a command line, in a rendered config, a diff or a log. ``wg show dump`` prints the
-private key: the parser drops it on the first line it reads.
-"""
+"""Peers and interfaces as wanted and as found, the difference between them, and the wg set/syncconf
+renderings."""
 
 from __future__ import annotations
 
-import base64
 import ipaddress
-import json
-import os
-import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from ansible_collections.constellation.cluster.plugins.module_utils.command import (  # noqa: F401 pylint: disable=unused-import
-    CommandResult,
-    CommandRunner,
+from ansible_collections.constellation.cluster.plugins.module_utils import encoding
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.keys import (  # noqa: F401
+    LISTEN_PORT,
+    MTU,
+    PERSISTENT_KEEPALIVE,
+    VPN_CIDR,
+    normalize_pub_key,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    ExternalCommandError,
-    InputError,
-    StateError,
-)
-
-try:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-except ImportError:  # pragma: no cover - reported by the modules via HAS_CRYPTOGRAPHY
-    HAS_CRYPTOGRAPHY = False
-else:
-    HAS_CRYPTOGRAPHY = True
-
-VPN_CIDR = "10.118.0.0/16"
-LISTEN_PORT = 51820
-PERSISTENT_KEEPALIVE = 10
-MTU = 1420
-KEY_FILE_MODE = 0o600
-# wireguard-go refuses to start without this where no kernel module exists (ENVIRONMENT.md).
-WIREGUARD_GO_ENV = {"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
-
-
-# --------------------------------------------------------------------------- keys
-
-
-def _raw_private(priv_key: X25519PrivateKey) -> bytes:
-    return priv_key.private_bytes(
-        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-    )
-
-
-def _raw_public(priv_key: X25519PrivateKey) -> bytes:
-    return priv_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def generate_priv_key() -> str:
-    """A new X25519 private key, std-base64 as ``wg genkey`` prints it."""
-    return base64.b64encode(_raw_private(X25519PrivateKey.generate())).decode("ascii")
-
-
-def key_bytes(key: str, field_name: str = "key") -> bytes:
-    """Decode a std-base64 WireGuard key (44 characters, 32 bytes) or raise InputError."""
-    if not isinstance(key, str):
-        raise InputError(field_name, "a base64 WireGuard key (44 characters)", type(key).__name__)
-    try:
-        raw = base64.b64decode(key.strip(), validate=True)
-    except (ValueError, TypeError):
-        raw = b""
-    if len(raw) != 32:
-        # Never echo the value: this function also checks private keys.
-        raise InputError(field_name, "a base64 WireGuard key (44 characters, 32 bytes)", "%d characters" % len(key))
-    return raw
-
-
-def pub_key_from_priv_key(priv_key: str) -> str:
-    """The public key (std-base64) of a std-base64 private key, as ``wg pubkey`` prints it."""
-    raw = key_bytes(priv_key, "priv_key")
-    return base64.b64encode(_raw_public(X25519PrivateKey.from_private_bytes(raw))).decode("ascii")
-
-
-def normalize_pub_key(pub_key: str, field_name: str = "pub_key") -> str:
-    return base64.b64encode(key_bytes(pub_key, field_name)).decode("ascii")
-
-
-@dataclass(frozen=True)
-class KeyFileState:
-    """What a private key file looks like, without its content."""
-
-    exists: bool
-    pub_key: str | None = None
-    mode: int | None = None
-
-    @property
-    def mode_ok(self) -> bool:
-        return self.mode == KEY_FILE_MODE
-
-
-def read_key_file(path: str) -> KeyFileState:
-    """Inspect a private key file; the key itself stays inside this function."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return KeyFileState(exists=False)
-    with open(path, "r", encoding="ascii", errors="replace") as handle:
-        content = handle.read().strip()
-    try:
-        pub_key = pub_key_from_priv_key(content)
-    except InputError:
-        raise InputError("private_key_file", "a file holding one base64 WireGuard private key", path) from None
-    return KeyFileState(exists=True, pub_key=pub_key, mode=st.st_mode & 0o7777)
-
-
-def ensure_key_file(path: str, check_mode: bool = False) -> tuple[KeyFileState, bool]:
-    """Create the private key file if absent (on this host, never sent anywhere) and force mode 0600.
-
-    Returns the state after the call and whether anything changed (or would, in check mode).
-    """
-    state = read_key_file(path)
-    if state.exists and state.mode_ok:
-        return state, False
-    if check_mode:
-        return state, True
-    if not state.exists:
-        atomic_write(path, (generate_priv_key() + "\n").encode("ascii"), KEY_FILE_MODE)
-    else:
-        os.chmod(path, KEY_FILE_MODE)
-    return read_key_file(path), True
 
 
 # --------------------------------------------------------------------------- peers
@@ -153,21 +28,12 @@ def _parse_endpoint(value: str, field_name: str) -> str:
     """``ip:port`` or ``[ipv6]:port`` -> canonical form. Host names are refused: the live state shows
     addresses, and a name would make every run look changed (and depend on DNS)."""
     expected = "an endpoint 'IP:port' or '[IPv6]:port' with a literal IP address"
-    if not isinstance(value, str) or ":" not in value:
-        raise InputError(field_name, expected, value)
-    host, dummy_sep, port_text = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
+    host, port = encoding.parse_endpoint(value if isinstance(value, str) else None, field_name)
     try:
         address = ipaddress.ip_address(host)
-        port = int(port_text)
     except ValueError:
         raise InputError(field_name, expected, value) from None
-    if not 1 <= port <= 65535:
-        raise InputError(field_name, "a port between 1 and 65535", value)
-    if address.version == 6:
-        return "[%s]:%d" % (address.compressed, port)
-    return "%s:%d" % (address, port)
+    return encoding.format_endpoint(address.compressed, port)
 
 
 def _parse_vpn_ip(value: object, field_name: str, vpn_cidr: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
@@ -508,135 +374,3 @@ def wg_set_argv(name: str, diff: PeerDiff) -> list[str]:
     for peer in diff.removed:
         argv += ["peer", peer.pub_key, "remove"]
     return argv
-
-
-# --------------------------------------------------------------------------- command seam
-
-
-# --------------------------------------------------------------------------- operations
-
-
-def parse_dump(name: str, text: str) -> InterfaceState:
-    """Parse ``wg show <if> dump``. The first line's private key is discarded at once."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        raise ExternalCommandError(["wg", "show", name, "dump"], 0, "empty output")
-    head = lines[0].split("\t")
-    if len(head) != 4:
-        raise ExternalCommandError(["wg", "show", name, "dump"], 0, "unexpected interface line (%d fields)" % len(head))
-    pub_key = head[1] if head[1] != "(none)" else None
-    listen_port = int(head[2])
-    fwmark = 0 if head[3] == "off" else int(head[3], 0)
-    del head
-    peers: dict[str, LivePeer] = {}
-    for line in lines[1:]:
-        cols = line.split("\t")
-        if len(cols) != 8:
-            raise ExternalCommandError(["wg", "show", name, "dump"], 0, "unexpected peer line (%d fields)" % len(cols))
-        allowed = tuple(sorted(a for a in cols[3].split(",") if a and a != "(none)"))
-        peers[cols[0]] = LivePeer(
-            pub_key=cols[0],
-            endpoint=None if cols[2] == "(none)" else cols[2],
-            allowed_ips=allowed,
-            latest_handshake=int(cols[4]),
-            transfer_rx=int(cols[5]),
-            transfer_tx=int(cols[6]),
-            persistent_keepalive=0 if cols[7] == "off" else int(cols[7]),
-        )
-    return InterfaceState(name=name, pub_key=pub_key, listen_port=listen_port, fwmark=fwmark, peers=peers)
-
-
-class WireGuard:
-    """Operations on the WireGuard interfaces of one host, through a ``CommandRunner``."""
-
-    def __init__(self, runner: CommandRunner | None = None):
-        self.runner = runner or CommandRunner()
-
-    # -- reading
-    def link(self, name: str) -> LinkState:
-        res = self.runner.run(["ip", "-j", "address", "show", "dev", name], check=False)
-        if res.rc != 0:
-            if "does not exist" in res.stderr or "Cannot find device" in res.stderr:
-                return LinkState(exists=False)
-            raise ExternalCommandError(list(res.argv), res.rc, res.stderr)
-        try:
-            info = json.loads(res.stdout)[0]
-        except (ValueError, IndexError) as err:
-            raise ExternalCommandError(list(res.argv), 0, "unreadable output: %s" % err) from None
-        addresses = tuple(sorted(
-            "%s/%s" % (a["local"], a["prefixlen"]) for a in info.get("addr_info", []) if a.get("scope") != "link"
-        ))
-        return LinkState(exists=True, up="UP" in info.get("flags", []), mtu=info.get("mtu"), addresses=addresses)
-
-    def show(self, name: str) -> InterfaceState | None:
-        """The live WireGuard state, or None if ``name`` is no WireGuard interface (yet)."""
-        res = self.runner.run(["wg", "show", name, "dump"], check=False)
-        if res.rc != 0:
-            return None
-        return parse_dump(name, res.stdout)
-
-    # -- interface
-    def create(self, name: str) -> str:
-        """Create the interface: kernel WireGuard where available, else wireguard-go. Returns which."""
-        kernel = self.runner.run(["ip", "link", "add", "dev", name, "type", "wireguard"], check=False)
-        if kernel.rc == 0:
-            return "kernel"
-        self.runner.run(["wireguard-go", name], env=WIREGUARD_GO_ENV, new_session=True)
-        # wireguard-go daemonises before its UAPI socket is ready: wait for it, bounded.
-        for dummy_attempt in range(100):
-            if self.show(name) is not None:
-                return "wireguard-go"
-            time.sleep(0.05)
-        raise StateError("wireguard-go started but %s did not appear within 5 s" % name)
-
-    def delete(self, name: str) -> None:
-        self.runner.run(["ip", "link", "delete", "dev", name])
-
-    def set_private_key(self, name: str, key_file: str) -> None:
-        # A file path, never the key on a command line.
-        self.runner.run(["wg", "set", name, "private-key", key_file])
-
-    def set_listen_port(self, name: str, port: int) -> None:
-        self.runner.run(["wg", "set", name, "listen-port", str(port)])
-
-    def set_address(self, name: str, address: str, current: Iterable[str]) -> None:
-        for old in current:
-            if old != address:
-                self.runner.run(["ip", "address", "delete", old, "dev", name])
-        if address not in current:
-            self.runner.run(["ip", "address", "add", address, "dev", name])
-
-    def set_mtu(self, name: str, mtu: int) -> None:
-        self.runner.run(["ip", "link", "set", "dev", name, "mtu", str(mtu)])
-
-    def set_up(self, name: str) -> None:
-        self.runner.run(["ip", "link", "set", "dev", name, "up"])
-
-    def ensure_interface(self, spec: InterfaceSpec, key_file: str, pub_key: str | None) -> list[str]:
-        """Bring the interface to ``spec``; returns the steps taken (empty: already right)."""
-        link = self.link(spec.name)
-        live = self.show(spec.name) if link.exists else None
-        if link.exists and live is None:
-            raise StateError("%s exists but is not a WireGuard interface" % spec.name)
-        changes = interface_changes(spec, link, live, pub_key)
-        if "create" in changes:
-            self.create(spec.name)
-            link = self.link(spec.name)
-        if "private_key" in changes:
-            self.set_private_key(spec.name, key_file)
-        if "listen_port" in changes:
-            self.set_listen_port(spec.name, spec.listen_port)
-        if "address" in changes:
-            self.set_address(spec.name, spec.address, link.addresses)
-        if "mtu" in changes:
-            self.set_mtu(spec.name, spec.mtu)
-        if "up" in changes:
-            self.set_up(spec.name)
-        return changes
-
-    # -- peers
-    def apply_peer_diff(self, name: str, diff: PeerDiff) -> None:
-        """Apply a diff with one ``wg set``: unchanged peers are not mentioned, changed peers are
-        updated in place, so no live session is dropped by an unrelated change."""
-        if diff:
-            self.runner.run(wg_set_argv(name, diff))
