@@ -9,7 +9,6 @@ import base64
 import os
 from dataclasses import dataclass
 
-from ansible_collections.constellation.cluster.plugins.module_utils import encoding
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 
