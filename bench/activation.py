@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402
 
 from lab.agent import start_agent, stop_agent  # noqa: E402
-from lab.core import Lab, lab_measurements  # noqa: E402
+from lab.lab import Lab, lab_measurements  # noqa: E402
 from lab.netns import NetNS  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils import kms  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements  # noqa: E402

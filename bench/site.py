@@ -19,7 +19,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT / "collections"), str(REPO_ROOT)]
 
-from lab.core import Lab  # noqa: E402
+from lab.lab import Lab  # noqa: E402
 
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 PING_PLAY = """---

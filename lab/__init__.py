@@ -1,4 +1,4 @@
-"""The lab of simulated hosts (``python -m lab``). See lab/core.py."""
+"""The lab of simulated hosts (``python -m lab``). See lab/lab.py."""
 
 import sys
 from pathlib import Path

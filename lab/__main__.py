@@ -7,7 +7,7 @@ import json
 import sys
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import VARIANT_NAMES
-from lab.core import LAB_VARIANT, Lab, LabError
+from lab.lab import LAB_VARIANT, Lab, LabError
 
 
 def main(argv=None) -> int:

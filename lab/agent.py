@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from lab.core import AGENT_PORT, REPO_ROOT, Host, Lab, lab_measurements
+from lab.lab import AGENT_PORT, REPO_ROOT, Host, Lab, lab_measurements
 
 
 def agent_dir(host: Host) -> Path:

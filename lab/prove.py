@@ -12,7 +12,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 
-from lab.core import LAB_IMAGE, Host, Lab, LabError, lab_measurements
+from lab.lab import LAB_IMAGE, Host, Lab, LabError, lab_measurements
 
 
 def attest(lab: Lab, h: Host, validator: VTPMValidator) -> Dict:

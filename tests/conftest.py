@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from lab.core import Lab
+from lab.lab import Lab
 
 
 def _lab_capable() -> str:

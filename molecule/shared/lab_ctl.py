@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from lab.core import Lab, LabError  # noqa: E402  (needs the repository on sys.path)
+from lab.lab import Lab, LabError  # noqa: E402  (needs the repository on sys.path)
 
 
 def _link_shells(lab: Lab, inventory_dir: Path) -> dict:

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from lab.agent import start_agent, stop_agent, tail_log
-from lab.core import Lab, lab_measurements
+from lab.lab import Lab, lab_measurements
 from lab.netns import NetNS
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose

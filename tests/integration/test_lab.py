@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.core import Lab, lab_measurements, REPO_ROOT
+from lab.lab import Lab, lab_measurements, REPO_ROOT
 
 pytestmark = pytest.mark.lab
 

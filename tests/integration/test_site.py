@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from ansible.parsing.vault import VaultLib, VaultSecret
 
-from lab.core import REPO_ROOT, Lab
+from lab.lab import REPO_ROOT, Lab
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
-from ansible_collections.constellation.cluster.plugins.module_utils.cluster import peer_status
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import MasterSecret
 
 pytestmark = pytest.mark.lab

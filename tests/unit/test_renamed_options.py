@@ -10,7 +10,7 @@ import pytest
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig
-from ansible_collections.constellation.cluster.plugins.module_utils.cluster import ACTIVATE_NODES_ARGS
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import ACTIVATE_NODES_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 
 NEW = {"coordinator_public_endpoint": "10.0.0.1:9000", "node_public_endpoints": ["10.0.0.2:9000"],
