@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters kms_uri and derive_key: thin adapters over module_utils/kms.py.
+"""Filters kms_uri and derive_key: thin adapters over module_utils/kms/.
 Their documentation is in kms_uri.yml and derive_key.yml next to this file."""
 
 from __future__ import annotations
