@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
+from ansible_collections.constellation.cluster.plugins.module_utils import rpc as apis
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDERR,
     CHANNEL_STDIN,
@@ -117,7 +117,7 @@ class Channel:
     """One connection to an agent, shared by the per-API clients. Requests run one after another;
     ``invoke`` runs any request/answer method of the schema (rpc/schema.py) for this client's APIs."""
 
-    APIS: Tuple[str, ...] = schema.APIS
+    APIS: Tuple[str, ...] = apis.APIS
 
     def __init__(self, sock: socket.socket, server_spki_hash: Optional[bytes] = None,
                  attested: Optional[atls.AttestedConnection] = None):
@@ -142,6 +142,8 @@ class Channel:
     def invoke(self, name: str, on_log: Optional[Callable[[str], None]] = None, **fields: Any) -> Dict[str, Any]:
         """A method of the table (rpc/schema.py) that is one request and one END: the request
         record is built from ``fields`` and encoded, the answer is checked against its record."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema  # not per task
+
         spec = schema.method(name, self.APIS)
         result = self.call(spec.name, spec.request(**fields).encode(), on_log)
         spec.answer.decode(result)  # a malformed answer is refused here, naming the field
@@ -165,7 +167,7 @@ class Channel:
 class PubAPIClient(Channel):
     """The pubapi (docs/protocol.md): state, activation, join, recovery, AK enrollment."""
 
-    APIS = (schema.PUBAPI,)
+    APIS = (apis.PUBAPI,)
 
     def get_state(self) -> Dict[str, Any]:
         return self.invoke("GetState")
@@ -238,7 +240,7 @@ class PubAPIClient(Channel):
 class AdminClient(Channel):
     """The admin channel: AdminAuth, then commands and files."""
 
-    APIS = (schema.ADMIN,)
+    APIS = (apis.ADMIN,)
 
     def admin_auth(self, priv_key) -> Dict[str, Any]:
         if self.server_spki_hash is None:
@@ -329,7 +331,7 @@ class AdminClient(Channel):
 class VPNAPIClient(Channel):
     """The vpnapi, inside the VPN."""
 
-    APIS = (schema.VPNAPI,)
+    APIS = (apis.VPNAPI,)
 
     def get_update(self, resource_version: int) -> Dict[str, Any]:
         return self.invoke("GetUpdate", resource_version=int(resource_version))
@@ -347,7 +349,7 @@ class VPNAPIClient(Channel):
 class AgentClient(PubAPIClient, AdminClient, VPNAPIClient):
     """All three APIs on one connection (the agent's public listener serves pubapi and admin)."""
 
-    APIS = schema.APIS
+    APIS = apis.APIS
 
     # -- connecting
     @classmethod

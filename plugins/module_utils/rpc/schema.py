@@ -24,10 +24,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode, b64encode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 
-PUBAPI = "pubapi"
-ADMIN = "admin"
-VPNAPI = "vpnapi"
-APIS = (PUBAPI, ADMIN, VPNAPI)
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import (  # noqa: F401 pylint: disable=unused-import
+    ADMIN,
+    APIS,
+    PUBAPI,
+    VPNAPI,
+)
 
 # What a method streams besides its request and END (docs/protocol.md, "Frames").
 STREAMS_NONE = "none"

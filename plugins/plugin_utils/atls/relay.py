@@ -16,12 +16,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.module_utils.common.text.converters import to_bytes, to_native
 
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import Settings
 
@@ -40,11 +39,16 @@ _COLLECTIONS_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *([o
 _NEXT = "next"
 _SESSION_END = "session-end"
 _BROKEN = "broken"
-# From the RPC schema (module_utils/rpc/schema.py): the relay passes on the admin channel's methods
-# and GetState, and knows from the table which of them carry stdin. The schema module is plain
-# dataclasses: task workers may import it.
-_RELAYED_METHODS = tuple(m.name for m in schema.methods_of(schema.ADMIN) if m.name != "AdminAuth") + ("GetState",)
-_STDIN_METHODS = tuple(m.name for m in schema.METHODS.values() if m.name in _RELAYED_METHODS and m.stdin)
+
+
+def relayed_methods() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(methods the relay passes on, those of them that carry stdin), from the RPC schema
+    (module_utils/rpc/schema.py): the admin channel's methods and GetState. Computed in the relay
+    process only: the task workers, which import this module, never build the schema."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
+
+    relayed = tuple(m.name for m in schema.methods_of(schema.ADMIN) if m.name != "AdminAuth") + ("GetState",)
+    return relayed, tuple(m.name for m in schema.METHODS.values() if m.name in relayed and m.stdin)
 
 
 class _Relay:
@@ -129,8 +133,9 @@ class _Relay:
             self.unlink()  # the next task starts a new relay at once
             local.send_result({"stopped": True})
             return _BROKEN
-        if method not in _RELAYED_METHODS:
-            local.send_error(ProtocolError("the relay passes on only %s" % ", ".join(_RELAYED_METHODS)))
+        relayed, stdin_methods = relayed_methods()
+        if method not in relayed:
+            local.send_error(ProtocolError("the relay passes on only %s" % ", ".join(relayed)))
             return _NEXT
 
         def forward(frame, sock) -> None:
@@ -145,7 +150,7 @@ class _Relay:
         try:
             client.sock.settimeout(None)  # a module may run for long; the agent bounds idle time
             forward(conn_frame, client.sock)
-            if method in _STDIN_METHODS:
+            if method in stdin_methods:
                 while True:
                     frame = local.recv()
                     forward(frame, client.sock)
