@@ -6,7 +6,6 @@ Every error names the field and never echoes a secret."""
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import uuid as uuid_mod
 from typing import Any
@@ -21,6 +20,7 @@ else:
     HAS_CRYPTOGRAPHY = True
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode, b64encode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 
 MEASUREMENT_SALT_LENGTH = 32
@@ -29,19 +29,12 @@ ADMIN_PUB_KEY_MAX = 16384
 
 
 def b64(data: bytes) -> str:
-    return base64.b64encode(bytes(data)).decode("ascii")
+    return b64encode(data)
 
 
 def b64d(value: Any, field_name: str, size: int) -> bytes:
-    if not isinstance(value, str) or len(value) > 4 * ((size + 2) // 3) + 4:
-        raise InputError(field_name, "standard base64 of %d bytes" % size)
-    try:
-        raw = base64.b64decode(value.encode("ascii"), validate=True)
-    except (ValueError, UnicodeEncodeError):
-        raise InputError(field_name, "standard base64 of %d bytes" % size) from None
-    if len(raw) != size:
-        raise InputError(field_name, "standard base64 of %d bytes" % size, "%d bytes" % len(raw))
-    return raw
+    """Standard base64 of exactly ``size`` bytes (encoding.b64decode)."""
+    return b64decode(value, field_name, size)
 
 
 def ip(value: Any, field_name: str) -> str:

@@ -12,6 +12,7 @@ import json
 import threading
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.store.base import (  # noqa: F401
     DEFAULT_ETCD_PREFIX,
@@ -104,17 +105,10 @@ class EtcdStore(_BaseStore):
             scheme, rest = endpoint.split("://", 1)
             if scheme not in ("http", "https"):
                 raise InputError(field, "an http:// or https:// endpoint", endpoint)
-        rest = rest.rstrip("/")
-        if rest.startswith("["):
-            host, _sep, port_text = rest[1:].partition("]:")
-        else:
-            host, _sep, port_text = rest.rpartition(":")
         try:
-            port = int(port_text)
-        except ValueError:
-            port = -1
-        if not host or not 0 < port < 65536:
-            raise InputError(field, "host:port", endpoint)
+            host, port = parse_endpoint(rest.rstrip("/"), field)
+        except InputError:
+            raise InputError(field, "host:port", endpoint) from None
         return host, port, scheme
 
     # -- transport
