@@ -6,58 +6,22 @@ runs in the lab tests). The fakes implement the Core's ports (``core/ports.py``)
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-from typing import List
 
 import pytest
 
 from lab.swtpm import SwTPM, free_port
 from ansible_collections.constellation.cluster.plugins.module_utils import core
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
 from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
+
+from agent_fakes import MemoryTPM, RecordingVPN  # noqa: F401 pylint: disable=unused-import
 
 os.environ.setdefault("TSS2_LOG", "all+none")
 
 if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
     pytest.skip("swtpm is not installed", allow_module_level=True)
-
-
-class RecordingVPN(ports.VPN):
-    """Stands in for WireGuard in Core unit tests: remembers what it was told (``ports.VPN``)."""
-
-    vpn_cidr = "10.118.0.0/16"
-
-    def __init__(self):
-        self.address = None
-        self.priv_key = None
-        self.peers: List = []
-        self.setups = 0
-
-    def setup(self, vpn_ip, priv_key):
-        self.address, self.priv_key = vpn_ip, priv_key
-        self.setups += 1
-
-    def set_peers(self, records, own_pub_key):
-        self.peers = [r for r in records if r.vpn_pub_key != own_pub_key]
-        return True
-
-
-class MemoryTPM(ports.TPM):
-    """A PCR 15 in memory (``ports.TPM``), for Core tests that need no real TPM."""
-
-    def __init__(self):
-        self.pcr = bytes(32)
-        self.extends = 0
-
-    def mark_initialized(self, cluster_id: bytes) -> None:
-        self.pcr = extend_digest(self.pcr, hashlib.sha256(cluster_id).digest())
-        self.extends += 1
-
-    def pcr15(self) -> bytes:
-        return self.pcr
 
 
 def start_swtpm(path) -> SwTPM:
