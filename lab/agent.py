@@ -72,6 +72,19 @@ def wait_listening(host: Host, proc: Optional[subprocess.Popen] = None, timeout:
     raise RuntimeError("agent on %s did not listen within %.0f s: %s" % (host.name, timeout, tail_log(host)))
 
 
+def wait_until(check, timeout: float = 20.0, interval: float = 0.2, what: str = "condition", why=None):
+    """Polls ``check()`` until it returns something true (which is returned), at most ``timeout``
+    seconds; AssertionError naming ``what``, the last value and ``why()`` (e.g. log tails) otherwise."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError("timed out waiting for %s (last: %r)%s" % (what, last, " " + why() if why else ""))
+
+
 def stop_agent(proc: subprocess.Popen, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int:
     """Stops that agent (SIGTERM: clean shutdown; SIGKILL: a crash). Returns its exit code."""
     if proc.poll() is None:

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from lab.agent import agent_dir, start_agent, stop_agent, tail_log
+from lab.agent import wait_until as until
 from lab.lab import Lab, lab_measurements
 from lab.netns import NetNS
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
@@ -34,17 +35,6 @@ pytestmark = pytest.mark.lab
 
 HOSTS = 8
 POLICY = Measurements.from_dict(lab_measurements())
-
-
-def until(check, timeout=20.0, interval=0.2, what="condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out waiting for %s (last: %r)" % (what, last))
 
 
 class Cluster:

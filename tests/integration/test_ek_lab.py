@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from lab.agent import start_agent, stop_agent, tail_log
+from lab.agent import start_agent, stop_agent, tail_log, wait_until
 from lab.lab import Lab, lab_measurements
 from lab.netns import NetNS
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
@@ -30,19 +30,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi i
 pytestmark = pytest.mark.lab
 
 POLICY = Measurements.from_dict(lab_measurements())
-
-
-def until(check, timeout=30.0, interval=0.2, what="condition", why=None):
-    import time
-
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out waiting for %s (last: %r) %s" % (what, last, why() if why else ""))
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +99,15 @@ def test_chain_of_trust_with_ek_enrollment_at_every_step(ek_lab):
     def h3_vpn_address():
         return h3.run(["ip", "-4", "-o", "addr", "show", "dev", "wg0"], check=False).stdout.strip()
 
-    until(h3_vpn_address, what="h3 joins", why=lambda: "h3: %s\nh1: %s" % (tail_log(h3, 5), tail_log(lab.host("h1"), 5)))
+    wait_until(h3_vpn_address, timeout=30.0, what="h3 joins", why=lambda: "h3: %s\nh1: %s" % (tail_log(h3, 5), tail_log(lab.host("h1"), 5)))
     assert '"via": "join"' in tail_log(lab.host("h1"), 300)
     # A joining node with a foreign TPM is refused by the join service, before any lock.
     procs["h5"] = start_agent(lab, lab.host("h5"), coordinator_public_endpoint=lab.host("h1").public_endpoint)
-    refusal = until(lambda: [line for line in tail_log(lab.host("h1"), 300).splitlines()
-                             if "join_refused" in line and "EK certificate" in line], what="h5 refused")
+    def h5_refused():
+        return [line for line in tail_log(lab.host("h1"), 300).splitlines()
+                if "join_refused" in line and "EK certificate" in line]
+
+    refusal = wait_until(h5_refused, timeout=30.0, what="h5 refused")
     assert "does not chain to the trusted CAs" in refusal[0]
     for name, locked in (("h1", True), ("h2", True), ("h3", True), ("h4", False), ("h5", False)):
         res = lab.host(name).run(["tpm2_pcrread", "-T", lab.host(name).tcti, "sha256:15"],

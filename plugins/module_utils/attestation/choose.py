@@ -127,13 +127,6 @@ def spec(name: Any, field: str = "variant") -> VariantSpec:
     raise InputError(field, "one of %s" % ", ".join(_SPECS), name)
 
 
-def spec_for_oid(oid: str) -> Optional[VariantSpec]:
-    for item in _SPECS.values():
-        if item.oid == oid:
-            return item
-    return None
-
-
 def issuer(name: str, tcti: Optional[str] = None, **kwargs):
     """The issuer of variant ``name`` on a TCTI (``None``: the default TPM device)."""
     return spec(name).make_issuer(tcti, **kwargs)

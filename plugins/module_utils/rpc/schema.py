@@ -226,18 +226,14 @@ class ExecAnswer(Record):
 
 
 @dataclass(frozen=True)
-class ExecModuleRequest(Record):
-    interpreter: str = wire("str", True)
-    cmd: Optional[str] = wire("str")
-    argv: Optional[List[str]] = wire("strlist")
-    cwd: Optional[str] = wire("str")
-    env: Optional[dict] = wire("object")
-    timeout: Optional[float] = wire("number")
+class ExecModuleRequest(ExecRequest):
+    """Exec's fields plus the module's interpreter (the handler requires it: an absolute path)."""
+
+    interpreter: Optional[str] = wire("str")
 
 
 @dataclass(frozen=True)
-class ExecModuleAnswer(Record):
-    exit_code: int = wire("int", True)
+class ExecModuleAnswer(ExecAnswer):
     warm: Optional[bool] = wire("bool")
 
 
