@@ -103,6 +103,7 @@ def test_chain_of_trust_with_ek_enrollment_at_every_step(ek_lab):
     assert '"via": "join"' in tail_log(lab.host("h1"), 300)
     # A joining node with a foreign TPM is refused by the join service, before any lock.
     procs["h5"] = start_agent(lab, lab.host("h5"), coordinator_public_endpoint=lab.host("h1").public_endpoint)
+
     def h5_refused():
         return [line for line in tail_log(lab.host("h1"), 300).splitlines()
                 if "join_refused" in line and "EK certificate" in line]
