@@ -1,19 +1,5 @@
 #!/bin/sh
-# Runs ansible-test sanity on the collection. ansible-test wants the source under
-# .../ansible_collections/constellation/cluster and resolves symlinks, so the repository
-# is bind-mounted there inside a private mount namespace (ENVIRONMENT.md).
-# Extra arguments go to ansible-test (e.g. a list of files, or --test pep8).
+# ansible-test sanity on the collection (scripts/ansible-test.sh). Extra arguments go to
+# ansible-test (e.g. a list of files, or --test pep8).
 set -eu
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-DIR=$(mktemp -d /tmp/constellation-sanity.XXXXXX)
-trap 'rm -rf "$DIR"' EXIT
-mkdir -p "$DIR/ansible_collections/constellation/cluster"
-export PATH="$ROOT/.venv/bin:$PATH"
-# shellcheck disable=SC2016 # the inner shell expands its own arguments
-unshare --mount --propagation private sh -c '
-    mount --bind "$1" "$2/ansible_collections/constellation/cluster"
-    cd "$2/ansible_collections/constellation/cluster"
-    shift 2
-    ansible-test sanity --local --python 3.11 --color no "$@"
-' sh "$ROOT" "$DIR" "$@"
+exec sh "$(dirname "$0")/ansible-test.sh" sanity "$@"

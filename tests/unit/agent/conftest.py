@@ -16,7 +16,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import core
 from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 
-from agent_fakes import MemoryTPM, RecordingVPN  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN  # noqa: F401 pylint: disable=unused-import
 
 os.environ.setdefault("TSS2_LOG", "all+none")
 

@@ -19,8 +19,7 @@ vtpm = pytest.importorskip(
 measurements_mod = pytest.importorskip(
     "ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements")
 
-# Same directory: pytest puts it on sys.path for its test modules.
-from test_atls import (  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.constellation.cluster.tests.unit.attestation.atls_servers import (  # noqa: E402  pylint: disable=wrong-import-position
     RecordingServer, RelayingServer, ReplayingServer, NonceIgnoringServer, TamperingServer,
     assert_refused_before_any_byte)
 
