@@ -186,8 +186,11 @@ class Lab:
         if not NAME_RE.match(self.name):
             raise LabError("lab name: expected 1-8 characters [a-z0-9], got %r" % self.name)
         self.state_root = Path(self.state_root)
-        if self.inventory_dir is None and self.name == "lab":
-            self.inventory_dir = REPO_ROOT / "inventories" / "lab"
+        if self.inventory_dir is None:
+            # The default lab's inventory is the project's inventories/lab; any other lab's
+            # lives in its state directory (removed with it by `down`).
+            self.inventory_dir = (REPO_ROOT / "inventories" / "lab" if self.name == "lab"
+                                  else self.state_dir / "inventory")
         self._count = None
 
     # -- names ------------------------------------------------------------------------
@@ -464,6 +467,9 @@ class Lab:
             "constellation_lab_tpm_ca_cert": str(self.ca_dir / "swtpm-localca-rootca-cert.pem"),
             "constellation_attestation_variant": state.get("variant", LAB_VARIANT),
             "constellation_lab_local_inventory": str(self.local_inventory),
+            # kubeadm cannot be installed on lab hosts: the lab runs without Kubernetes, and says so
+            # (with Kubernetes on, a host without kubeadm fails the run).
+            "constellation_kubernetes": False,
             # The operator's view: every host over aTLS, attested against the image's policy.
             "ansible_connection": "constellation.cluster.atls",
             "ansible_pipelining": True,

@@ -152,6 +152,30 @@ def test_inventory_holds_hosts_endpoints_tcti_and_the_image_policy(tmp_path, lab
     assert not inv.exists()
 
 
+def test_a_named_lab_writes_its_inventory_in_its_state_dir():
+    """`python -m lab --name NAME up` writes an inventory for any lab name, not only the default."""
+    lab = Lab("tname")
+    env = dict(os.environ, PATH="%s:%s" % (REPO_ROOT / ".venv" / "bin", os.environ["PATH"]))
+    try:
+        out = subprocess.run([sys.executable, "-m", "lab", "--name", "tname", "up", "--hosts", "2", "--no-tpm"],
+                             cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, check=True).stdout
+        inv = lab.state_dir / "inventory"
+        assert "inventory: %s" % inv in out
+        hosts = yaml.safe_load((inv / "hosts.yml").read_text())["all"]["children"]
+        assert list(hosts["coordinators"]["hosts"]) == ["h1"] and list(hosts["nodes"]["hosts"]) == ["h2"]
+        lab_vars = yaml.safe_load((inv / "group_vars" / "all" / "lab.yml").read_text())
+        assert lab_vars["constellation_atls_netns"] == "cl-tname-br"
+        # kubeadm cannot run on lab hosts: the lab turns Kubernetes off explicitly.
+        assert lab_vars["constellation_kubernetes"] is False
+        # The default lab's inventory is untouched by another lab.
+        default_inv = REPO_ROOT / "inventories" / "lab" / "hosts.yml"
+        assert "tname" not in (default_inv.read_text() if default_inv.exists() else "")
+    finally:
+        subprocess.run([sys.executable, "-m", "lab", "--name", "tname", "down"], cwd=str(REPO_ROOT), env=env,
+                       check=False, capture_output=True)
+    assert not (lab.state_dir / "inventory").exists()
+
+
 def test_prove_verifies_quotes_and_refuses_a_tampered_host(lab_factory):
     from lab.prove import prove
 

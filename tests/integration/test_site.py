@@ -121,7 +121,8 @@ def test_first_run_activates_everything_and_leaks_nothing(site):
     assert set(rows) == {"h1", "h2", "h3", "h4"}
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values())
     assert rows["h1"]["changed"] >= 3  # master secret, salt, activation
-    assert "skipped: no kubeadm on host" in out
+    # The lab's inventory turns Kubernetes off (constellation_kubernetes: false): no kubeadm role ran.
+    assert "kubeadm_control_plane :" not in out and "kubeadm_worker :" not in out
 
     master, salt = site.secrets()
     uri = master.to_uri()
@@ -160,6 +161,16 @@ def test_second_run_changes_nothing(site):
     assert set(rows) == {"h1", "h2", "h3", "h4"}
     assert sum(r["changed"] for r in rows.values()) == 0
     assert "already activated" in proc.stdout
+
+
+def test_kubernetes_on_without_kubeadm_fails_naming_the_host(site):
+    """No silent green without Kubernetes: with it on and no kubeadm on the hosts the run fails,
+    naming the host and what is missing."""
+    proc = site.play("site.yml", "-e", '{"constellation_kubernetes": true}')
+    assert proc.returncode != 0
+    assert "host h1: no kubeadm (kubeadm on PATH not found)" in proc.stdout
+    rows = recap(proc.stdout)
+    assert rows["h1"]["failed"] == 1
 
 
 def test_ansible_runner_event_stream_and_stats(site, tmp_path):
