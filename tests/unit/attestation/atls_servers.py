@@ -20,6 +20,7 @@ import pytest
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 
+
 class ConnectionRecord:
     def __init__(self):
         self.done = threading.Event()
