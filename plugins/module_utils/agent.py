@@ -11,6 +11,7 @@ stops the listeners and loops and exits 0.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils import atls, x509compat
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.core import (
@@ -131,7 +132,20 @@ class AgentConfig:
             value = getattr(config, name)
             if not isinstance(value, (int, float)) or not 0.05 <= value <= 3600:
                 raise InputError(name, "seconds between 0.05 and 3600", value)
+        for name in ("wg_listen_port", "vpn_api_port"):
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+                raise InputError(name, "a port number between 1 and 65535", value)
+        try:
+            ipaddress.ip_network(config.vpn_cidr, strict=True)
+        except (TypeError, ValueError):
+            raise InputError("vpn_cidr", "an IP network such as 10.118.0.0/16", config.vpn_cidr) from None
+        if not isinstance(config.store, Mapping):
+            raise InputError("store", "a mapping (docs/store.md)", config.store)
         variant = choose.spec(config.variant, "variant")
+        problem = x509compat.oid_problem(variant.variant.oid)
+        if problem:
+            raise InputError("variant", "a variant this host can attest with (%s: %s)" % (variant.name, problem))
         if variant.needs_policy and not config.measurements:
             raise InputError("measurements", "the path of a measurements policy (JSON)")
         if variant.needs_ek_ca and not config.ek_ca:

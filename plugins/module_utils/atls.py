@@ -47,7 +47,7 @@ except ImportError as _err:  # ansible-test's import sanity runs without third-p
     HAS_CRYPTOGRAPHY = False
     CRYPTOGRAPHY_IMPORT_ERROR = _err
 
-from ansible_collections.constellation.cluster.plugins.module_utils import encoding
+from ansible_collections.constellation.cluster.plugins.module_utils import encoding, x509compat
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
     Issuer, Validation, Validator)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
@@ -190,14 +190,14 @@ def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator
     except ValueError as err:
         raise AttestationError("peer certificate is not valid X.509: %s" % err) from None
     now = now or datetime.datetime.now(datetime.timezone.utc)
-    if now < cert.not_valid_before_utc:
+    if now < x509compat.not_valid_before(cert):
         raise AttestationError("peer certificate is not valid yet (not before %s, now %s)"
-                               % (cert.not_valid_before_utc.isoformat(), now.isoformat(timespec="seconds")))
-    if now > cert.not_valid_after_utc:
+                               % (x509compat.not_valid_before(cert).isoformat(), now.isoformat(timespec="seconds")))
+    if now > x509compat.not_valid_after(cert):
         raise AttestationError("peer certificate has expired (not after %s, now %s)"
-                               % (cert.not_valid_after_utc.isoformat(), now.isoformat(timespec="seconds")))
+                               % (x509compat.not_valid_after(cert).isoformat(), now.isoformat(timespec="seconds")))
     try:
-        cert.verify_directly_issued_by(cert)
+        x509compat.verify_directly_issued_by(cert, cert)
     except (ValueError, TypeError, InvalidSignature) as err:
         raise AttestationError("peer certificate is not validly self-signed: %s" % (err or "bad signature")) from None
     expected_user_data = spki_hash(cert.public_key())

@@ -50,6 +50,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils import x509compat
 
 try:
     from tpm2_pytss import ESYS_TR, TPM2_ALG, TPM2_SE, TPM2B_ENCRYPTED_SECRET, TPM2B_ID_OBJECT, TPMT_PUBLIC, TPMT_SYM_DEF
@@ -104,7 +105,7 @@ def load_ca_certs(sources: Iterable, field: str = "ca_certs") -> List["x509.Cert
             raise InputError(field, "PEM or DER X.509 certificates", type(data).__name__)
         try:
             if b"-----BEGIN" in data:
-                certs.extend(x509.load_pem_x509_certificates(bytes(data)))
+                certs.extend(x509compat.load_pem_certificates(bytes(data)))
             else:
                 certs.append(x509.load_der_x509_certificate(bytes(data)))
         except ValueError as err:
@@ -120,7 +121,7 @@ def _now() -> datetime.datetime:
 
 def _check_validity(cert: "x509.Certificate", what: str) -> None:
     now = _now()
-    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+    if not x509compat.not_valid_before(cert) <= now <= x509compat.not_valid_after(cert):
         raise AttestationError("%s %s is outside its validity period" % (what, cert.subject.rfc4514_string()))
 
 
@@ -148,7 +149,7 @@ def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -
             if candidate.subject != current.issuer or not _is_ca(candidate):
                 continue
             try:
-                current.verify_directly_issued_by(candidate)
+                x509compat.verify_directly_issued_by(current, candidate)
             except (ValueError, TypeError, Exception):  # InvalidSignature or unsupported algorithm
                 continue
             issuer = candidate
