@@ -61,8 +61,9 @@ attributes:
     description: >-
       Always reports C(changed=false). The first quote on a TPM creates the attestation key and persists it
       at handle 0x81008F01, as Constellation's issuer does; later quotes reuse it.
-notes:
-  - Requires the Python package tpm2-pytss on the host.
+requirements:
+  - The Python package tpm2-pytss on the managed host, with the TPM2 TSS libraries (libtss2) it is built
+    against, and a TPM reachable through O(tcti)
 seealso:
   - module: constellation.cluster.verify_attestation
 """

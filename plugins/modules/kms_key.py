@@ -19,6 +19,8 @@ description:
     validated and then refused with a clear error.
 author:
   - constellation.cluster contributors (@constellation-cluster)
+requirements:
+  - The Python package cryptography on the host the module runs on (HKDF-SHA256)
 options:
   kms_uri:
     description:
