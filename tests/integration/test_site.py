@@ -85,6 +85,25 @@ def wg_peers(lab: Lab, name: str):
     return set(out.split())
 
 
+def tasks_run(output: str):
+    """The names of the tasks that ran (TASK [role : name] headers), in order."""
+    return [m.group(1).split(" : ", 1)[-1] for m in re.finditer(r"^TASK \[(.+?)\] \**$", output, re.M)]
+
+
+def secret_files(inv: Path):
+    return sorted(p.name for p in inv.glob("constellation-*.json"))
+
+
+def forbidden_strings(site):
+    """Every spelling of the cluster's secrets (KMS URI, master key and salt, measurement salt)."""
+    master, salt = site.secrets()
+    forbidden = {master.to_uri(), master.key.hex(), master.salt.hex(), salt.hex()}
+    for raw in (master.key, master.salt, salt):
+        forbidden |= {base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode(),
+                      base64.b64encode(raw).decode().rstrip("=")}
+    return forbidden
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     inv = tmp_path_factory.mktemp("site-inventory")
@@ -113,6 +132,38 @@ def test_tampered_host_stops_the_run_before_any_secret(site):
         assert status.membership == "fresh"
 
 
+def test_check_mode_on_a_fresh_cluster_predicts_and_writes_nothing(site):
+    """site.yml --check --diff before the first run: every peer is attested, the Coordinator and each
+    node are predicted to be activated, and nothing is written or sent (no secret file exists, so
+    none can have been sent; every peer is still fresh)."""
+    proc = site.play("site.yml", "--check", "--diff")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert secret_files(site.inv) == []
+    rows = recap(proc.stdout)
+    assert set(rows) == {"h1", "h2", "h3", "h4"}
+    assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values())
+    # Every peer was attested in check mode too (steps 1 and 6): each is reported from its attested state.
+    for name in ("h1", "h2", "h3", "h4"):
+        assert "%s: AcceptingInit (PCR 15 fresh): would be activated, then verified" % name in out, name
+    assert "Coordinator %s would be activated" % site.lab.host("h1").public_endpoint in out
+    assert rows["h1"]["changed"] == 3  # would make the master secret and the salt, would activate
+    for name in ("h2", "h3", "h4"):
+        assert "%s: would be activated by the Coordinator (check mode: nothing sent)" % name in out
+        assert rows[name]["changed"] == 1, (name, rows[name])  # its own predicted activation, credited to it
+    assert "RETRYING" not in out
+    for name in ("h1", "h2", "h3", "h4"):
+        status = site.status(name)
+        assert (status.state, status.membership) == ("AcceptingInit", "fresh"), name
+
+    # add_nodes.yml needs an activated Coordinator: in check mode too it says so, and writes nothing.
+    proc = site.play("playbooks/add_nodes.yml", "--check")
+    assert proc.returncode != 0
+    assert "is not activated yet, run site.yml first" in proc.stdout, proc.stdout[-3000:]
+    assert secret_files(site.inv) == []
+    assert site.status("h1").state == "AcceptingInit"
+
+
 def test_first_run_activates_everything_and_leaks_nothing(site):
     proc = site.play("site.yml", "-vvv")
     out = proc.stdout + proc.stderr
@@ -121,15 +172,15 @@ def test_first_run_activates_everything_and_leaks_nothing(site):
     assert set(rows) == {"h1", "h2", "h3", "h4"}
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values())
     assert rows["h1"]["changed"] >= 3  # master secret, salt, activation
+    for name in ("h2", "h3", "h4"):  # one line per node, the activation credited to it
+        assert re.search(r"%s: activated by the Coordinator \(VPN IP 10\.118\.[0-9.]+\)" % name, out), name
+        assert rows[name]["changed"] == 1, (name, rows[name])
     # The lab's inventory turns Kubernetes off (constellation_kubernetes: false): no kubeadm role ran.
     assert "kubeadm_control_plane :" not in out and "kubeadm_worker :" not in out
 
     master, salt = site.secrets()
     uri = master.to_uri()
-    forbidden = {uri, master.key.hex(), master.salt.hex(), salt.hex()}
-    for raw in (master.key, master.salt, salt):
-        forbidden |= {base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode(),
-                      base64.b64encode(raw).decode().rstrip("=")}
+    forbidden = forbidden_strings(site)
     leaked = sorted(s[:8] + "..." for s in forbidden if s in out or s.lower() in out.lower())
     assert not leaked, "secrets in the -vvv output: %s" % leaked
 
@@ -161,6 +212,96 @@ def test_second_run_changes_nothing(site):
     assert set(rows) == {"h1", "h2", "h3", "h4"}
     assert sum(r["changed"] for r in rows.values()) == 0
     assert "already activated" in proc.stdout
+
+
+def test_check_mode_on_the_converged_cluster_changes_nothing(site):
+    """--check --diff on a converged cluster: exit 0, changed=0, no waiting (the read-only commands
+    run in check mode; the mesh is there); the secret files are left as they are."""
+    before = {p.name: p.read_bytes() for p in site.inv.glob("constellation-*.json")}
+    for playbook, extra in (("site.yml", ("--check", "--diff")), ("playbooks/add_nodes.yml", ("--check",))):
+        proc = site.play(playbook, *extra)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, (playbook, out[-4000:])
+        rows = recap(proc.stdout)
+        assert set(rows) == {"h1", "h2", "h3", "h4"}, playbook
+        assert sum(r["changed"] for r in rows.values()) == 0, (playbook, rows)
+        assert "RETRYING" not in out, playbook
+        assert "already activated" in out, playbook
+        for name in ("h2", "h3", "h4"):
+            assert re.search(r"%s: already active \(VPN IP 10\.118\." % name, out), (playbook, name)
+        assert "Wait until the peer's WireGuard lists every other peer" in tasks_run(proc.stdout)
+    assert {p.name: p.read_bytes() for p in site.inv.glob("constellation-*.json")} == before
+
+
+def test_tags_select_the_steps(site):
+    """--tags verify only verifies (it still derives the cluster ID, read-only, to check PCR 15);
+    --tags attest only attests; --tags wireguard checks the WireGuard addresses and the mesh."""
+    proc = site.play("site.yml", "--tags", "verify")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    ran = tasks_run(proc.stdout)
+    assert "The peer belongs to this cluster and is activated" in ran
+    assert "Wait until the peer's WireGuard lists every other peer" in ran
+    for step in ("Master secret on the controller (made once, Ansible Vault)",
+                 "The Coordinator activates the fresh nodes (ActivateAdditionalNodes)",
+                 "The Coordinator's WireGuard interface carries its VPN IP"):
+        assert step not in ran, step
+    assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+
+    proc = site.play("site.yml", "--tags", "attest")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    ran = [t for t in tasks_run(proc.stdout) if not t.startswith("Validating arguments")]
+    assert set(ran) == {"Attest", "Attest the peer and read its state",
+                        "Every peer of the play passed (otherwise every host stops here, before anything is sent)"}
+
+    proc = site.play("site.yml", "--tags", "wireguard")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    ran = tasks_run(proc.stdout)
+    assert "The Coordinator's WireGuard interface carries its VPN IP" in ran
+    assert "The node's WireGuard interface carries its VPN IP" in ran
+    assert "Wait until the peer's WireGuard lists every other peer" in ran
+    assert "The Coordinator activates the fresh nodes (ActivateAdditionalNodes)" not in ran
+    assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+
+
+def test_module_defaults_group_reaches_the_action_plugins(site, tmp_path):
+    """meta/runtime.yml's action group: module_defaults for group/constellation.cluster.attestation
+    set the shared options of the action plugins (a wrong policy there makes them refuse; an
+    option given on the task wins over the group's)."""
+    wrong = json.loads((site.inv / "measurements.json").read_text())
+    wrong["9"]["expected"] = "00" * 32
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    playbook = tmp_path / "defaults.yml"
+    playbook.write_text("""
+- name: module_defaults group
+  hosts: h1
+  gather_facts: false
+  module_defaults:
+    group/constellation.cluster.attestation:
+      measurements_path: %(wrong)s
+      variant: qemu-vtpm-ek
+      ek_ca_path: %(inv)s/ek_ca.pem
+      netns: %(netns)s
+  tasks:
+    - name: agent_state with the group's (wrong) policy
+      constellation.cluster.agent_state:
+        endpoint: "{{ constellation_public_endpoint }}"
+      register: refused
+      ignore_errors: true
+    - name: verify_attestation with the group's options and its own policy
+      constellation.cluster.verify_attestation:
+        endpoint: "{{ constellation_public_endpoint }}"
+        measurements_path: %(inv)s/measurements.json
+    - name: The group reached the action plugins
+      ansible.builtin.assert:
+        that:
+          - refused is failed
+          - "'PCR 9' in refused.msg"
+""" % {"wrong": tmp_path / "wrong.json", "inv": site.inv, "netns": site.lab.bridge_netns})
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(site.hosts_file), str(playbook),
+                           "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")],
+                          cwd=REPO_ROOT, env=site.env(), capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert recap(proc.stdout)["h1"]["failed"] == 0
 
 
 def test_kubernetes_on_without_kubeadm_fails_naming_the_host(site):
@@ -201,11 +342,24 @@ def test_add_nodes_joins_one_host_and_changes_nothing_else(site):
     before = {name: wg_peers(site.lab, name) for name in ("h1", "h2", "h3", "h4")}
     (new,) = site.lab.grow(6)
     assert new.name == "h6"
+    # --check first: h6 alone would be activated; nothing is sent.
+    proc = site.play("playbooks/add_nodes.yml", "--check")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = recap(proc.stdout)
+    assert {h: r["changed"] for h, r in rows.items()} == {"h1": 0, "h2": 0, "h3": 0, "h4": 0, "h6": 1}
+    assert "h6: would be activated by the Coordinator (check mode: nothing sent)" in proc.stdout
+    assert "RETRYING" not in proc.stdout
+    assert (site.status("h6").state, site.status("h6").membership) == ("AcceptingInit", "fresh")
+
     proc = site.play("playbooks/add_nodes.yml")
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = recap(proc.stdout)
     assert set(rows) == {"h1", "h2", "h3", "h4", "h6"}
-    assert sum(r["changed"] for r in rows.values()) == 1  # the one activation, nothing else
+    # The one activation, credited to the node activated (one line per node), nothing else.
+    assert {h: r["changed"] for h, r in rows.items()} == {"h1": 0, "h2": 0, "h3": 0, "h4": 0, "h6": 1}
+    assert re.search(r"h6: activated by the Coordinator \(VPN IP 10\.118\.[0-9.]+\)", proc.stdout)
+    for name in ("h2", "h3", "h4"):
+        assert re.search(r"%s: already active \(VPN IP 10\.118\." % name, proc.stdout), name
     assert site.status("h6").state == "IsNode"
     new_key = new.run(["wg", "show", "wg0", "public-key"]).stdout.strip()
     deadline = time.monotonic() + 20
@@ -216,14 +370,53 @@ def test_add_nodes_joins_one_host_and_changes_nothing_else(site):
         assert after == peers | {new_key}, name  # learnt h6; no other peer changed
 
 
-def test_verify_prints_one_table(site):
-    proc = site.play("playbooks/verify.yml")
+def verify_with_reports(site, tmp_path):
+    report_json, report_junit = tmp_path / "ci" / "verify.json", tmp_path / "ci" / "verify.xml"
+    report_json.parent.mkdir()
+    proc = site.play("playbooks/verify.yml", "-e", "verify_report_json=%s" % report_json,
+                     "-e", "verify_report_junit=%s" % report_junit)
+    return proc, report_json, report_junit
+
+
+def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    proc, report_json, report_junit = verify_with_reports(site, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    for name in ("h1", "h2", "h3", "h4", "h6"):
+    peers = ("h1", "h2", "h3", "h4", "h6")
+    for name in peers:
         for pcr in ("4", "9", "11"):
             assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr),
                              proc.stdout), (name, pcr)
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+
+    # JSON: one record per peer, with the per-PCR table.
+    assert report_json.stat().st_mode & 0o777 == 0o644
+    report = json.loads(report_json.read_text())
+    assert report["passed"] is True
+    records = {r["name"]: r for r in report["peers"]}
+    assert set(records) == set(peers)
+    policy = json.loads((site.inv / "measurements.json").read_text())
+    for name, record in records.items():
+        assert record["endpoint"] == site.lab.host(name).public_endpoint
+        assert record["attested"] is True and record["error"] is None
+        assert record["membership"] == "ours"
+        assert record["state"] == ("ActivatingNodes" if name == "h1" else "IsNode")
+        assert {str(p["index"]) for p in record["pcrs"]} == set(policy)
+        for pcr in record["pcrs"]:
+            assert pcr["ok"] is True and pcr["expected"] == pcr["found"] == policy[str(pcr["index"])]["expected"]
+
+    # JUnit: one testcase per peer, no failure.
+    assert report_junit.stat().st_mode & 0o777 == 0o644
+    suite = ET.parse(report_junit).getroot()
+    cases = suite.findall(".//testcase")
+    assert sorted(c.get("name") for c in cases) == sorted(peers)
+    assert suite.get("tests") == "5" and suite.get("failures") == "0"
+    assert not suite.findall(".//failure")
+
+    # Neither holds a secret.
+    text = report_json.read_text() + report_junit.read_text()
+    assert not [s[:8] for s in forbidden_strings(site) if s in text or s.lower() in text.lower()]
 
 
 def test_lab_attests_with_the_ek_variant(site):
@@ -232,7 +425,7 @@ def test_lab_attests_with_the_ek_variant(site):
     assert status.state == "ActivatingNodes"  # attested through the EK chain: EnrollAK, then aTLS
 
 
-def test_foreign_tpm_is_refused_by_add_nodes_and_verify(site):
+def test_foreign_tpm_is_refused_by_add_nodes_and_verify(site, tmp_path):
     (new,) = site.lab.grow(7)
     site.lab.foreign_tpm(new.name)  # same image and PCRs; only the EK chain differs
     before = {name: wg_peers(site.lab, name) for name in ("h1", "h2", "h3", "h4", "h6")}
@@ -245,6 +438,20 @@ def test_foreign_tpm_is_refused_by_add_nodes_and_verify(site):
     assert pcr15.stdout.strip().endswith("0x" + "0" * 64)  # never locked: nothing was activated
     for name, peers in before.items():
         assert wg_peers(site.lab, name) == peers, name
-    proc = site.play("playbooks/verify.yml")
+    proc, report_json, report_junit = verify_with_reports(site, tmp_path)
     assert proc.returncode != 0
     assert re.search(r"h7.*EK certificate does not chain to the trusted CAs", proc.stdout + proc.stderr, re.S)
+    # The reports are written for the failed run too: h7 refused, with the reason; the others pass.
+    import xml.etree.ElementTree as ET
+
+    report = json.loads(report_json.read_text())
+    records = {r["name"]: r for r in report["peers"]}
+    assert report["passed"] is False
+    assert records["h7"]["attested"] is False
+    assert "EK certificate does not chain to the trusted CAs" in records["h7"]["error"]
+    assert all(records[n]["attested"] for n in ("h1", "h2", "h3", "h4", "h6"))
+    suite = ET.parse(report_junit).getroot()
+    failed = {c.get("name"): c.find("failure") for c in suite.findall(".//testcase")}
+    assert suite.get("failures") == "1"
+    assert failed["h7"] is not None and "EK certificate does not chain" in failed["h7"].get("message")
+    assert all(failed[n] is None for n in ("h1", "h2", "h3", "h4", "h6"))
