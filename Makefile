@@ -5,7 +5,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 HOSTS ?= 4
 
-.PHONY: setup demo test pytest units sanity lint molecule lab-up lab-down lab-status bench build
+.PHONY: setup demo test pytest units sanity lint molecule lab-up lab-down lab-status bench build fuzz
 
 setup:
 	@sh scripts/setup.sh
@@ -50,6 +50,10 @@ lab-down: setup
 
 lab-status: setup
 	$(VENV)/python -m lab status
+
+# Every parser of untrusted data, 100,000+ mutated inputs each (scripts/fuzz.py); exit 1 on a foreign exception.
+fuzz: setup
+	$(VENV)/python scripts/fuzz.py
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(VENV)/python $$b || exit 1; done

@@ -24,6 +24,9 @@ class ConstellationError(Exception):
 # Machine-readable reasons (ConstellationError.reason).
 REASON_NOT_WAITING_FOR_RECOVERY = "not_waiting_for_recovery"
 
+# How much of a wrong value an InputError shows.
+MAX_GOT = 200
+
 
 class InputError(ConstellationError, ValueError):
     """Bad input: names the field and what was expected."""
@@ -34,7 +37,13 @@ class InputError(ConstellationError, ValueError):
         self.got = got
         msg = "%s: expected %s" % (field, expected)
         if got is not None:
-            msg += ", got %r" % (got,)
+            try:
+                shown = repr(got)
+            except RecursionError:
+                shown = "a deeply nested %s" % type(got).__name__
+            if len(shown) > MAX_GOT:  # untrusted input may be a megabyte long: name it, do not copy it
+                shown = shown[:MAX_GOT] + "... (%d characters)" % len(shown)
+            msg += ", got %s" % shown
         super().__init__(msg)
 
 

@@ -16,6 +16,7 @@ import hmac
 import json
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import DUMMY, Validation
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 
 
@@ -34,7 +35,7 @@ class DummyValidator:
 
     def validate(self, document: bytes, nonce: bytes) -> Validation:
         try:
-            parsed = json.loads(document)
+            parsed = load_json(document, "dummy attestation document")  # InputError is a ValueError
             user_data = base64.b64decode(parsed["UserData"], validate=True)
             doc_nonce = base64.b64decode(parsed["Nonce"], validate=True)
         except (ValueError, TypeError, KeyError, binascii.Error) as err:

@@ -63,6 +63,7 @@ except ImportError:
 
 try:
     from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.asymmetric import rsa
     HAS_CRYPTOGRAPHY = True
 except ImportError:
@@ -140,7 +141,11 @@ def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -
     except ValueError as err:
         raise AttestationError("EK certificate cannot be parsed: %s" % err)
     _check_validity(cert, "EK certificate")
-    if not isinstance(cert.public_key(), rsa.RSAPublicKey):
+    try:
+        key = cert.public_key()
+    except (ValueError, UnsupportedAlgorithm) as err:  # the client sends this certificate (IssueJoinTicket)
+        raise AttestationError("EK certificate key cannot be decoded: %s" % err) from None
+    if not isinstance(key, rsa.RSAPublicKey):
         raise AttestationError("EK certificate does not hold an RSA key")
     current = cert
     for _attempt in range(_MAX_CHAIN):

@@ -12,16 +12,19 @@ from __future__ import annotations
 import binascii
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import PCRCheck
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_COUNT, PCR_INDEX_CLUSTER_ID  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 # 32 bytes for TPM SHA-256 PCRs, 48 for TDX RTMRs (SPEC.md 2.6).
 _ALLOWED_LENGTHS = (32, 48)
+_INDEX = re.compile(r"\A[0-9]{1,2}\Z")  # ASCII digits only: "²" is a digit to str.isdigit(), not to int()
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class Measurements:
                 raise InputError(name, "a hex string or {expected, warnOnly}", type(value).__name__)
             unknown = set(value) - {"expected", "warnOnly", "warn_only"}
             if unknown:
-                raise InputError(name, "only the keys expected and warnOnly", sorted(unknown))
+                raise InputError(name, "only the keys expected and warnOnly", sorted(str(k) for k in unknown))
             if "expected" not in value:
                 raise InputError(name + ".expected", "a hex string", None)
             warn_only = value.get("warnOnly", value.get("warn_only", False))
@@ -87,19 +90,15 @@ class Measurements:
 
     @classmethod
     def loads(cls, text: str) -> "Measurements":
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise InputError("measurements", "valid JSON", str(err))
-        return cls.from_dict(data)
+        """A JSON policy (encoding.load_json: bounded; every error is an InputError)."""
+        return cls.from_dict(load_json(text, "measurements"))
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     @classmethod
     def load(cls, path: str) -> "Measurements":
-        with open(path, encoding="utf-8") as handle:
-            return cls.loads(handle.read())
+        return cls.loads(read_text(path, "measurements", expected="a readable JSON file"))
 
     def save(self, path: str) -> None:
         """Atomic (fileutil.atomic_write); a policy is public, so world-readable."""
@@ -160,10 +159,11 @@ def _check_index(index: int) -> None:
 def _parse_index(key: object) -> int:
     if isinstance(key, int) and not isinstance(key, bool):
         index = key
-    elif isinstance(key, str) and key.isdigit():
+    elif isinstance(key, str) and _INDEX.match(key):
         index = int(key)
     else:
-        raise InputError("measurements", "PCR index in 0..%d" % (PCR_COUNT - 1), key)
+        raise InputError("measurements", "PCR index in 0..%d" % (PCR_COUNT - 1), key if isinstance(key, (int, str)) else
+                         type(key).__name__)
     _check_index(index)
     return index
 

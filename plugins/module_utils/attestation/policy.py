@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     PCR_INDEX_CLUSTER_ID, Measurements, expected_pcr15)
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import check_netns_name
 
@@ -52,26 +53,10 @@ def read_policy_document(path: str, basedir: Optional[str] = None) -> Any:
     """The parsed JSON or YAML document of a policy file (not yet checked as a policy)."""
     if basedir and not os.path.isabs(path):
         path = os.path.join(basedir, path)
-    try:
-        import yaml  # JSON is YAML: one loader for both spellings of the policy
-    except ImportError:  # pragma: no cover - PyYAML comes with ansible-core
-        yaml = None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as err:
-        raise InputError("measurements_path", "a readable JSON or YAML file", "%s (%s)" % (path, err.strerror))
-    if yaml is None:
-        import json
-
-        try:
-            return json.loads(text)
-        except ValueError as err:
-            raise InputError("measurements_path", "a JSON file", "%s (%s)" % (path, err)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise InputError("measurements_path", "a JSON or YAML file", "%s (%s)" % (path, err)) from None
+    # JSON is YAML: one loader for both spellings of the policy; bounded, UTF-8 only, and PCR
+    # indices may be YAML integers (``4:``) but no other kind of key (``true:``).
+    text = read_text(path, "measurements_path", expected="a readable JSON or YAML file")
+    return load_yaml(text, "measurements_path", int_keys=True)
 
 
 def load_policy(measurements: Optional[Mapping] = None, measurements_path: Optional[str] = None,

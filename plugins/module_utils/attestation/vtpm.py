@@ -15,6 +15,7 @@ import binascii
 import hashlib
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
@@ -34,6 +35,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     QEMU_VTPM,
     Validation,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 try:
@@ -68,6 +70,7 @@ SHA256_ALG = BANK_IDS["sha256"]
 ALL_PCRS = tuple(range(PCR_COUNT))
 _MAX_DOCUMENT = 1 << 20  # an event log of a real boot is tens of KiB; refuse absurd input early
 _AK_CACHE_SIZE = 256
+_PCR_KEY = re.compile(r"\A(?:0|[1-9][0-9]?)\Z")  # "0".."99" in ASCII ("²" is a digit to str.isdigit)
 
 
 def make_extra_data(user_data: bytes, nonce: bytes) -> bytes:
@@ -497,9 +500,9 @@ def decode_document(document: bytes) -> Tuple[Dict, Optional[bytes], bytes]:
     if len(document) > _MAX_DOCUMENT:
         raise AttestationError("attestation document is larger than %d bytes" % _MAX_DOCUMENT)
     try:
-        doc = json.loads(document)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise AttestationError("attestation document is not JSON: %s" % err)
+        doc = load_json(bytes(document), "attestation document", _MAX_DOCUMENT)
+    except InputError as err:
+        raise AttestationError("attestation document is not JSON within bounds: %s" % err) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("Attestation"), dict):
         raise AttestationError("attestation document has no Attestation object")
     info = doc.get("InstanceInfo")
@@ -516,10 +519,11 @@ def _sha256_quote(quotes) -> Dict:
     for quote in quotes:
         if not isinstance(quote, dict) or not isinstance(quote.get("pcrs"), dict):
             raise AttestationError("attestation document: malformed quote entry")
-        found.append(quote["pcrs"].get("hash"))
-        if quote["pcrs"].get("hash") == SHA256_ALG:
+        bank = quote["pcrs"].get("hash")
+        found.append(bank)
+        if isinstance(bank, int) and not isinstance(bank, bool) and bank == SHA256_ALG:
             return quote
-    names = ", ".join(BANK_NAMES.get(h, str(h)) for h in found)
+    names = ", ".join(BANK_NAMES.get(h, str(h)) if isinstance(h, int) else type(h).__name__ for h in found)
     raise AttestationError("no SHA-256 quote in the document (found: %s; SHA-1 is not accepted)" % names)
 
 
@@ -528,8 +532,8 @@ def _decode_pcrs(pcrs) -> Dict[int, bytes]:
         raise AttestationError("quote has no PCR values")
     values: Dict[int, bytes] = {}
     for key, value in pcrs["pcrs"].items():
-        if not isinstance(key, str) or not key.isdigit() or not 0 <= int(key) < PCR_COUNT:
-            raise AttestationError("quote PCR index %r is not in 0..23" % (key,))
+        if not isinstance(key, str) or not _PCR_KEY.match(key) or int(key) >= PCR_COUNT:
+            raise AttestationError("quote PCR index %r is not in 0..23" % (key[:8] if isinstance(key, str) else key,))
         raw = _unb64(value, "PCR %s" % key)
         if len(raw) != 32:
             raise AttestationError("PCR %s value has %d bytes, expected 32 (SHA-256)" % (key, len(raw)))

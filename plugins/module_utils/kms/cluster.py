@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Mapping, Union
 
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.derive import (
     DEK_PREFIX,
@@ -104,8 +105,8 @@ class MasterSecret:
             raise InputError(field, "at most %d characters" % MASTER_SECRET_FILE_SIZE_MAX,
                              "%d characters" % len(text))
         try:
-            doc = json.loads(text)
-        except ValueError:
+            doc = load_json(text, field, MASTER_SECRET_FILE_SIZE_MAX)
+        except InputError:
             # The parser's message may quote the secret: do not pass it on.
             raise InputError(field, 'a JSON object {"key": <base64>, "salt": <base64>}') from None
         return cls.from_mapping(doc, field)

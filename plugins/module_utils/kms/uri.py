@@ -62,14 +62,20 @@ _IDENTIFIER = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:/@+-]*\Z")
 _URLSAFE_B64 = re.compile(r"\A[A-Za-z0-9_-]*={0,2}\Z")
 _STD_B64 = re.compile(r"\A[A-Za-z0-9+/]*={0,2}\Z")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
-_SAFE_NAME = re.compile(r"\A[A-Za-z][A-Za-z0-9_.-]{0,19}\Z")
+_SAFE_NAME = re.compile(r"\A[A-Za-z][A-Za-z0-9_.-]{0,11}\Z")
 
 
 def safe_name(value: object) -> object:
-    """``value`` if it is a short identifier (a scheme, backend or parameter name), else None:
-    a malformed URI may put key material where a name was expected, and errors never echo it."""
-    if isinstance(value, str) and _SAFE_NAME.match(value):
+    """``value`` if it is a name of the tables (a scheme, backend or parameter name) or a short
+    identifier (at most 12 characters: a typo), else None. A malformed URI may put key material
+    where a name was expected, and errors never echo it (nor more than 12 characters of it)."""
+    if not isinstance(value, str):
+        return None
+    if _SAFE_NAME.match(value) or value in _BACKENDS:
         return value
+    for backends in _BACKENDS.values():
+        if value in backends or any(value in names for names in backends.values()):
+            return value
     return None
 
 
@@ -167,8 +173,8 @@ def parse_uri(uri: str, field: str = "uri") -> BackendURI:
     values: Dict[str, str] = {}
     for pair in query.split("&"):
         name, eq, raw = pair.partition("=")
-        if not eq or not name:
-            raise InputError(field + " query", "name=value pairs separated by '&'", safe_name(pair))
+        if not eq or not name:  # a pair without '=' may be a value: never shown
+            raise InputError(field + " query", "name=value pairs separated by '&'")
         if name not in names:
             if safe_name(name) is None:
                 raise InputError(field + " query", "only the parameters of %s://%s (%s)" % (scheme, backend, ", ".join(names)))

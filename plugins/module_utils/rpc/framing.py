@@ -65,6 +65,11 @@ class RemoteError(ConstellationError):
         super().__init__(message)
 
 
+class MalformedMessage(ProtocolError):
+    """A whole MSG or END frame was read, but its JSON was refused (not UTF-8 JSON, not an object,
+    nested too deep): the stream is still in step, so a server answers it and reads on."""
+
+
 class ConnectionClosed(ProtocolError, ConnectionLost):
     """The peer closed the connection at a frame boundary."""
 
@@ -106,6 +111,8 @@ def encode_json(obj: Dict[str, Any]) -> bytes:
 
 
 def decode_header(header: bytes):
+    if len(header) != HEADER.size:
+        raise ProtocolError("frame header must be %d bytes, got %d" % (HEADER.size, len(header)))
     magic, version, kind, length = HEADER.unpack(header)
     if magic != MAGIC:
         raise ProtocolError("not a constellation agent frame (magic %r, expected %r)" % (magic, MAGIC))
@@ -126,12 +133,14 @@ def decode_header(header: bytes):
 def decode_payload(kind: int, payload: bytes) -> Frame:
     if kind in (KIND_MSG, KIND_END):
         try:
-            message = json.loads(payload.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as err:
-            raise ProtocolError("%s frame is not valid UTF-8 JSON: %s" % (KIND_NAMES[kind], err)) from None
+            message = encoding.load_json(bytes(payload), "%s frame" % KIND_NAMES[kind], MAX_JSON)
+        except InputError as err:
+            raise MalformedMessage("%s frame is not valid UTF-8 JSON within bounds: %s" % (KIND_NAMES[kind], err)) from None
         if not isinstance(message, dict):
-            raise ProtocolError("%s frame must hold a JSON object, got %s" % (KIND_NAMES[kind], type(message).__name__))
+            raise MalformedMessage("%s frame must hold a JSON object, got %s" % (KIND_NAMES[kind], type(message).__name__))
         return Frame(kind, message=message)
+    if not payload:
+        raise ProtocolError("%s frame must carry a channel byte" % KIND_NAMES.get(kind, kind))
     channel = payload[0]
     if channel not in CHANNELS:
         raise ProtocolError("unknown channel %d" % channel)

@@ -17,6 +17,7 @@ exception they raise becomes an END error naming what was wrong.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -29,6 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     KIND_MSG,
     ConnectionClosed,
     FrameStream,
+    MalformedMessage,
     ProtocolError,
     request_of,
 )
@@ -37,6 +39,16 @@ IDLE_TIMEOUT = 300.0
 MAX_CONNECTIONS = 64
 
 Handler = Callable[["Connection", Dict[str, Any]], None]
+
+
+def crash_fields(err: BaseException) -> Dict[str, Any]:
+    """What a log line says about an unexpected exception: its type and where it was raised
+    (file:line of the innermost frame), not its message (which may quote input) nor a traceback."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = "%s:%d" % (os.path.basename(tb.tb_frame.f_code.co_filename), tb.tb_lineno) if tb is not None else ""
+    return {"error": type(err).__name__, "where": where}
 
 
 class AccessDenied(ConstellationError):
@@ -157,6 +169,10 @@ class FrameServer:
                 spki = getattr(sock.context, "atls_spki_hash", None)
             sock.settimeout(self.idle_timeout)
             self._requests(Connection(sock, peer, spki))
+        except Exception as err:  # pylint: disable=broad-except
+            # The last line of defence of a connection thread: one JSON log line, never a traceback
+            # on stderr; the agent and its other connections go on.
+            self._log("connection_crashed", level="error", server=self.name, peer=peer[0], **crash_fields(err))
         finally:
             with self._conns_lock:
                 self._conns.discard(raw)
@@ -172,6 +188,10 @@ class FrameServer:
                 frame = conn.stream.recv()
             except ConnectionClosed:
                 return
+            except MalformedMessage as err:  # the frame was read whole: answer it and read on
+                if not self._answer_error(conn, err):
+                    return
+                continue
             except ProtocolError as err:
                 self._answer_error(conn, err)
                 return
@@ -193,7 +213,7 @@ class FrameServer:
                 return
             except Exception as err:  # pylint: disable=broad-except
                 if not isinstance(err, ConstellationError):
-                    self._log("internal_error", level="error", server=self.name, error=type(err).__name__)
+                    self._log("internal_error", level="error", server=self.name, **crash_fields(err))
                 if not self._answer_error(conn, err):
                     return
 
