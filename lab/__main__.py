@@ -7,7 +7,7 @@ import json
 import sys
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import VARIANT_NAMES
-from lab.lab import LAB_VARIANT, Lab, LabError
+from lab.lab import LAB_STORES, LAB_VARIANT, Lab, LabError
 
 
 def main(argv=None) -> int:
@@ -18,6 +18,8 @@ def main(argv=None) -> int:
     up.add_argument("--hosts", type=int, default=4)
     up.add_argument("--no-tpm", action="store_true", help="skip swtpm (network only)")
     up.add_argument("--agents", action="store_true", help="start the node agent on every host")
+    up.add_argument("--store", default="file", choices=LAB_STORES,
+                    help="the Coordinator's store: file (default) or etcd (a real etcd in h1's namespace)")
     up.add_argument("--variant", default=LAB_VARIANT, choices=VARIANT_NAMES,
                     help="attestation variant of the lab (default %s; the lab CA is the EK root)" % LAB_VARIANT)
     g = sub.add_parser("grow", help="add hosts to a running lab (new machines booting)")
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
     lab = Lab(args.name)
     try:
         if args.cmd == "up":
-            lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents, variant=args.variant)
+            lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents, variant=args.variant, store=args.store)
             print("lab %s: %d hosts up; inventory: %s" % (lab.name, len(lab.hosts), lab.inventory_dir))
         elif args.cmd == "grow":
             new = lab.grow(args.hosts)

@@ -39,6 +39,9 @@ def write_config(lab: Lab, host: Host, **config: Any) -> Path:
     }
     if lab.ek_ca_path.exists():
         doc["ek_ca"] = str(lab.ek_ca_path)
+    store = lab.agent_store(host)
+    if store is not None:
+        doc["store"] = store
     doc.update({k: v for k, v in config.items() if v is not None})
     path = directory / "config.json"
     tmp = path.with_suffix(".tmp")
@@ -47,11 +50,15 @@ def write_config(lab: Lab, host: Host, **config: Any) -> Path:
     return path
 
 
-def start_agent(lab: Lab, host: Host, wait: bool = True, **config: Any) -> subprocess.Popen:
-    """Starts the agent on host (config keys as docs/agent.md); waits until its port answers."""
+def start_agent(lab: Lab, host: Host, wait: bool = True, kill_after_event: Optional[str] = None,
+                **config: Any) -> subprocess.Popen:
+    """Starts the agent on host (config keys as docs/agent.md); waits until its port answers.
+    ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it."""
     path = write_config(lab, host, **config)
     log = open(agent_dir(host) / "agent.log", "ab")
     env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT), "TSS2_LOG=all+none"]
+    if kill_after_event:
+        env.append("CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT=%s" % kill_after_event)
     proc = host.popen(env + lab.host_python() + [str(REPO_ROOT / "bin" / "constellation-agent"), "--config", str(path)],
                       stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     log.close()

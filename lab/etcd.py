@@ -52,7 +52,8 @@ class Etcd:
     """One single-member etcd: ``start()``, ``stop()``, ``endpoint``."""
 
     def __init__(self, data_dir: str, client_port: int, peer_port: int, host: str = "127.0.0.1",
-                 name: str = "lab", extra_args: Optional[List[str]] = None):
+                 name: str = "lab", extra_args: Optional[List[str]] = None, netns: Optional[str] = None):
+        self.netns = netns  # run inside this network namespace (a lab host's), on its loopback
         self.data_dir = os.path.abspath(data_dir)
         self.client_port = int(client_port)
         self.peer_port = int(peer_port)
@@ -76,7 +77,7 @@ class Etcd:
 
     def argv(self) -> List[str]:
         peer_url = "http://%s:%d" % (self.host, self.peer_port)
-        return [
+        return (["ip", "netns", "exec", self.netns] if self.netns else []) + [
             ETCD, "--name", self.name, "--data-dir", self.data_dir,
             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
@@ -95,14 +96,24 @@ class Etcd:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           start_new_session=True)
+        if self.netns:
+            from lab.netns import NetNS
+
+            with NetNS(self.netns) as ns:
+                self._wait_ready(lambda: ns.run(self._ready))
+        else:
+            self._wait_ready(self._ready)
+        return self
+
+    def _wait_ready(self, ready) -> None:
         deadline = time.monotonic() + _READY_TIMEOUT
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 rc = self._proc.returncode
                 self._proc = None
                 raise StateError("etcd exited with %d at start-up: %s" % (rc, self._log_tail()))
-            if self._ready():
-                return self
+            if ready():
+                return
             time.sleep(0.02)
         self.stop()
         raise StateError("etcd on %s not ready within %.0f s: %s" % (self.endpoint, _READY_TIMEOUT, self._log_tail()))

@@ -47,6 +47,10 @@ LAB_IMAGE = "constellation-lab-image-v1"
 # Constellation-compatible one.
 LAB_VARIANT = "qemu-vtpm-ek"
 MEASURED_PCRS = (4, 9, 11)
+# The Coordinator's store: "file" (in its state directory) or "etcd" (a real etcd of its own, in the
+# Coordinator host's namespace on its loopback, as a Coordinator on a real node would run it).
+LAB_STORES = ("file", "etcd")
+ETCD_CLIENT_PORT = 2379
 
 
 class LabError(Exception):
@@ -242,10 +246,12 @@ class Lab:
 
     # -- up -----------------------------------------------------------------------------
     def up(self, hosts: int = 3, tpm: bool = True, image: str = LAB_IMAGE, agents: bool = False,
-           variant: str = LAB_VARIANT) -> "Lab":
+           variant: str = LAB_VARIANT, store: str = "file") -> "Lab":
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 
         choose.spec(variant, "variant")
+        if store not in LAB_STORES:
+            raise LabError("store: expected one of %s, got %r" % (", ".join(LAB_STORES), store))
         if not 1 <= hosts <= MAX_HOSTS:
             raise LabError("hosts: expected 1..%d, got %d" % (MAX_HOSTS, hosts))
         if agents and not tpm:
@@ -253,13 +259,15 @@ class Lab:
         state = self._state()
         if state.get("phase") == "up" and state.get("hosts") == hosts and state.get("tpm") == tpm \
                 and state.get("image") == image and state.get("agents", False) == agents \
-                and state.get("variant", LAB_VARIANT) == variant and self.healthy():
+                and state.get("variant", LAB_VARIANT) == variant and state.get("store", "file") == store \
+                and self.healthy():
             return self
         # Anything else (a crash half-way, another size): start from a clean slate.
         self.down()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._count = hosts
-        self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image, agents=agents, variant=variant)
+        self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image, agents=agents, variant=variant,
+                          store=store)
         self._make_mount_dir()
         self._make_bridge()
         for h in self.hosts:
@@ -267,10 +275,32 @@ class Lab:
         if tpm:
             self._start_tpms(self.hosts, image)
         if agents:
+            if store == "etcd":
+                self.start_etcd()
             self._start_agents(self.hosts)
         self._write_state(phase="up")
         self.write_inventory()
         return self
+
+    @property
+    def store(self) -> str:
+        return self._state().get("store", "file")
+
+    def etcd(self):
+        """The Coordinator's etcd (store etcd): h1's namespace, its loopback, data in the lab's state."""
+        from lab.etcd import Etcd
+
+        return Etcd(str(self.state_dir / "etcd" / "data"), ETCD_CLIENT_PORT, ETCD_CLIENT_PORT + 1,
+                    name="coordinator", netns=self.hosts[0].netns)
+
+    def start_etcd(self):
+        return self.etcd().start()
+
+    def agent_store(self, h: Host) -> Optional[dict]:
+        """The store setting of the agent on ``h`` (None: the agent's default file store)."""
+        if self.store == "etcd" and h.name == self.hosts[0].name:
+            return {"type": "etcd", "endpoints": ["127.0.0.1:%d" % ETCD_CLIENT_PORT]}
+        return None
 
     def grow(self, hosts: int) -> List[Host]:
         """Adds hosts to a running lab (as new machines booting); returns the new ones."""
@@ -552,6 +582,9 @@ class Lab:
             if not (row["netns"] and row["mount_ns"] and (row["tpm"] or not state.get("tpm"))
                     and (row["agent"] or not state.get("agents"))):
                 return False
+        if state.get("agents") and state.get("store", "file") == "etcd":
+            return any(Path("/proc/%d/comm" % pid).exists() and Path("/proc/%d/comm" % pid).read_text().strip() == "etcd"
+                       for pid in _pids_in_netns(self.hosts[0].netns))
         return True
 
     # -- down ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
     new_disk_uuid,
     normalize_disk_uuid,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
@@ -50,11 +51,27 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 DEFAULT_PUBLIC_PORT = 9000
 DEFAULT_UPDATE_INTERVAL = 10.0
 MAX_BACKOFF = 30.0
+KILL_AFTER_EVENT_ENV = "CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT"
 # Renamed keys (DESIGN.md 6); the old names work, with a warning in the log, until 2.0.0.
 _DEPRECATED_KEYS = {"wg_interface": "vpn_interface"}
 _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",
                 "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "wg_listen_port", "log_level"}
+# The types of the keys whose values are used as they are (the others are checked below, by value).
+_CONFIG_TYPES = {
+    "public_endpoint": ((str,), "host:port"),
+    "coordinator_public_endpoint": ((str,), "host:port"),
+    "public_ip": ((str,), "an IP address"),
+    "tcti": ((str,), "a TCTI string such as swtpm:host=127.0.0.1,port=2321"),
+    "variant": ((str,), "a variant name"),
+    "measurements": ((str,), "the path of a measurements policy (JSON)"),
+    "ek_ca": ((str, list), "a PEM file path or a list of them"),
+    "store": ((Mapping,), "a mapping (docs/store.md)"),
+    "vpn_interface": ((str,), "an interface name"),
+    "vpn_cidr": ((str,), "an IP network such as 10.118.0.0/16"),
+    "disk_uuid_file": ((str,), "a file path"),
+    "log_level": ((str,), "a log level name"),
+}
 
 
 # --------------------------------------------------------------------------- logging
@@ -67,6 +84,9 @@ class JSONLog:
         self.stream = stream or sys.stderr
         self.node = node
         self._lock = threading.Lock()
+        # Fault tests only (tests/integration/test_faults.py): the process dies at once, as under
+        # SIGKILL, right after it logs this event, so that a test can stop an agent at an exact step.
+        self.kill_after_event = os.environ.get(KILL_AFTER_EVENT_ENV) or None
 
     def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
         record = {"ts": round(time.time(), 3), "level": level, "event": event}
@@ -81,6 +101,8 @@ class JSONLog:
                 self.stream.flush()
             except (OSError, ValueError):
                 pass
+            if event == self.kill_after_event:
+                os._exit(137)  # pylint: disable=protected-access
 
 
 # --------------------------------------------------------------------------- config
@@ -120,9 +142,16 @@ class AgentConfig:
                 deprecations.append("%s is deprecated (removed in 2.0.0): use %s" % (old, new))
         unknown = set(data) - _CONFIG_KEYS
         if unknown:
-            raise InputError("config", "only the keys %s" % ", ".join(sorted(_CONFIG_KEYS)), sorted(unknown))
-        if not isinstance(data.get("state_dir"), str):
+            raise InputError("config", "only the keys %s" % ", ".join(sorted(_CONFIG_KEYS)), sorted(str(k) for k in unknown))
+        if not isinstance(data.get("state_dir"), str) or not data.get("state_dir"):
             raise InputError("state_dir", "a directory path", data.get("state_dir"))
+        for name, (types, expected) in _CONFIG_TYPES.items():
+            value = data.get(name)
+            if value is not None and (isinstance(value, bool) and bool not in types or not isinstance(value, types)):
+                raise InputError(name, expected, type(value).__name__)
+        if isinstance(data.get("ek_ca"), list) and not all(isinstance(item, str) for item in data["ek_ca"]):
+            raise InputError("ek_ca", "a PEM file path or a list of them", "a list with a %s"
+                             % next(type(i).__name__ for i in data["ek_ca"] if not isinstance(i, str)))
         kwargs = {k: v for k, v in data.items() if k != "log_level"}
         config = cls(**kwargs)
         atls.parse_endpoint(config.public_endpoint, "public_endpoint")
@@ -161,21 +190,8 @@ class AgentConfig:
 
     @classmethod
     def load(cls, path: str) -> "AgentConfig":
-        try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as err:
-            raise InputError("config", "a readable file", "%s: %s" % (path, err.strerror)) from None
-        try:
-            data = json.loads(text)
-        except ValueError:
-            import yaml  # YAML only when the file is not JSON
-
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as err:
-                raise InputError("config", "JSON or YAML", str(err)[:200]) from None
-        return cls.from_mapping(data)
+        # JSON is YAML: one bounded loader for both (encoding.load_yaml), UTF-8 only, string keys.
+        return cls.from_mapping(load_yaml(read_text(path, "config", expected="a readable file"), "config"))
 
 
 # --------------------------------------------------------------------------- the agent
@@ -191,7 +207,7 @@ class Agent:
         self.servers: List[FrameServer] = []
         self.vpnapi_server: Optional[FrameServer] = None
         self._vpnapi_lock = threading.Lock()
-        self.issuer, self.node_validator, self.coordinator_validator = self._attestation()
+        self.issuer, self.node_validator, self.peer_validator = self._attestation()
         store_spec = config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")}
         self.store = open_store(store_spec)
         self.vpn = WireGuardVPN(config.vpn_interface, os.path.join(config.state_dir, "%s.key" % config.vpn_interface),
@@ -199,13 +215,16 @@ class Agent:
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log)
         self.admin = AdminHandlers(self.core, self.log)
-        self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer)
+        self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
+                             validator_for_activation=self.peer_validator)
         self.vpnapi = VPNAPI(self.core, log=self.log)
         self.core.on_state_change(self._on_state)
 
     def _attestation(self):
-        """(issuer, validator of fresh nodes, validator of the Coordinator), from the chooser. The
-        two validators share one registry of certified AKs (qemu-vtpm-ek)."""
+        """(issuer, validator of fresh nodes, validator of peers whose PCR 15 is checked elsewhere: the
+        Coordinator a node joins, whose cluster ID a fresh node cannot know, and the nodes the Core
+        activates or resumes, whose PCR 15 the Core checks against its own cluster ID), from the
+        chooser. The validators share one registry of certified AKs (qemu-vtpm-ek)."""
         variant = self.config.variant
         trust = choose.load_trust(variant, self.config.ek_ca, field="ek_ca")
         policy = Measurements.load(self.config.measurements) if choose.spec(variant).needs_policy else None
@@ -267,6 +286,8 @@ class Agent:
             try:
                 if state == State.IS_NODE:
                     self._update_once()
+                elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.coordinator_vpn_ip:
+                    self._finish_activation_once()
                 elif (state == State.ACCEPTING_INIT and self.config.coordinator_public_endpoint
                       and not self.core.recovery_pending):
                     delay = self.config.join_interval
@@ -287,8 +308,19 @@ class Agent:
             update = client.get_update(self.core.resource_version)
         self.core.apply_update(update)
 
+    def _finish_activation_once(self) -> None:
+        """An interrupted activation: our disk key from the Coordinator, through the WireGuard tunnel."""
+        endpoint = "%s:%d" % (self.core.coordinator_vpn_ip, self.config.vpn_api_port)
+        timeout = max(5.0, min(30.0, self.config.update_interval * 3))
+
+        def fetch() -> bytes:
+            with AgentClient.connect_plain(endpoint, timeout=timeout) as client:
+                return client.get_state_disk_key()
+
+        self.core.finish_activation(fetch)
+
     def _join_once(self) -> None:
-        result = join_cluster(self.core, self.config.coordinator_public_endpoint, [self.coordinator_validator],
+        result = join_cluster(self.core, self.config.coordinator_public_endpoint, [self.peer_validator],
                               self.issuer)
         self.log("joined", node_vpn_ip=result.get("node_vpn_ip"), resource_version=result.get("resource_version"))
 

@@ -49,6 +49,9 @@ KEY_CLUSTER_ID = "clusterID"
 KEY_KEK_ID = "kekID"
 KEY_KUBECONFIG = "kubeConfig"
 KEY_STATE = "state"
+# The state disk UUID each activated node reported, by its VPN IP: recorded before the Coordinator
+# sends the node its disk key, so an interrupted activation can be finished over the VPN (core/).
+KEY_NODE_DISK_UUID_PREFIX = "nodeDiskUUID"
 
 _KMS_FIELDS = (("kms_uri", "KmsUri"), ("storage_uri", "StorageUri"), ("key_encryption_key_id", "KeyEncryptionKeyID"))
 _NODE_B64_FIELDS = {"vpn_priv_key": 32, "owner_id": 32, "cluster_id": 32}
@@ -216,6 +219,24 @@ def load_node_state(store) -> Optional[dict]:
         return check_node_state(json.loads(raw))
     except (ValueError, InputError) as err:
         raise StoreError("the stored node state is invalid: %s" % err) from None
+
+
+# --------------------------------------------------------------------------- node activations
+
+
+def save_node_disk_uuid(store, vpn_ip: str, disk_uuid: str) -> None:
+    """Records which state disk the node at ``vpn_ip`` reported (before its disk key is sent)."""
+    store.put(KEY_NODE_DISK_UUID_PREFIX + str(ipaddress.ip_address(vpn_ip)), disk_uuid.encode("ascii"))
+
+
+def load_node_disk_uuid(store, vpn_ip: str) -> Optional[str]:
+    raw = store.get_default(KEY_NODE_DISK_UUID_PREFIX + str(ipaddress.ip_address(vpn_ip)))
+    if raw is None:
+        return None
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise StoreError("the stored disk UUID of %s is invalid" % vpn_ip) from None
 
 
 # --------------------------------------------------------------------------- KMS settings

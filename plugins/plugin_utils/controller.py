@@ -31,6 +31,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.netns import
 ACCEPTING_INIT = constants.STATE_ACCEPTING_INIT
 ACTIVATING_NODES = constants.STATE_ACTIVATING_NODES
 IS_NODE = constants.STATE_IS_NODE
+NODE_WAITING = constants.STATE_NODE_WAITING_FOR_CLUSTER_JOIN
 ROLE_COORDINATOR = constants.ROLE_COORDINATOR
 ROLE_NODE = constants.ROLE_NODE
 
@@ -156,10 +157,19 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
     return result
 
 
+def _next_step(state: str) -> str:
+    if state == constants.STATE_FAILED:
+        return ": it cannot be resumed; its agent log says why. Reset the node (wipe its agent state, reboot) " \
+               "and run add_nodes.yml"
+    return ""
+
+
 def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List[str], settings: AttestationSettings,
                    admin_priv_key, cluster_id: Optional[bytes] = None, check_mode: bool = False) -> Dict[str, Any]:
     """Attests every node, then asks the Coordinator (admin-authenticated) to activate the fresh
-    ones. Returns changed and one row per node: endpoint, state_before, action, node_vpn_ip."""
+    ones and to resume those locked to our cluster whose activation was interrupted
+    (NodeWaitingForClusterJoin). Returns changed and one row per node: endpoint, state_before,
+    action (none, activate, resume), node_vpn_ip."""
     rows: List[Dict[str, Any]] = []
     fresh: List[str] = []
     refused: List[str] = []
@@ -171,9 +181,12 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
         elif status.membership == FRESH and status.state == ACCEPTING_INIT:
             row["action"] = "activate"
             fresh.append(endpoint)
+        elif status.membership == OURS and status.state == NODE_WAITING:
+            row["action"] = "resume"
+            fresh.append(endpoint)
         elif status.membership == OURS or (status.membership == OTHER and cluster_id is None):
             row["action"] = "refused"
-            refused.append("%s is %s (role %s)" % (endpoint, status.state, status.role))
+            refused.append("%s is %s (role %s)%s" % (endpoint, status.state, status.role, _next_step(status.state)))
         else:
             row["action"] = "refused"
             refused.append("%s is locked to another cluster (PCR 15 %s)" % (endpoint, status.pcr15))
@@ -194,7 +207,7 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
     failures = []
     for row in rows:
-        if row["action"] != "activate":
+        if row["action"] not in ("activate", "resume"):
             continue
         node = by_endpoint.get(row["endpoint"], {})
         row["node_vpn_ip"] = node.get("node_vpn_ip")

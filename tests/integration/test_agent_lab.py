@@ -146,7 +146,7 @@ def test_refusals(cluster):
     # ActivateAsNode from a client when the node is not AcceptingInit (h2 IsNode).
     with cluster.client("h2", fresh=False) as c:
         with pytest.raises(RemoteError, match="AcceptingInit"):
-            c.activate_as_node({"node_vpn_ip": "10.118.0.99"}, lambda uuid: b"\0" * 32)
+            c.activate_as_node({"node_vpn_ip": "10.118.0.99"}, lambda uuid, pub_key: b"\0" * 32)
     # A client that is not attested against a fresh-node policy cannot even talk to h2 as fresh.
     with pytest.raises(Exception, match="15"):
         cluster.client("h2", fresh=True)

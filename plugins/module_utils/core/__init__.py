@@ -7,7 +7,9 @@ No sockets here: the servers in ``rpc/`` call these methods and turn errors into
 operation needs a transport (activating a node, a join), the caller passes it in as a port
 (``ports.py``). Nothing in this package imports Ansible or ``rpc/``.
 
-* States only advance (SPEC 6.4); any error after the point of no return leaves ``Failed`` (``state``).
+* States only advance (SPEC 6.4). A node whose activation was interrupted after the node lock waits
+  (``NodeWaitingForClusterJoin``, persisted) and resumes (``activation``); ``Failed`` is left for what
+  cannot be resumed.
 * The node lock (``NodeLock``, ``lock``): an in-process compare-and-swap, then PCR 15 is extended with
   the cluster ID (``tpm.mark_initialized``) BEFORE any other secret is stored or used. A second
   activation, or a concurrent one, is refused with ``StateError``.
@@ -18,18 +20,19 @@ operation needs a transport (activating a node, a join), the caller passes it in
   (``state_store``), so an agent restart loses nothing; ``recovery`` resumes after a TPM reset.
 
 Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, ``vpn``, ``base``,
-``coordinator``, ``node``, ``recovery``; ``Core`` composes the last three.
+``coordinator``, ``activation`` (the Coordinator activates and resumes nodes), ``node``, ``recovery``;
+``Core`` composes the last three.
 """
 
 from __future__ import annotations
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.base import STATE_DISK_KEY_FILE, CoreBase
-from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import (
+from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import (
     ACTIVATION_WORKERS,
     MAX_NODES_PER_CALL,
-    RESERVED_DATA_KEY_IDS,
-    CoordinatorSide,
+    NodeActivation,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import RESERVED_DATA_KEY_IDS
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ADMIN_PUB_KEY_MAX,
     CLUSTER_ID_LENGTH,
@@ -64,8 +67,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 )
 
 
-class Core(CoordinatorSide, NodeSide, Recovery):
-    """One peer: both sides and recovery over the shared ``CoreBase``. Thread-safe; every method
+class Core(NodeActivation, NodeSide, Recovery):
+    """One peer: both sides (the Coordinator's with node activation) and recovery over the shared ``CoreBase``. Thread-safe; every method
     may be called from a server thread."""
 
 

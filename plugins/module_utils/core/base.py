@@ -77,7 +77,13 @@ class CoreBase(StateMachine):
         with self._mutex:
             self._node = node
             self._role = node.role
-        if pcr15 == expected_pcr15(node.cluster_id):
+        if pcr15 == bytes(32) and node.stored_state == State.NODE_WAITING_FOR_CLUSTER_JOIN:
+            # The node persisted its activation, then died (or the TPM was reset) before or after the
+            # extension; no disk key was ever given to it. Take the lock for the stored cluster again.
+            self.lock.try_lock_once(node.cluster_id)
+            self._log("node_lock", role=node.role, pcr=15, via="restart")
+            self._resume()
+        elif pcr15 == expected_pcr15(node.cluster_id):
             self.lock.mark_taken()
             self._resume()
         elif pcr15 == bytes(32):
@@ -106,9 +112,9 @@ class CoreBase(StateMachine):
             self.vpn.set_peers(list(node.peers or ()), self.vpn_pub_key)
         stored = node.stored_state
         if stored == State.NODE_WAITING_FOR_CLUSTER_JOIN:
-            # Locked, but the activation never completed: the node must be reset.
-            self.failure = "the activation was interrupted after the node lock"
-            stored = State.FAILED
+            # Locked, but the disk key never came: the agent fetches it from the Coordinator over the VPN
+            # (docs/agent.md, "Resumable activation").
+            self._log("activation_pending", coordinator_vpn_ip=node.coordinator_vpn_ip)
         self._advance(stored)
 
     # -- accessors for servers
@@ -136,6 +142,8 @@ class CoreBase(StateMachine):
         active = self.state in (State.ACTIVATING_NODES, State.NODE_WAITING_FOR_CLUSTER_JOIN, State.IS_NODE)
         answer["vpn_ip"] = node.vpn_ip if active and node is not None else None
         answer["vpn_pub_key"] = self.vpn_pub_key if active and node is not None and node.vpn_priv_key else None
+        # The disk UUID reported at activation (what the Coordinator derives this node's disk key for).
+        answer["state_disk_uuid"] = (node.disk_uuid or self.disk_uuid) if active and node is not None else None
         return answer
 
     @property
@@ -163,8 +171,8 @@ class CoreBase(StateMachine):
             state_store.save_node_state(self.store, node.to_dict())
             self._node = node
 
-    def _take_lock(self, cluster_id: bytes, method: str) -> None:
-        if not self.lock.try_lock_once(cluster_id):
+    def _take_lock(self, cluster_id: bytes, method: str, before_extend: Optional[Callable[[], None]] = None) -> None:
+        if not self.lock.try_lock_once(cluster_id, before_extend):
             raise StateError("%s: the node lock is already taken (another activation is running or done)" % method)
 
     def _write_disk_key(self, key: bytes) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
@@ -27,7 +26,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.node_st
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import (
     KMS,
     AttestationValidator,
-    ConnectNode,
     JoinChannel,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import (
@@ -52,8 +50,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 # GetDataKey never hands out these: they are given only to whom they belong, at activation.
 RESERVED_DATA_KEY_IDS = frozenset((kms_mod.MEASUREMENT_SECRET_KEY_ID, kms_mod.EMERGENCY_SSH_CA_KEY_ID,
                                    kms_mod.CLUSTER_ID_KEY_ID))
-MAX_NODES_PER_CALL = 256
-ACTIVATION_WORKERS = 16
 
 
 class CoordinatorSide(CoreBase):
@@ -177,41 +173,6 @@ class CoordinatorSide(CoreBase):
                           kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
                           request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args)
 
-    # -- activating nodes (ActivateAdditionalNodes)
-    def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode) -> List[Dict[str, Any]]:
-        """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each."""
-        self.require_coordinator("ActivateAdditionalNodes")
-        if not isinstance(endpoints, list) or not endpoints or len(endpoints) > MAX_NODES_PER_CALL:
-            raise InputError("node_public_endpoints", "a non-empty list of host:port (at most %d)" % MAX_NODES_PER_CALL)
-        for index, endpoint in enumerate(endpoints):
-            atls.parse_endpoint(endpoint, "node_public_endpoints[%d]" % index)
-        with ThreadPoolExecutor(max_workers=min(ACTIVATION_WORKERS, len(endpoints)),
-                                thread_name_prefix="activate") as pool:
-            return list(pool.map(lambda e: self.activate_node(e, connect_node), endpoints))
-
-    def activate_node(self, endpoint: str, connect_node: ConnectNode) -> Dict[str, Any]:
-        """Activates one node: connect (the transport verifies it), reserve an IP, ActivateAsNode."""
-        host, _port = atls.parse_endpoint(endpoint)
-        row: Dict[str, Any] = {"node_public_endpoint": endpoint, "ok": False, "node_vpn_ip": None, "error": None}
-        vpn_ip = None
-        try:
-            with connect_node(endpoint) as client:
-                vpn_ip = self.reserve_node_ip()
-                request = self.node_activation_request(vpn_ip)
-                result = client.activate_as_node(request.to_dict(), self.state_disk_key)
-                self.add_node_peer(vpn_ip, result["node_vpn_pub_key"], host)
-            row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=result["state_disk_uuid"])
-            self._log("node_activated", node=endpoint, node_vpn_ip=vpn_ip)
-        except (ConstellationError, OSError) as err:
-            if vpn_ip is not None:
-                try:
-                    self.release_node_ip(vpn_ip)
-                except ConstellationError:
-                    pass
-            row["error"] = str(err) or type(err).__name__
-            self._log("node_activation_failed", node=endpoint, error=row["error"][:300])
-        return row
-
     # -- the join service (IssueJoinTicket)
     def serve_join(self, disk_uuid: Any, node_vpn_pub_key: bytes, channel: JoinChannel,
                    validator: AttestationValidator) -> Dict[str, Any]:
@@ -223,7 +184,8 @@ class CoordinatorSide(CoreBase):
         nonce = secrets.token_bytes(32)
         oid, document = channel.challenge(nonce)
         if oid != validator.oid:
-            raise AttestationError("%s: attestation variant %r is not accepted (expected %s)" % (method, oid, validator.oid))
+            raise AttestationError("%s: attestation variant %r is not accepted (expected %s)"
+                                   % (method, str(oid)[:64], validator.oid))
         try:
             validation = self._validate_join(validator, document, nonce, channel)
         except AttestationError as err:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import TPM
 
@@ -46,11 +46,15 @@ class NodeLock:
     def locked(self) -> bool:
         return self._locked
 
-    def try_lock_once(self, cluster_id: bytes) -> bool:
+    def try_lock_once(self, cluster_id: bytes, before_extend: Optional[Callable[[], None]] = None) -> bool:
+        """``before_extend()`` runs for the winner only, before PCR 15 is extended: a node persists its
+        activation there, so that a crash right after the extension finds it (docs/agent.md)."""
         with self._mutex:
             if self._locked:
                 return False
             self._locked = True
+        if before_extend is not None:
+            before_extend()
         self._tpm.mark_initialized(cluster_id)
         return True
 

@@ -42,15 +42,17 @@ class NodeSide(CoreBase):
         if self.recovery_pending:
             raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
         request = NodeActivationRequest.from_dict(params)
-        self._take_lock(request.cluster_id, method)
+        priv_key = generate_priv_key()
+        waiting = self._new_node_state(request, priv_key, State.NODE_WAITING_FOR_CLUSTER_JOIN)
+        # Persisted by the lock's winner before PCR 15 is extended: a crash after the extension finds it
+        # and resumes (base.load); no secret has reached this node yet.
+        self._take_lock(request.cluster_id, method, before_extend=lambda: self._save_node(waiting))
         self._log("node_lock", role=ROLE_NODE, pcr=15)
         try:
-            priv_key = generate_priv_key()
             with self._mutex:
                 self._role = ROLE_NODE
             self.vpn.setup(request.node_vpn_ip, priv_key)
             self.vpn.set_peers(list(request.peers), pub_key_from_priv_key(priv_key))
-            self._save_node(self._new_node_state(request, priv_key, State.NODE_WAITING_FOR_CLUSTER_JOIN))
             self._advance(State.NODE_WAITING_FOR_CLUSTER_JOIN)
         except BaseException as err:
             self._fail(method, err)
@@ -58,23 +60,40 @@ class NodeSide(CoreBase):
         return NodeActivationStep(self.disk_uuid, pub_key_from_priv_key(priv_key))
 
     def activate_as_node_finish(self, state_disk_key: bytes) -> Dict[str, Any]:
+        """The second step: the disk key, from the Coordinator's ActivateAsNode exchange or, after an
+        interruption, from its vpnapi (GetStateDiskKey). Whichever comes first finishes; a later one
+        finds the node active and changes nothing."""
         method = "ActivateAsNode"
-        self.require_state(method + " (second step)", State.NODE_WAITING_FOR_CLUSTER_JOIN)
-        try:
-            if not isinstance(state_disk_key, bytes) or len(state_disk_key) != kms_mod.STATE_DISK_KEY_LENGTH:
-                raise InputError("state_disk_key", "%d bytes" % kms_mod.STATE_DISK_KEY_LENGTH)
-            self._write_disk_key(state_disk_key)
-            self._save_node(state=int(State.IS_NODE))
-            self._advance(State.IS_NODE)
-        except BaseException as err:
-            self._fail(method, err)
-            raise
+        if not isinstance(state_disk_key, bytes) or len(state_disk_key) != kms_mod.STATE_DISK_KEY_LENGTH:
+            raise InputError("state_disk_key", "%d bytes" % kms_mod.STATE_DISK_KEY_LENGTH)
+        with self._mutex:
+            if self._state == State.IS_NODE and self.read_disk_key() == state_disk_key:
+                return {"state": self._state.wire_name, "node_vpn_ip": self.vpn_ip}
+            self.require_state(method + " (second step)", State.NODE_WAITING_FOR_CLUSTER_JOIN)
+            try:
+                self._write_disk_key(state_disk_key)
+                self._save_node(state=int(State.IS_NODE))
+                self._advance(State.IS_NODE)
+            except BaseException as err:
+                self._fail(method, err)
+                raise
         return {"state": self._state.wire_name, "node_vpn_ip": self.vpn_ip}
 
     def abort_node_activation(self, reason: str) -> None:
-        """The Coordinator went away between the two steps: locked but incomplete -> Failed."""
+        """The Coordinator went away between the two steps. The node keeps the lock and its state
+        (NodeWaitingForClusterJoin, persisted) and fetches its disk key from the Coordinator over the
+        VPN (``finish_activation``); nothing else can take it over: PCR 15 holds our cluster ID."""
         if self._state == State.NODE_WAITING_FOR_CLUSTER_JOIN:
-            self._fail("ActivateAsNode", StateError(reason))
+            self._log("activation_interrupted", reason=reason[:300])
+
+    def finish_activation(self, fetch_disk_key) -> Dict[str, Any]:
+        """An interrupted activation: ``fetch_disk_key()`` asks the Coordinator at our
+        ``coordinator_vpn_ip`` through the WireGuard tunnel (which authenticates it by the key the
+        activation gave us) for our disk key; then the second step as usual."""
+        self.require_state("finish activation", State.NODE_WAITING_FOR_CLUSTER_JOIN)
+        result = self.activate_as_node_finish(fetch_disk_key())
+        self._log("activation_finished", via="vpnapi", node_vpn_ip=self.vpn_ip)
+        return result
 
     def _new_node_state(self, request: NodeActivationRequest, priv_key: str, state: State) -> NodeState:
         coordinator = next((p for p in request.peers if p.vpn_ip == request.coordinator_vpn_ip), None)

@@ -88,7 +88,7 @@ class AttestationValidator(Protocol):
 
 @runtime_checkable
 class NodeClient(Protocol):
-    """A verified connection from the Coordinator to a fresh node (a context manager)."""
+    """A verified connection from the Coordinator to a node (a context manager)."""
 
     def __enter__(self) -> "NodeClient":
         """The connection is open."""
@@ -96,9 +96,16 @@ class NodeClient(Protocol):
     def __exit__(self, *exc_info: Any) -> Any:
         """Closes the connection."""
 
-    def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str], bytes]) -> Dict[str, Any]:
+    def attested_pcrs(self) -> Dict[int, bytes]:
+        """The PCR values of the node's verified attestation on this connection."""
+
+    def get_state(self) -> Dict[str, Any]:
+        """The node's GetState answer (state, role, vpn_ip, vpn_pub_key, state_disk_uuid)."""
+
+    def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str, str], bytes]) -> Dict[str, Any]:
         """Runs the two steps of ActivateAsNode; the answer holds ``node_vpn_pub_key`` and
-        ``state_disk_uuid``. ``disk_key_for(uuid)`` derives the key for the UUID the node reports."""
+        ``state_disk_uuid``. ``disk_key_for(uuid, node_vpn_pub_key)`` is called between the steps (the node
+        holds the node lock then) and returns the disk key for the UUID the node reports."""
 
 
 ConnectNode = Callable[[str], NodeClient]

@@ -126,6 +126,10 @@ class Channel:
         self.server_spki_hash = server_spki_hash
         self.attested = attested
 
+    def attested_pcrs(self) -> Dict[int, bytes]:
+        """The PCR values of the peer's verified attestation ({} on a plain connection)."""
+        return dict(self.attested.validation.pcrs) if self.attested is not None else {}
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -179,15 +183,16 @@ class PubAPIClient(Channel):
                            admin_pub_key=admin_pub_key, storage_uri=storage_uri or None,
                            cluster_config=cluster_config or {})
 
-    def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str], bytes]) -> Dict[str, Any]:
-        """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid)`` derives the key."""
+    def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str, str], bytes]) -> Dict[str, Any]:
+        """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid, node_vpn_pub_key)``
+        records the node and derives the key."""
         self.stream.send_request("ActivateAsNode", params)
         step = self.stream.recv_msg("the node's disk UUID")
         uuid = step.get("state_disk_uuid")
         if not isinstance(uuid, str):
             raise ProtocolError("ActivateAsNode: the node sent no state_disk_uuid")
         pub_key = b64d(step.get("node_vpn_pub_key"), "node_vpn_pub_key", 32)
-        self.stream.send_msg({"state_disk_key": b64e(disk_key_for(uuid))})
+        self.stream.send_msg({"state_disk_key": b64e(disk_key_for(uuid, b64e(pub_key)))})
         result = self.stream.recv_end()
         result["state_disk_uuid"] = uuid
         result["node_vpn_pub_key"] = b64e(pub_key)
@@ -335,6 +340,10 @@ class VPNAPIClient(Channel):
 
     def get_update(self, resource_version: int) -> Dict[str, Any]:
         return self.invoke("GetUpdate", resource_version=int(resource_version))
+
+    def get_state_disk_key(self) -> bytes:
+        """A node whose activation was interrupted: its own disk key (the caller's VPN IP says whose)."""
+        return b64d(self.invoke("GetStateDiskKey").get("state_disk_key"), "state_disk_key", 32)
 
     def get_data_key(self, data_key_id: str, length: int = 32) -> bytes:
         return b64d(self.invoke("GetDataKey", data_key_id=data_key_id, length=length)["data_key"], "data_key", length)

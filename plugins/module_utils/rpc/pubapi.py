@@ -44,16 +44,20 @@ def coordinator_policy(policy: Measurements) -> Measurements:
 
 
 class PubAPI:
-    """``validator_for_nodes``: the Coordinator's validator for fresh nodes.
-    ``connect_node(endpoint) -> AgentClient``: aTLS connection to a node, verified with it."""
+    """``validator_for_nodes``: the Coordinator's validator for fresh nodes (the join service).
+    ``validator_for_activation``: the one ActivateAdditionalNodes connects with (default: the same); the
+    agent gives it a policy without PCR 15, which the Core checks itself (fresh, or locked to our
+    cluster: a resumed activation). ``connect_node(endpoint) -> AgentClient``: aTLS connection to a node,
+    verified with it."""
 
     def __init__(self, core, validator_for_nodes=None, connect_node: Optional[Callable[[str], AgentClient]] = None,
-                 admin=None, log=None, issuer=None):
+                 admin=None, log=None, issuer=None, validator_for_activation=None):
         self.core = core
         self.validator_for_nodes = validator_for_nodes
         self.issuer = issuer
+        activation_validator = validator_for_activation or validator_for_nodes
         self.connect_node = connect_node or (lambda endpoint: connect_enrolling(
-            lambda validators: AgentClient.connect(endpoint, validators), [validator_for_nodes]))
+            lambda validators: AgentClient.connect(endpoint, validators), [activation_validator]))
         self.admin = admin
         self._log = log or (lambda event, **fields: None)
 
@@ -104,7 +108,7 @@ class PubAPI:
         results = self.core.activate_nodes(request.node_public_endpoints, self.connect_node)
         for row in results:
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
-                                                     "activated as %s" % row["node_vpn_ip"] if row["ok"]
+                                                     "%s (%s)" % (row["action"], row["node_vpn_ip"]) if row["ok"]
                                                      else "failed: %s" % row["error"])})
         conn.stream.send_result({"nodes": results, "resource_version": self.core.get_update(-1)["resource_version"]})
 

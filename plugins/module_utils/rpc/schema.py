@@ -131,6 +131,7 @@ class StateAnswer(Record):
     role: str = wire("str", True)
     vpn_ip: Optional[str] = wire("str")
     vpn_pub_key: Optional[str] = wire("str")
+    state_disk_uuid: Optional[str] = wire("str")
 
 
 @dataclass(frozen=True)
@@ -301,6 +302,11 @@ class GetDataKeyAnswer(Record):
     data_key: bytes = wire("b64", True, doc="secret")
 
 
+@dataclass(frozen=True)
+class GetStateDiskKeyAnswer(Record):
+    state_disk_key: bytes = wire("b64", True, 32, doc="secret")
+
+
 # ------------------------------------------------------------------ the table
 
 
@@ -368,6 +374,8 @@ for _method in (
                "kubeadm's control-plane certificate key"),
         Method("GetDataKey", VPNAPI, GetDataKeyRequest, GetDataKeyAnswer, STREAMS_NONE,
                "a data key derived by the Coordinator's KMS (never a disk key or a reserved ID)"),
+        Method("GetStateDiskKey", VPNAPI, Empty, GetStateDiskKeyAnswer, STREAMS_NONE,
+               "the caller's own state disk key, for a node whose activation was interrupted (docs/agent.md)"),
 ):
     register(_method)
 

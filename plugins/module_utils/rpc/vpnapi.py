@@ -30,7 +30,8 @@ class VPNAPI:
 
     def handlers(self) -> Dict[str, Any]:
         return {"GetUpdate": self.get_update, "GetJoinArgs": self.get_join_args,
-                "GetCertificateKey": self.get_certificate_key, "GetDataKey": self.get_data_key}
+                "GetCertificateKey": self.get_certificate_key, "GetDataKey": self.get_data_key,
+                "GetStateDiskKey": self.get_state_disk_key}
 
     # Every handler gets its request decoded by the server (schema.py records).
     def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
@@ -55,3 +56,7 @@ class VPNAPI:
         key = self.core.get_data_key(request.data_key_id, length)
         self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)
         conn.stream.send_result({"data_key": b64e(key)})
+
+    def get_state_disk_key(self, conn: Connection, request: schema.Empty) -> None:
+        # The WireGuard tunnel authenticates the caller's VPN IP: a node gets only its own key.
+        conn.stream.send_result({"state_disk_key": b64e(self.core.node_state_disk_key(conn.peer_ip))})

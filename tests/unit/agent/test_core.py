@@ -127,16 +127,33 @@ def test_node_activation_two_steps(tmp_path, swtpm, make_core, secret):
         c.activate_as_node_begin(_node_params(cluster_id, salt, coordinator_pub, admin_pem()))
 
 
-def test_node_activation_interrupted_between_steps_fails(swtpm, make_core, secret):
-    c, _vpn = make_core(swtpm)
+def test_node_activation_interrupted_between_steps_waits_and_resumes(swtpm, make_core, secret):
+    """The Coordinator went away after the node lock: the node keeps its lock and state (not Failed),
+    survives an agent restart in that state, and finishes with the disk key fetched later; a second
+    finish with the same key changes nothing, another key is refused."""
+    store = MemoryStore()
+    c, _vpn = make_core(swtpm, store=store)
     c.load()
     salt = os.urandom(32)
     cluster_id = kms.ClusterKMS(secret).cluster_id(salt)
-    c.activate_as_node_begin(_node_params(cluster_id, salt, pub_key_from_priv_key(generate_priv_key()), admin_pem()))
+    step = c.activate_as_node_begin(_node_params(cluster_id, salt, pub_key_from_priv_key(generate_priv_key()),
+                                                 admin_pem()))
     c.abort_node_activation("coordinator went away")
-    assert c.state == State.FAILED
+    assert c.state == State.NODE_WAITING_FOR_CLUSTER_JOIN
+    restarted, vpn2 = make_core(swtpm, store=store)  # the node's agent restarts
+    assert restarted.load() == State.NODE_WAITING_FOR_CLUSTER_JOIN
+    assert vpn2.address == "10.118.0.11" and [p.vpn_ip for p in vpn2.peers] == ["10.118.0.1"]
+    assert restarted.get_state()["state_disk_uuid"] == step.state_disk_uuid
+    with pytest.raises(StateError):  # nobody else can take the node over
+        restarted.activate_as_node_begin(_node_params(cluster_id, salt, pub_key_from_priv_key(generate_priv_key()),
+                                                      admin_pem()))
+    disk_key = kms.ClusterKMS(secret).state_disk_key(step.state_disk_uuid)
+    assert restarted.finish_activation(lambda: disk_key)["state"] == "IsNode"
+    assert restarted.read_disk_key() == disk_key
+    assert restarted.activate_as_node_finish(disk_key)["state"] == "IsNode"  # the late second step
     with pytest.raises(StateError):
-        c.activate_as_node_finish(os.urandom(32))
+        restarted.activate_as_node_finish(os.urandom(32))
+    assert restarted.read_disk_key() == disk_key and restarted.state == State.IS_NODE
 
 
 def test_restart_restores_the_state(swtpm, make_core, secret):

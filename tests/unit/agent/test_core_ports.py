@@ -27,6 +27,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     ConnectionLost,
     ConstellationError,
     InputError,
+    StateError,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ConnectionClosed
@@ -145,10 +146,13 @@ def test_node_state_round_trips_a_node_and_unknown_fields():
 
 
 class FakeNodeClient(ports.NodeClient):
-    """Stands in for the aTLS connection to a node: hands the request to that node's Core."""
+    """Stands in for the aTLS connection to a node: hands the request to that node's Core. ``cut``
+    drops the connection at a step of ActivateAsNode ('after_lock': the node answered the first step;
+    'after_record': the Coordinator recorded the node but the key never arrived)."""
 
-    def __init__(self, node):
+    def __init__(self, node, cut=None):
         self.node = node
+        self.cut = cut
 
     def __enter__(self):
         return self
@@ -156,9 +160,22 @@ class FakeNodeClient(ports.NodeClient):
     def __exit__(self, *exc_info):
         return None
 
+    def attested_pcrs(self):
+        return {15: self.node.tpm.pcr15()}
+
+    def get_state(self):
+        return self.node.get_state()
+
     def activate_as_node(self, params, disk_key_for):
         step = self.node.activate_as_node_begin(params)
-        self.node.activate_as_node_finish(disk_key_for(step.state_disk_uuid))
+        if self.cut == "after_lock":
+            self.node.abort_node_activation("connection lost")
+            raise ConnectionLost("connection lost after the first step")
+        key = disk_key_for(step.state_disk_uuid, step.node_vpn_pub_key)
+        if self.cut == "after_record":
+            self.node.abort_node_activation("connection lost")
+            raise ConnectionLost("connection lost before the disk key")
+        self.node.activate_as_node_finish(key)
         return {"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key}
 
 
@@ -176,7 +193,7 @@ def test_activate_nodes_through_a_connect_port(make_core, secret):
     rows = coord.activate_nodes(["10.42.0.50:9000", "10.42.0.51:9000"], connect_node)
     assert rows[0]["ok"] and rows[0]["node_vpn_ip"] == "10.118.0.11" and node.state == State.IS_NODE
     assert rows[1] == {"node_public_endpoint": "10.42.0.51:9000", "ok": False, "node_vpn_ip": None,
-                       "error": "connection refused"}
+                       "error": "connection refused", "action": None}
     assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)
     assert [p.vpn_ip for p in coord_vpn.peers] == ["10.118.0.11"]
     with pytest.raises(InputError, match="node_public_endpoints"):
@@ -258,3 +275,60 @@ def test_join_whose_confirmation_is_lost_says_so(make_core, secret):
     with pytest.raises(ConnectionClosed):
         fresh.join_cluster(lost_before_ticket)
     assert fresh.state == State.ACCEPTING_INIT
+
+
+@pytest.mark.parametrize("cut", ["after_lock", "after_record"])
+def test_interrupted_node_activation_resumes_without_changing_a_key(make_core, secret, cut, monkeypatch):
+    """The link dies at a step of ActivateAsNode. The node stays locked and waiting; the next
+    ActivateAdditionalNodes resumes it (recording it from its attested GetState where the Coordinator
+    had not), the node fetches its own disk key over the VPN (GetStateDiskKey), and nothing changes its
+    WireGuard key or its VPN IP. A node of another cluster is refused."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.core import activation
+
+    monkeypatch.setattr(activation, "RESUME_POLL", 0.01)
+    coord, coord_vpn = coordinator(make_core, secret)
+    node, node_vpn = make_core(MemoryTPM())
+    node.load()
+    rows = coord.activate_nodes(["10.42.0.50:9000"], lambda endpoint: FakeNodeClient(node, cut=cut))
+    assert not rows[0]["ok"] and "the next run resumes it" in rows[0]["error"]
+    assert node.state == State.NODE_WAITING_FOR_CLUSTER_JOIN
+    node_vpn_ip, node_pub_key = node.vpn_ip, node.vpn_pub_key
+    recorded = [p.vpn_ip for p in coord_vpn.peers]
+    assert recorded == ([node_vpn_ip] if cut == "after_record" else [])
+
+    # The node's loop asks the Coordinator over the VPN; until the Coordinator knows it, it is refused.
+    if cut == "after_lock":
+        with pytest.raises(StateError, match="not a peer"):
+            coord.node_state_disk_key(node_vpn_ip)
+
+    def node_fetches_its_key_meanwhile(endpoint):
+        client = FakeNodeClient(node)
+        real_get_state = client.get_state
+
+        def get_state():
+            answer = real_get_state()
+            if node.state == State.NODE_WAITING_FOR_CLUSTER_JOIN and coord.is_known_peer_ip(node_vpn_ip):
+                node.finish_activation(lambda: coord.node_state_disk_key(node_vpn_ip))  # the agent's loop
+            return answer
+
+        client.get_state = get_state
+        return client
+
+    rows = coord.activate_nodes(["10.42.0.50:9000"], node_fetches_its_key_meanwhile)
+    assert rows[0]["ok"] and rows[0]["action"] == "resumed" and rows[0]["node_vpn_ip"] == node_vpn_ip
+    assert node.state == State.IS_NODE
+    assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)
+    assert (node.vpn_ip, node.vpn_pub_key) == (node_vpn_ip, node_pub_key)
+    assert [(p.vpn_ip, p.vpn_pub_key) for p in coord_vpn.peers] == [(node_vpn_ip, node_pub_key)]
+    # A third run: nothing to do.
+    rows = coord.activate_nodes(["10.42.0.50:9000"], lambda endpoint: FakeNodeClient(node))
+    assert rows[0]["ok"] and rows[0]["action"] == "none"
+    # Only the node itself gets its disk key; another peer's VPN IP gets nothing.
+    with pytest.raises(StateError):
+        coord.node_state_disk_key("10.118.0.99")
+
+    stranger, _vpn = make_core(MemoryTPM())
+    stranger.load()
+    stranger.tpm.mark_initialized(os.urandom(32))  # locked to another cluster
+    rows = coord.activate_nodes(["10.42.0.60:9000"], lambda endpoint: FakeNodeClient(stranger))
+    assert not rows[0]["ok"] and "another cluster" in rows[0]["error"]

@@ -1,0 +1,173 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Coordinator activates nodes (ActivateAdditionalNodes), and resumes an activation that a
+crash or a cut link interrupted (docs/agent.md, "Resumable activation"). The transport to a node comes
+in as a port (``ports.ConnectNode``)."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Sequence
+
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import (
+    PCR_INDEX_CLUSTER_ID,
+    STATE_IS_NODE,
+    STATE_NODE_WAITING_FOR_CLUSTER_JOIN,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import CoordinatorSide
+from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import ConnectNode, NodeClient
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AttestationError,
+    ConnectionLost,
+    ConstellationError,
+    InputError,
+    StateError,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+
+MAX_NODES_PER_CALL = 256
+ACTIVATION_WORKERS = 16
+# A resumed node fetches its disk key over the VPN on its own loop; how long the Coordinator waits.
+RESUME_TIMEOUT = 60
+RESUME_POLL = 0.2
+
+
+class NodeActivation(CoordinatorSide):
+    def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode) -> List[Dict[str, Any]]:
+        """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each."""
+        self.require_coordinator("ActivateAdditionalNodes")
+        if not isinstance(endpoints, list) or not endpoints or len(endpoints) > MAX_NODES_PER_CALL:
+            raise InputError("node_public_endpoints", "a non-empty list of host:port (at most %d)" % MAX_NODES_PER_CALL)
+        for index, endpoint in enumerate(endpoints):
+            atls.parse_endpoint(endpoint, "node_public_endpoints[%d]" % index)
+        with ThreadPoolExecutor(max_workers=min(ACTIVATION_WORKERS, len(endpoints)),
+                                thread_name_prefix="activate") as pool:
+            return list(pool.map(lambda e: self.activate_node(e, connect_node), endpoints))
+
+    def activate_node(self, endpoint: str, connect_node: ConnectNode) -> Dict[str, Any]:
+        """Activates one node, or resumes its interrupted activation (docs/agent.md, "Resumable
+        activation"). The transport verifies the node's attestation (all but PCR 15); PCR 15 says which:
+        zeros -> a fresh node: reserve an IP and run ActivateAsNode; our cluster ID -> a node locked to
+        us: record it if we have not (from its attested GetState), after which it fetches its disk key
+        over the VPN (GetStateDiskKey); anything else is refused. Before the disk key is sent, the node
+        (VPN IP, WireGuard key, disk UUID) is recorded, so a Coordinator that dies after that point
+        loses nothing and the node can finish without it being reachable on its public endpoint."""
+        host, _port = atls.parse_endpoint(endpoint)
+        row: Dict[str, Any] = {"node_public_endpoint": endpoint, "ok": False, "node_vpn_ip": None, "error": None,
+                               "action": None}
+        vpn_ip = None
+        sent = locked = False
+        try:
+            with connect_node(endpoint) as client:
+                membership = self._membership(client)
+                if membership == "ours":
+                    return self._resume_node(endpoint, host, client, row)
+                if membership != "fresh":
+                    raise StateError("%s is locked to another cluster (PCR 15)" % endpoint)
+                vpn_ip = self.reserve_node_ip()
+                request = self.node_activation_request(vpn_ip)
+
+                def record_then_key(disk_uuid: str, node_vpn_pub_key: str) -> bytes:
+                    nonlocal locked
+                    locked = True  # the node answered the first step: it holds the node lock
+                    normalized = normalize_disk_uuid(disk_uuid)
+                    self.record_node(vpn_ip, node_vpn_pub_key, host, normalized)
+                    return self.state_disk_key(normalized)
+
+                sent = True
+                result = client.activate_as_node(request.to_dict(), record_then_key)
+            row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=result["state_disk_uuid"], action="activated")
+            self._log("node_activated", node=endpoint, node_vpn_ip=vpn_ip)
+        except (ConstellationError, OSError) as err:
+            # Lost after the request went out: the node may hold the lock and this VPN IP, so the IP stays
+            # reserved for it (a refusal by the node, by contrast, frees it).
+            maybe_locked = locked or (sent and isinstance(err, (ConnectionLost, OSError)))
+            if vpn_ip is not None and not maybe_locked:
+                try:
+                    self.release_node_ip(vpn_ip)
+                except ConstellationError:
+                    pass
+            row["error"] = str(err) or type(err).__name__
+            if locked:
+                # Recorded before the key was sent: the node finishes over the VPN by itself.
+                row["error"] += " (the node holds the node lock and is recorded: it finishes, or the next run resumes it)"
+            elif maybe_locked:
+                row["error"] += " (the node may hold the node lock: the next run resumes it)"
+            self._log("node_activation_failed", node=endpoint, error=row["error"][:300], locked=locked)
+        return row
+
+    def _membership(self, client: NodeClient) -> str:
+        """'fresh', 'ours' or 'other', from PCR 15 of the node's verified attestation."""
+        pcr15 = client.attested_pcrs().get(PCR_INDEX_CLUSTER_ID)
+        if not isinstance(pcr15, bytes):
+            raise AttestationError("the node's attestation does not cover PCR %d" % PCR_INDEX_CLUSTER_ID)
+        if pcr15 == bytes(len(pcr15)):
+            return "fresh"
+        if hmac.compare_digest(pcr15, expected_pcr15(self._stored_node().cluster_id)):
+            return "ours"
+        return "other"
+
+    def _resume_node(self, endpoint: str, host: str, client: NodeClient, row: Dict[str, Any]) -> Dict[str, Any]:
+        """A node locked to our cluster (attested PCR 15): record it if needed, then wait until it
+        reports IsNode (it fetches its disk key over the VPN)."""
+        state = client.get_state()
+        vpn_ip, vpn_pub_key, disk_uuid = state.get("vpn_ip"), state.get("vpn_pub_key"), state.get("state_disk_uuid")
+        name = state.get("state")
+        if name not in (STATE_NODE_WAITING_FOR_CLUSTER_JOIN, STATE_IS_NODE) or not vpn_ip or not vpn_pub_key \
+                or not isinstance(disk_uuid, str):
+            raise StateError("%s holds our node lock but is %s: it cannot resume (reset the node and run "
+                             "add_nodes.yml)" % (endpoint, name))
+        recorded = self.record_node(vpn_ip, vpn_pub_key, host, normalize_disk_uuid(disk_uuid))
+        if name == STATE_NODE_WAITING_FOR_CLUSTER_JOIN:
+            deadline = time.monotonic() + RESUME_TIMEOUT
+            while name == STATE_NODE_WAITING_FOR_CLUSTER_JOIN and time.monotonic() < deadline:
+                time.sleep(RESUME_POLL)
+                name = client.get_state().get("state")
+            if name != STATE_IS_NODE:
+                raise StateError("%s did not finish its activation within %d s (it is %s; it fetches its disk key "
+                                 "from this Coordinator over the VPN)" % (endpoint, RESUME_TIMEOUT, name))
+            row["action"] = "resumed"
+        else:
+            row["action"] = "recorded" if recorded else "none"
+        row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=disk_uuid)
+        self._log("node_resumed", node=endpoint, node_vpn_ip=vpn_ip, action=row["action"])
+        return row
+
+    def record_node(self, vpn_ip: str, vpn_pub_key: str, public_ip: str, disk_uuid: str) -> bool:
+        """Records a node that holds our node lock, before it gets its disk key: its disk UUID, then its
+        peer entry. True if anything changed. Refused if its VPN IP or key belongs to another peer."""
+        self.require_coordinator("record node")
+        record = PeerRecord.parse(vpn_ip, vpn_pub_key, public_ip, "node")
+        known = state_store.load_node_disk_uuid(self.store, record.vpn_ip)
+        if known is not None and known != disk_uuid:
+            raise StateError("VPN IP %s belongs to another node (disk %s)" % (record.vpn_ip, known))
+        if known is None:
+            state_store.save_node_disk_uuid(self.store, record.vpn_ip, disk_uuid)
+        registry = state_store.load_peer_registry(self.store)
+        current = registry.peers.get(record.vpn_ip) if registry is not None else None
+        if current is not None and current.vpn_pub_key != record.vpn_pub_key:
+            raise StateError("VPN IP %s belongs to another peer (another WireGuard key)" % record.vpn_ip)
+        if current is not None and current.public_ip == record.public_ip:
+            return known is None
+        self.add_node_peer(record.vpn_ip, record.vpn_pub_key, public_ip)
+        return True
+
+    def node_state_disk_key(self, vpn_ip: str) -> bytes:
+        """GetStateDiskKey: the disk key of the node at ``vpn_ip`` (the WireGuard tunnel
+        authenticates that address), for the disk UUID recorded at its activation, and only while it
+        is a peer."""
+        kms = self.require_coordinator("GetStateDiskKey")
+        if not self.is_known_peer_ip(vpn_ip):
+            raise StateError("GetStateDiskKey: %s is not a peer of this cluster" % vpn_ip)
+        disk_uuid = state_store.load_node_disk_uuid(self.store, vpn_ip)
+        if disk_uuid is None:
+            raise StateError("GetStateDiskKey: no activation of %s is recorded" % vpn_ip)
+        self._log("state_disk_key", node_vpn_ip=vpn_ip)
+        return kms.state_disk_key(disk_uuid)
