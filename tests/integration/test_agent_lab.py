@@ -16,10 +16,9 @@ import threading
 import time
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from lab.agent import agent_dir, start_agent, stop_agent, tail_log
+from lab.admin import LabCluster
+from lab.agent import agent_dir, tail_log
 from lab.agent import wait_until as until
 from lab.lab import Lab, lab_measurements
 from lab.netns import NetNS
@@ -37,26 +36,7 @@ HOSTS = 8
 POLICY = Measurements.from_dict(lab_measurements())
 
 
-class Cluster:
-    def __init__(self, lab: Lab):
-        self.lab = lab
-        self.hosts = {h.name: h for h in lab.hosts}
-        self.admin = NetNS(lab.bridge_netns)
-        self.procs = {}
-        self.admin_key = ed25519.Ed25519PrivateKey.generate()
-        self.admin_pem = self.admin_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-        self.secret = kms.MasterSecret.generate()
-        self.salt = os.urandom(32)
-        self.cluster_id = kms.ClusterKMS(self.secret).cluster_id(self.salt)
-
-    def start(self, name, **config):
-        self.procs[name] = start_agent(self.lab, self.hosts[name], **config)
-        return self.procs[name]
-
-    def stop(self, name, sig=signal.SIGTERM):
-        return stop_agent(self.procs.pop(name), sig=sig)
-
+class Cluster(LabCluster):
     def client(self, name, fresh=True) -> AgentClient:
         h = self.hosts[name]
         sock = self.admin.connect((h.public_ip, 9000))
@@ -74,10 +54,6 @@ class Cluster:
         hexval = res.stdout.strip().split("0x")[-1].strip()
         return bytes.fromhex(hexval)
 
-    def wg_peers(self, name):
-        out = self.hosts[name].run(["wg", "show", "wg0", "peers"], check=False).stdout
-        return set(out.split())
-
     def wg_pub_key(self, name):
         return self.hosts[name].run(["wg", "show", "wg0", "public-key"]).stdout.strip()
 
@@ -89,9 +65,7 @@ class Cluster:
         return self.hosts[src].run(["ping", "-c1", "-W2", ip], check=False).returncode == 0
 
     def disk_key_ok(self, name) -> bool:
-        state = agent_dir(self.hosts[name]) / "state"
-        uuid = (state / "disk_uuid").read_text().strip()
-        return (state / "state_disk.key").read_bytes() == kms.ClusterKMS(self.secret).state_disk_key(uuid)
+        return self.disk_key(name) == self.expected_disk_key(name)
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +78,7 @@ def cluster():
             c.start(name)
         yield c
     finally:
-        for name in list(c.procs):
-            try:
-                c.stop(name)
-            except Exception:  # pylint: disable=broad-except
-                pass
-        c.admin.close()
+        c.close()
         lab.down()
 
 

@@ -16,18 +16,12 @@ then the Coordinator is killed and restarted, and h6 joins the cluster it kept.
 
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
-
-from lab.agent import agent_dir, start_agent, stop_agent
+from lab.admin import LabCluster
 from lab.agent import wait_until as until
 from lab.lab import Lab, lab_measurements
-from lab.netns import NetNS
-from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurements, expected_pcr15)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
@@ -40,35 +34,7 @@ pytestmark = pytest.mark.lab
 POLICY = Measurements.from_dict(lab_measurements())
 
 
-class Faults:
-    def __init__(self, lab: Lab):
-        self.lab = lab
-        self.hosts = {h.name: h for h in lab.hosts}
-        self.admin = NetNS(lab.bridge_netns)
-        self.procs = {}
-        self.admin_key = ed25519.Ed25519PrivateKey.generate()
-        self.admin_pem = self.admin_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-        self.secret = kms.MasterSecret.generate()
-        self.salt = os.urandom(32)
-        self.cluster_id = kms.ClusterKMS(self.secret).cluster_id(self.salt)
-
-    def start(self, name, kill_after_event=None):
-        self.hosts = {h.name: h for h in self.lab.hosts}
-        self.procs[name] = start_agent(self.lab, self.hosts[name], kill_after_event=kill_after_event)
-
-    def link(self, name, up: bool):
-        """The host's cable to the lab's switch (its veth end in the bridge namespace)."""
-        self.lab.admin_run(["ip", "link", "set", name, "up" if up else "down"])
-
-    def snapshot(self, *names):
-        """What must never change: each peer's VPN IP, WireGuard key and disk key."""
-        rows = {}
-        for name in names:
-            state = self.state(name)
-            rows[name] = (state["vpn_ip"], state["vpn_pub_key"], self.disk_key(name))
-        return rows
-
+class Faults(LabCluster):
     def died(self, name) -> bool:
         return self.procs[name].poll() is not None
 
@@ -86,16 +52,17 @@ class Faults:
             c.admin_auth(self.admin_key)
             return c.activate_additional_nodes([self.hosts[n].public_endpoint for n in names])
 
-    def wg_peers(self, name):
-        return set(self.hosts[name].run(["wg", "show", "wg0", "peers"], check=False).stdout.split())
+    def link(self, name, up: bool):
+        """The host's cable to the lab's switch (its veth end in the bridge namespace)."""
+        self.lab.admin_run(["ip", "link", "set", name, "up" if up else "down"])
 
-    def disk_key(self, name):
-        path = agent_dir(self.hosts[name]) / "state" / "state_disk.key"
-        return path.read_bytes() if path.exists() else None
-
-    def expected_disk_key(self, name):
-        uuid = (agent_dir(self.hosts[name]) / "state" / "disk_uuid").read_text().strip()
-        return kms.ClusterKMS(self.secret).state_disk_key(uuid)
+    def snapshot(self, *names):
+        """What must never change: each peer's VPN IP, WireGuard key and disk key."""
+        rows = {}
+        for name in names:
+            state = self.state(name)
+            rows[name] = (state["vpn_ip"], state["vpn_pub_key"], self.disk_key(name))
+        return rows
 
 
 @pytest.fixture(scope="module", params=["file", "etcd"])
@@ -111,18 +78,13 @@ def faults(request):
             c.activate_as_coordinator(f.secret.to_uri(), f.salt, f.admin_pem)
         yield f
     finally:
-        for proc in f.procs.values():
-            try:
-                stop_agent(proc)
-            except Exception:  # pylint: disable=broad-except
-                pass
-        f.admin.close()
+        f.close()
         lab.down()
 
 
 def test_coordinator_killed_after_recording_a_node_before_its_disk_key(faults):
     coordinator_pub_key = faults.state("h1")["vpn_pub_key"]
-    stop_agent(faults.procs.pop("h1"))
+    faults.stop("h1")
     faults.start("h1", kill_after_event="peer_added")  # dies once it has recorded h2, before the key
     faults.start("h2")
     with pytest.raises((ConnectionLost, OSError)):
@@ -202,7 +164,7 @@ def test_coordinator_killed_and_restarted_keeps_the_cluster(faults):
     names = ("h1", "h2", "h3", "h4", "h5")
     before = faults.snapshot(*names)
     mesh = faults.wg_peers("h1")
-    stop_agent(faults.procs.pop("h1"), sig=signal.SIGKILL)
+    faults.stop("h1", sig=signal.SIGKILL)
     faults.start("h1")
     assert faults.snapshot(*names) == before
     assert faults.wg_peers("h1") == mesh

@@ -1,0 +1,63 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The admin's side of a lab cluster, for tests that drive real agents without Ansible: the admin
+key pair, the cluster's master secret and measurement salt (so its cluster ID and the disk keys the
+KMS derives), sockets from the admin machine (the bridge namespace) and the agents it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Dict, Optional
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from lab.agent import agent_dir, start_agent, stop_agent
+from lab.lab import Lab
+from lab.netns import NetNS
+from ansible_collections.constellation.cluster.plugins.module_utils import kms
+
+
+class LabCluster:
+    def __init__(self, lab: Lab):
+        self.lab = lab
+        self.hosts = {h.name: h for h in lab.hosts}
+        self.admin = NetNS(lab.bridge_netns)
+        self.procs: Dict[str, object] = {}
+        self.admin_key = ed25519.Ed25519PrivateKey.generate()
+        self.admin_pem = self.admin_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        self.secret = kms.MasterSecret.generate()
+        self.salt = os.urandom(32)
+        self.cluster_id = kms.ClusterKMS(self.secret).cluster_id(self.salt)
+
+    def start(self, name: str, **config):
+        """Starts the agent on ``name`` (config keys as docs/agent.md, and start_agent's options)."""
+        self.hosts = {h.name: h for h in self.lab.hosts}  # the lab may have grown
+        self.procs[name] = start_agent(self.lab, self.hosts[name], **config)
+        return self.procs[name]
+
+    def stop(self, name: str, sig=signal.SIGTERM) -> int:
+        return stop_agent(self.procs.pop(name), sig=sig)
+
+    def wg_peers(self, name: str) -> set:
+        return set(self.hosts[name].run(["wg", "show", "wg0", "peers"], check=False).stdout.split())
+
+    def disk_key(self, name: str) -> Optional[bytes]:
+        path = agent_dir(self.hosts[name]) / "state" / "state_disk.key"
+        return path.read_bytes() if path.exists() else None
+
+    def expected_disk_key(self, name: str) -> bytes:
+        """The disk key the cluster's KMS derives for the disk UUID this host reports."""
+        uuid = (agent_dir(self.hosts[name]) / "state" / "disk_uuid").read_text().strip()
+        return kms.ClusterKMS(self.secret).state_disk_key(uuid)
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            try:
+                self.stop(name)
+            except Exception:  # pylint: disable=broad-except
+                pass
+        self.admin.close()
