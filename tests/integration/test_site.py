@@ -90,6 +90,16 @@ def tasks_run(output: str):
     return [m.group(1).split(" : ", 1)[-1] for m in re.finditer(r"^TASK \[(.+?)\] \**$", output, re.M)]
 
 
+def task_hosts(output: str, task: str):
+    """The hosts a task reported ok/changed for (from the lines under its TASK header)."""
+    hosts = set()
+    for block in re.split(r"^TASK \[", output, flags=re.M)[1:]:
+        name, _, body = block.partition("]")
+        if name.split(" : ", 1)[-1] == task:
+            hosts |= set(re.findall(r"^(?:ok|changed): \[([^\]\s]+)", body, re.M))
+    return hosts
+
+
 def secret_files(inv: Path):
     return sorted(p.name for p in inv.glob("constellation-*.json"))
 
@@ -239,8 +249,9 @@ def test_tags_select_the_steps(site):
     proc = site.play("site.yml", "--tags", "verify")
     assert proc.returncode == 0, proc.stdout[-3000:]
     ran = tasks_run(proc.stdout)
-    assert "The peer belongs to this cluster and is activated" in ran
+    assert "The peer passed every check" in ran
     assert "Wait until the peer's WireGuard lists every other peer" in ran
+    assert "Each other peer answers a ping over the VPN, then shows a recent handshake" in ran
     for step in ("Master secret on the controller (made once, Ansible Vault)",
                  "The Coordinator activates the fresh nodes (ActivateAdditionalNodes)",
                  "The Coordinator's WireGuard interface carries its VPN IP"):
@@ -259,6 +270,7 @@ def test_tags_select_the_steps(site):
     assert "The Coordinator's WireGuard interface carries its VPN IP" in ran
     assert "The node's WireGuard interface carries its VPN IP" in ran
     assert "Wait until the peer's WireGuard lists every other peer" in ran
+    assert task_hosts(proc.stdout, "The peer passed every check") == {"h1", "h2", "h3", "h4"}
     assert "The Coordinator activates the fresh nodes (ActivateAdditionalNodes)" not in ran
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
 
@@ -370,12 +382,16 @@ def test_add_nodes_joins_one_host_and_changes_nothing_else(site):
         assert after == peers | {new_key}, name  # learnt h6; no other peer changed
 
 
-def verify_with_reports(site, tmp_path):
-    report_json, report_junit = tmp_path / "ci" / "verify.json", tmp_path / "ci" / "verify.xml"
+def verify_with_reports(site, tmp_path, name="ci"):
+    report_json, report_junit = tmp_path / name / "verify.json", tmp_path / name / "verify.xml"
     report_json.parent.mkdir()
     proc = site.play("playbooks/verify.yml", "-e", "verify_report_json=%s" % report_json,
                      "-e", "verify_report_junit=%s" % report_junit)
     return proc, report_json, report_junit
+
+
+VERIFY_MESH_TASKS = ("Wait until the peer's WireGuard lists every other peer",
+                     "Each other peer answers a ping over the VPN, then shows a recent handshake")
 
 
 def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
@@ -386,8 +402,13 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     peers = ("h1", "h2", "h3", "h4", "h6")
     for name in peers:
         for pcr in ("4", "9", "11"):
-            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr),
+            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr),
                              proc.stdout), (name, pcr)
+    assert "every peer passed: attested, in its role's state, PCR 15 ours, the mesh complete" in proc.stdout
+    # Every check ran on every peer: the mesh (WireGuard peers and allowed IPs, a ping and a recent
+    # handshake per pair) and the verdict.
+    for task in VERIFY_MESH_TASKS + ("Every check passed (a peer with problems fails, one line per problem)",):
+        assert task_hosts(proc.stdout, task) == set(peers), task
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
 
     # JSON: one record per peer, with the per-PCR table.
@@ -400,6 +421,8 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     for name, record in records.items():
         assert record["endpoint"] == site.lab.host(name).public_endpoint
         assert record["attested"] is True and record["error"] is None
+        assert record["problems"] == [] and record["passed"] is True, record["problems"]
+        assert record["vpn_ip"] == vpn_ip(site.lab, name)
         assert record["membership"] == "ours"
         assert record["state"] == ("ActivatingNodes" if name == "h1" else "IsNode")
         assert {str(p["index"]) for p in record["pcrs"]} == set(policy)
@@ -417,6 +440,97 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     # Neither holds a secret.
     text = report_json.read_text() + report_junit.read_text()
     assert not [s[:8] for s in forbidden_strings(site) if s in text or s.lower() in text.lower()]
+
+
+def vpn_ip(lab: Lab, name: str):
+    out = lab.host(name).run(["ip", "-o", "-4", "addr", "show", "dev", "wg0"]).stdout
+    return re.search(r"inet (10\.118\.[0-9.]+)/", out).group(1)
+
+
+def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
+    """Two breakages verify.yml must not pass: h3's WireGuard loses its peer h2 (the agents re-apply
+    peers only when the Coordinator's version changes, so the removal stays), and h4's agent stops
+    (h4 cannot be attested). verify.yml fails naming each broken peer and what is wrong, in its
+    output and in both reports; repaired (the peer re-added as it was, the agent started again), the
+    cluster passes verify.yml again, so the tests after this one run on a healthy cluster."""
+    import signal
+    import xml.etree.ElementTree as ET
+
+    from lab.agent import start_agent, wait_until
+
+    h2_key = site.lab.host("h2").run(["wg", "show", "wg0", "public-key"]).stdout.strip()
+    ips = {name: vpn_ip(site.lab, name) for name in ("h2", "h3")}
+    # h3's entry for h2, to restore it as it was (the dump's first line is the interface's private key: skipped).
+    entry = next(line.split("\t") for line in site.lab.host("h3").run(["wg", "show", "wg0", "dump"]).stdout.splitlines()[1:]
+                 if line.startswith(h2_key + "\t"))
+    endpoint, allowed_ips, keepalive = entry[2], entry[3], entry[7]
+    assert allowed_ips == ips["h2"] + "/32"
+    h4 = site.lab.host("h4")
+    (agent_pid,) = site.lab._agent_pids(h4)  # pylint: disable=protected-access
+    try:
+        site.lab.host("h3").run(["wg", "set", "wg0", "peer", h2_key, "remove"])
+        os.kill(agent_pid, signal.SIGTERM)
+        wait_until(lambda: not site.lab._agent_pids(h4), what="h4's agent stops")  # pylint: disable=protected-access
+
+        proc, report_json, report_junit = verify_with_reports(site, tmp_path, "broken")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0
+        expected = {
+            "h3": "h3: no WireGuard peer h2 (key %s, VPN IP %s) on wg0" % (h2_key, ips["h2"]),
+            "h2": "h2: no traffic to h3: ping %s over wg0 got no answer" % ips["h3"],
+            "h4": "h4: not attested: cannot connect to %s" % h4.public_endpoint,
+        }
+        # The table marks each broken peer FAIL, then lists every problem, one line each.
+        listing = re.search(r"^\s*(\d+) problems?:$(.*?)^TASK ", proc.stdout, re.M | re.S)
+        assert listing, out[-4000:]
+        lines = [line.strip() for line in listing.group(2).splitlines() if line.strip()]
+        assert len(lines) == int(listing.group(1))
+        assert {line.split(":")[0] for line in lines} == {"h2", "h3", "h4"}, lines
+        for name, line in expected.items():
+            assert any(problem.startswith(line) for problem in lines), (name, lines)
+            assert re.search(r"^\s*%s\s.*\sFAIL\s" % name, proc.stdout, re.M), name
+        assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+refused$" % re.escape(h4.public_endpoint), proc.stdout, re.M)
+        # Each broken peer fails, naming itself and what is wrong; the others pass.
+        rows = recap(proc.stdout)
+        assert {name: rows[name]["failed"] for name in rows} == {"h1": 0, "h2": 1, "h3": 1, "h4": 1, "h6": 0}
+        for name, line in expected.items():
+            assert re.search(r"fatal: \[%s\]: FAILED!" % name, proc.stdout), name
+            assert re.search(r"Action failed: \[.*%s" % re.escape(line), out), (name, out[-4000:])
+        assert not re.search(r"fatal: \[h[16]\]", proc.stdout)
+        # The removal stayed (no version change, so the agent did not re-apply its peers).
+        assert h2_key not in wg_peers(site.lab, "h3")
+
+        # The reports carry the same verdict, line for line.
+        report = json.loads(report_json.read_text())
+        records = {r["name"]: r for r in report["peers"]}
+        assert report["passed"] is False
+        for name, line in expected.items():
+            assert any(problem.startswith(line) for problem in records[name]["problems"]), records[name]["problems"]
+            assert records[name]["passed"] is False
+            assert all(p.startswith(name + ": ") for p in records[name]["problems"]), records[name]["problems"]
+        assert records["h3"]["problems"] == [expected["h3"]]
+        assert records["h4"]["attested"] is False and records["h4"]["state"] is None
+        assert records["h4"]["problems"] == ["h4: not attested: " + records["h4"]["error"]]
+        assert records["h1"]["problems"] == records["h6"]["problems"] == []
+        suite = ET.parse(report_junit).getroot()
+        failures = {c.get("name"): c.find("failure") for c in suite.findall(".//testcase")}
+        assert suite.get("failures") == "3"
+        assert failures["h1"] is None and failures["h6"] is None
+        for name in ("h2", "h3", "h4"):
+            assert failures[name].get("message") == "; ".join(records[name]["problems"]), name
+        assert failures["h4"].get("type") == "refused" and failures["h3"].get("type") == "check"
+    finally:
+        # Repair: h3's peer back as it was, h4's agent started again (it resumes IsNode from its store).
+        site.lab.host("h3").run(["wg", "set", "wg0", "peer", h2_key, "endpoint", endpoint, "allowed-ips", allowed_ips,
+                                 "persistent-keepalive", keepalive])
+        if not site.lab._agent_pids(h4):  # pylint: disable=protected-access
+            start_agent(site.lab, h4)
+    assert site.lab.healthy()
+    proc, report_json, _ = verify_with_reports(site, tmp_path, "repaired")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    report = json.loads(report_json.read_text())
+    assert report["passed"] is True
+    assert all(r["problems"] == [] for r in report["peers"]), report["peers"]
 
 
 def test_lab_attests_with_the_ek_variant(site):
@@ -450,6 +564,11 @@ def test_foreign_tpm_is_refused_by_add_nodes_and_verify(site, tmp_path):
     assert records["h7"]["attested"] is False
     assert "EK certificate does not chain to the trusted CAs" in records["h7"]["error"]
     assert all(records[n]["attested"] for n in ("h1", "h2", "h3", "h4", "h6"))
+    # h7 fails for that reason alone; the others pass every check (the mesh among the attested peers).
+    assert records["h7"]["problems"] == ["h7: not attested: " + records["h7"]["error"]]
+    assert all(records[n]["problems"] == [] for n in ("h1", "h2", "h3", "h4", "h6"))
+    assert {name: row["failed"] for name, row in recap(proc.stdout).items()} == {
+        "h1": 0, "h2": 0, "h3": 0, "h4": 0, "h6": 0, "h7": 1}
     suite = ET.parse(report_junit).getroot()
     failed = {c.get("name"): c.find("failure") for c in suite.findall(".//testcase")}
     assert suite.get("failures") == "1"
