@@ -94,7 +94,7 @@ def task_hosts(output: str, task: str):
     """The hosts a task reported ok/changed for (from the lines under its TASK header)."""
     hosts = set()
     for block in re.split(r"^TASK \[", output, flags=re.M)[1:]:
-        name, _, body = block.partition("]")
+        name, _sep, body = block.partition("]")
         if name.split(" : ", 1)[-1] == task:
             hosts |= set(re.findall(r"^(?:ok|changed): \[([^\]\s]+)", body, re.M))
     return hosts
@@ -526,7 +526,7 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
         if not site.lab._agent_pids(h4):  # pylint: disable=protected-access
             start_agent(site.lab, h4)
     assert site.lab.healthy()
-    proc, report_json, _ = verify_with_reports(site, tmp_path, "repaired")
+    proc, report_json, _junit = verify_with_reports(site, tmp_path, "repaired")
     assert proc.returncode == 0, proc.stdout[-4000:]
     report = json.loads(report_json.read_text())
     assert report["passed"] is True

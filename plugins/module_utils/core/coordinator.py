@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from typing import Any, Dict, List, Mapping, Optional, Sequence
-
-from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from typing import Any, Dict, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
