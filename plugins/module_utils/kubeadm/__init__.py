@@ -118,8 +118,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.comm
     parse_token_list,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.operations import (  # noqa: F401
+    MAX_WAIT_TIMEOUT,
     InitResult,
     JoinResult,
+    NodeStatus,
     TokenResult,
     _PrivateConfig,
     _atomic_write,

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import ApiServerStandIn
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 KUBEADM_DOUBLE = os.path.join(REPO, "tests", "doubles", "kubeadm")
@@ -59,3 +60,28 @@ def initialised(double_log, control_plane_dir, init_params):
     """A control plane initialised by the test double; returns the InitResult."""
     kubeadm = core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir)
     return core.init_control_plane(kubeadm, init_params(), upload_certs=True)
+
+
+@pytest.fixture
+def join(initialised, double_log, tmp_path, monkeypatch, control_plane_dir):
+    """Joins a worker to the ``initialised`` cluster with the test double (which registers the node there)."""
+    monkeypatch.setenv("KUBEADM_DOUBLE_CLUSTER", control_plane_dir)
+
+    def make(node_name, node_vpn_ip):
+        node_dir = str(tmp_path / node_name / "kubernetes")
+        params = core.JoinParams(api_server_endpoint="10.118.0.1:6443", token=initialised.token,
+                                 ca_cert_hash=initialised.ca_cert_hash, node_name=node_name, node_vpn_ip=node_vpn_ip,
+                                 kubernetes_dir=node_dir, patches_dir=None)
+        return core.join_node(core.Kubeadm(KUBEADM_DOUBLE, node_dir), params)
+    return make
+
+
+@pytest.fixture
+def apiserver(join, control_plane_dir, tmp_path):
+    """The STAND-IN for the Kubernetes API server (not Kubernetes) on 127.0.0.1, serving the cluster of
+    ``initialised`` (control-plane-0) with worker-0 and worker-1 joined."""
+    join("worker-0", "10.118.0.11")
+    join("worker-1", "10.118.0.12")
+    server = ApiServerStandIn(control_plane_dir, str(tmp_path))
+    yield server
+    server.stop()
