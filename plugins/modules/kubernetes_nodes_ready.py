@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 module: kubernetes_nodes_ready
 short_description: Wait until Kubernetes nodes report Ready and return their state
-version_added: "0.1.0"
+version_added: "0.2.0"
 author: constellation.cluster contributors (@constellation-cluster)
 description:
   - Asks the Kubernetes API server (with the C(kubernetes) Python client and the credentials of O(kubeconfig)) for
