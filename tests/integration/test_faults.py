@@ -178,3 +178,35 @@ def test_coordinator_killed_and_restarted_keeps_the_cluster(faults):
         until(lambda n=name: h6_pub_key in faults.wg_peers(n), timeout=30, what="%s learnt h6" % name)
     rows = faults.activate_nodes(*names[1:], "h6")["nodes"]
     assert all(r["ok"] and r["action"] == "none" for r in rows), rows
+
+
+# Each step of node activation as the Coordinator logs it: the IP reserved (before the node lock), the
+# node's answer (locked, WireGuard set up, not yet recorded), the node recorded (peer and disk UUID
+# stored, key not sent), the disk key delivered.
+COORDINATOR_STEPS = ["node_ip_reserved", "node_locked", "peer_added", "node_activated"]
+
+
+@pytest.mark.parametrize("step", COORDINATOR_STEPS)
+def test_coordinator_killed_at_each_step_of_node_activation_converges(faults, step):
+    others = [n for n in sorted(faults.procs) if n != "h1"]
+    before = faults.snapshot(*others)
+    coordinator_pub_key = faults.state("h1")["vpn_pub_key"]
+    new = faults.lab.grow(len(faults.lab.hosts) + 1)[0].name
+    faults.start(new)
+    faults.stop("h1")
+    faults.start("h1", kill_after_event=step)
+    with pytest.raises((ConnectionLost, OSError)):
+        faults.activate_nodes(new)
+    until(lambda: faults.died("h1"), what="the Coordinator died after %s" % step)
+    faults.start("h1")
+    rows = faults.activate_nodes(new)["nodes"]  # the next site.yml / add_nodes.yml run
+    assert rows[0]["ok"], rows
+    until(lambda: faults.state(new)["state"] == "IsNode", timeout=40, what="%s active" % new)
+    assert faults.disk_key(new) == faults.expected_disk_key(new)
+    new_pub_key = faults.state(new)["vpn_pub_key"]
+    for name in others:
+        until(lambda n=name: new_pub_key in faults.wg_peers(n), timeout=30, what="%s learnt %s" % (name, new))
+    assert faults.wg_peers(new) >= {coordinator_pub_key}
+    assert faults.snapshot(*others) == before and faults.state("h1")["vpn_pub_key"] == coordinator_pub_key
+    rows = faults.activate_nodes(new, *others)["nodes"]
+    assert all(r["ok"] and r["action"] == "none" for r in rows), rows

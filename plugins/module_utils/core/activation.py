@@ -72,11 +72,13 @@ class NodeActivation(CoordinatorSide):
                 if membership != "fresh":
                     raise StateError("%s is locked to another cluster (PCR 15)" % endpoint)
                 vpn_ip = self.reserve_node_ip()
+                self._log("node_ip_reserved", node=endpoint, node_vpn_ip=vpn_ip)
                 request = self.node_activation_request(vpn_ip)
 
                 def record_then_key(disk_uuid: str, node_vpn_pub_key: str) -> bytes:
                     nonlocal locked
                     locked = True  # the node answered the first step: it holds the node lock
+                    self._log("node_locked", node=endpoint, node_vpn_ip=vpn_ip)
                     normalized = normalize_disk_uuid(disk_uuid)
                     self.record_node(vpn_ip, node_vpn_pub_key, host, normalized)
                     return self.state_disk_key(normalized)
