@@ -4,11 +4,14 @@
 """Per-task cost of the atls connection against ssh and local, measured in one run.
 
 The same playbook (TASKS x ``ansible.builtin.command: /bin/true``) runs against HOSTS lab hosts
-four times, with forks = HOSTS and pipelining on everywhere:
+in each mode, with forks = HOSTS and pipelining on everywhere:
   atls   the agent on each host, attested and admin-authenticated (constellation.cluster.atls),
-         default options: modules run in the agent's pre-warmed interpreter (ExecModule)
-  atls-cold  the same with warm_interpreter off: a fresh interpreter per module, as ssh and local
+         default options: a fresh proof per task (a new quote over a new nonce, bound to the kept
+         connection: the admin channel's Attest) and modules in the agent's pre-warmed interpreter
+  atls-nofresh  the same with fresh_proof off: the handshake's attestation serves every task
+  atls-cold  the default with warm_interpreter off: a fresh interpreter per module, as ssh and local
   ssh    an sshd started by this bench inside each host (ControlPersist, pipelining)
+  mitogen  the ssh inventory with Mitogen's strategy (mitogen_linear, from PyPI's mitogen)
   local  ansible_connection=local with a shell that enters the host's namespaces (the lab's way)
 The controller runs in the lab's admin namespace (10.42.0.1). Everything is torn down at the end.
 Last line: one JSON object with the figures.
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "collections"), str(ROOT)]
@@ -103,13 +107,15 @@ def write_inventories(work: Path, lab: Lab, key_file: Path) -> dict:
                ansible_control_path_dir=str(work / "cp-ssh"))
     local = dict(common, ansible_connection="local")
     atls_cold = dict(atls, constellation_atls_warm_interpreter=False)
+    atls_nofresh = dict(atls, constellation_atls_fresh_proof=False)
     inventories = {}
-    for mode, group_vars in (("atls", atls), ("atls-cold", atls_cold), ("ssh", ssh), ("local", local)):
+    for mode, group_vars in (("atls", atls), ("atls-nofresh", atls_nofresh), ("atls-cold", atls_cold), ("ssh", ssh),
+                             ("mitogen", ssh), ("local", local)):
         host_vars = {}
         for h in hosts:
             if mode.startswith("atls"):
                 host_vars[h.name] = {"constellation_public_endpoint": h.public_endpoint}
-            elif mode == "ssh":
+            elif mode in ("ssh", "mitogen"):
                 host_vars[h.name] = {"ansible_host": h.public_ip}
             else:
                 shell = work / ("%s-sh" % h.name)
@@ -197,10 +203,21 @@ def profile(lab: Lab, work: Path, admin_key, inventory: Path, tasks: int) -> dic
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
 
 
+def mitogen_strategy_dir() -> Optional[str]:
+    """Mitogen's strategy plugins (the ``mitogen`` package from PyPI, in the dev extra), or None."""
+    try:
+        import ansible_mitogen  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    return str(Path(ansible_mitogen.__file__).parent / "plugins" / "strategy")
+
+
 def run_playbook(lab: Lab, work: Path, inventory: Path, playbook: Path, forks: int) -> float:
     env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
                ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="False",
                ANSIBLE_LOCAL_TEMP=str(work / "ansible-local"))
+    if inventory.stem == "mitogen":
+        env.update(ANSIBLE_STRATEGY_PLUGINS=mitogen_strategy_dir(), ANSIBLE_STRATEGY="mitogen_linear")
     # local needs no network; its shell enters each host's namespaces with nsenter, which cannot
     # reassociate from inside `ip netns exec` (that makes a mount namespace of its own).
     prefix = [] if inventory.stem == "local" else ["ip", "netns", "exec", lab.bridge_netns]
@@ -209,7 +226,7 @@ def run_playbook(lab: Lab, work: Path, inventory: Path, playbook: Path, forks: i
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=RUN_TIMEOUT,
                           check=False)
     elapsed = time.monotonic() - start
-    print("  %-6s %.2f s" % (inventory.stem, elapsed), file=sys.stderr, flush=True)
+    print("  %-12s %.2f s" % (inventory.stem, elapsed), file=sys.stderr, flush=True)
     if proc.returncode != 0:
         raise RuntimeError("%s failed (%d):\n%s\n%s"
                            % (inventory.name, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
@@ -255,7 +272,11 @@ def main() -> int:
         }], sort_keys=False))
 
         profiled = profile(lab, work, admin_key, inventories["atls"], args.tasks) if args.profile else None
-        times = {mode: [] for mode in ("atls", "atls-cold", "ssh", "local")}
+        modes = ["atls", "atls-nofresh", "atls-cold", "ssh", "mitogen", "local"]
+        if mitogen_strategy_dir() is None:
+            print("mitogen is not installed (make setup installs it): no mitogen baseline", file=sys.stderr)
+            modes.remove("mitogen")
+        times = {mode: [] for mode in modes}
         for _round in range(args.rounds):
             for mode in times:  # interleaved, so load changes hit every mode alike
                 times[mode].append(run_playbook(lab, work, inventories[mode], playbook, args.hosts))
@@ -276,10 +297,10 @@ def main() -> int:
 
     print("%d hosts x %d tasks of command: /bin/true, forks %d, pipelining on, interpreter %s, %d round(s)"
           % (args.hosts, args.tasks, args.hosts, PYTHON, args.rounds))
-    print("%-10s %12s %14s %10s" % ("mode", "playbook s", "s per task", "vs ssh"))
+    print("%-13s %12s %14s %10s" % ("mode", "playbook s", "s per task", "vs ssh"))
     for mode, t in times.items():
         ratio = per_task[mode] / per_task["ssh"]
-        print("%-10s %12.2f %14.4f %10.2f" % (mode, statistics.median(t), per_task[mode], ratio))
+        print("%-13s %12.2f %14.4f %10.2f" % (mode, statistics.median(t), per_task[mode], ratio))
     result = {
         "hosts": args.hosts, "tasks": args.tasks, "rounds": args.rounds,
         "atls_s_per_task": round(per_task["atls"], 4),
@@ -289,13 +310,20 @@ def main() -> int:
         "atls_vs_local": round(per_task["atls"] / per_task["local"], 3),
         "atls_cold_s_per_task": round(per_task["atls-cold"], 4),
         "atls_cold_vs_ssh": round(per_task["atls-cold"] / per_task["ssh"], 3),
+        "atls_nofresh_s_per_task": round(per_task["atls-nofresh"], 4),
+        "fresh_proof_s_per_task": round(per_task["atls"] - per_task["atls-nofresh"], 4),
         "load_avg_1m_start": load_start,
         "load_avg_1m_end": round(os.getloadavg()[0], 2),
     }
+    if "mitogen" in per_task:
+        result["mitogen_s_per_task"] = round(per_task["mitogen"], 4)
+        result["atls_vs_mitogen"] = round(per_task["atls"] / per_task["mitogen"], 3)
     if profiled:
         result["profile"] = profiled
-    print("atls/ssh %.2f (goal <= 0.5), atls/local %.2f (goal <= 1.0), atls-cold/ssh %.2f; load %.2f -> %.2f"
-          % (result["atls_vs_ssh"], result["atls_vs_local"], result["atls_cold_vs_ssh"], load_start,
+    print("atls (fresh proof per task)/ssh %.2f (goal <= 0.5), atls/local %.2f (goal <= 1.0), atls/mitogen %s, "
+          "atls-cold/ssh %.2f; a fresh proof costs %.1f ms per task; load %.2f -> %.2f"
+          % (result["atls_vs_ssh"], result["atls_vs_local"], result.get("atls_vs_mitogen", "n/a"),
+             result["atls_cold_vs_ssh"], 1000 * result["fresh_proof_s_per_task"], load_start,
              result["load_avg_1m_end"]))
     print(json.dumps(result, sort_keys=False))
     return 0

@@ -73,6 +73,14 @@ options:
     type: path
     vars:
       - name: constellation_measurements_path
+  measurements_public_key_path:
+    description:
+      - A pinned ECDSA P-256 public key (PEM, as C(cosign.pub)). The policy file O(measurements_path) is used only
+        if its detached signature C(<file>.sig) (C(cosign sign-blob) form) verifies with it; an unsigned or altered
+        file makes the host unreachable, naming the file. Inline O(measurements) are then refused.
+    type: path
+    vars:
+      - name: constellation_measurements_public_key_path
   attestation_variant:
     description:
       - Attestation variant the node must present (the chooser in C(module_utils/attestation/choose.py)).
@@ -131,6 +139,20 @@ options:
       - name: CONSTELLATION_ATLS_PERSIST
     vars:
       - name: constellation_atls_persist
+  fresh_proof:
+    description:
+      - Before every task on a kept connection (O(persist)), the agent proves itself again - a new quote over a
+        new nonce, bound to that very connection's certificate key, checked against the policy (the admin
+        channel's C(Attest)). A host whose PCRs changed since the connection was attested is unreachable for that
+        task, with the attestation error, and nothing is sent to it.
+      - V(false) trusts the attestation of the connection's handshake for every task it serves (at most
+        O(persist) idle seconds apart). A new connection is always attested in its handshake.
+    type: bool
+    default: true
+    env:
+      - name: CONSTELLATION_ATLS_FRESH_PROOF
+    vars:
+      - name: constellation_atls_fresh_proof
   warm_interpreter:
     description:
       - Lets the agent run pipelined module payloads in a pre-warmed interpreter (the admin channel's

@@ -207,32 +207,44 @@ def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator
         raise AttestationError("peer certificate has malformed extensions: %s" % err) from None
     by_oid = {v.oid: v for v in validators}
     for ext in extensions:
-        validator = by_oid.get(ext.oid.dotted_string)
-        if validator is None:
+        if ext.oid.dotted_string not in by_oid:
             continue
         document = getattr(ext.value, "value", None)
         if not isinstance(document, bytes):
             raise AttestationError("attestation extension %s does not hold raw bytes" % ext.oid.dotted_string)
-        try:
-            validation = _with_deadline("attestation validation", attestation_timeout,
-                                        validator.validate, document, nonce)
-        except AttestationError as err:
-            # Keep the type and its details (e.g. the PCR table of a measurements mismatch).
-            raise _prefixed(err, "attestation refused: ")
-        except ConstellationError as err:
-            raise AttestationError("attestation refused: %s" % err) from None
-        except Exception as err:  # pylint: disable=broad-except
-            # A validator choking on hostile input is a refusal, not a crash of the caller.
-            raise AttestationError("attestation refused: the %s document could not be validated: %s: %s"
-                                   % (ext.oid.dotted_string, type(err).__name__, err)) from None
-        if not hmac.compare_digest(bytes(validation.user_data), expected_user_data):
-            raise AttestationError(
-                "attestation is bound to another key: user data %s != SHA-256 of the certificate's public key %s"
-                " (relayed attestation?)" % (bytes(validation.user_data).hex(), expected_user_data.hex()))
+        validation = validate_document(ext.oid.dotted_string, document, validators, nonce, expected_user_data,
+                                       attestation_timeout)
         return validation, ext.oid.dotted_string
     raise AttestationError("peer certificate carries no attestation of an accepted variant: found OIDs [%s], "
                            "accepted [%s]" % (", ".join(e.oid.dotted_string for e in extensions),
                                               ", ".join(sorted(by_oid))))
+
+
+def validate_document(oid: str, document: bytes, validators: Sequence[Validator], nonce: bytes,
+                      expected_user_data: bytes, attestation_timeout: float = ATTESTATION_TIMEOUT) -> Validation:
+    """An attestation document of variant ``oid`` over ``nonce``, validated by the matching validator,
+    whose user data must be ``expected_user_data`` (the SHA-256 of the connection's certificate key):
+    the check of a certificate's extension and of a fresh proof on a kept connection (``Attest``)."""
+    validator = next((v for v in validators if v.oid == oid), None)
+    if validator is None:
+        raise AttestationError("attestation variant %s is not accepted (accepted: %s)"
+                               % (str(oid)[:64], ", ".join(sorted(v.oid for v in validators))))
+    try:
+        validation = _with_deadline("attestation validation", attestation_timeout, validator.validate, document, nonce)
+    except AttestationError as err:
+        # Keep the type and its details (e.g. the PCR table of a measurements mismatch).
+        raise _prefixed(err, "attestation refused: ")
+    except ConstellationError as err:
+        raise AttestationError("attestation refused: %s" % err) from None
+    except Exception as err:  # pylint: disable=broad-except
+        # A validator choking on hostile input is a refusal, not a crash of the caller.
+        raise AttestationError("attestation refused: the %s document could not be validated: %s: %s"
+                               % (oid, type(err).__name__, err)) from None
+    if not hmac.compare_digest(bytes(validation.user_data), expected_user_data):
+        raise AttestationError(
+            "attestation is bound to another key: user data %s != SHA-256 of the certificate's public key %s"
+            " (relayed attestation?)" % (bytes(validation.user_data).hex(), expected_user_data.hex()))
+    return validation
 
 
 def client_handshake(raw_sock: socket.socket, validators: Sequence[Validator], *,

@@ -340,3 +340,40 @@ def test_warm_interpreter_off_and_raw_use_plain_exec_and_a_dead_fork_server_is_r
     _ok(env.playbook(task, hosts="h2"))
     assert _agent_events(env, "h2", "exec_module")[-1]["warm"] is True
     assert len(_agent_events(env, "h2", "warm_server_started")) == len(started) + 1
+
+
+def _tamper_between_two_tasks(env, name, extra_env=None):
+    """A play of three tasks on ``name``: a command, then (on the controller) the host's PCR 9 is
+    extended as a modified boot would, then a command again - on the connection the first task used."""
+    tamper = {"name": "tamper", "ansible.builtin.command": {
+        "argv": [str(VENV_BIN / "python"), "-m", "lab", "--name", env.lab.name, "tamper", name],
+        "chdir": str(REPO_ROOT)}, "delegate_to": "localhost", "changed_when": False,
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}}
+    tasks = [{"name": "before", "ansible.builtin.command": "echo before-ran", "changed_when": False}, tamper,
+             {"name": "after", "ansible.builtin.command": "echo after-ran", "changed_when": False}]
+    play = env.tmp / ("tamper-%s.yml" % name)
+    play.write_text(yaml.safe_dump([{"name": "atls", "hosts": name, "gather_facts": False, "tasks": tasks}],
+                                   sort_keys=False))
+    # The controller stays in the root namespaces (the lab's tamper enters the host's mount namespace,
+    # which it cannot from inside `ip netns exec`); the plugin opens its sockets in the admin's.
+    return env.ansible(["ansible-playbook", str(play), "-e", "constellation_atls_netns=%s" % env.lab.bridge_netns],
+                       extra_env, in_admin_ns=False)
+
+
+# Last in the file: these tamper h1 and h2 for good (PCRs only extend).
+def test_a_host_tampered_between_two_tasks_is_refused_for_the_second(env):
+    # Without fresh proofs the kept connection's handshake vouches for every task it serves: the
+    # second task still runs on the modified host (the weakness fresh proofs close).
+    proc = _ok(_tamper_between_two_tasks(env, "h1", {"CONSTELLATION_ATLS_FRESH_PROOF": "false"}))
+    assert re.search(r"^ok: \[h1\]", proc.stdout.split("TASK [after]", 1)[1], re.M), proc.stdout[-3000:]
+    # By default every task on a kept connection gets a new quote over a new nonce, bound to that
+    # connection: the modified host is unreachable for the second task, with its PCR, and nothing ran.
+    before = env.admin_auth_count("h2")
+    proc = _tamper_between_two_tasks(env, "h2")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out[-4000:]
+    assert re.search(r"^ok: \[h2\]", out.split("TASK [tamper]", 1)[0], re.M), out[-4000:]  # before ran
+    assert "UNREACHABLE!" in out.split("TASK [after]", 1)[1]
+    assert "fresh attestation refused on the kept connection, nothing was sent" in out
+    assert "PCR 9: expected %s, found " % lab_measurements()["9"]["expected"] in out
+    assert env.admin_auth_count("h2") - before == 1  # one connection: the refusal came on the kept one

@@ -70,8 +70,13 @@ def verify_admin_signature(pub_key, signature: bytes, message: bytes) -> bool:
 
 
 class AdminHandlers:
-    def __init__(self, core, log=None, warm_interpreters: bool = True):
+    """``issue(user_data, nonce) -> document`` and ``variant_oid``: the agent's attestation issuer (as its
+    aTLS server context uses it), for ``Attest``."""
+
+    def __init__(self, core, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = ""):
         self.core = core
+        self._issue = issue
+        self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
         self.warm: Optional[warm.WarmPool] = None
         if warm_interpreters:
@@ -84,7 +89,7 @@ class AdminHandlers:
             self.warm.close()
 
     def handlers(self) -> Dict[str, Any]:
-        return {"AdminAuth": self.admin_auth, "Exec": self.exec_, "ExecModule": self.exec_module,
+        return {"AdminAuth": self.admin_auth, "Attest": self.attest, "Exec": self.exec_, "ExecModule": self.exec_module,
                 "PutFile": self.put_file, "FetchFile": self.fetch_file}
 
     def _require_activated(self, method: str) -> None:
@@ -115,6 +120,16 @@ class AdminHandlers:
         conn.admin = True
         self._log("admin_authenticated", peer=conn.peer_ip)
         conn.stream.send_result({"authenticated": True})
+
+    def attest(self, conn: Connection, request: schema.AttestRequest) -> None:
+        """A fresh quote over the caller's nonce whose user data is this connection's certificate key
+        (as the certificate's own attestation): the TPM vouches again, now, for the software holding
+        this TLS connection. Admin only (a quote costs TPM time)."""
+        self.require_admin(conn, "Attest")
+        if conn.server_spki_hash is None or self._issue is None:
+            raise AccessDenied("Attest: only over aTLS on an agent with an attestation issuer")
+        document = self._issue(conn.server_spki_hash, request.nonce)
+        conn.stream.send_result({"attestation": b64e(document), "variant_oid": self._variant_oid})
 
     # -- Exec, ExecModule
     def _exec_params(self, conn: Connection, method: str, request):

@@ -21,7 +21,8 @@ from typing import Optional, Tuple
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.module_utils.common.text.converters import to_bytes, to_native
 
-from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client
+from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import (
+    open_admin_client, prove_again, validators_for)
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import Settings
 
 MUX_MAX_SESSIONS = 16
@@ -47,7 +48,9 @@ def relayed_methods() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     process only: the task workers, which import this module, never build the schema."""
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 
-    relayed = tuple(m.name for m in schema.methods_of(schema.ADMIN) if m.name != "AdminAuth") + ("GetState",)
+    # AdminAuth and Attest are the relay's own business on its TLS connections.
+    relayed = tuple(m.name for m in schema.methods_of(schema.ADMIN) if m.name not in ("AdminAuth", "Attest")) \
+        + ("GetState",)
     return relayed, tuple(m.name for m in schema.METHODS.values() if m.name in relayed and m.stdin)
 
 
@@ -62,22 +65,39 @@ class _Relay:
         self.last_use = time.monotonic()
         self.stop = threading.Event()
         self.inode = None
+        self._validators = None  # built once: qemu-vtpm-ek's certified AKs live in them
+
+    def validators(self):
+        with self.lock:
+            if self._validators is None:
+                self._validators = validators_for(self.settings)
+            return self._validators
 
     def take(self):
+        """An attested, admin-authenticated connection for one task: a kept one, which proves itself
+        again first (``fresh_proof``: a new quote over a new nonce, bound to that connection), or a new
+        one, attested in its handshake."""
+        kept, proven = None, False
         with self.lock:
-            while self.idle:
-                client = self.idle.pop()
+            while self.idle and kept is None:
+                client, proven = self.idle.pop()
                 # A readable idle connection holds an EOF or garbage: the agent closed it.
                 readable, _w, _x = select.select([client.sock], [], [], 0)
-                if not readable:
-                    return client
-                client.close()
-        return open_admin_client(self.settings)
+                if readable:
+                    client.close()
+                else:
+                    kept = client
+        if kept is None:
+            return open_admin_client(self.settings, self.validators())
+        if self.settings.fresh_proof and not proven:
+            prove_again(self.settings, kept, self.validators())
+        return kept
 
-    def give_back(self, client) -> None:
+    def give_back(self, client, proven: bool = False) -> None:
+        """``proven``: attested since its last use (a new connection), so the next task needs no new proof."""
         with self.lock:
             if len(self.idle) < 2:
-                self.idle.append(client)
+                self.idle.append((client, proven))
                 return
         client.close()
 
@@ -206,7 +226,7 @@ class _Relay:
         self.unlink()
         listener.close()
         with self.lock:
-            for client in self.idle:
+            for client, _proven in self.idle:
                 client.close()
             self.idle = []
 
@@ -217,14 +237,14 @@ def relay_main() -> int:
     settings = Settings.from_json(request["settings"])
     path, playbook_pid = request["path"], int(request["playbook_pid"])
     out = sys.stdout
+    relay = _Relay(settings, playbook_pid, path)
     try:
-        first = open_admin_client(settings)  # attest before anyone may use the socket
+        first = open_admin_client(settings, relay.validators())  # attest before anyone may use the socket
     except AnsibleError as err:
         out.write(json.dumps({"error": to_native(err.message)}) + "\n")
         out.flush()
         return 1
-    relay = _Relay(settings, playbook_pid, path)
-    relay.idle.append(first)
+    relay.give_back(first, proven=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
     try:

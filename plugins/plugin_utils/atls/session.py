@@ -24,10 +24,52 @@ def tcp_socket(settings: Settings) -> socket.socket:
     return create_connection(split_endpoint(settings.endpoint), settings.timeout, settings.netns)
 
 
-def open_admin_client(settings: Settings):
+def validators_for(settings: Settings) -> list:
+    """The validators of the host's policy, from the one chooser, through the same settings as the
+    cluster actions. Raises AnsibleConnectionFailure naming the reason."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+
+    try:
+        attestation = settings_from_args({"variant": settings.variant, "measurements": settings.measurements,
+                                          "ek_ca_path": settings.ek_ca_path, "netns": settings.netns,
+                                          "timeout": settings.timeout,
+                                          "attestation_timeout": settings.attestation_timeout})
+        return attestation.validators()
+    except ConstellationError as err:
+        raise AnsibleConnectionFailure("%s: %s" % (settings.endpoint, err)) from None
+
+
+def _refusal(where: str, err, what: str) -> AnsibleConnectionFailure:
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import pcr_mismatch_text
+
+    table = pcr_mismatch_text(getattr(err, "checks", None))
+    return AnsibleConnectionFailure("%s: %s, nothing was sent: %s%s" % (where, what, err, " [%s]" % table if table else ""))
+
+
+def prove_again(settings: Settings, client, validators) -> None:
+    """A fresh proof on a kept connection (``Attest``): a new nonce, a new quote bound to this very
+    connection, validated against the policy. On refusal the connection is closed and
+    AnsibleConnectionFailure says why (the host is unreachable for this task)."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+        AttestationError, ConstellationError)
+
+    try:
+        validation = client.attest_again(validators, settings.attestation_timeout)
+    except AttestationError as err:
+        client.close()
+        raise _refusal(settings.endpoint, err, "fresh attestation refused on the kept connection") from None
+    except (ConstellationError, OSError) as err:
+        client.close()
+        raise AnsibleConnectionFailure("%s: fresh attestation failed on the kept connection: %s"
+                                       % (settings.endpoint, err)) from None
+    for warning in validation.warnings:
+        display.warning("%s: %s" % (settings.endpoint, warning))
+
+
+def open_admin_client(settings: Settings, validators=None):
     """An AgentClient on a TLS connection whose peer passed attestation and which proved the admin
     key. Raises AnsibleConnectionFailure naming the reason."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
         AttestationError, ConstellationError)
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (
@@ -35,15 +77,8 @@ def open_admin_client(settings: Settings):
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 
     where = settings.endpoint
-    try:
-        # The validators come from the one chooser, through the same settings as the cluster actions.
-        attestation = settings_from_args({"variant": settings.variant, "measurements": settings.measurements,
-                                          "ek_ca_path": settings.ek_ca_path, "netns": settings.netns,
-                                          "timeout": settings.timeout,
-                                          "attestation_timeout": settings.attestation_timeout})
-        validators = attestation.validators()
-    except ConstellationError as err:
-        raise AnsibleConnectionFailure("%s: %s" % (where, err)) from None
+    if validators is None:
+        validators = validators_for(settings)
     try:
         with open(settings.admin_priv_key_file, "rb") as handle:
             priv_key = load_priv_key(handle.read())
@@ -64,12 +99,7 @@ def open_admin_client(settings: Settings):
         # qemu-vtpm-ek: a node whose AK is not certified yet is enrolled first (EnrollAK), then attested.
         client = connect_enrolling(connect, validators)
     except AttestationError as err:
-        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-            pcr_mismatch_text)
-
-        table = pcr_mismatch_text(getattr(err, "checks", None))
-        raise AnsibleConnectionFailure("%s: attestation refused, nothing was sent: %s%s"
-                                       % (where, err, " [%s]" % table if table else "")) from None
+        raise _refusal(where, err, "attestation refused") from None
     except ConstellationError as err:
         raise AnsibleConnectionFailure("%s: %s" % (where, err)) from None
     try:

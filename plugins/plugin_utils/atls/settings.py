@@ -33,6 +33,7 @@ class Settings:
     netns: Optional[str]
     warm_interpreter: bool = True
     ek_ca_path: Optional[str] = None
+    fresh_proof: bool = True
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -50,7 +51,7 @@ class Settings:
         except OSError:
             key_digest = ""
         material = json.dumps([playbook_pid, self.endpoint, self.variant, self.measurements, key_digest,
-                               self.netns, _file_digest(self.ek_ca_path)], sort_keys=True)
+                               self.netns, _file_digest(self.ek_ca_path), self.fresh_proof], sort_keys=True)
         return os.path.join(self.control_path_dir, "atls-%s.sock" % hashlib.sha256(material.encode()).hexdigest()[:20])
 
 
@@ -75,15 +76,16 @@ def split_endpoint(endpoint: str):
         raise SettingsError(str(err)) from None
 
 
-def _load_policy_file(path: str) -> Dict[str, Any]:
-    """The policy document of a JSON or YAML file (attestation/policy.py reads it)."""
+def _load_policy_file(path: str, public_key_path: Optional[str] = None) -> Dict[str, Any]:
+    """The policy document of a JSON or YAML file (attestation/policy.py reads it); with a pinned
+    public key, only after its detached signature verified."""
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
         read_policy_document)
-    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 
     try:
-        return read_policy_document(path)
-    except InputError as err:
+        return read_policy_document(path, public_key_path=public_key_path)
+    except ConstellationError as err:
         raise SettingsError(str(err)) from None
 
 
@@ -141,7 +143,11 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
     inline, path = get_option("measurements"), get_option("measurements_path")
     if inline is not None and path:
         raise SettingsError("measurements and measurements_path are mutually exclusive: set one")
-    measurements = _load_policy_file(path) if path else inline
+    public_key_path = get_option("measurements_public_key_path") or None
+    if public_key_path and inline is not None:
+        raise SettingsError("measurements: a pinned measurements_public_key_path needs a signed measurements_path, "
+                            "not inline measurements")
+    measurements = _load_policy_file(path, public_key_path) if path else inline
     if measurements is not None and not isinstance(measurements, dict):
         raise SettingsError("measurements: expected a mapping of PCR index to measurement, got %s"
                             % type(measurements).__name__)
@@ -176,6 +182,7 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         netns=netns,
         warm_interpreter=_boolean("warm_interpreter", get_option("warm_interpreter")),
         ek_ca_path=ek_ca_path,
+        fresh_proof=_boolean("fresh_proof", get_option("fresh_proof")),
     )
 
 

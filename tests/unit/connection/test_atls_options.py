@@ -29,7 +29,8 @@ def options(key_file, **changes):
     opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_path": None,
             "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
-            "netns": None, "warm_interpreter": True, "ek_ca_path": None}
+            "netns": None, "warm_interpreter": True, "ek_ca_path": None, "fresh_proof": True,
+            "measurements_public_key_path": None}
     opts.update(changes)
     return opts.__getitem__
 
@@ -193,6 +194,15 @@ def test_other_commands_stay_exec(cmd, data):
     assert pipelined_module(cmd, data) is None
 
 
+def test_fresh_proof_option_is_on_by_default_and_separates_relays(key_file):
+    on = settings_from_options(options(key_file))
+    off = settings_from_options(options(key_file, fresh_proof="false"))
+    assert on.fresh_proof is True and off.fresh_proof is False
+    assert on.control_path("1") != off.control_path("1")  # a relay never serves another proof regime
+    with pytest.raises(SettingsError, match="fresh_proof: expected a boolean"):
+        settings_from_options(options(key_file, fresh_proof="sometimes"))
+
+
 def test_warm_interpreter_option(key_file):
     assert settings_from_options(options(key_file)).warm_interpreter is True
     assert settings_from_options(options(key_file, warm_interpreter="no")).warm_interpreter is False
@@ -229,3 +239,32 @@ def test_ek_variant_needs_an_ek_ca_file(key_file, tmp_path):
     assert s.control_path("1") != before
     # The plain variant ignores an EK CA.
     assert settings_from_options(options(key_file, ek_ca_path=str(tmp_path / "ca.pem"))).ek_ca_path is None
+
+
+def test_signed_policy_file_is_used_only_when_its_signature_verifies(key_file, tmp_path):
+    """measurements_public_key_path pins the key: the policy file is read only after its detached
+    signature (cosign sign-blob form) verifies; an altered or unsigned file, or inline measurements,
+    are refused naming what is wrong."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
+
+    priv_key = ec.generate_private_key(ec.SECP256R1())
+    pub_path = tmp_path / "measurements.pub"
+    pub_path.write_bytes(priv_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
+    policy_path = tmp_path / "measurements.json"
+    policy_path.write_text(json.dumps(POLICY))
+    (tmp_path / "measurements.json.sig").write_text(signature.sign_blob(priv_key, policy_path.read_bytes()))
+    signed = options(key_file, measurements=None, measurements_path=str(policy_path),
+                     measurements_public_key_path=str(pub_path))
+    assert settings_from_options(signed).measurements == json.loads(policy_path.read_text())
+    policy_path.write_text(json.dumps(POLICY) + "\n")  # one byte more: altered
+    with pytest.raises(SettingsError, match="measurements.json"):
+        settings_from_options(signed)
+    (tmp_path / "measurements.json.sig").unlink()
+    with pytest.raises(SettingsError, match="measurements.json"):
+        settings_from_options(signed)
+    with pytest.raises(SettingsError, match="needs a signed measurements_path"):
+        settings_from_options(options(key_file, measurements_public_key_path=str(pub_path)))
