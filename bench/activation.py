@@ -1,13 +1,16 @@
 """Benchmark: activate N lab nodes through the agents' pubapi (real swtpm, wireguard-go).
 
 Baseline, measured in the same run: the aTLS handshake + GetState round trip alone (one TPM
-quote per handshake) and the activation of one node. Then: ActivateAsCoordinator on h1 and one
-``ActivateAdditionalNodes`` call for N further hosts (the Nodes), until every node is IsNode and every
-peer lists every other peer (the mesh converged through GetUpdate).
+quote per handshake) and the activation of one node. Then, for each size of the curve, a lab of its
+own (the Coordinator and N Nodes, every agent listening before the clock starts): ActivateAsCoordinator
+on h1 and one ``ActivateAdditionalNodes`` call for the N Nodes, until every node is IsNode and every peer
+lists every other peer (the mesh converged through GetUpdate).
 
-    python bench/activation.py [--nodes 16]
+    python bench/activation.py [--nodes 16] [--curve 4,16,32,64] [--workers 16]
 
-The last line is one JSON object: nodes, wall_s, per_node_s (plus the baselines).
+``--workers`` sets the Coordinator's ``activation_workers`` (docs/agent.md; default 16). The last line
+is one JSON object: nodes, wall_s, per_node_s (the largest size), wall_s_<N> per size of the curve, the
+baselines and the load average.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "collections"), str(Path(__file__).resolve().parent.parent)]
@@ -26,8 +30,8 @@ os.environ.setdefault("TSS2_LOG", "all+none")
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402
 
-from lab.agent import start_agent, stop_agent  # noqa: E402
-from lab.lab import Lab, lab_measurements  # noqa: E402
+from lab.agent import start_agent, stop_agent, tail_log, wait_listening  # noqa: E402
+from lab.lab import MAX_HOSTS, Lab, lab_measurements  # noqa: E402
 from lab.netns import NetNS  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils import kms  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements  # noqa: E402
@@ -36,82 +40,124 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import (  # noqa: E402
     coordinator_policy, fresh_node_policy)
 
+MAX_NODES = MAX_HOSTS - 1
+
+
+class Bench:
+    def __init__(self, lab_name: str, workers: int):
+        self.lab_name = lab_name
+        self.workers = workers
+        policy = Measurements.from_dict(lab_measurements())
+        self.fresh = [VTPMValidator(fresh_node_policy(policy))]
+        self.activated = [VTPMValidator(coordinator_policy(policy))]
+        self.key = ed25519.Ed25519PrivateKey.generate()
+        self.pem = self.key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                      serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+    def lab(self, hosts: int):
+        """A lab of ``hosts`` hosts with every agent listening: (lab, agents, admin namespace, set-up s)."""
+        start = time.monotonic()
+        lab = Lab(self.lab_name, inventory_dir=None)
+        lab.up(hosts=hosts, tpm=True, variant="qemu-vtpm")
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            procs = list(pool.map(lambda h: start_agent(lab, h, wait=False, update_interval=0.5,
+                                                        activation_workers=self.workers), lab.hosts))
+        # The clock starts only once every agent listens (an agent still importing answers no SYN).
+        for h, p in zip(lab.hosts, procs):
+            wait_listening(h, p, timeout=120)
+        return lab, procs, NetNS(lab.bridge_netns), time.monotonic() - start
+
+    @staticmethod
+    def close(lab, procs, admin) -> None:
+        for p in procs:
+            stop_agent(p)
+        admin.close()
+        lab.down()
+
+    def client(self, admin, h, validators):
+        return AgentClient.connect(h.public_endpoint, validators, sock=admin.connect((h.public_ip, 9000)))
+
+    def cluster(self, lab, admin, coordinator, nodes):
+        """(seconds until every node converged, seconds until ActivateAdditionalNodes returned)."""
+        start = time.monotonic()
+        with self.client(admin, coordinator, self.fresh) as c:
+            c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), self.pem)
+        with self.client(admin, coordinator, self.activated) as c:
+            c.admin_auth(self.key)
+            result = c.activate_additional_nodes([h.public_endpoint for h in nodes])
+        activated_s = time.monotonic() - start
+        failed = [r for r in result["nodes"] if not r["ok"]]
+        if failed:
+            by_endpoint = {h.public_endpoint: h for h in lab.hosts}
+            for row in failed:
+                print("FAILED %s: %s\n%s" % (row["node_public_endpoint"], row["error"],
+                                             tail_log(by_endpoint[row["node_public_endpoint"]], 5)))
+            print("Coordinator log:\n%s" % tail_log(coordinator, 10))
+            raise SystemExit("activation failed for %d of %d nodes" % (len(failed), len(nodes)))
+        members = [coordinator] + list(nodes)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(len(h.run(["wg", "show", "wg0", "peers"], check=False).stdout.split()) == len(members) - 1
+                   for h in members):
+                return time.monotonic() - start, activated_s
+            time.sleep(0.1)
+        raise SystemExit("the mesh did not converge within 120 s")
+
+    def baselines(self, handshakes: int):
+        lab, procs, admin, _setup = self.lab(2)
+        try:
+            samples = []
+            for _handshake in range(handshakes):
+                start = time.monotonic()
+                with self.client(admin, lab.hosts[-1], self.fresh) as c:
+                    c.get_state()
+                samples.append(time.monotonic() - start)
+            return statistics.median(samples), self.cluster(lab, admin, lab.hosts[0], [lab.hosts[1]])[0]
+        finally:
+            self.close(lab, procs, admin)
+
+    def size(self, n: int):
+        lab, procs, admin, setup_s = self.lab(n + 1)
+        try:
+            return self.cluster(lab, admin, lab.hosts[0], lab.hosts[1:n + 1]) + (setup_s,)
+        finally:
+            self.close(lab, procs, admin)
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--nodes", type=int, default=16, help="1..%d" % MAX_NODES)
+    parser.add_argument("--curve", default="", help="comma-separated sizes, e.g. 4,16,32,64 (instead of --nodes)")
+    parser.add_argument("--workers", type=int, default=None, help="the Coordinator's activation_workers")
     parser.add_argument("--handshakes", type=int, default=20)
+    parser.add_argument("--lab", default="bact", help="lab name (namespaces and state directory)")
     args = parser.parse_args()
-    n = args.nodes
-    lab = Lab("bench", inventory_dir=None)
-    procs = []
-    admin = None
-    try:
-        t0 = time.monotonic()
-        lab.up(hosts=n + 3, tpm=True, variant="qemu-vtpm")  # the Coordinator, n Nodes, and a pair for the one-node baseline
-        for h in lab.hosts:
-            procs.append(start_agent(lab, h, wait=False, update_interval=0.5))
-        from lab.agent import wait_listening
-        for h, p in zip(lab.hosts, procs):
-            wait_listening(h, p)
-        setup_s = time.monotonic() - t0
-        admin = NetNS(lab.bridge_netns)
-        policy = Measurements.from_dict(lab_measurements())
-        fresh = [VTPMValidator(fresh_node_policy(policy))]
-        activated = [VTPMValidator(coordinator_policy(policy))]
-        key = ed25519.Ed25519PrivateKey.generate()
-        pem = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                            serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-
-        def client(h, validators):
-            return AgentClient.connect(h.public_endpoint, validators, sock=admin.connect((h.public_ip, 9000)))
-
-        def cluster(coordinator, nodes):
-            start = time.monotonic()
-            with client(coordinator, fresh) as c:
-                c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
-            with client(coordinator, activated) as c:
-                c.admin_auth(key)
-                result = c.activate_additional_nodes([h.public_endpoint for h in nodes])
-            failed = [r for r in result["nodes"] if not r["ok"]]
-            if failed:
-                raise SystemExit("activation failed: %s" % failed)
-            members = [coordinator] + list(nodes)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if all(len(h.run(["wg", "show", "wg0", "peers"], check=False).stdout.split()) == len(members) - 1
-                       for h in members):
-                    return time.monotonic() - start
-                time.sleep(0.1)
-            raise SystemExit("the mesh did not converge within 120 s")
-
-        hosts = lab.hosts
-        # Baseline 1: aTLS handshake (one TPM quote + validation) and one GetState round trip.
-        samples = []
-        for _handshake in range(args.handshakes):
-            start = time.monotonic()
-            with client(hosts[-1], fresh) as c:
-                c.get_state()
-            samples.append(time.monotonic() - start)
-        handshake_p50 = statistics.median(samples)
-        # Baseline 2: a cluster of one coordinator and one node.
-        one_node_s = cluster(hosts[-2], [hosts[-1]])
-        # The measurement: Coordinator h1 activates n Nodes.
-        wall_s = cluster(hosts[0], hosts[1:n + 1])
-        print("lab set-up (%d hosts, agents listening): %.2f s" % (len(hosts), setup_s))
-        print("baseline  aTLS handshake + GetState p50: %8.4f s" % handshake_p50)
-        print("baseline  activation of 1 coordinator + 1 node: %8.3f s" % one_node_s)
-        print("activation of %d nodes by the Coordinator: %8.3f s wall, %.3f s per node" % (n, wall_s, wall_s / n))
-        print(json.dumps({"nodes": n, "wall_s": round(wall_s, 3), "per_node_s": round(wall_s / n, 4),
-                          "baseline_handshake_p50_s": round(handshake_p50, 4),
-                          "baseline_one_node_s": round(one_node_s, 3)}))
-        return 0
-    finally:
-        for p in procs:
-            stop_agent(p)
-        if admin is not None:
-            admin.close()
-        lab.down()
+    sizes = [int(s) for s in args.curve.split(",") if s.strip()] if args.curve else [args.nodes]
+    if not all(1 <= s <= MAX_NODES for s in sizes):
+        parser.error("node counts must be within 1..%d (the lab has at most %d hosts)" % (MAX_NODES, MAX_HOSTS))
+    bench = Bench(args.lab, args.workers)
+    load_before = os.getloadavg()
+    handshake_p50, one_node_s = bench.baselines(args.handshakes)
+    print("load average before: %.2f %.2f %.2f (2 cores)" % load_before)
+    print("baseline  aTLS handshake + GetState p50: %8.4f s" % handshake_p50)
+    print("baseline  activation of 1 coordinator + 1 node: %8.3f s" % one_node_s)
+    result = {}
+    for n in sizes:
+        wall_s, activated_s, setup_s = bench.size(n)
+        print("activation of %2d nodes by the Coordinator: %8.3f s wall (%.3f s until ActivateAdditionalNodes "
+              "returned, the rest the mesh converging), %.3f s per node (%.2f x the one-node baseline; lab set-up "
+              "%.1f s, not counted)" % (n, wall_s, activated_s, wall_s / n, wall_s / one_node_s, setup_s))
+        result["wall_s_%d" % n] = round(wall_s, 3)
+        result["activated_s_%d" % n] = round(activated_s, 3)
+    largest = max(sizes)
+    print("load average after: %.2f %.2f %.2f" % os.getloadavg())
+    print(json.dumps(dict({"nodes": largest, "wall_s": result["wall_s_%d" % largest],
+                           "per_node_s": round(result["wall_s_%d" % largest] / largest, 4),
+                           "baseline_handshake_p50_s": round(handshake_p50, 4),
+                           "baseline_one_node_s": round(one_node_s, 3),
+                           "activation_workers": args.workers or 16,
+                           "load_avg_1m_before": round(load_before[0], 2)}, **result)))
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@
 """aTLS handshake cost against plain TLS, measured in the same run on loopback.
 
 Prints: plain TLS 1.3 handshake + 1 round trip (p50/p99); the same with aTLS against a real
-swtpm (qemu-vtpm issuer, full client validation); validations per second of the validator
-alone on a pre-made document; and where the server's time goes. The last line is one JSON
-object. Bounded loops, loopback only, well under a minute.
+swtpm (qemu-vtpm issuer, full client validation), once with the RSA-2048 AK (the default,
+``ratio``/``atls_p50_ms``) and once with the ECC P-256 AK (``ak_alg: ecc``, ``ratio_ecc``/
+``atls_ecc_p50_ms``), each interleaved with plain handshakes; validations per second of the
+validator alone on a pre-made document; and where the server's time goes. The last line is one
+JSON object. Bounded loops, loopback only, about a minute.
 
 Usage: python bench/atls_handshake.py [--atls N]
 """
@@ -36,7 +38,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurements, extend_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (  # noqa: E402
-    VTPMIssuer, VTPMValidator)
+    AK_ALGS, VTPMIssuer, VTPMValidator)
 from lab.swtpm import SwTPM, free_port  # noqa: E402
 
 IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
@@ -174,71 +176,90 @@ def breakdown(issuer, validator, count=30):
     return {name: statistics.median(measure(count, step)) for name, step in steps.items()}
 
 
+def run_alg(swtpm, validator, ak_alg, count):
+    """Interleaved plain TLS and aTLS (one AK algorithm), validator rate and the server's steps."""
+    # The lab's TPMs (swtpm_setup --pcr-banks sha256) have one bank; libtpms' unconfigured
+    # default has four, and go-tpm-tools quotes every allocated bank.
+    with VTPMIssuer(swtpm.tcti, event_log_path=None, banks=["sha256"], ak_alg=ak_alg) as issuer, \
+            atls.AttestedServerContext(issuer) as server_ctx:
+        plain_srv, plain_one = plain_server()
+        atls_srv, atls_one = attested_server(server_ctx, validator)
+        try:
+            plain, attested = interleaved(count, plain_one, atls_one)
+        finally:
+            plain_srv.close()
+            atls_srv.close()
+        rate, doc_size = validations_per_second(issuer, validator)
+        steps = breakdown(issuer, validator)
+    with VTPMIssuer(swtpm.tcti, event_log_path=None, ak_alg=ak_alg) as all_banks, \
+            atls.AttestedServerContext(all_banks) as server_ctx:
+        atls_srv, atls_one = attested_server(server_ctx, validator)
+        try:
+            attested_all = measure(max(count // 5, 10), atls_one)
+        finally:
+            atls_srv.close()
+    return {"plain": plain, "attested": attested, "attested_all": attested_all, "rate": rate, "doc_size": doc_size,
+            "steps": steps}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--atls", type=int, default=150,
-                        help="aTLS handshakes (default 150); twice as many plain ones, interleaved")
+                        help="aTLS handshakes per AK algorithm (default 150); twice as many plain ones, interleaved")
     args = parser.parse_args()
+    load = os.getloadavg()
 
     state = tempfile.mkdtemp(prefix="atls-bench-")
     swtpm = SwTPM(state, free_port()).start()
+    runs = {}
     try:
         tpm.extend_pcr(swtpm.tcti, 4, IMAGE_DIGEST)  # a measured boot, so the policy is not all zeros
         policy = Measurements.from_dict({
             "4": extend_digest(bytes(32), IMAGE_DIGEST).hex(), "8": "00" * 32, "9": "00" * 32,
             "11": "00" * 32, "12": "00" * 32, "13": "00" * 32, "15": "00" * 32})
         validator = VTPMValidator(policy)
-        # The lab's TPMs (swtpm_setup --pcr-banks sha256) have one bank; libtpms' unconfigured
-        # default has four, and go-tpm-tools quotes every allocated bank.
-        with VTPMIssuer(swtpm.tcti, event_log_path=None, banks=["sha256"]) as issuer, \
-                atls.AttestedServerContext(issuer) as server_ctx:
-            plain_srv, plain_one = plain_server()
-            atls_srv, atls_one = attested_server(server_ctx, validator)
-            try:
-                plain, attested = interleaved(args.atls, plain_one, atls_one)
-            finally:
-                plain_srv.close()
-                atls_srv.close()
-            rate, doc_size = validations_per_second(issuer, validator)
-            steps = breakdown(issuer, validator)
-        with VTPMIssuer(swtpm.tcti, event_log_path=None) as all_banks, \
-                atls.AttestedServerContext(all_banks) as server_ctx:
-            atls_srv, atls_one = attested_server(server_ctx, validator)
-            try:
-                attested_all = measure(max(args.atls // 5, 10), atls_one)
-            finally:
-                atls_srv.close()
+        for ak_alg in AK_ALGS:
+            runs[ak_alg] = run_alg(swtpm, validator, ak_alg, args.atls)
     finally:
         swtpm.stop()
         for name in os.listdir(state):
             os.unlink(os.path.join(state, name))
         os.rmdir(state)
 
-    plain_p50, atls_p50 = statistics.median(plain), statistics.median(attested)
-    print("%-46s %9s %9s" % ("loopback, handshake + 1 round trip", "p50 ms", "p99 ms"))
-    print("%-46s %9.2f %9.2f" % ("plain TLS 1.3 (baseline, %d)" % len(plain), plain_p50, percentile(plain, 99)))
-    print("%-46s %9.2f %9.2f" % ("aTLS, swtpm, sha256 bank (%d)" % len(attested), atls_p50,
-                                 percentile(attested, 99)))
-    print("%-46s %9.2f %9.2f" % ("aTLS, swtpm, all 4 banks (%d)" % len(attested_all),
-                                 statistics.median(attested_all), percentile(attested_all, 99)))
-    print("ratio aTLS / plain (p50): %.2f" % (atls_p50 / plain_p50))
-    quote_p50 = steps["quote (issuer.issue)"]
-    print("aTLS - plain - quote (p50, everything but the TPM): %.2f ms" % (atls_p50 - plain_p50 - quote_p50))
-    print("validator alone: %.0f validations/s (document %d bytes)" % (rate, doc_size))
-    print("where the time goes (each step alone, p50 ms):")
-    for name, value in steps.items():
-        print("  %-44s %7.3f" % (name, value))
-    print(json.dumps({
-        "plain_tls_p50_ms": round(plain_p50, 3),
-        "plain_tls_p99_ms": round(percentile(plain, 99), 3),
-        "atls_p50_ms": round(atls_p50, 3),
-        "atls_p99_ms": round(percentile(attested, 99), 3),
-        "atls_all_banks_p50_ms": round(statistics.median(attested_all), 3),
-        "ratio": round(atls_p50 / plain_p50, 2),
-        "atls_minus_plain_minus_quote_ms": round(atls_p50 - plain_p50 - quote_p50, 3),
-        "validations_per_s": round(rate, 1),
-        "steps_p50_ms": {k: round(v, 3) for k, v in steps.items()},
-    }))
+    # The baseline: every plain TLS handshake of the run (both series), interleaved with the aTLS ones.
+    plain = runs["rsa"]["plain"] + runs["ecc"]["plain"]
+    plain_p50 = statistics.median(plain)
+    print("load average: %.2f %.2f %.2f (2 cores)" % load)
+    print("%-46s %9s %9s %7s" % ("loopback, handshake + 1 round trip", "p50 ms", "p99 ms", "/plain"))
+    print("%-46s %9.2f %9.2f %7.2f" % ("plain TLS 1.3 (baseline, %d)" % len(plain), plain_p50, percentile(plain, 99), 1.0))
+    result = {"plain_tls_p50_ms": round(plain_p50, 3), "plain_tls_p99_ms": round(percentile(plain, 99), 3),
+              "load_avg_1m": round(load[0], 2)}
+    for ak_alg, run in runs.items():
+        p50 = statistics.median(run["attested"])
+        all_p50 = statistics.median(run["attested_all"])
+        label = ak_alg.upper() + (" P-256" if ak_alg == "ecc" else "-2048")
+        print("%-46s %9.2f %9.2f %7.2f" % ("aTLS, %s AK, sha256 bank (%d)" % (label, len(run["attested"])), p50,
+                                           percentile(run["attested"], 99), p50 / plain_p50))
+        print("%-46s %9.2f %9.2f %7.2f" % ("aTLS, %s AK, all 4 banks (%d)" % (label, len(run["attested_all"])),
+                                           all_p50, percentile(run["attested_all"], 99), all_p50 / plain_p50))
+        suffix = "" if ak_alg == "rsa" else "_" + ak_alg
+        quote_p50 = run["steps"]["quote (issuer.issue)"]
+        result.update({
+            "atls%s_p50_ms" % suffix: round(p50, 3),
+            "atls%s_p99_ms" % suffix: round(percentile(run["attested"], 99), 3),
+            "atls%s_all_banks_p50_ms" % suffix: round(all_p50, 3),
+            "ratio%s" % suffix: round(p50 / plain_p50, 2),
+            "atls%s_minus_plain_minus_quote_ms" % suffix: round(p50 - plain_p50 - quote_p50, 3),
+            "validations%s_per_s" % suffix: round(run["rate"], 1),
+            "steps%s_p50_ms" % suffix: {k: round(v, 3) for k, v in run["steps"].items()},
+        })
+    for ak_alg, run in runs.items():
+        print("%s AK: validator alone %.0f validations/s (document %d bytes); server steps alone (p50 ms):"
+              % (ak_alg.upper(), run["rate"], run["doc_size"]))
+        for name, value in run["steps"].items():
+            print("  %-44s %7.3f" % (name, value))
+    print("ratio aTLS / plain (p50): RSA %.2f, ECC %.2f" % (result["ratio"], result["ratio_ecc"]))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -1,27 +1,50 @@
 """Versioned peer updates: what a node downloads per poll, ours (delta) against Constellation's GetUpdate
 (the full peer list on any change), measured in the same run.
 
-For 10 and 1,000 peers: the answer when nothing changed and after 5 changes (2 added, 2 endpoints
-changed, 1 removed), as JSON bytes and time to compute + serialise (median, us). Baseline: the full peer
-list as JSON (store records) and its protobuf wire size (GetUpdateResponse{resource_version, repeated Peer}).
+In memory, for 10 and 1,000 peers: the answer when nothing changed and after 5 changes (2 added, 2
+endpoints changed, 1 removed), as JSON bytes and time to compute + serialise (median, us). Baseline: the
+full peer list as JSON (store records) and its protobuf wire size (GetUpdateResponse{resource_version,
+repeated Peer}).
+
+Through the server, for 10, 100 and 1,000 peers on the file store and on etcd (a real etcd from
+lab/etcd.py): a Coordinator Core (real swtpm) restarted over a store that holds the peers, its vpnapi
+FrameServer on loopback, and a poll as a Node's agent makes it (a new TCP connection from a peer's VPN IP,
+the known-peer check, GetUpdate with the current version, close): median ms. The VPN CIDR is
+127.0.0.0/16 so that loopback addresses are VPN IPs (no namespace needed). Baseline, same run, same
+server: the registry loaded from the store for the known-peer check and for GetUpdate (what the
+Coordinator did before the in-memory registry, core/peer_cache.py).
+
+    python bench/peer_updates.py [--no-server] [--polls 300]
+
 Last line: one JSON object.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
+import socket
 import statistics
 import sys
+import tempfile
 import time
 
-sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "collections")]
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "collections"),
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
+os.environ.setdefault("TSS2_LOG", "all+none")
 
+from ansible_collections.constellation.cluster.plugins.module_utils import state_store  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord, VersionedPeerSet  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (  # noqa: E402
     generate_priv_key,
     pub_key_from_priv_key,
 )
+
+
+BENCH_VPN_CIDR = "127.0.0.0/16"
+SERVER_SIZES = (10, 100, 1000)
 
 
 def _ip(base: str, i: int) -> str:
@@ -100,7 +123,147 @@ def measure(n: int) -> dict:
     }
 
 
+class _NullVPN:
+    """The Core's VPN port without WireGuard (the poll path never touches it)."""
+
+    vpn_cidr = BENCH_VPN_CIDR
+
+    def setup(self, vpn_ip, priv_key):
+        pass
+
+    def set_peers(self, records, own_pub_key):
+        return True
+
+
+class _StoreEveryTime:
+    """The registry as the Coordinator read it before 0.3.0: loaded and validated from the store each time."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def current(self):
+        return state_store.load_peer_registry(self._store)
+
+    def is_known_peer_ip(self, vpn_ip):
+        registry = self.current()
+        return registry is not None and registry.peers.get(vpn_ip) is not None
+
+
+def _coordinator(store, tpm, state_dir: str, n: int):
+    """A Coordinator with ``n`` peers (itself and n - 1 Nodes), restarted over ``store``: (Core, load ms)."""
+    from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    pem = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    disk_uuid = core.new_disk_uuid()
+    first = core.Core(store, core.TPMDevice(tpm.tcti), _NullVPN(), state_dir, "127.0.0.1", disk_uuid)
+    first.load()
+    first.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem,
+                                  cluster_config={"vpn_cidr": BENCH_VPN_CIDR})
+    keys = [pub_key_from_priv_key(generate_priv_key()) for _i in range(n - 1)]
+
+    def add_nodes(registry):
+        for i, key in enumerate(keys):
+            registry.add(key, _ip("10.42", i), "node")
+
+    state_store.update_peer_registry(store, add_nodes)  # one transaction
+    restarted = core.Core(store, core.TPMDevice(tpm.tcti), _NullVPN(), state_dir, "127.0.0.1", disk_uuid)
+    start = time.perf_counter()
+    restarted.load()  # the one read of the registry
+    return restarted, (time.perf_counter() - start) * 1000
+
+
+def _poll_ms(endpoint, source_ip: str, version: int, polls: int) -> float:
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+
+    times = []
+    for _poll in range(polls):
+        start = time.perf_counter()
+        sock = socket.create_connection(endpoint, timeout=10, source_address=(source_ip, 0))
+        with AgentClient.connect_plain("%s:%d" % endpoint, sock=sock) as client:
+            answer = client.get_update(version)
+        times.append(time.perf_counter() - start)
+        if answer != {"resource_version": version}:
+            raise SystemExit("unexpected answer: %r" % answer)
+    return statistics.median(times) * 1000
+
+
+def measure_server(store, tpm, n: int, polls: int) -> dict:
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent import JSONLog
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+
+    state_dir = tempfile.mkdtemp(prefix="bench-peers-")
+    devnull = open(os.devnull, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+    log = JSONLog(devnull)  # the agent logs every request: keep that cost in
+    try:
+        coordinator, load_ms = _coordinator(store, tpm, state_dir, n)
+        registry = coordinator.peer_registry.current()
+        assert len(registry.peers) == n
+        version = registry.peers.version
+        vpnapi = VPNAPI(coordinator, log=log)
+        server = FrameServer("vpnapi", (coordinator.vpn_ip, 0), vpnapi.handlers(), log=log,
+                             accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
+        try:
+            node_ip = sorted(ip for ip, r in registry.peers.peers.items() if r.role == "node")[0] if n > 1 else "127.0.0.1"
+            _poll_ms(server.address, node_ip, version, 20)  # warm up
+            memory_ms = _poll_ms(server.address, node_ip, version, polls)
+            in_memory = coordinator.peer_registry
+            coordinator.peer_registry = _StoreEveryTime(store)
+            baseline_ms = _poll_ms(server.address, node_ip, version, max(10, polls // (10 if n >= 1000 else 3)))
+            coordinator.peer_registry = in_memory
+        finally:
+            server.stop()
+        return {"peers": n, "server_nochange_ms": memory_ms, "baseline_store_reload_ms": baseline_ms,
+                "restart_load_ms": load_ms}
+    finally:
+        devnull.close()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def server_rows(polls: int) -> dict:
+    from lab.etcd import Etcd, free_ports, tmpfs_dir
+    from lab.swtpm import SwTPM, free_port
+    from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
+
+    rows = {}
+    work = tempfile.mkdtemp(prefix="bench-peers-", dir=tmpfs_dir())
+    etcd = None
+    tpms = []
+    try:
+        etcd = Etcd(os.path.join(work, "etcd"), *free_ports(2), extra_args=["--max-txn-ops", "16384"]).start()
+        for kind in ("file", "etcd"):
+            for n in SERVER_SIZES:
+                tpm = SwTPM(os.path.join(work, "tpm-%s-%d" % (kind, n)), free_port()).start()
+                tpms.append(tpm)
+                if kind == "file":
+                    spec = {"type": "file", "path": os.path.join(work, "store-%d.json" % n)}
+                else:
+                    spec = {"type": "etcd", "endpoints": [etcd.endpoint], "prefix": "bench-%d/" % n}
+                with open_store(spec) as store:
+                    rows[(kind, n)] = measure_server(store, tpm, n, polls)
+                tpm.stop()
+    finally:
+        for tpm in tpms:
+            try:
+                tpm.stop()
+            except Exception:  # pylint: disable=broad-except
+                pass
+        if etcd is not None:
+            etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-server", action="store_true", help="only the in-memory figures")
+    parser.add_argument("--polls", type=int, default=300)
+    args = parser.parse_args()
+    print("load average: %.2f %.2f %.2f (2 cores)" % os.getloadavg())
     rows = [measure(10), measure(1000)]
     print("%-7s %12s %10s %14s %11s %15s %12s %16s" % ("peers", "nochange B", "us", "5 changes B", "us",
                                                        "full JSON B", "us", "full proto B"))
@@ -111,7 +274,7 @@ def main() -> None:
     small, big = rows
     print("baseline = Constellation GetUpdate: the full peer list on every change (JSON records / protobuf wire size);")
     print("           with no change it too answers with the version only, so the saving is on change.")
-    print(json.dumps({
+    result = {
         "peers": big["peers"],
         "nochange_us": round(big["nochange_us"], 2),
         "nochange_bytes": big["nochange_bytes"],
@@ -121,7 +284,23 @@ def main() -> None:
         "baseline_full_json_bytes": big["baseline_full_json_bytes"],
         "baseline_full_json_us": round(big["baseline_full_json_us"], 2),
         "baseline_full_proto_bytes": big["baseline_full_proto_bytes"],
-    }))
+    }
+    if not args.no_server:
+        served = server_rows(args.polls)
+        print()
+        print("through the vpnapi server (new connection, known-peer check, GetUpdate, close), median ms:")
+        print("%-6s %-7s %12s %22s %16s" % ("store", "peers", "in memory", "baseline: store reload", "restart load"))
+        for (kind, n), r in sorted(served.items()):
+            print("%-6s %-7d %12.3f %22.3f %16.1f"
+                  % (kind, n, r["server_nochange_ms"], r["baseline_store_reload_ms"], r["restart_load_ms"]))
+            suffix = "" if kind == "file" else "_etcd"
+            result["server_nochange_ms_%d%s" % (n, suffix)] = round(r["server_nochange_ms"], 3)
+            result["baseline_server_store_reload_ms_%d%s" % (n, suffix)] = round(r["baseline_store_reload_ms"], 3)
+            result["restart_load_ms_%d%s" % (n, suffix)] = round(r["restart_load_ms"], 1)
+        print("baseline = the same server and Core reading the registry from the store for the known-peer check")
+        print("           and GetUpdate (before core/peer_cache.py); server_nochange_ms_N is the file store,")
+        print("           *_etcd the etcd store.")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

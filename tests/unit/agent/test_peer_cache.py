@@ -1,0 +1,184 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Coordinator's peer registry in memory (core/peer_cache.py): polls and the known-peer check never
+touch the store, a restart reloads once, writes reach memory only once committed, concurrent writes are
+all visible."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from ansible_collections.constellation.cluster.plugins.module_utils import kms, state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import PeerRegistryCache
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore, StoreError
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
+
+
+class CountingStore:
+    """A store that counts every access (reads, writes, transactions) and can be made to fail commits."""
+
+    def __init__(self, inner=None):
+        self.inner = inner if inner is not None else MemoryStore()
+        self.calls = 0
+        self.fail_commits = False
+
+    def _count(self):
+        self.calls += 1
+
+    def get(self, key):
+        self._count()
+        return self.inner.get(key)
+
+    def get_default(self, key, default=None):
+        self._count()
+        return self.inner.get_default(key, default)
+
+    def items(self, prefix=""):
+        self._count()
+        return self.inner.items(prefix)
+
+    def put(self, key, value):
+        self._count()
+        self.inner.put(key, value)
+
+    def delete(self, key):
+        self._count()
+        self.inner.delete(key)
+
+    def transaction(self):
+        self._count()
+        return self.inner.transaction()
+
+    def update(self, fn, attempts=50):
+        self._count()
+        if self.fail_commits:
+            def failing(tx):
+                fn(tx)
+                raise StoreError("etcd is unreachable (test)")
+            return self.inner.update(failing, attempts)
+        return self.inner.update(fn, attempts)
+
+    def close(self):
+        self.inner.close()
+
+
+def _key():
+    return pub_key_from_priv_key(generate_priv_key())
+
+
+def _admin_pem():
+    return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+@pytest.fixture
+def coordinator(swtpm, make_core):
+    store = CountingStore()
+    c, _vpn = make_core(swtpm, store=store)
+    c.load()
+    c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), _admin_pem())
+    return c, store
+
+
+def test_no_change_poll_and_known_peer_check_do_not_touch_the_store(coordinator):
+    c, store = coordinator
+    node_ip = c.reserve_node_ip()
+    version = c.add_node_peer(node_ip, _key(), "10.42.0.20")
+    before = store.calls
+    for _poll in range(100):
+        assert c.get_update(version) == {"resource_version": version}
+        assert c.is_known_peer_ip(node_ip)
+        assert not c.is_known_peer_ip("10.118.9.9")
+    assert store.calls == before
+    # A node behind gets its delta, still from memory.
+    assert [p["vpn_ip"] for p in c.get_update(version - 1)["added"]] == [node_ip]
+    assert store.calls == before
+
+
+def test_writes_go_through_the_store_and_a_restart_reloads_once(coordinator, swtpm, make_core):
+    c, store = coordinator
+    ips = [c.reserve_node_ip() for _i in range(3)]
+    for n, ip in enumerate(ips):
+        version = c.add_node_peer(ip, _key(), "10.42.0.%d" % (20 + n))
+    # What memory holds is what the store holds.
+    assert state_store.load_peer_registry(store.inner).to_dict() == c.peer_registry.current().to_dict()
+    restarted_store = CountingStore(store.inner)
+    again, vpn = make_core(swtpm, store=restarted_store, disk_uuid=c.disk_uuid)
+    again.load()
+    after_load = restarted_store.calls
+    assert sorted(p.vpn_ip for p in vpn.peers) == sorted(ips)
+    for _poll in range(10):
+        assert again.get_update(version) == {"resource_version": version}
+        assert all(again.is_known_peer_ip(ip) for ip in ips)
+    assert restarted_store.calls == after_load
+
+
+def test_a_failed_commit_changes_nothing_in_memory(coordinator):
+    c, store = coordinator
+    registry = c.peer_registry.current()
+    version = registry.peers.version
+    store.fail_commits = True
+    with pytest.raises(StoreError):
+        c.add_node_peer("10.118.0.11", _key(), "10.42.0.20")
+    assert c.peer_registry.current() is registry and registry.peers.version == version
+    assert not c.is_known_peer_ip("10.118.0.11")
+    store.fail_commits = False
+    with pytest.raises(StateError):  # a write refused by its own check publishes nothing either
+        c.add_node_peer("10.118.0.11", c.vpn_pub_key, "10.42.0.20")  # the Coordinator's own key
+    assert c.peer_registry.current() is registry
+
+
+def test_concurrent_writes_are_all_visible_and_readers_see_whole_versions(coordinator):
+    c, store = coordinator
+    errors = []
+    stop = threading.Event()
+
+    def reader():
+        # A published registry is never changed: its version and its peers always agree with the store's.
+        while not stop.is_set():
+            registry = c.peer_registry.current()
+            version = registry.peers.version
+            if len(registry.peers) != version:  # one peer per version here (the Coordinator is v1)
+                errors.append((version, len(registry.peers)))
+
+    def writer(n):
+        try:
+            for _i in range(8):
+                c.add_node_peer(c.reserve_node_ip(), _key(), "10.42.1.%d" % n)
+        except Exception as err:  # pylint: disable=broad-except
+            errors.append(err)
+
+    readers = [threading.Thread(target=reader) for _r in range(2)]
+    writers = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for thread in readers + writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    stop.set()
+    for thread in readers:
+        thread.join()
+    assert not errors
+    current = c.peer_registry.current()
+    assert len(current.peers) == 1 + 6 * 8
+    assert current.to_dict() == state_store.load_peer_registry(store.inner).to_dict()
+    assert all(c.is_known_peer_ip(ip) for ip in current.peers.peers)
+
+
+def test_the_cache_alone_reads_once_and_reload_sees_the_store():
+    store = CountingStore()
+    cache = PeerRegistryCache(store)
+    assert cache.current() is None
+    calls = store.calls
+    assert cache.current() is None and store.calls == calls  # "nothing saved" is remembered too
+    added = cache.update(lambda r: r.add(_key(), "10.42.0.1", "coordinator"))
+    assert cache.is_known_peer_ip(added.vpn_ip)
+    state_store.update_peer_registry(store.inner, lambda r: r.add(_key(), "10.42.0.2", "node"))  # another writer
+    assert len(cache.current().peers) == 1
+    assert len(cache.reload().peers) == 2
