@@ -22,12 +22,15 @@ def agent_dir(host: Host) -> Path:
     return Path(host.dir) / "agent"
 
 
-def write_config(lab: Lab, host: Host, **config: Any) -> Path:
+def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: Any) -> Path:
+    """``trust`` (default: the lab's, true for ``lab up --agents``): the agent is provisioned with the
+    lab's init secret hash (its own) and a signed policy with the lab's pinned key."""
     directory = agent_dir(host)
     directory.mkdir(parents=True, exist_ok=True)
     policy = directory / "measurements.json"
     if not policy.exists():
         policy.write_text(json.dumps(lab_measurements(), indent=2))
+    trust = lab.trusted_agents if trust is None else trust
     doc: Dict[str, Any] = {
         "state_dir": str(directory / "state"),
         "public_endpoint": "%s:%d" % (host.public_ip, AGENT_PORT),
@@ -36,7 +39,14 @@ def write_config(lab: Lab, host: Host, **config: Any) -> Path:
         "measurements": str(policy),
         "update_interval": 0.5,
         "join_interval": 0.5,
+        # The lab's re-attestation (at most 30 s, as the issue asks); tests set it shorter.
+        "reattest_interval": 30,
+        "reattest_unreachable_limit": 4,
     }
+    if trust:
+        lab.sign_measurements(policy)
+        doc["measurements_public_key"] = str(lab.measurements_pub_path)
+        doc["init_secret_hash"] = lab.init_secret_hash(host)
     if lab.ek_ca_path.exists():
         doc["ek_ca"] = str(lab.ek_ca_path)
     store = lab.agent_store(host)
@@ -51,10 +61,10 @@ def write_config(lab: Lab, host: Host, **config: Any) -> Path:
 
 
 def start_agent(lab: Lab, host: Host, wait: bool = True, kill_after_event: Optional[str] = None,
-                **config: Any) -> subprocess.Popen:
+                trust: Optional[bool] = None, **config: Any) -> subprocess.Popen:
     """Starts the agent on host (config keys as docs/agent.md); waits until its port answers.
     ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it."""
-    path = write_config(lab, host, **config)
+    path = write_config(lab, host, trust, **config)
     log = open(agent_dir(host) / "agent.log", "ab")
     env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT), "TSS2_LOG=all+none"]
     if kill_after_event:

@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,13 @@ ADMIN_IP = "10.42.0.1"
 FIRST_HOST_OCTET = 11
 TPM_PORT = 2321
 AGENT_PORT = 9000
-MAX_HOSTS = 64
+MAX_HOSTS = 72  # 64 Nodes and their Coordinator (bench/activation.py), with room to spare
+# Linux keeps ONE ARP table for all network namespaces; its hard limit gc_thresh3 (default 1024) is
+# reached by a full WireGuard mesh of ~32 lab hosts (every host resolves every other's public IP), after
+# which new neighbours fail ("neighbor table overflow"): connects time out or find no route. The lab
+# raises the limits (never lowers them) to what its hosts need, for every lab on the machine at once.
+NEIGH_ENTRIES_PER_HOST_PAIR = 2
+NEIGH_MIN = (1024, 4096, 8192)
 NAME_RE = re.compile(r"^[a-z0-9]{1,8}$")
 
 # The lab's simulated measured boot: each host's boot chain measures the same named image
@@ -77,6 +84,32 @@ def lab_measurements(image: str = LAB_IMAGE) -> Dict[str, dict]:
         str(pcr): {"expected": expected_pcr([image_digest(image, pcr)]).hex(), "warnOnly": False}
         for pcr in MEASURED_PCRS
     }
+
+
+def raise_neighbour_limits(hosts: int, root: str = "/proc/sys/net/ipv4/neigh/default") -> List[int]:
+    """Raises the shared ARP table's gc_thresh1..3 so that ``hosts`` hosts in full mesh fit (plus the other
+    labs running now); never lowers them. Returns the limits in force."""
+    needed = NEIGH_ENTRIES_PER_HOST_PAIR * (hosts + 1) * (hosts + 1)
+    wanted = [max(NEIGH_MIN[0], needed // 4), max(NEIGH_MIN[1], needed // 2), max(NEIGH_MIN[2], needed)]
+    result = []
+    # gc_thresh3 first, so that thresh1 <= thresh2 <= thresh3 holds at every step.
+    for index in (2, 1, 0):
+        path = os.path.join(root, "gc_thresh%d" % (index + 1))
+        try:
+            with open(path, encoding="ascii") as handle:
+                current = int(handle.read().strip())
+            if current < wanted[index]:
+                with open(path, "w", encoding="ascii") as handle:
+                    handle.write(str(wanted[index]))
+                current = wanted[index]
+        except (OSError, ValueError):
+            current = -1  # not root, or no such sysctl here: the lab works up to ~30 hosts in mesh
+        result.insert(0, current)
+    return result
+
+
+# Made once per lab, while agents start in parallel threads: the init secret and the signing key.
+_TRUST_LOCK = threading.Lock()
 
 
 def _run(argv: List[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -266,9 +299,12 @@ class Lab:
         self.down()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._count = hosts
+        # trust: the agents the lab starts itself (--agents, the operator's lab) are provisioned with the lab's
+        # init secret hash and its signed measurements (tests that start agents themselves opt in).
         self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image, agents=agents, variant=variant,
-                          store=store)
+                          store=store, trust=agents)
         self._make_mount_dir()
+        raise_neighbour_limits(hosts)
         self._make_bridge()
         for h in self.hosts:
             self._make_host(h)
@@ -312,6 +348,7 @@ class Lab:
             raise LabError("hosts: expected %d..%d (the lab has %d), got %d" % (old + 1, MAX_HOSTS, old, hosts))
         self._write_state(phase="building", hosts=hosts)
         self._count = hosts
+        raise_neighbour_limits(hosts)
         new = self.hosts[old:]
         for h in new:
             self._make_host(h)
@@ -404,9 +441,87 @@ class Lab:
     def host_python(self) -> List[str]:
         return [str(REPO_ROOT / ".venv" / "bin" / "python")] if (REPO_ROOT / ".venv").exists() else ["python3"]
 
+    def reboot_tpm(self, name: str) -> None:
+        """Stands for a reboot of the host's machine: its TPM restarts (PCRs reset, keys kept) and the
+        boot chain measures the lab image again. Stop the host's agent first and start it after."""
+        from lab.swtpm import SwTPM
+
+        h = self.host(name)
+        tpm = SwTPM(str(h.dir / "tpm"), port=TPM_PORT, ek_cert=True, ca_dir=str(self.ca_dir), netns=h.netns)
+        tpm.adopt()
+        tpm.stop()
+        tpm.start()
+        self.measure(h, {pcr: image_digest(self._state().get("image", LAB_IMAGE), pcr) for pcr in MEASURED_PCRS})
+
     def tamper(self, name: str, pcr: int = 9) -> None:
         """Stands for a modified host: its boot chain measured something else."""
         self.measure(self.host(name), {pcr: hashlib.sha256(b"tampered boot component").digest()})
+
+    # -- trust: the lab's init secret and measurements signing key (docs/agent.md) -------------
+    @property
+    def trusted_agents(self) -> bool:
+        """Whether the agents the lab starts get the init secret hash and the signed policy."""
+        return bool(self._state().get("trust", False))
+
+    @property
+    def init_secret_path(self) -> Path:
+        return self.state_dir / "init_secret"
+
+    def init_secret(self) -> str:
+        """The lab's init secret (std base64 of 32 bytes, 0600 in the lab's state), made once per lab."""
+        import base64
+
+        with _TRUST_LOCK:  # agents start in parallel: one secret
+            return self._init_secret(base64)
+
+    def _init_secret(self, base64) -> str:
+        if not self.init_secret_path.exists():
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_write(self.init_secret_path, base64.b64encode(os.urandom(32)).decode() + "\n", mode=0o600)
+        return self.init_secret_path.read_text().strip()
+
+    def init_secret_hash(self, h: Host) -> str:
+        """What host ``h``'s agent is provisioned with (its own init secret's SHA-256)."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import init_secret_hash
+
+        return init_secret_hash(self.init_secret(), h.public_ip)
+
+    @property
+    def measurements_pub_path(self) -> Path:
+        """The lab's pinned measurements public key (PEM, ECDSA P-256, as cosign.pub)."""
+        return self.state_dir / "measurements.pub"
+
+    def _measurements_key(self):
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.signature import (
+            load_private_key)
+
+        with _TRUST_LOCK:  # agents start in parallel: one key
+            return self._measurements_key_locked(serialization, ec, load_private_key)
+
+    def _measurements_key_locked(self, serialization, ec, load_private_key):
+        path = self.state_dir / "measurements_signing_key.pem"
+        if not path.exists():
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            key = ec.generate_private_key(ec.SECP256R1())
+            _atomic_write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()).decode(), mode=0o600)
+        key = load_private_key(path.read_bytes())
+        pub = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                            serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        if not self.measurements_pub_path.exists() or self.measurements_pub_path.read_text() != pub:
+            _atomic_write(self.measurements_pub_path, pub)
+        return key
+
+    def sign_measurements(self, path: Path) -> Path:
+        """Signs a policy file with the lab key (``path.sig``, cosign sign-blob form)."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
+
+        sig = Path(signature.signature_path(str(path)))
+        _atomic_write(sig, signature.sign_blob(self._measurements_key(), path.read_bytes()) + "\n")
+        return sig
 
     @property
     def variant(self) -> str:
@@ -485,6 +600,10 @@ class Lab:
         _atomic_write(self.local_inventory, header + yaml.safe_dump(groups(local_vars), sort_keys=False))
         measurements = lab_measurements(state.get("image", LAB_IMAGE))
         _atomic_write(inv / "measurements.json", json.dumps(measurements, indent=2) + "\n")
+        # Signed with the lab's key; the inventory pins its public half (every policy load checks it).
+        self.sign_measurements(inv / "measurements.json")
+        _atomic_write(inv / "measurements.pub", self.measurements_pub_path.read_text())
+        _atomic_write(inv / "init_secret", self.init_secret() + "\n", mode=0o600)
         if self.ek_ca_path.exists():
             _atomic_write(inv / "ek_ca.pem", self.ek_ca_path.read_text())
         admin_key = self._admin_key(inv)
@@ -504,7 +623,13 @@ class Lab:
             "ansible_connection": "constellation.cluster.atls",
             "ansible_pipelining": True,
             "ansible_python_interpreter": self.host_python()[0],
-            "constellation_measurements": measurements,
+            # The signed policy file and the pinned key it must be signed with (measurements_signature).
+            "constellation_measurements_path": str(inv / "measurements.json"),
+            "constellation_measurements_public_key_path": str(inv / "measurements.pub"),
+            # The same policy inline, for lab tools and Molecule (the playbooks read the signed file).
+            "constellation_lab_measurements": measurements,
+            # The lab's init secret (0600): site.yml proves it to the Coordinator, which proves each node's.
+            "constellation_init_secret_file": str(inv / "init_secret"),
             "constellation_admin_priv_key_file": str(admin_key),
             # qemu-vtpm-ek: the lab CA is the EK root (a real fleet pins its TPM vendor's CAs).
             "constellation_ek_ca_path": str(inv / "ek_ca.pem"),

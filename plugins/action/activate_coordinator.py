@@ -38,6 +38,6 @@ class ActionModule(ClusterAction):
         out = activate_coordinator(args["endpoint"], settings, args["kms_uri"],
                                    decode_salt(args["measurement_salt"]), pub_key, admin_priv_key=priv_key,
                                    storage_uri=args["storage_uri"], cluster_config=config,
-                                   check_mode=bool(self._task.check_mode))
+                                   check_mode=bool(self._task.check_mode), init_secret=args["init_secret"])
         out["endpoint"] = args["endpoint"]
         return out

@@ -20,6 +20,14 @@ options:
   measurements_path:
     description: A JSON or YAML file on the controller with the policy; relative to the playbook's folder.
     type: path
+  measurements_public_key_path:
+    description:
+      - A pinned ECDSA P-256 public key (PEM, as C(cosign.pub)) that O(measurements_path) must be signed with.
+        The detached signature C(<measurements_path>.sig) (the form C(cosign sign-blob --key) prints) is checked
+        against the file's exact bytes before the policy is used; an unsigned or altered file is refused, naming it.
+      - When set, inline O(measurements) are refused (they carry no signature). When unset, unsigned files are used
+        as before. Relative to the playbook's folder.
+    type: path
   variant:
     description:
       - The attestation variant peers must present (the chooser in C(module_utils/attestation/choose.py)).

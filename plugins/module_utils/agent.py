@@ -23,25 +23,31 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, x509compat
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import AK_ALGS
 from ansible_collections.constellation.cluster.plugins.module_utils.core import (
+    ROLE_NODE,
     Core,
+    ReattestLoop,
     State,
     TPMDevice,
     WireGuardVPN,
     new_disk_uuid,
     normalize_disk_uuid,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import ACTIVATION_WORKERS, MAX_ACTIVATION_WORKERS
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret_hash
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import (
     PubAPI,
     coordinator_policy,
     fresh_node_policy,
     join_cluster,
+    rejoin_cluster,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI_PORT, VPNAPI
@@ -50,13 +56,18 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 
 DEFAULT_PUBLIC_PORT = 9000
 DEFAULT_UPDATE_INTERVAL = 10.0
+# Re-attestation of every Node by the Coordinator (docs/agent.md, "Re-attestation and eviction").
+DEFAULT_REATTEST_INTERVAL = 60.0
+DEFAULT_REATTEST_UNREACHABLE_LIMIT = 3
+DEFAULT_REATTEST_WORKERS = 4
 MAX_BACKOFF = 30.0
 KILL_AFTER_EVENT_ENV = "CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT"
 # Renamed keys (DESIGN.md 6); the old names work, with a warning in the log, until 2.0.0.
 _DEPRECATED_KEYS = {"wg_interface": "vpn_interface"}
 _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",
                 "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
-                "vpn_cidr", "wg_listen_port", "log_level"}
+                "vpn_cidr", "wg_listen_port", "log_level", "measurements_public_key", "init_secret_hash",
+                "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg"}
 # The types of the keys whose values are used as they are (the others are checked below, by value).
 _CONFIG_TYPES = {
     "public_endpoint": ((str,), "host:port"),
@@ -65,12 +76,15 @@ _CONFIG_TYPES = {
     "tcti": ((str,), "a TCTI string such as swtpm:host=127.0.0.1,port=2321"),
     "variant": ((str,), "a variant name"),
     "measurements": ((str,), "the path of a measurements policy (JSON)"),
+    "measurements_public_key": ((str,), "the path of the pinned ECDSA P-256 public key (PEM) the policy is signed with"),
+    "init_secret_hash": ((str,), "hex SHA-256 of this node's init secret (64 hex digits)"),
     "ek_ca": ((str, list), "a PEM file path or a list of them"),
     "store": ((Mapping,), "a mapping (docs/store.md)"),
     "vpn_interface": ((str,), "an interface name"),
     "vpn_cidr": ((str,), "an IP network such as 10.118.0.0/16"),
     "disk_uuid_file": ((str,), "a file path"),
     "log_level": ((str,), "a log level name"),
+    "ak_alg": ((str,), "rsa or ecc"),
 }
 
 
@@ -126,6 +140,13 @@ class AgentConfig:
     disk_uuid_file: Optional[str] = None
     coordinator_public_endpoint: Optional[str] = None
     join_interval: float = 5.0
+    measurements_public_key: Optional[str] = None  # pinned key: the policy file must be signed (FILE.sig)
+    init_secret_hash: Optional[str] = None  # hex SHA-256 of this node's init secret: activation needs its proof
+    reattest_interval: float = DEFAULT_REATTEST_INTERVAL  # Coordinator: seconds between re-attestation rounds
+    reattest_unreachable_limit: int = DEFAULT_REATTEST_UNREACHABLE_LIMIT  # consecutive unreachable rounds -> evicted
+    reattest_workers: int = DEFAULT_REATTEST_WORKERS  # peers re-attested at once
+    activation_workers: int = ACTIVATION_WORKERS  # Coordinator: Nodes activated at once
+    ak_alg: str = "rsa"  # the AK of the vTPM variants: rsa (as Constellation's issuer) or ecc (P-256, faster)
     deprecations: List[str] = field(default_factory=list)  # old key names found in the file
 
     @classmethod
@@ -161,6 +182,18 @@ class AgentConfig:
             value = getattr(config, name)
             if not isinstance(value, (int, float)) or not 0.05 <= value <= 3600:
                 raise InputError(name, "seconds between 0.05 and 3600", value)
+        value = config.reattest_interval
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 0.2 <= value <= 86400):
+            raise InputError("reattest_interval", "seconds between 0.2 and 86400, or 0 (no re-attestation)", value)
+        for name, low, high in (("reattest_unreachable_limit", 1, 1000), ("reattest_workers", 1, 64),
+                                ("activation_workers", 1, MAX_ACTIVATION_WORKERS)):
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InputError(name, "an integer between %d and %d" % (low, high), value)
+        if config.ak_alg not in AK_ALGS:
+            raise InputError("ak_alg", "one of %s" % ", ".join(AK_ALGS), config.ak_alg)
+        if config.init_secret_hash is not None:
+            config.init_secret_hash = parse_init_secret_hash(config.init_secret_hash, "init_secret_hash")
         for name in ("wg_listen_port", "vpn_api_port"):
             value = getattr(config, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
@@ -213,11 +246,14 @@ class Agent:
         self.vpn = WireGuardVPN(config.vpn_interface, os.path.join(config.state_dir, "%s.key" % config.vpn_interface),
                                 listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
-                         self._disk_uuid(), log=self.log)
-        self.admin = AdminHandlers(self.core, self.log)
+                         self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash)
+        self._reattest_started = False
+        self.admin = AdminHandlers(self.core, self.log, issue=self._issue_for_connection,
+                                   variant_oid=self.issuer.oid)
         self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator)
         self.vpnapi = VPNAPI(self.core, log=self.log)
+        self.core.activation_workers = config.activation_workers
         self.core.on_state_change(self._on_state)
 
     def _attestation(self):
@@ -227,10 +263,18 @@ class Agent:
         chooser. The validators share one registry of certified AKs (qemu-vtpm-ek)."""
         variant = self.config.variant
         trust = choose.load_trust(variant, self.config.ek_ca, field="ek_ca")
-        policy = Measurements.load(self.config.measurements) if choose.spec(variant).needs_policy else None
-        return (choose.issuer(variant, self.config.tcti),
+        policy = None
+        if choose.spec(variant).needs_policy:
+            # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
+            policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_public_key)
+        issuer_options = {"ak_alg": self.config.ak_alg} if variant != "dummy" else {}
+        return (choose.issuer(variant, self.config.tcti, **issuer_options),
                 choose.validator(variant, fresh_node_policy(policy) if policy else None, trust),
                 choose.validator(variant, coordinator_policy(policy) if policy else None, trust))
+
+    def _issue_for_connection(self, user_data: bytes, nonce: bytes) -> bytes:
+        """Attest (admin channel): a quote as the aTLS server context issues it (with its deadline)."""
+        return self.tls.issue(user_data, nonce)
 
     def _disk_uuid(self) -> str:
         path = self.config.disk_uuid_file or os.path.join(self.config.state_dir, "disk_uuid")
@@ -250,6 +294,12 @@ class Agent:
             self.log("config_deprecated", level="warning", message=deprecation)
         self.log("agent_started", state=state.wire_name, role=self.core.role, disk_uuid=self.core.disk_uuid,
                  failure=self.core.failure)
+        if self.config.init_secret_hash is None:
+            self.log("init_secret_not_configured", level="warning",
+                     message="no init_secret_hash: any client that reaches this fresh node can activate it")
+        if self.config.measurements_public_key is None and self.config.measurements:
+            self.log("measurements_unsigned", level="warning",
+                     message="no measurements_public_key: the policy file is used without a signature check")
         host, port = atls.parse_endpoint(self.config.public_endpoint)
         self.tls = AgentServerContext(self.issuer)
         handlers = dict(self.pubapi.handlers())
@@ -267,6 +317,25 @@ class Agent:
     def _on_state(self, state: State) -> None:
         if state == State.ACTIVATING_NODES:
             self._start_vpnapi()
+            self._start_reattest()
+
+    def _start_reattest(self) -> None:
+        """The Coordinator re-attests every Node each ``reattest_interval`` (core/trust.py)."""
+        with self._vpnapi_lock:
+            if self._reattest_started or self._stop.is_set() or not self.config.reattest_interval:
+                return
+            self._reattest_started = True
+        port = atls.parse_endpoint(self.config.public_endpoint)[1]
+        timeout = max(2.0, min(10.0, float(self.config.reattest_interval)))
+
+        def connect_peer(public_ip: str):
+            # A new aTLS connection: a fresh nonce, a fresh quote; the policy without PCR 15 (the Core checks it).
+            endpoint = ("[%s]:%d" if ":" in public_ip else "%s:%d") % (public_ip, port)
+            return connect_enrolling(lambda v: AgentClient.connect(endpoint, v, timeout=timeout), [self.peer_validator])
+
+        loop = ReattestLoop(self.core, connect_peer, float(self.config.reattest_interval), self.config.reattest_workers,
+                            self.config.reattest_unreachable_limit, self._stop, log=self.log)
+        self._spawn("reattest", loop.run)
 
     def _start_vpnapi(self) -> None:
         with self._vpnapi_lock:
@@ -288,6 +357,10 @@ class Agent:
                     self._update_once()
                 elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.coordinator_vpn_ip:
                     self._finish_activation_once()
+                elif state == State.ACCEPTING_INIT and self.core.recovery_pending and self.core.role == ROLE_NODE:
+                    # Rebooted: a rejoin ticket from the Coordinator, never the KMS URI.
+                    delay = self.config.join_interval
+                    self._rejoin_once()
                 elif (state == State.ACCEPTING_INIT and self.config.coordinator_public_endpoint
                       and not self.core.recovery_pending):
                     delay = self.config.join_interval
@@ -318,6 +391,17 @@ class Agent:
                 return client.get_state_disk_key()
 
         self.core.finish_activation(fetch)
+
+    def _rejoin_once(self) -> None:
+        endpoint = self.config.coordinator_public_endpoint
+        if not endpoint:
+            public_ip = self.core.coordinator_public_ip()
+            if not public_ip:
+                raise ConstellationError("rejoin: the stored peers do not name the Coordinator's public IP")
+            port = atls.parse_endpoint(self.config.public_endpoint)[1]
+            endpoint = ("[%s]:%d" if ":" in public_ip else "%s:%d") % (public_ip, port)
+        result = rejoin_cluster(self.core, endpoint, [self.peer_validator], self.issuer)
+        self.log("rejoined", node_vpn_ip=result.get("vpn_ip"), resource_version=result.get("resource_version"))
 
     def _join_once(self) -> None:
         result = join_cluster(self.core, self.config.coordinator_public_endpoint, [self.peer_validator],

@@ -29,6 +29,7 @@ ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
     admin_priv_key_file=dict(type="path"),
     cluster_name=dict(type="str", default=""),
     vpn_cidr=dict(type="str", default="10.118.0.0/16"),
+    init_secret=dict(type="str", no_log=True),
     # Unused since GetState reports the VPN IP and key; accepted with a deprecation until 2.0.0.
     vpn_interface=dict(type="str", removed_in_version="2.0.0", removed_from_collection="constellation.cluster"),
 )

@@ -23,6 +23,8 @@ class ConstellationError(Exception):
 
 # Machine-readable reasons (ConstellationError.reason).
 REASON_NOT_WAITING_FOR_RECOVERY = "not_waiting_for_recovery"
+REASON_INIT_PROOF = "init_proof"  # activation refused: a missing or wrong proof of the init secret
+REASON_EVICTED = "evicted"  # the peer failed re-attestation and was evicted (docs/agent.md)
 
 # How much of a wrong value an InputError shows.
 MAX_GOT = 200
@@ -49,6 +51,11 @@ class InputError(ConstellationError, ValueError):
 
 class AttestationError(ConstellationError):
     """An attestation document, quote or certificate was refused."""
+
+
+class AccessDenied(ConstellationError):
+    """The caller may not use this method (not authenticated as admin, not a VPN peer, no proof of
+    the init secret, an evicted peer). ``rpc.server.AccessDenied`` is this class."""
 
 
 class StateError(ConstellationError):

@@ -52,6 +52,12 @@ KEY_STATE = "state"
 # The state disk UUID each activated node reported, by its VPN IP: recorded before the Coordinator
 # sends the node its disk key, so an interrupted activation can be finished over the VPN (core/).
 KEY_NODE_DISK_UUID_PREFIX = "nodeDiskUUID"
+# The cluster's init secret (init_secret.py), kept by the Coordinator to prove itself to the nodes it
+# activates; like KMSData it must live on the encrypted state disk.
+KEY_INIT_SECRET = "initSecret"
+# Peers evicted after a failed re-attestation, by VPN IP (core/trust.py): JSON {vpn_ip, vpn_pub_key,
+# public_ip, reason, ts}; public values only.
+KEY_EVICTED_PREFIX = "evictedPeer"
 
 _KMS_FIELDS = (("kms_uri", "KmsUri"), ("storage_uri", "StorageUri"), ("key_encryption_key_id", "KeyEncryptionKeyID"))
 _NODE_B64_FIELDS = {"vpn_priv_key": 32, "owner_id": 32, "cluster_id": 32}
@@ -269,3 +275,45 @@ def load_kms_data(store) -> Optional[dict]:
         return {field: str(doc.get(go_name, "")) for field, go_name in _KMS_FIELDS}
     except (ValueError, AttributeError) as err:
         raise StoreError("the stored KMS settings are invalid: %s" % err) from None
+
+
+# --------------------------------------------------------------------------- init secret, evictions
+
+
+def save_init_secret(store, init_secret: bytes) -> None:
+    store.put(KEY_INIT_SECRET, base64.b64encode(bytes(init_secret)))
+
+
+def load_init_secret(store) -> Optional[bytes]:
+    raw = store.get_default(KEY_INIT_SECRET)
+    if raw is None:
+        return None
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise StoreError("the stored init secret is invalid") from None
+
+
+def save_eviction(store, vpn_ip: str, record: Mapping) -> None:
+    store.put(KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip)),
+              json.dumps(dict(record), sort_keys=True, separators=(",", ":")).encode("utf-8"))
+
+
+def delete_eviction(store, vpn_ip: str) -> None:
+    ip = str(ipaddress.ip_address(vpn_ip))
+    store.update(lambda tx: tx.delete(KEY_EVICTED_PREFIX + ip) if tx.get_default(KEY_EVICTED_PREFIX + ip) is not None
+                 else None)
+
+
+def load_evictions(store) -> Dict[str, dict]:
+    def read(tx: Txn) -> Dict[str, dict]:
+        out = {}
+        for key, value in tx.items(KEY_EVICTED_PREFIX):
+            try:
+                out[key[len(KEY_EVICTED_PREFIX):]] = dict(json.loads(value))
+            except (ValueError, TypeError) as err:
+                raise StoreError("the stored eviction of %s is invalid: %s" % (key[len(KEY_EVICTED_PREFIX):], err)) \
+                    from None
+        return out
+
+    return store.update(read)

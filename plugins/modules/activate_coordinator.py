@@ -54,6 +54,13 @@ options:
     description: The VPN network; must match the agent's.
     type: str
     default: 10.118.0.0/16
+  init_secret:
+    description:
+      - SECRET. The cluster's init secret, standard base64 of 32 bytes (the file the lab or the operator made, Vault).
+      - Required by a peer provisioned with C(init_secret_hash) (role constellation.cluster.node_agent); the peer
+        checks it derives its own init secret before it takes the node lock, and the Coordinator keeps it to prove
+        itself to the nodes it activates. Without it such a peer refuses the activation.
+    type: str
   vpn_interface:
     description:
       - Not used any more (the agent's GetState reports its VPN IP and WireGuard public key); deprecated, will be

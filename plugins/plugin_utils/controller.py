@@ -49,11 +49,13 @@ class PeerStatus:
     warnings: List[str] = field(default_factory=list)
     vpn_ip: Optional[str] = None  # from GetState, once the peer is activated
     vpn_pub_key: Optional[str] = None
+    # The Coordinator's evicted peers (failed re-attestation): [{vpn_ip, vpn_pub_key, public_ip, reason, ts}].
+    evicted: List[Dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
                 "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings),
-                "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key}
+                "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted)}
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -92,7 +94,8 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes]) -> PeerStatus:
     return PeerStatus(endpoint=endpoint, state=str(state.get("state")), role=str(state.get("role")),
                       membership=cluster_membership(validation.pcrs, cluster_id), pcrs=pcr_rows(validation.checks),
                       pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
-                      vpn_pub_key=_opt_str(state.get("vpn_pub_key")))
+                      vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
+                      evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)])
 
 
 def _opt_str(value: Any) -> Optional[str]:
@@ -119,9 +122,13 @@ def derive_cluster_id(kms_uri: str, measurement_salt: bytes) -> bytes:
 def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: str, measurement_salt: bytes,
                          admin_pub_key: str, admin_priv_key=None, storage_uri: Optional[str] = None,
                          cluster_config: Optional[Mapping[str, Any]] = None,
-                         check_mode: bool = False) -> Dict[str, Any]:
+                         check_mode: bool = False, init_secret: Optional[str] = None) -> Dict[str, Any]:
     """Activates the Coordinator unless it already is ours. Returns changed, cluster_id (b64),
-    coordinator_vpn_ip, coordinator_vpn_pub_key, state."""
+    coordinator_vpn_ip, coordinator_vpn_pub_key, state. ``init_secret``: the cluster's init secret
+    (std base64), proven to a peer provisioned with an init_secret_hash."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret
+
+    secret = parse_init_secret(init_secret) if init_secret else None
     cluster_id = derive_cluster_id(kms_uri, measurement_salt)
     result: Dict[str, Any] = {"cluster_id": base64.b64encode(cluster_id).decode(), "changed": False}
     with open_peer(endpoint, settings) as client:
@@ -148,7 +155,7 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
             result.update(state=status.state, coordinator_vpn_ip=None, coordinator_vpn_pub_key=None)
             return result
         answer = client.activate_as_coordinator(kms_uri, measurement_salt, admin_pub_key, storage_uri=storage_uri,
-                                                cluster_config=dict(cluster_config or {}))
+                                                cluster_config=dict(cluster_config or {}), init_secret=secret)
     answered = base64.b64decode(answer.get("cluster_id", ""))
     if not hmac.compare_digest(answered, cluster_id):
         raise StateError("%s answered another cluster ID than the one derived on the controller" % endpoint)
@@ -173,10 +180,15 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     rows: List[Dict[str, Any]] = []
     fresh: List[str] = []
     refused: List[str] = []
+    # Nodes the Coordinator evicted (failed re-attestation) come back only this way, once they pass again.
+    evicted = {e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id)}
     for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
         status = peer_status(endpoint, settings, cluster_id)
         row = {"endpoint": endpoint, "state_before": status.state, "node_vpn_ip": status.vpn_ip}
-        if status.membership == OURS and status.state == IS_NODE:
+        if status.membership == OURS and status.state == IS_NODE and status.vpn_ip in evicted:
+            row["action"] = "readmit"
+            fresh.append(endpoint)
+        elif status.membership == OURS and status.state == IS_NODE:
             row["action"] = "none"
         elif status.membership == FRESH and status.state == ACCEPTING_INIT:
             row["action"] = "activate"
@@ -207,7 +219,7 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
     failures = []
     for row in rows:
-        if row["action"] not in ("activate", "resume"):
+        if row["action"] not in ("activate", "resume", "readmit"):
             continue
         node = by_endpoint.get(row["endpoint"], {})
         row["node_vpn_ip"] = node.get("node_vpn_ip")
@@ -221,9 +233,28 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     return result
 
 
+def coordinator_evictions(endpoint: str, settings: AttestationSettings,
+                          cluster_id: Optional[bytes]) -> List[Dict[str, Any]]:
+    """The Coordinator's evicted peers, from its attested GetState ([] if it is not an activated
+    Coordinator of this cluster: activate_nodes then says why)."""
+    try:
+        status = peer_status(endpoint, settings, cluster_id)
+    except ConstellationError:
+        return []
+    if status.role != ROLE_COORDINATOR or (cluster_id is not None and status.membership != OURS):
+        return []
+    return status.evicted
+
+
+REJOIN_TIMEOUT = 60.0
+REJOIN_POLL = 0.5
+
+
 def recover_peer(endpoint: str, settings: AttestationSettings, kms_uri: str, cluster_id: Optional[bytes],
-                 check_mode: bool = False) -> Dict[str, Any]:
-    """Sends the KMS URI to a rebooted peer of this cluster (PCR 15 reset, state stored)."""
+                 check_mode: bool = False, rejoin_timeout: float = REJOIN_TIMEOUT) -> Dict[str, Any]:
+    """Recovers a rebooted peer of this cluster (PCR 15 reset, state stored): the Coordinator gets the
+    KMS URI (Recover); a Node never does: it rejoins by itself with a ticket from its Coordinator
+    (IssueRejoinTicket), and this waits (attested GetState) until it has."""
     with open_peer(endpoint, settings) as client:
         status = status_of(client, endpoint, cluster_id)
         result: Dict[str, Any] = {"changed": False, "state_before": status.state, "state": status.state}
@@ -234,8 +265,10 @@ def recover_peer(endpoint: str, settings: AttestationSettings, kms_uri: str, clu
         if status.state != ACCEPTING_INIT:
             raise StateError("%s is %s with PCR 15 reset: it cannot be recovered" % (endpoint, status.state))
         if check_mode:
-            result["changed"] = True
+            result["changed"] = status.role in (ROLE_COORDINATOR, ROLE_NODE)
             return result
+        if status.role == ROLE_NODE:
+            return _wait_for_rejoin(endpoint, settings, cluster_id, result, rejoin_timeout)
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
         try:
             answer = client.recover(kms_uri)
@@ -247,3 +280,22 @@ def recover_peer(endpoint: str, settings: AttestationSettings, kms_uri: str, clu
             raise
         result.update(changed=True, state=answer.get("state"))
         return result
+
+
+def _wait_for_rejoin(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes],
+                     result: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    """A rebooted Node rejoins by itself (its agent pulls a rejoin ticket from the Coordinator); the
+    controller sends it nothing and watches its attested PCR 15 and state."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        status = peer_status(endpoint, settings, cluster_id)
+        if status.membership == OURS and status.state == IS_NODE:
+            result.update(changed=True, state=status.state, note="rejoined with a ticket from its Coordinator")
+            return result
+        time.sleep(REJOIN_POLL)
+    raise StateError("%s did not rejoin within %d s (it is %s, PCR 15 %s): its agent pulls a rejoin ticket from the "
+                     "Coordinator, which must be recovered and reachable; its agent log says why"
+                     % (endpoint, timeout, status.state if status else "?", status.membership if status else "?"))

@@ -32,6 +32,7 @@ ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
     measurements_path=dict(type="path"),
     variant=dict(type="str", choices=list(VARIANTS), default=choose.DEFAULT_VARIANT),
     ek_ca_path=dict(type="path"),
+    measurements_public_key_path=dict(type="path"),
     netns=dict(type="str"),
     timeout=dict(type="float", default=DEFAULT_TIMEOUT),
     attestation_timeout=dict(type="float", default=DEFAULT_ATTESTATION_TIMEOUT),
@@ -44,28 +45,53 @@ OURS = "ours"
 OTHER = "other"
 
 
-def load_policy_file(path: str, basedir: Optional[str] = None) -> Measurements:
-    """A JSON or YAML policy file; a relative path is relative to ``basedir``."""
-    return Measurements.from_dict(read_policy_document(path, basedir))
+def load_policy_file(path: str, basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Measurements:
+    """A JSON or YAML policy file; a relative path is relative to ``basedir``. With
+    ``public_key_path`` the file must carry a valid detached signature (``path.sig``)."""
+    return Measurements.from_dict(read_policy_document(path, basedir, public_key_path))
 
 
-def read_policy_document(path: str, basedir: Optional[str] = None) -> Any:
-    """The parsed JSON or YAML document of a policy file (not yet checked as a policy)."""
-    if basedir and not os.path.isabs(path):
-        path = os.path.join(basedir, path)
+def _resolve(path: str, basedir: Optional[str]) -> str:
+    return os.path.join(basedir, path) if basedir and not os.path.isabs(path) else path
+
+
+def read_policy_document(path: str, basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Any:
+    """The parsed JSON or YAML document of a policy file (not yet checked as a policy).
+
+    The one loader of policy files (site.yml's actions, verify.yml, the atls connection plugin, the
+    agent). With ``public_key_path`` (a pinned ECDSA P-256 key, PEM, as cosign.pub) the file's
+    detached signature ``path.sig`` (cosign sign-blob form) is checked against the file's exact
+    bytes BEFORE anything is parsed; an unsigned or altered file is refused, naming the file.
+    Without a key, unsigned files are read as before (the caller decides whether to warn)."""
+    path = _resolve(path, basedir)
+    if public_key_path:
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
+
+        key = signature.load_public_key_file(_resolve(public_key_path, basedir), "measurements_public_key_path")
+        data = signature.read_signed_file(path, key)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError("measurements_path", "UTF-8 text", "%s: an invalid byte at offset %d" % (path, err.start)) \
+                from None
+    else:
+        text = read_text(path, "measurements_path", expected="a readable JSON or YAML file")
     # JSON is YAML: one loader for both spellings of the policy; bounded, UTF-8 only, and PCR
     # indices may be YAML integers (``4:``) but no other kind of key (``true:``).
-    text = read_text(path, "measurements_path", expected="a readable JSON or YAML file")
     return load_yaml(text, "measurements_path", int_keys=True)
 
 
 def load_policy(measurements: Optional[Mapping] = None, measurements_path: Optional[str] = None,
-                basedir: Optional[str] = None) -> Measurements:
-    """The policy from inline measurements or a file (exactly one); never empty."""
+                basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Measurements:
+    """The policy from inline measurements or a file (exactly one); never empty. With a pinned
+    ``public_key_path`` only a signed file is accepted (inline measurements carry no signature)."""
     if measurements is not None and measurements_path:
         raise InputError("measurements", "either measurements or measurements_path, not both", "both")
+    if public_key_path and not measurements_path:
+        raise InputError("measurements_path", "a signed measurements file: measurements_public_key_path is set, and "
+                         "inline measurements carry no signature", None)
     if measurements_path:
-        policy = load_policy_file(measurements_path, basedir)
+        policy = load_policy_file(measurements_path, basedir, public_key_path)
     elif measurements is not None:
         policy = Measurements.from_dict(measurements)
     else:
@@ -98,7 +124,8 @@ def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None) -
     chosen = choose.spec(variant, "variant")
     policy = None
     if chosen.needs_policy:
-        policy = load_policy(args.get("measurements"), args.get("measurements_path"), basedir)
+        policy = load_policy(args.get("measurements"), args.get("measurements_path"), basedir,
+                             args.get("measurements_public_key_path"))
     trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir)
     for name in ("timeout", "attestation_timeout"):
         value = args.get(name)

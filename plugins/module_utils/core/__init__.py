@@ -20,8 +20,8 @@ operation needs a transport (activating a node, a join), the caller passes it in
   (``state_store``), so an agent restart loses nothing; ``recovery`` resumes after a TPM reset.
 
 Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, ``vpn``, ``base``,
-``coordinator``, ``activation`` (the Coordinator activates and resumes nodes), ``node``, ``recovery``;
-``Core`` composes the last three.
+``coordinator``, ``activation`` (the Coordinator activates and resumes nodes), ``trust`` (re-attestation,
+eviction, rejoin tickets), ``node``, ``recovery``; ``Core`` composes the last three.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.records
     JoinTicket,
     NodeActivationRequest,
     NodeActivationStep,
+    RejoinTicket,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.recovery import Recovery
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import (
@@ -59,6 +60,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.state i
     ROLE_UNKNOWN,
     State,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import PeerTrust, ReattestLoop
 from ansible_collections.constellation.cluster.plugins.module_utils.core.vpn import WireGuardVPN
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError,
@@ -67,7 +69,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 )
 
 
-class Core(NodeActivation, NodeSide, Recovery):
+class Core(PeerTrust, NodeSide, Recovery):
     """One peer: both sides (the Coordinator's with node activation) and recovery over the shared ``CoreBase``. Thread-safe; every method
     may be called from a server thread."""
 
@@ -76,7 +78,7 @@ __all__ = [
     "ACTIVATION_WORKERS", "ADMIN_PUB_KEY_MAX", "CLUSTER_ID_LENGTH", "HAS_CRYPTOGRAPHY", "MAX_NODES_PER_CALL",
     "MEASUREMENT_SALT_LENGTH", "RESERVED_DATA_KEY_IDS", "ROLE_COORDINATOR", "ROLE_NODE", "ROLE_UNKNOWN",
     "STATE_DISK_KEY_FILE", "ConstellationError", "CoordinatorActivation", "Core", "CoreBase", "InputError",
-    "JoinTicket", "NodeActivationRequest", "NodeActivationStep", "NodeLock", "NodeState", "State", "StateError",
+    "JoinTicket", "NodeActivationRequest", "PeerTrust", "ReattestLoop", "RejoinTicket", "NodeActivationStep", "NodeLock", "NodeState", "State", "StateError",
     "TPMDevice", "WireGuardVPN", "new_disk_uuid", "normalize_disk_uuid", "parse_admin_pub_key",
     "parse_measurement_salt",
 ]

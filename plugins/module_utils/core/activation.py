@@ -33,13 +33,25 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
 
 MAX_NODES_PER_CALL = 256
+# Nodes activated at once (each: one aTLS connection, the node's quote, one validation, two store writes).
+# The agent's ``activation_workers`` sets it per Coordinator (docs/agent.md).
 ACTIVATION_WORKERS = 16
+MAX_ACTIVATION_WORKERS = 64
 # A resumed node fetches its disk key over the VPN on its own loop; how long the Coordinator waits.
 RESUME_TIMEOUT = 60
 RESUME_POLL = 0.2
 
 
 class NodeActivation(CoordinatorSide):
+    def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:  # pylint: disable=unused-argument
+        """Overridden by core/trust.py (evicted peers); False: not evicted."""
+        return False
+
+    def clear_eviction(self, vpn_ip: str) -> None:
+        """Overridden by core/trust.py."""
+
+    activation_workers = ACTIVATION_WORKERS
+
     def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode) -> List[Dict[str, Any]]:
         """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each."""
         self.require_coordinator("ActivateAdditionalNodes")
@@ -47,7 +59,7 @@ class NodeActivation(CoordinatorSide):
             raise InputError("node_public_endpoints", "a non-empty list of host:port (at most %d)" % MAX_NODES_PER_CALL)
         for index, endpoint in enumerate(endpoints):
             atls.parse_endpoint(endpoint, "node_public_endpoints[%d]" % index)
-        with ThreadPoolExecutor(max_workers=min(ACTIVATION_WORKERS, len(endpoints)),
+        with ThreadPoolExecutor(max_workers=min(self.activation_workers, len(endpoints)),
                                 thread_name_prefix="activate") as pool:
             return list(pool.map(lambda e: self.activate_node(e, connect_node), endpoints))
 
@@ -84,7 +96,7 @@ class NodeActivation(CoordinatorSide):
                     return self.state_disk_key(normalized)
 
                 sent = True
-                result = client.activate_as_node(request.to_dict(), record_then_key)
+                result = client.activate_as_node(dict(request.to_dict(), **self.init_proof_for(host)), record_then_key)
             row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=result["state_disk_uuid"], action="activated")
             self._log("node_activated", node=endpoint, node_vpn_ip=vpn_ip)
         except (ConstellationError, OSError) as err:
@@ -126,7 +138,10 @@ class NodeActivation(CoordinatorSide):
                 or not isinstance(disk_uuid, str):
             raise StateError("%s holds our node lock but is %s: it cannot resume (reset the node and run "
                              "add_nodes.yml)" % (endpoint, name))
+        readmit = self.check_readmission(vpn_ip, vpn_pub_key)  # evicted (core/trust.py): it passed again
         recorded = self.record_node(vpn_ip, vpn_pub_key, host, normalize_disk_uuid(disk_uuid))
+        if readmit:
+            self.clear_eviction(vpn_ip)
         if name == STATE_NODE_WAITING_FOR_CLUSTER_JOIN:
             deadline = time.monotonic() + RESUME_TIMEOUT
             while name == STATE_NODE_WAITING_FOR_CLUSTER_JOIN and time.monotonic() < deadline:
@@ -137,7 +152,7 @@ class NodeActivation(CoordinatorSide):
                                  "from this Coordinator over the VPN)" % (endpoint, RESUME_TIMEOUT, name))
             row["action"] = "resumed"
         else:
-            row["action"] = "recorded" if recorded else "none"
+            row["action"] = "readmitted" if readmit else "recorded" if recorded else "none"
         row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=disk_uuid)
         self._log("node_resumed", node=endpoint, node_vpn_ip=vpn_ip, action=row["action"])
         return row
@@ -152,7 +167,7 @@ class NodeActivation(CoordinatorSide):
             raise StateError("VPN IP %s belongs to another node (disk %s)" % (record.vpn_ip, known))
         if known is None:
             state_store.save_node_disk_uuid(self.store, record.vpn_ip, disk_uuid)
-        registry = state_store.load_peer_registry(self.store)
+        registry = self.peer_registry.current()
         current = registry.peers.get(record.vpn_ip) if registry is not None else None
         if current is not None and current.vpn_pub_key != record.vpn_pub_key:
             raise StateError("VPN IP %s belongs to another peer (another WireGuard key)" % record.vpn_ip)

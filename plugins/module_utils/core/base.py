@@ -22,6 +22,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.lock import NodeLock
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import PeerRegistryCache
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import KMS, TPM, VPN, Store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import (
     ROLE_COORDINATOR,
@@ -40,8 +41,13 @@ class CoreBase(StateMachine):
 
     def __init__(self, store: Store, tpm: TPM, vpn: VPN, state_dir: str, public_ip: str,
                  disk_uuid: str, log: Optional[Callable[..., None]] = None,
-                 kubeadm_join_args: Optional[Callable[[], Dict[str, Any]]] = None):
+                 kubeadm_join_args: Optional[Callable[[], Dict[str, Any]]] = None,
+                 init_secret_hash: Optional[str] = None):
         super().__init__(log)
+        # hex SHA-256 of this node's init secret (init_secret.py): activation needs its proof. None: any caller
+        # may activate this node (as before; the agent logs a warning).
+        self.init_secret_hash = init_secret_hash
+        self._init_secret: Optional[bytes] = None  # the Coordinator's copy of the cluster's init secret
         self.store = store
         self.tpm = tpm
         self.vpn = vpn
@@ -52,6 +58,8 @@ class CoreBase(StateMachine):
         self.lock = NodeLock(tpm)
         self._node: Optional[NodeState] = None  # the persisted node state (no secrets beyond the store's)
         self._kms: Optional[KMS] = None
+        # The Coordinator's peer registry: read from memory, written through the store (peer_cache.py).
+        self.peer_registry = PeerRegistryCache(store)
         self.recovery_pending = False
         # The WireGuard key a joining node announces (node.py): one per Core, generated on first use.
         self._join_key_lock = threading.Lock()
@@ -103,9 +111,11 @@ class CoreBase(StateMachine):
             if kms_data is None:
                 raise StateError("the store holds a Coordinator state without KMS settings")
             self._kms = kms_mod.open_kms(kms_data["kms_uri"])
+            self._init_secret = state_store.load_init_secret(self.store)
+            self._load_evictions()
         self.vpn.setup(node.vpn_ip, node.vpn_priv_key)
         if node.role == ROLE_COORDINATOR:
-            registry = state_store.load_peer_registry(self.store)
+            registry = self.peer_registry.reload()
             if registry is not None:
                 self.vpn.set_peers(list(registry.peers.peers.values()), self.vpn_pub_key)
         else:
@@ -116,6 +126,9 @@ class CoreBase(StateMachine):
             # (docs/agent.md, "Resumable activation").
             self._log("activation_pending", coordinator_vpn_ip=node.coordinator_vpn_ip)
         self._advance(stored)
+
+    def _load_evictions(self) -> None:
+        """The Coordinator's evicted peers (core/trust.py); nothing on other roles."""
 
     # -- accessors for servers
     @property

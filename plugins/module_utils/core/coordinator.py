@@ -21,6 +21,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
     parse_measurement_salt,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import (
+    check_node_proof,
+    node_init_secret,
+    parse_init_secret,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import (
     KMS,
     AttestationValidator,
@@ -54,11 +59,17 @@ class CoordinatorSide(CoreBase):
     # -- activation as Coordinator
     def activate_as_coordinator(self, kms_uri: str, measurement_salt: Any, admin_pub_key: str,
                                 storage_uri: Optional[str] = None,
-                                cluster_config: Optional[Mapping[str, Any]] = None) -> CoordinatorActivation:
+                                cluster_config: Optional[Mapping[str, Any]] = None,
+                                init_secret: Optional[bytes] = None) -> CoordinatorActivation:
         method = "ActivateAsCoordinator"
         self.require_state(method, State.ACCEPTING_INIT)
         if self.recovery_pending:
             raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
+        # No hijacking a fresh node: the cluster's init secret must derive this node's (init_secret.py),
+        # checked before anything else is parsed and before the node lock.
+        secret = parse_init_secret(init_secret) if init_secret is not None else None
+        check_node_proof(node_init_secret(secret, self.public_ip) if secret is not None else None,
+                         self.init_secret_hash, method)
         # All input is checked before the point of no return.
         kms = open_kms(kms_uri)
         storage_uri = storage_uri or kms_mod.NO_STORE_URI
@@ -83,8 +94,11 @@ class CoordinatorSide(CoreBase):
             def add_self(registry):
                 return registry.add(pub_key, self.public_ip, "coordinator")
 
-            record = state_store.update_peer_registry(self.store, add_self, vpn_cidr)
+            record = self.peer_registry.update(add_self, vpn_cidr)
             state_store.save_kms_data(self.store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
+            if secret is not None:
+                state_store.save_init_secret(self.store, secret)  # to prove itself to the nodes it activates
+                self._init_secret = secret
             self._kms = kms
             with self._mutex:
                 self._role = ROLE_COORDINATOR
@@ -109,21 +123,30 @@ class CoordinatorSide(CoreBase):
 
     def reserve_node_ip(self) -> str:
         self.require_coordinator("ActivateAdditionalNodes")
-        return state_store.update_peer_registry(self.store, lambda r: r.allocator.allocate("node"))
+        return self.peer_registry.update(lambda r: r.allocator.allocate("node"))
 
     def release_node_ip(self, vpn_ip: str) -> None:
         def release(registry):
             if registry.peers.get(vpn_ip) is None:
                 registry.allocator.release(vpn_ip)
 
-        state_store.update_peer_registry(self.store, release)
+        self.peer_registry.update(release)
 
     def node_activation_request(self, node_vpn_ip: str) -> NodeActivationRequest:
         self.require_coordinator("ActivateAdditionalNodes")
-        registry = state_store.load_peer_registry(self.store)
+        registry = self.peer_registry.current()
+        if registry is None:
+            raise StateError("this Coordinator has no peer registry")
         node = self._stored_node()
         return NodeActivationRequest(node_vpn_ip, tuple(registry.peers.peers.values()), node.cluster_id,
                                      node.measurement_salt, node.admin_pub_key, node.vpn_ip)
+
+    def init_proof_for(self, public_ip: str) -> Dict[str, Any]:
+        """The ``init_proof`` field for the node at ``public_ip`` (init_secret.py); empty when this
+        Coordinator was activated without an init secret."""
+        if self._init_secret is None:
+            return {}
+        return {"init_proof": b64(node_init_secret(self._init_secret, public_ip))}
 
     def state_disk_key(self, disk_uuid: str) -> bytes:
         return self.require_coordinator("state disk key").state_disk_key(disk_uuid)
@@ -141,7 +164,7 @@ class CoordinatorSide(CoreBase):
             version = registry.peers.put(record)
             return version, list(registry.peers.peers.values())
 
-        version, records = state_store.update_peer_registry(self.store, put)
+        version, records = self.peer_registry.update(put)
         self.vpn.set_peers(records, self.vpn_pub_key)
         self._log("peer_added", vpn_ip=vpn_ip, public_ip=public_ip, resource_version=version)
         return version
@@ -153,12 +176,13 @@ class CoordinatorSide(CoreBase):
             registry.remove(vpn_ip)
             return registry.peers.version, list(registry.peers.peers.values())
 
-        version, records = state_store.update_peer_registry(self.store, remove)
+        version, records = self.peer_registry.update(remove)
         self.vpn.set_peers(records, self.vpn_pub_key)
         return version
 
-    def issue_join_ticket(self, disk_uuid: str, vpn_ip: str) -> JoinTicket:
-        """The ticket for a verified node that reported ``disk_uuid`` and got ``vpn_ip`` reserved."""
+    def issue_join_ticket(self, disk_uuid: str, vpn_ip: str, public_ip: Optional[str] = None) -> JoinTicket:
+        """The ticket for a verified node that reported ``disk_uuid`` and got ``vpn_ip`` reserved; with
+        the proof of the init secret of the node at ``public_ip``."""
         kms = self.require_coordinator("IssueJoinTicket")
         request = self.node_activation_request(vpn_ip)
         kubeadm_args: Dict[str, Any] = {"available": False, "reason": "kubeadm not available on the Coordinator"}
@@ -169,7 +193,9 @@ class CoordinatorSide(CoreBase):
                 kubeadm_args = {"available": False, "reason": str(err)}
         return JoinTicket(request.cluster_id, request.measurement_salt, kms.measurement_secret(),
                           kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
-                          request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args)
+                          request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args,
+                          node_init_secret(self._init_secret, public_ip)
+                          if self._init_secret is not None and public_ip else None)
 
     # -- the join service (IssueJoinTicket)
     def serve_join(self, disk_uuid: Any, node_vpn_pub_key: bytes, channel: JoinChannel,
@@ -196,7 +222,7 @@ class CoordinatorSide(CoreBase):
         vpn_ip = self.reserve_node_ip()
         added = False
         try:
-            channel.deliver(self.issue_join_ticket(normalized_uuid, vpn_ip))
+            channel.deliver(self.issue_join_ticket(normalized_uuid, vpn_ip, channel.peer_ip))
             version = self.add_node_peer(vpn_ip, b64(node_vpn_pub_key), channel.peer_ip)
             added = True
         finally:
@@ -225,14 +251,16 @@ class CoordinatorSide(CoreBase):
 
     # -- vpnapi
     def is_known_peer_ip(self, ip: str) -> bool:
-        registry = state_store.load_peer_registry(self.store)
-        return registry is not None and registry.peers.get(ip) is not None
+        # From memory (peer_cache.py): the vpnapi asks this for every connection.
+        return self.peer_registry.is_known_peer_ip(ip)
 
     def get_update(self, resource_version: Any) -> Dict[str, Any]:
         self.require_coordinator("GetUpdate")
         if not isinstance(resource_version, int) or isinstance(resource_version, bool):
             raise InputError("resource_version", "an integer", type(resource_version).__name__)
-        registry = state_store.load_peer_registry(self.store)
+        registry = self.peer_registry.current()  # from memory: no store access per poll
+        if registry is None:
+            raise StateError("GetUpdate: this Coordinator has no peer registry")
         return registry.peers.updates_since(resource_version).to_dict()
 
     def get_data_key(self, data_key_id: Any, length: Any) -> bytes:

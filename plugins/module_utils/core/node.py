@@ -13,6 +13,7 @@ from typing import Any, Dict, Mapping
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
+from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import check_node_proof
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import TicketRequest
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import (
@@ -42,6 +43,9 @@ class NodeSide(CoreBase):
         if self.recovery_pending:
             raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
         request = NodeActivationRequest.from_dict(params)
+        # No hijacking a fresh node: the caller proves this node's init secret before the lock is taken.
+        check_node_proof(request.init_proof, self.init_secret_hash, method)
+        request = request.without_proof()
         priv_key = generate_priv_key()
         waiting = self._new_node_state(request, priv_key, State.NODE_WAITING_FOR_CLUSTER_JOIN)
         # Persisted by the lock's winner before PCR 15 is extended: a crash after the extension finds it
@@ -110,6 +114,8 @@ class NodeSide(CoreBase):
         self.require_state(method, State.ACCEPTING_INIT)
         if self.recovery_pending:
             raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
+        # A Coordinator of another cluster that passes our policy cannot prove our init secret.
+        check_node_proof(ticket.init_proof, self.init_secret_hash, method)
         derived = kms_mod.derive_cluster_id(ticket.measurement_secret, ticket.measurement_salt)
         if not hmac.compare_digest(derived, ticket.cluster_id):
             raise StateError("%s: the ticket's cluster ID does not follow from its measurement secret and salt"

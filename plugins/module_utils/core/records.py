@@ -7,7 +7,7 @@ and step, and the join ticket (SPEC 4.1, the parts that apply here)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
@@ -44,6 +44,8 @@ class NodeActivationRequest:
     measurement_salt: bytes
     admin_pub_key: str
     coordinator_vpn_ip: str
+    # Proof of this node's init secret (init_secret.py); checked by the node before its node lock.
+    init_proof: Optional[bytes] = field(default=None, repr=False)
 
     @classmethod
     def from_dict(cls, params: Mapping[str, Any]) -> "NodeActivationRequest":
@@ -64,12 +66,21 @@ class NodeActivationRequest:
         salt = b64d(params.get("measurement_salt"), "measurement_salt", MEASUREMENT_SALT_LENGTH)
         admin_pub_key = params.get("admin_pub_key")
         parse_admin_pub_key(admin_pub_key)
-        return cls(node_vpn_ip, tuple(peers), cluster_id, salt, admin_pub_key, coordinator_vpn_ip)
+        proof = params.get("init_proof")
+        init_proof = b64d(proof, "init_proof", 32) if proof is not None else None
+        return cls(node_vpn_ip, tuple(peers), cluster_id, salt, admin_pub_key, coordinator_vpn_ip, init_proof)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
-                "cluster_id": b64(self.cluster_id), "measurement_salt": b64(self.measurement_salt),
-                "admin_pub_key": self.admin_pub_key, "coordinator_vpn_ip": self.coordinator_vpn_ip}
+        out = {"node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
+               "cluster_id": b64(self.cluster_id), "measurement_salt": b64(self.measurement_salt),
+               "admin_pub_key": self.admin_pub_key, "coordinator_vpn_ip": self.coordinator_vpn_ip}
+        if self.init_proof is not None:
+            out["init_proof"] = b64(self.init_proof)
+        return out
+
+    def without_proof(self) -> "NodeActivationRequest":
+        return NodeActivationRequest(self.node_vpn_ip, self.peers, self.cluster_id, self.measurement_salt,
+                                     self.admin_pub_key, self.coordinator_vpn_ip)
 
 
 @dataclass(frozen=True)
@@ -93,16 +104,20 @@ class JoinTicket:
     coordinator_vpn_ip: str
     admin_pub_key: str
     kubeadm: Dict[str, Any] = field(default_factory=dict)
+    init_proof: Optional[bytes] = None  # proves to the joining node that this Coordinator holds our init secret
 
     def __repr__(self) -> str:
         return "JoinTicket(node_vpn_ip=%r, <secrets>)" % self.node_vpn_ip
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"cluster_id": b64(self.cluster_id), "measurement_salt": b64(self.measurement_salt),
-                "measurement_secret": b64(self.measurement_secret), "state_disk_key": b64(self.state_disk_key),
-                "node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
-                "coordinator_vpn_ip": self.coordinator_vpn_ip, "admin_pub_key": self.admin_pub_key,
-                "kubeadm": dict(self.kubeadm)}
+        out = {"cluster_id": b64(self.cluster_id), "measurement_salt": b64(self.measurement_salt),
+               "measurement_secret": b64(self.measurement_secret), "state_disk_key": b64(self.state_disk_key),
+               "node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
+               "coordinator_vpn_ip": self.coordinator_vpn_ip, "admin_pub_key": self.admin_pub_key,
+               "kubeadm": dict(self.kubeadm)}
+        if self.init_proof is not None:
+            out["init_proof"] = b64(self.init_proof)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "JoinTicket":
@@ -114,9 +129,47 @@ class JoinTicket:
                    b64d(data.get("measurement_secret"), "measurement_secret", 32),
                    b64d(data.get("state_disk_key"), "state_disk_key", kms_mod.STATE_DISK_KEY_LENGTH),
                    request.node_vpn_ip, request.peers, request.coordinator_vpn_ip, request.admin_pub_key,
-                   dict(kubeadm))
+                   dict(kubeadm), request.init_proof)
 
     def activation_request(self) -> NodeActivationRequest:
         """The ticket's non-secret part, as the activation request it replaces."""
         return NodeActivationRequest(self.node_vpn_ip, self.peers, self.cluster_id, self.measurement_salt,
                                      self.admin_pub_key, self.coordinator_vpn_ip)
+
+
+@dataclass(frozen=True, repr=False)
+class RejoinTicket:
+    """What a rebooted Node gets from its Coordinator (IssueRejoinTicket) instead of the KMS URI:
+    only what it needs to resume - its own disk key, the measurement secret (which proves the
+    cluster ID) and its peers at ``resource_version``."""
+
+    state_disk_key: bytes
+    measurement_secret: bytes
+    peers: Tuple[PeerRecord, ...]
+    resource_version: int
+
+    def __repr__(self) -> str:
+        return "RejoinTicket(peers=%d, resource_version=%d, <secrets>)" % (len(self.peers), self.resource_version)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"state_disk_key": b64(self.state_disk_key), "measurement_secret": b64(self.measurement_secret),
+                "peers": [p.to_dict() for p in self.peers], "resource_version": self.resource_version}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RejoinTicket":
+        if not isinstance(data, Mapping):
+            raise InputError("ticket", "a JSON object", type(data).__name__)
+        peers_raw = data.get("peers")
+        if not isinstance(peers_raw, list) or len(peers_raw) > 65536:
+            raise InputError("ticket.peers", "a list of {vpn_ip, vpn_pub_key, public_ip, role}", type(peers_raw).__name__)
+        peers = []
+        for index, item in enumerate(peers_raw):
+            if not isinstance(item, Mapping):
+                raise InputError("ticket.peers[%d]" % index, "an object", type(item).__name__)
+            peers.append(PeerRecord.parse(item.get("vpn_ip"), item.get("vpn_pub_key"), item.get("public_ip"),
+                                          item.get("role", "node"), "ticket.peers[%d]" % index))
+        version = data.get("resource_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise InputError("ticket.resource_version", "a non-negative integer", type(version).__name__)
+        return cls(b64d(data.get("state_disk_key"), "ticket.state_disk_key", kms_mod.STATE_DISK_KEY_LENGTH),
+                   b64d(data.get("measurement_secret"), "ticket.measurement_secret", 32), tuple(peers), version)

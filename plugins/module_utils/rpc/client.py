@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ADMIN_AUTH_CONTEXT = b"constellation-admin-auth-v1\x00"
 JOIN_CONTEXT = b"constellation-join-v1\x00"
+REJOIN_CONTEXT = b"constellation-rejoin-v1\x00"
 DEFAULT_TIMEOUT = 60.0
 
 
@@ -51,6 +52,13 @@ def admin_auth_message(challenge: bytes, server_spki_hash: bytes) -> bytes:
 def join_user_data(server_spki_hash: bytes, node_vpn_pub_key: bytes, disk_uuid: str) -> bytes:
     """User data of a joining node's attestation: binds this connection and the request."""
     return hashlib.sha256(JOIN_CONTEXT + server_spki_hash + node_vpn_pub_key + disk_uuid.encode("utf-8")).digest()
+
+
+def rejoin_user_data(server_spki_hash: bytes, vpn_ip: str, node_vpn_pub_key: bytes, disk_uuid: str) -> bytes:
+    """User data of a rebooted Node's attestation (IssueRejoinTicket): binds this connection and the
+    identity the Node claims (its VPN IP, WireGuard key and disk)."""
+    return hashlib.sha256(REJOIN_CONTEXT + server_spki_hash + vpn_ip.encode("ascii") + b"\x00" + node_vpn_pub_key
+                          + disk_uuid.encode("utf-8")).digest()
 
 
 def sign_admin(priv_key, message: bytes) -> bytes:
@@ -178,10 +186,13 @@ class PubAPIClient(Channel):
 
     def activate_as_coordinator(self, kms_uri: str, measurement_salt: bytes, admin_pub_key: str,
                                 storage_uri: Optional[str] = None, cluster_config: Optional[Dict] = None,
-                                on_log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+                                on_log: Optional[Callable[[str], None]] = None,
+                                init_secret: Optional[bytes] = None) -> Dict[str, Any]:
+        """``init_secret``: the cluster's init secret (32 bytes), required by a node provisioned with
+        an ``init_secret_hash`` (docs/agent.md, "Init secret")."""
         return self.invoke("ActivateAsCoordinator", on_log, kms_uri=kms_uri, measurement_salt=measurement_salt,
                            admin_pub_key=admin_pub_key, storage_uri=storage_uri or None,
-                           cluster_config=cluster_config or {})
+                           cluster_config=cluster_config or {}, init_secret=init_secret)
 
     def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str, str], bytes]) -> Dict[str, Any]:
         """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid, node_vpn_pub_key)``
@@ -204,6 +215,33 @@ class PubAPIClient(Channel):
 
     def recover(self, kms_uri: str) -> Dict[str, Any]:
         return self.invoke("Recover", kms_uri=kms_uri)
+
+    def issue_rejoin_ticket(self, vpn_ip: str, node_vpn_pub_key: str, disk_uuid: str, issuer,
+                            on_ticket: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+        """A rebooted Node's side of IssueRejoinTicket: ``issuer`` attests this node bound to this
+        connection and to the identity it claims; ``on_ticket(ticket)`` checks and takes the ticket."""
+        if self.server_spki_hash is None:
+            raise ProtocolError("IssueRejoinTicket needs an aTLS connection")
+        raw_key = b64d(node_vpn_pub_key, "node_vpn_pub_key", 32)
+        self.stream.send_request("IssueRejoinTicket", {"vpn_ip": vpn_ip, "node_vpn_pub_key": b64e(raw_key),
+                                                       "disk_uuid": disk_uuid})
+        nonce = b64d(self.stream.recv_msg("a nonce").get("nonce"), "nonce", 32)
+        document = issuer.issue(rejoin_user_data(self.server_spki_hash, vpn_ip, raw_key, disk_uuid), nonce)
+        self.stream.send_msg({"attestation": b64e(document), "variant_oid": issuer.oid})
+        step = self.stream.recv_msg("a rejoin ticket")
+        if step.get("enroll") is True:
+            if not hasattr(issuer, "enrollment_request"):
+                raise ProtocolError("IssueRejoinTicket: the Coordinator asks for an AK enrollment this variant cannot do")
+            self.stream.send_msg(issuer.enrollment_request())
+            challenge = self.stream.recv_msg("a credential challenge").get("challenge")
+            self.stream.send_msg({"secret": b64e(issuer.activate_credential(challenge))})
+            step = self.stream.recv_msg("a rejoin ticket")
+        ticket = step.get("ticket")
+        if not isinstance(ticket, dict):
+            raise ProtocolError("IssueRejoinTicket: the answer holds no ticket")
+        on_ticket(ticket)
+        self.stream.send_msg({"rejoined": True})
+        return self.stream.recv_end()
 
     def enroll_ak(self, challenge_for: Callable[[Dict[str, Any]], Dict[str, Any]]) -> bytes:
         """EnrollAK (qemu-vtpm-ek): the node's {ek_cert, ak_pub} go to ``challenge_for``, whose
@@ -256,6 +294,22 @@ class AdminClient(Channel):
         self.stream.send_msg({"signature": b64e(sign_admin(priv_key, admin_auth_message(challenge,
                                                                                         self.server_spki_hash)))})
         return self.stream.recv_end()
+
+    def attest_again(self, validators: Sequence, attestation_timeout: float = 30.0):
+        """A fresh proof on this kept connection: a new nonce, the agent's quote over it bound to this
+        connection's certificate key, validated as the handshake's was. Returns the Validation;
+        AttestationError says why it was refused."""
+        import os
+
+        from ansible_collections.constellation.cluster.plugins.module_utils import atls
+
+        if self.server_spki_hash is None:
+            raise ProtocolError("Attest needs an aTLS connection")
+        nonce = os.urandom(atls.NONCE_SIZE)
+        answer = self.invoke("Attest", nonce=nonce)
+        document = b64d(answer.get("attestation"), "attestation", max_size=1 << 20)
+        return atls.validate_document(str(answer.get("variant_oid")), document, validators, nonce,
+                                      self.server_spki_hash, attestation_timeout)
 
     def exec_command(self, cmd=None, argv: Optional[List[str]] = None, stdin: bytes = b"",
                      cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,

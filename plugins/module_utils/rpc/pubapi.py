@@ -22,6 +22,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
     AgentClient,
     connect_enrolling,
     join_user_data,
+    rejoin_user_data,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64d, b64e
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
@@ -64,7 +65,8 @@ class PubAPI:
     def handlers(self) -> Dict[str, Any]:
         return {"GetState": self.get_state, "ActivateAsCoordinator": self.activate_as_coordinator,
                 "ActivateAsNode": self.activate_as_node, "ActivateAdditionalNodes": self.activate_additional_nodes,
-                "IssueJoinTicket": self.issue_join_ticket, "Recover": self.recover, "EnrollAK": self.enroll_ak}
+                "IssueJoinTicket": self.issue_join_ticket, "Recover": self.recover, "EnrollAK": self.enroll_ak,
+                "IssueRejoinTicket": self.issue_rejoin_ticket}
 
     # Every handler gets its request decoded by the server (schema.py records).
     def get_state(self, conn: Connection, request: schema.Empty) -> None:
@@ -72,7 +74,7 @@ class PubAPI:
 
     def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:
         result = self.core.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,
-                                                   request.storage_uri, request.cluster_config)
+                                                   request.storage_uri, request.cluster_config, request.init_secret)
         conn.stream.send_result(result.to_dict())
 
     def activate_as_node(self, conn: Connection, request: schema.ActivateAsNodeRequest) -> None:
@@ -121,6 +123,15 @@ class PubAPI:
                                       self.validator_for_nodes)
         conn.stream.send_result(result)
 
+    # -- Coordinator: rejoin tickets for rebooted Nodes (core/trust.py)
+    def issue_rejoin_ticket(self, conn: Connection, request: schema.IssueRejoinTicketRequest) -> None:
+        self.core.require_coordinator("IssueRejoinTicket")
+        if conn.server_spki_hash is None or self.validator_for_nodes is None:
+            raise AccessDenied("IssueRejoinTicket: only over aTLS on a Coordinator with a node policy")
+        result = self.core.serve_rejoin(request.vpn_ip, b64e(request.node_vpn_pub_key), request.disk_uuid,
+                                        ServerRejoinChannel(conn), self.validator_for_nodes)
+        conn.stream.send_result(result)
+
 
 class ServerJoinChannel:
     """The Coordinator's side of one IssueJoinTicket exchange on a pubapi connection
@@ -152,6 +163,30 @@ class ServerJoinChannel:
         done = self.conn.stream.recv_msg("the node's confirmation")
         if done.get("joined") is not True:
             raise InputError("joined", "true")
+
+
+class ServerRejoinChannel(ServerJoinChannel):
+    """The Coordinator's side of one IssueRejoinTicket exchange: the same challenge (and in-band AK
+    enrollment), another user data binding, a rejoin ticket."""
+
+    def user_data(self, vpn_ip: str, node_vpn_pub_key: str, disk_uuid: str) -> bytes:  # pylint: disable=arguments-differ
+        return rejoin_user_data(self.conn.server_spki_hash, vpn_ip, b64d(node_vpn_pub_key, "node_vpn_pub_key", 32),
+                                disk_uuid)
+
+    def deliver(self, ticket) -> None:
+        self.conn.stream.send_msg({"ticket": ticket.to_dict()})
+        done = self.conn.stream.recv_msg("the node's confirmation")
+        if done.get("rejoined") is not True:
+            raise InputError("rejoined", "true")
+
+
+def rejoin_cluster(core, coordinator_endpoint: str, validators, issuer, connect=None) -> Dict[str, Any]:
+    """A rebooted Node's side: verify the Coordinator (``connect``), attest ourselves in-band, let the
+    Core check and take the rejoin ticket."""
+    connect = connect or (lambda endpoint: connect_enrolling(lambda v: AgentClient.connect(endpoint, v), validators))
+    with connect(coordinator_endpoint) as client:
+        return core.rejoin(lambda vpn_ip, vpn_pub_key, disk_uuid, on_ticket: client.issue_rejoin_ticket(
+            vpn_ip, vpn_pub_key, disk_uuid, issuer, on_ticket))
 
 
 def join_cluster(core, coordinator_endpoint: str, validators, issuer, connect=None) -> Dict[str, Any]:

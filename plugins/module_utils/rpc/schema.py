@@ -132,6 +132,7 @@ class StateAnswer(Record):
     vpn_ip: Optional[str] = wire("str")
     vpn_pub_key: Optional[str] = wire("str")
     state_disk_uuid: Optional[str] = wire("str")
+    evicted: Optional[list] = wire("list", doc="the Coordinator's evicted peers")
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class ActivateAsCoordinatorRequest(Record):
     admin_pub_key: str = wire("str", True)
     storage_uri: Optional[str] = wire("str", doc="secret")
     cluster_config: Optional[dict] = wire("object")
+    init_secret: Optional[bytes] = wire("b64", False, 32, doc="secret")
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,7 @@ class ActivateAsNodeRequest(Record):
     measurement_salt: Optional[bytes] = wire("b64", False, 32)
     admin_pub_key: Optional[str] = wire("str")
     coordinator_vpn_ip: Optional[str] = wire("str")
+    init_proof: Optional[bytes] = wire("b64", False, 32, doc="secret")
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,18 @@ class RecoverRequest(Record):
 
 
 @dataclass(frozen=True)
+class IssueRejoinTicketRequest(Record):
+    vpn_ip: str = wire("str", True)
+    node_vpn_pub_key: bytes = wire("b64", True, 32)
+    disk_uuid: str = wire("str", True)
+
+
+@dataclass(frozen=True)
+class IssueRejoinTicketAnswer(Record):
+    resource_version: int = wire("int", True)
+
+
+@dataclass(frozen=True)
 class EnrollAKAnswer(Record):
     secret: bytes = wire("b64", True, 32)
 
@@ -210,6 +225,17 @@ class EnrollAKAnswer(Record):
 @dataclass(frozen=True)
 class AdminAuthAnswer(Record):
     authenticated: bool = wire("bool", True)
+
+
+@dataclass(frozen=True)
+class AttestRequest(Record):
+    nonce: bytes = wire("b64", True, 32)
+
+
+@dataclass(frozen=True)
+class AttestAnswer(Record):
+    attestation: bytes = wire("b64", True)
+    variant_oid: str = wire("str", True)
 
 
 @dataclass(frozen=True)
@@ -356,11 +382,15 @@ for _method in (
         Method("IssueJoinTicket", PUBAPI, IssueJoinTicketRequest, IssueJoinTicketAnswer, STREAMS_EXCHANGE,
                "a fresh node attests itself in-band (and enrolls its AK for qemu-vtpm-ek) and takes a join ticket"),
         Method("Recover", PUBAPI, RecoverRequest, StateAnswer, STREAMS_NONE,
-               "a rebooted peer (PCR 15 reset, state stored) gets the KMS URI back"),
+               "the rebooted Coordinator (PCR 15 reset, state stored) gets the KMS URI back; Nodes rejoin instead"),
+        Method("IssueRejoinTicket", PUBAPI, IssueRejoinTicketRequest, IssueRejoinTicketAnswer, STREAMS_EXCHANGE,
+               "a rebooted Node attests itself in-band and takes its disk key, the measurement secret and its peers"),
         Method("EnrollAK", PUBAPI, Empty, EnrollAKAnswer, STREAMS_EXCHANGE,
                "qemu-vtpm-ek: EK certificate and AK out, credential challenge in, recovered secret out"),
         Method("AdminAuth", ADMIN, Empty, AdminAuthAnswer, STREAMS_EXCHANGE,
                "proves the admin key pinned at activation, bound to this TLS connection"),
+        Method("Attest", ADMIN, AttestRequest, AttestAnswer, STREAMS_NONE,
+               "a fresh quote over the caller's nonce, bound to this connection's certificate key (a proof per task)"),
         Method("Exec", ADMIN, ExecRequest, ExecAnswer, STREAMS_PROCESS, "runs a command (argv or /bin/sh -c cmd)"),
         Method("ExecModule", ADMIN, ExecModuleRequest, ExecModuleAnswer, STREAMS_PROCESS,
                "runs a pipelined Ansible module, in a pre-warmed interpreter where possible"),

@@ -22,7 +22,7 @@ import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils import atls, errors
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
@@ -51,8 +51,7 @@ def crash_fields(err: BaseException) -> Dict[str, Any]:
     return {"error": type(err).__name__, "where": where}
 
 
-class AccessDenied(ConstellationError):
-    """The caller may not use this method (not authenticated as admin, not a VPN peer)."""
+AccessDenied = errors.AccessDenied  # the Core raises it too (init proof, eviction)
 
 
 class AgentServerContext(atls.AttestedServerContext):

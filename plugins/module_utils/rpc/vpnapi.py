@@ -24,9 +24,15 @@ class VPNAPI:
         self._log = log or (lambda event, **fields: None)
 
     def accept_check(self, peer: Tuple[str, int]) -> Optional[str]:
+        if self.core.is_evicted(peer[0]):
+            return "vpnapi: %s was evicted from this cluster" % peer[0]
         if not self.core.is_known_peer_ip(peer[0]):
             return "vpnapi: %s is not a VPN peer of this cluster" % peer[0]
         return None
+
+    def _not_evicted(self, conn: Connection, method: str) -> None:
+        """An eviction may come while a connection is open: every request checks again (O(1))."""
+        self.core.require_not_evicted(conn.peer_ip, method)
 
     def handlers(self) -> Dict[str, Any]:
         return {"GetUpdate": self.get_update, "GetJoinArgs": self.get_join_args,
@@ -35,23 +41,27 @@ class VPNAPI:
 
     # Every handler gets its request decoded by the server (schema.py records).
     def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
+        self._not_evicted(conn, "GetUpdate")
         conn.stream.send_result(self.core.get_update(request.resource_version))
 
-    def _kubeadm(self, method: str):
+    def _kubeadm(self, method: str, conn: Optional[Connection] = None):
         self.core.require_coordinator(method)
+        if conn is not None:
+            self._not_evicted(conn, method)
         if self.kubeadm is None:
             raise StateError("%s: %s" % (method, KUBEADM_UNAVAILABLE))
         return self.kubeadm
 
     def get_join_args(self, conn: Connection, request: schema.Empty) -> None:
-        args = self._kubeadm("GetJoinArgs").join_args()
+        args = self._kubeadm("GetJoinArgs", conn).join_args()
         conn.stream.send_result({"api_server_endpoint": args["api_server_endpoint"], "token": args["token"],
                                  "discovery_token_ca_cert_hash": args["discovery_token_ca_cert_hash"]})
 
     def get_certificate_key(self, conn: Connection, request: schema.Empty) -> None:
-        conn.stream.send_result({"certificate_key": self._kubeadm("GetCertificateKey").certificate_key()})
+        conn.stream.send_result({"certificate_key": self._kubeadm("GetCertificateKey", conn).certificate_key()})
 
     def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
+        self._not_evicted(conn, "GetDataKey")
         length = 32 if request.length is None else request.length
         key = self.core.get_data_key(request.data_key_id, length)
         self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)
@@ -59,4 +69,5 @@ class VPNAPI:
 
     def get_state_disk_key(self, conn: Connection, request: schema.Empty) -> None:
         # The WireGuard tunnel authenticates the caller's VPN IP: a node gets only its own key.
+        self._not_evicted(conn, "GetStateDiskKey")
         conn.stream.send_result({"state_disk_key": b64e(self.core.node_state_disk_key(conn.peer_ip))})

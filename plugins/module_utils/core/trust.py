@@ -1,0 +1,250 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Trust that stays true after activation, the Coordinator's side (docs/agent.md, "Re-attestation
+and eviction", "Rejoin after a reboot"):
+
+* re-attestation: every ``reattest_interval`` the Coordinator connects to each Node over aTLS (a fresh
+  nonce per connection, its policy without PCR 15), checks PCR 15 = our cluster ID and that the Node
+  still is the peer it recorded (VPN IP and WireGuard key from its attested GetState);
+* eviction: a Node that fails attestation is evicted at once; a Node that cannot be reached is evicted
+  only after ``unreachable_limit`` consecutive failed rounds (a network blip is not tampering); an
+  evicted Node is removed from the peer set (a new version, so every other peer drops it on its next
+  update), its eviction is recorded (store, GetState ``evicted``, the log ``peer_evicted``), and the
+  vpnapi refuses it; it comes back only through ActivateAdditionalNodes (add_nodes.yml) after it
+  passes attestation again, with the VPN IP and key it had;
+* rejoin tickets (IssueRejoinTicket): a rebooted Node (PCR 15 reset) attests itself in-band and gets
+  only its disk key, the measurement secret and its peers; the KMS URI never leaves the Coordinator.
+
+The transports come in as ports (``connect_peer``, a ``JoinChannel``); nothing here opens a socket.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import NodeActivation
+from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import RejoinTicket
+from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    REASON_EVICTED,
+    AccessDenied,
+    AttestationError,
+    ConstellationError,
+    StateError,
+)
+
+# Re-attestation outcomes (one per peer and round).
+PASSED = "passed"
+UNREACHABLE = "unreachable"
+EVICTED = "evicted"
+MAX_REASON = 300
+
+
+class PeerTrust(NodeActivation):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._evicted: Dict[str, dict] = {}  # by VPN IP; replaced, never changed in place (readers take no lock)
+        self._unreachable: Dict[str, int] = {}  # consecutive unreachable rounds by VPN IP
+
+    def _load_evictions(self) -> None:
+        evicted = state_store.load_evictions(self.store)
+        with self._mutex:
+            self._evicted = evicted
+
+    @property
+    def evicted(self) -> Dict[str, dict]:
+        return dict(self._evicted)
+
+    def is_evicted(self, vpn_ip: str) -> bool:
+        """O(1): the vpnapi asks this for every request."""
+        return vpn_ip in self._evicted
+
+    def require_not_evicted(self, vpn_ip: str, method: str) -> None:
+        if self.is_evicted(vpn_ip):
+            raise AccessDenied("%s: %s was evicted from this cluster (it failed re-attestation); it is re-admitted "
+                               "only through add_nodes.yml after it passes again" % (method, vpn_ip)).with_reason(
+                                   REASON_EVICTED)
+
+    def get_state(self) -> Dict[str, Any]:
+        answer = super().get_state()
+        if self.role == ROLE_COORDINATOR and self.state == State.ACTIVATING_NODES:
+            answer["evicted"] = [dict(record) for _ip, record in sorted(self.evicted.items())]
+        return answer
+
+    # -- re-attestation
+    def reattest_peers(self, connect_peer: Callable[[str], Any], workers: int = 4,
+                       unreachable_limit: int = 3) -> List[Dict[str, Any]]:
+        """One round: re-attests every Node of the peer set, ``workers`` at a time; evicts those that
+        fail. ``connect_peer(public_ip)`` opens an aTLS connection validated with the policy without
+        PCR 15 (a fresh nonce each time). One row per Node: vpn_ip, outcome, error."""
+        self.require_coordinator("re-attestation")
+        registry = self.peer_registry.current()
+        peers = [p for p in (registry.peers.peers.values() if registry is not None else ())
+                 if p.role == "node" and p.public_ip]
+        if not peers:
+            return []
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(peers))), thread_name_prefix="reattest") as pool:
+            return list(pool.map(lambda p: self._reattest_one(p, connect_peer, unreachable_limit), peers))
+
+    def _reattest_one(self, peer, connect_peer, unreachable_limit: int) -> Dict[str, Any]:
+        row: Dict[str, Any] = {"vpn_ip": peer.vpn_ip, "public_ip": peer.public_ip, "outcome": PASSED, "error": None}
+        try:
+            with connect_peer(peer.public_ip) as client:
+                membership = self._membership(client)
+                if membership == "fresh":
+                    # PCR 15 reset: the Node rebooted and has not rejoined yet. Not a proof of tampering:
+                    # counted like an unreachable round (it rejoins by itself within them).
+                    raise ConnectionError("PCR 15 is reset (rebooted, not rejoined yet)")
+                if membership != "ours":
+                    raise AttestationError("PCR 15 does not hold this cluster's ID")
+                state = client.get_state()
+                if state.get("vpn_ip") != peer.vpn_ip or state.get("vpn_pub_key") != peer.vpn_pub_key:
+                    raise AttestationError("the attested peer at %s is not the one recorded at %s (another VPN IP or "
+                                           "WireGuard key)" % (peer.public_ip, peer.vpn_ip))
+        except AttestationError as err:
+            row.update(outcome=EVICTED, error="attestation failed: %s" % err)
+        except (ConstellationError, OSError) as err:
+            with self._mutex:
+                count = self._unreachable.get(peer.vpn_ip, 0) + 1
+                self._unreachable[peer.vpn_ip] = count
+            error = str(err) or type(err).__name__
+            row.update(outcome=UNREACHABLE, error=error)
+            self._log("reattest_unreachable", level="warning", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip,
+                      failures=count, limit=unreachable_limit, error=error[:MAX_REASON])
+            if count >= unreachable_limit:
+                row.update(outcome=EVICTED, error="unreachable for %d consecutive re-attestation rounds: %s"
+                           % (count, error))
+        else:
+            with self._mutex:
+                self._unreachable.pop(peer.vpn_ip, None)
+        if row["outcome"] == EVICTED:
+            self.evict_peer(peer.vpn_ip, row["error"])
+        return row
+
+    def evict_peer(self, vpn_ip: str, reason: str) -> Optional[int]:
+        """Removes a peer from the peer set (new version; its VPN IP stays reserved for it) and records
+        why. Returns the new resource version (None if it was no peer)."""
+        self.require_coordinator("evict peer")
+        registry = self.peer_registry.current()
+        record = registry.peers.get(vpn_ip) if registry is not None else None
+        if record is None or record.role == ROLE_COORDINATOR:
+            return None
+        eviction = {"vpn_ip": record.vpn_ip, "vpn_pub_key": record.vpn_pub_key, "public_ip": record.public_ip,
+                    "reason": str(reason)[:MAX_REASON], "ts": round(time.time(), 3)}
+        # Recorded first: a crash before the removal leaves a peer that the vpnapi already refuses.
+        state_store.save_eviction(self.store, vpn_ip, eviction)
+        with self._mutex:
+            self._evicted = dict(self.evicted, **{vpn_ip: eviction})
+            self._unreachable.pop(vpn_ip, None)
+
+        def remove(reg):
+            # The peer goes, its address stays allocated: re-admission gives it back its VPN IP.
+            if reg.peers.get(vpn_ip) is not None:
+                reg.peers.remove(vpn_ip)
+            return reg.peers.version, list(reg.peers.peers.values())
+
+        version, records = self.peer_registry.update(remove)
+        self.vpn.set_peers(records, self.vpn_pub_key)
+        self._log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, reason=eviction["reason"],
+                  resource_version=version)
+        return version
+
+    def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:
+        """Before an evicted Node is recorded again (ActivateAdditionalNodes): it must come back with the
+        key it was evicted with. True if ``vpn_ip`` is evicted."""
+        eviction = self.evicted.get(vpn_ip)
+        if eviction is None:
+            return False
+        if eviction.get("vpn_pub_key") != vpn_pub_key:
+            raise StateError("%s was evicted with another WireGuard key: it is not re-admitted" % vpn_ip)
+        return True
+
+    def clear_eviction(self, vpn_ip: str) -> None:
+        """The Node passed attestation again and is a peer again (ActivateAdditionalNodes)."""
+        state_store.delete_eviction(self.store, vpn_ip)
+        with self._mutex:
+            evicted = self.evicted
+            evicted.pop(vpn_ip, None)
+            self._evicted = evicted
+        self._log("peer_readmitted", vpn_ip=vpn_ip)
+
+    # -- rejoin tickets (IssueRejoinTicket)
+    def serve_rejoin(self, vpn_ip: str, node_vpn_pub_key: str, disk_uuid: Any, channel: JoinChannel,
+                     validator: AttestationValidator) -> Dict[str, Any]:
+        """A rebooted Node asks to rejoin: it must be a recorded, non-evicted peer (VPN IP, WireGuard key,
+        disk UUID as recorded at its activation) and attest itself on this connection (PCR 15 reset);
+        then it gets a ``RejoinTicket``."""
+        method = "IssueRejoinTicket"
+        kms = self.require_coordinator(method)
+        self.require_not_evicted(vpn_ip, method)
+        normalized_uuid = normalize_disk_uuid(disk_uuid)
+        registry = self.peer_registry.current()
+        record = registry.peers.get(vpn_ip) if registry is not None else None
+        recorded_uuid = state_store.load_node_disk_uuid(self.store, vpn_ip)
+        if record is None or record.role != "node" or record.vpn_pub_key != node_vpn_pub_key \
+                or recorded_uuid != normalized_uuid:
+            self._log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason="not a recorded node")
+            raise AccessDenied("%s: %s is not a recorded Node of this cluster with this WireGuard key and disk"
+                               % (method, vpn_ip))
+        nonce = secrets.token_bytes(32)
+        oid, document = channel.challenge(nonce)
+        if oid != validator.oid:
+            raise AttestationError("%s: attestation variant %r is not accepted (expected %s)"
+                                   % (method, str(oid)[:64], validator.oid))
+        try:
+            validation = self._validate_join(validator, document, nonce, channel)
+        except AttestationError as err:
+            self._log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason=str(err)[:MAX_REASON])
+            raise AttestationError("%s: attestation refused: %s" % (method, err)) from None
+        if not hmac.compare_digest(bytes(validation.user_data), channel.user_data(vpn_ip, node_vpn_pub_key,
+                                                                                  normalized_uuid)):
+            self._log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason="user data not bound")
+            raise AttestationError("%s: the attestation is not bound to this connection and request "
+                                   "(relayed or replayed?)" % method)
+        registry = self.peer_registry.current()
+        ticket = RejoinTicket(kms.state_disk_key(normalized_uuid), kms.measurement_secret(),
+                              tuple(registry.peers.peers.values()), registry.peers.version)
+        channel.deliver(ticket)
+        self._log("node_rejoined", peer=channel.peer_ip, node_vpn_ip=vpn_ip)
+        return {"resource_version": ticket.resource_version}
+
+
+class ReattestLoop:
+    """The agent's re-attestation thread: ``core.reattest_peers`` every ``interval`` seconds while the
+    Core is an activated Coordinator."""
+
+    def __init__(self, core: PeerTrust, connect_peer, interval: float, workers: int, unreachable_limit: int,
+                 stop: threading.Event, log=None):
+        self.core = core
+        self.connect_peer = connect_peer
+        self.interval = interval
+        self.workers = workers
+        self.unreachable_limit = unreachable_limit
+        self.stop = stop
+        self._log = log or (lambda event, **fields: None)
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            if self.core.state != State.ACTIVATING_NODES:
+                continue
+            try:
+                rows = self.core.reattest_peers(self.connect_peer, self.workers, self.unreachable_limit)
+            except (ConstellationError, OSError) as err:
+                self._log("reattest_error", level="warning", error=str(err)[:MAX_REASON])
+                continue
+            except Exception as err:  # pylint: disable=broad-except
+                # Never let the thread die silently: the next round tries again.
+                self._log("reattest_crashed", level="error", error=type(err).__name__)
+                continue
+            evicted = [r["vpn_ip"] for r in rows if r["outcome"] == EVICTED]
+            if evicted:
+                self._log("reattest_round", peers=len(rows), evicted=",".join(evicted))
