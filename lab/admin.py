@@ -39,6 +39,25 @@ class LabCluster:
         self.procs[name] = start_agent(self.lab, self.hosts[name], **config)
         return self.procs[name]
 
+    def client(self, name: str):
+        """An AgentClient to ``name`` from the admin machine, attested against the lab image's policy
+        without PCR 15 (fresh or activated alike; callers read PCR 15 from ``attested_pcrs()``).
+        qemu-vtpm labs only (this validator trusts the AK as Constellation does)."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+            Measurements)
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import coordinator_policy
+        from lab.lab import lab_measurements
+
+        h = self.hosts[name]
+        validator = VTPMValidator(coordinator_policy(Measurements.from_dict(lab_measurements())))
+        return AgentClient.connect(h.public_endpoint, [validator], sock=self.admin.connect((h.public_ip, 9000)))
+
+    def state(self, name: str) -> dict:
+        with self.client(name) as c:
+            return c.get_state()
+
     def stop(self, name: str, sig=signal.SIGTERM) -> int:
         return stop_agent(self.procs.pop(name), sig=sig)
 

@@ -21,31 +21,16 @@ import signal
 import pytest
 from lab.admin import LabCluster
 from lab.agent import wait_until as until
-from lab.lab import Lab, lab_measurements
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    Measurements, expected_pcr15)
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
+from lab.lab import Lab
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConnectionLost
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import coordinator_policy
 
 pytestmark = pytest.mark.lab
-
-POLICY = Measurements.from_dict(lab_measurements())
 
 
 class Faults(LabCluster):
     def died(self, name) -> bool:
         return self.procs[name].poll() is not None
-
-    def client(self, name) -> AgentClient:
-        h = self.hosts[name]
-        return AgentClient.connect(h.public_endpoint, [VTPMValidator(coordinator_policy(POLICY))],
-                                   sock=self.admin.connect((h.public_ip, 9000)))
-
-    def state(self, name) -> dict:
-        with self.client(name) as c:
-            return c.get_state()
 
     def activate_nodes(self, *names) -> dict:
         with self.client("h1") as c:

@@ -33,17 +33,13 @@ from lab.lab import Lab, lab_measurements
 from lab.netns import NetNS
 from ansible_collections.constellation.cluster.plugins.module_utils import init_secret as init_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    Measurements, expected_pcr15)
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import coordinator_policy
 
 pytestmark = pytest.mark.lab
 
-POLICY = Measurements.from_dict(lab_measurements())
 INTERVAL = 1.0  # reattest_interval of this lab's Coordinator
 UNREACHABLE_LIMIT = 3
 
@@ -55,15 +51,6 @@ class Trust(LabCluster):
         config.setdefault("reattest_unreachable_limit", UNREACHABLE_LIMIT)
         self.procs[name] = start_agent(self.lab, self.hosts[name], trust=True, **config)
         return self.procs[name]
-
-    def client(self, name) -> AgentClient:
-        h = self.hosts[name]
-        return AgentClient.connect(h.public_endpoint, [VTPMValidator(coordinator_policy(POLICY))],
-                                   sock=self.admin.connect((h.public_ip, 9000)))
-
-    def state(self, name) -> dict:
-        with self.client(name) as c:
-            return c.get_state()
 
     def pcr15(self, name) -> bytes:
         with self.client(name) as c:

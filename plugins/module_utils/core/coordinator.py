@@ -205,20 +205,7 @@ class CoordinatorSide(CoreBase):
         method = "IssueJoinTicket"
         self.require_coordinator(method)
         normalized_uuid = normalize_disk_uuid(disk_uuid)
-        nonce = secrets.token_bytes(32)
-        oid, document = channel.challenge(nonce)
-        if oid != validator.oid:
-            raise AttestationError("%s: attestation variant %r is not accepted (expected %s)"
-                                   % (method, str(oid)[:64], validator.oid))
-        try:
-            validation = self._validate_join(validator, document, nonce, channel)
-        except AttestationError as err:
-            self._log("join_refused", peer=channel.peer_ip, reason=str(err)[:300])
-            raise AttestationError("%s: attestation refused: %s" % (method, err)) from None
-        if not hmac.compare_digest(bytes(validation.user_data), channel.user_data(node_vpn_pub_key, disk_uuid)):
-            self._log("join_refused", peer=channel.peer_ip, reason="user data not bound to this connection")
-            raise AttestationError("%s: the attestation is not bound to this connection and request "
-                                   "(relayed or replayed?)" % method)
+        self.attest_over(channel, validator, method, channel.user_data(node_vpn_pub_key, disk_uuid), "join_refused")
         vpn_ip = self.reserve_node_ip()
         added = False
         try:
@@ -230,6 +217,26 @@ class CoordinatorSide(CoreBase):
                 self.release_node_ip(vpn_ip)
         self._log("node_joined", peer=channel.peer_ip, node_vpn_ip=vpn_ip)
         return {"resource_version": version, "node_vpn_ip": vpn_ip}
+
+    def attest_over(self, channel: JoinChannel, validator: AttestationValidator, method: str, expected_user_data: bytes,
+                    refused_event: str, **log_fields: Any) -> None:
+        """The node at the other end of ``channel`` attests itself in-band: a fresh nonce, its document
+        of our variant, validated (enrolling a new AK where the variant needs it), and bound to this
+        connection and request (``expected_user_data``). Refusals are logged as ``refused_event``."""
+        nonce = secrets.token_bytes(32)
+        oid, document = channel.challenge(nonce)
+        if oid != validator.oid:
+            raise AttestationError("%s: attestation variant %r is not accepted (expected %s)"
+                                   % (method, str(oid)[:64], validator.oid))
+        try:
+            validation = self._validate_join(validator, document, nonce, channel)
+        except AttestationError as err:
+            self._log(refused_event, peer=channel.peer_ip, reason=str(err)[:300], **log_fields)
+            raise AttestationError("%s: attestation refused: %s" % (method, err)) from None
+        if not hmac.compare_digest(bytes(validation.user_data), expected_user_data):
+            self._log(refused_event, peer=channel.peer_ip, reason="user data not bound to this connection", **log_fields)
+            raise AttestationError("%s: the attestation is not bound to this connection and request "
+                                   "(relayed or replayed?)" % method)
 
     def _validate_join(self, validator: AttestationValidator, document: bytes, nonce: bytes, channel: JoinChannel):
         """Validates the joining node's document; where the variant trusts an AK only after

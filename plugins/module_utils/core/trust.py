@@ -21,8 +21,6 @@ The transports come in as ports (``connect_peer``, a ``JoinChannel``); nothing h
 
 from __future__ import annotations
 
-import hmac
-import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -195,21 +193,8 @@ class PeerTrust(NodeActivation):
             self._log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason="not a recorded node")
             raise AccessDenied("%s: %s is not a recorded Node of this cluster with this WireGuard key and disk"
                                % (method, vpn_ip))
-        nonce = secrets.token_bytes(32)
-        oid, document = channel.challenge(nonce)
-        if oid != validator.oid:
-            raise AttestationError("%s: attestation variant %r is not accepted (expected %s)"
-                                   % (method, str(oid)[:64], validator.oid))
-        try:
-            validation = self._validate_join(validator, document, nonce, channel)
-        except AttestationError as err:
-            self._log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason=str(err)[:MAX_REASON])
-            raise AttestationError("%s: attestation refused: %s" % (method, err)) from None
-        if not hmac.compare_digest(bytes(validation.user_data), channel.user_data(vpn_ip, node_vpn_pub_key,
-                                                                                  normalized_uuid)):
-            self._log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason="user data not bound")
-            raise AttestationError("%s: the attestation is not bound to this connection and request "
-                                   "(relayed or replayed?)" % method)
+        self.attest_over(channel, validator, method, channel.user_data(vpn_ip, node_vpn_pub_key, normalized_uuid),
+                         "rejoin_refused", vpn_ip=vpn_ip)
         registry = self.peer_registry.current()
         ticket = RejoinTicket(kms.state_disk_key(normalized_uuid), kms.measurement_secret(),
                               tuple(registry.peers.peers.values()), registry.peers.version)
