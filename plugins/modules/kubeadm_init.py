@@ -15,11 +15,22 @@ author: constellation.cluster contributors (@constellation-cluster)
 description:
   - Renders C(InitConfiguration), C(ClusterConfiguration) and C(KubeletConfiguration) with Constellation's
     hardening (audit policy and audit log flags, profiling off, kubelet serving certificates verified against the
-    cluster CA, restricted kubelet cipher suites, the VPN IP as node IP and certificate SAN), writes the audit
-    policy and runs C(kubeadm init).
+    cluster CA, restricted kubelet cipher suites, the VPN IP as node IP and certificate SAN).
+  - Initialises as Constellation's bootstrapper does, step by step, and reports each step in RV(phases) -
+    the audit policy, written where the API server's C(audit-policy-file) points;
+    C(kubeadm init phase preflight); C(kubeadm init phase certs all); the kubelet's serving certificate
+    (ECDSA P-256 key, C(system:node:<node_name>) in C(system:nodes), the node name and O(node_vpn_ip) as SANs),
+    signed locally with the new cluster CA and written where the C(KubeletConfiguration) C(tlsCertFile) and
+    C(tlsPrivateKeyFile) point; an emptied C(manifests) directory;
+    C(kubeadm init --skip-phases=preflight,certs,addon/coredns,addon/kube-proxy) (C(addon/kube-proxy) only
+    without O(kube_proxy)); and C(kubeadm kubeconfig user --client-name <cluster_name>-admin --org system:masters),
+    the admin kubeconfig, kept with mode 0600 as C(<kubernetes_dir>/<cluster_name>-admin.conf).
   - Does nothing when the control plane is already initialised, that is when C(<kubernetes_dir>/admin.conf) and
-    C(<kubernetes_dir>/pki/ca.crt) exist; it then still returns the CA hash (and, with O(return_secrets), the admin
-    kubeconfig). Use M(constellation.cluster.kubeadm_token) for fresh join tokens later.
+    C(<kubernetes_dir>/pki/ca.crt) exist, except making the admin kubeconfig again when it is missing or not
+    the cluster's; it then still returns the CA hash (and, with O(return_secrets), the admin kubeconfig). Use
+    M(constellation.cluster.kubeadm_token) for fresh join tokens later.
+  - Store the admin kubeconfig on the controller with M(constellation.cluster.kubeadm_admin_kubeconfig)
+    (Ansible Vault, beside the master secret).
   - Returns the discovery hash of the new cluster CA, which joining nodes pin.
 extends_documentation_fragment:
   - constellation.cluster.kubeadm
@@ -51,15 +62,28 @@ options:
     elements: str
     default: []
   skip_phases:
-    description: kubeadm init phases to skip, for example V(addon/kube-proxy) when the CNI replaces it.
+    description:
+      - Further kubeadm init phases the final C(kubeadm init) skips (kubeadm's phase names, for example
+        V(addon/kube-proxy) or V(show-join-command)); unknown names are refused.
+      - C(preflight), C(certs) and C(addon/coredns) are always skipped there (they ran before or are not wanted).
     type: list
     elements: str
     default: []
+  kube_proxy:
+    description:
+      - Install the kube-proxy addon. Constellation leaves it out (Cilium replaces it) unless in conformance mode.
+    type: bool
+    default: false
   kubelet_tls_cert_file:
-    description: Kubelet serving certificate (set together with O(kubelet_tls_key_file)).
+    description:
+      - Where the kubelet's serving certificate, signed with the cluster CA, is written (set together with
+        O(kubelet_tls_key_file)).
+      - Defaults to C(<kubernetes_dir>/pki/kubelet-serving.crt).
     type: path
   kubelet_tls_key_file:
-    description: Kubelet serving key (set together with O(kubelet_tls_cert_file)).
+    description:
+      - Where the kubelet's serving key is written (mode 0600; set together with O(kubelet_tls_cert_file)).
+      - Defaults to C(<kubernetes_dir>/pki/kubelet-serving.key).
     type: path
   token:
     description:
@@ -81,7 +105,7 @@ options:
     type: str
   return_secrets:
     description:
-      - Return the admin kubeconfig, the bootstrap token and the certificate key.
+      - Return the admin kubeconfig (C(<cluster_name>-admin)), the bootstrap token and the certificate key.
       - They are secrets. Set C(no_log) on the task when this is V(true).
     type: bool
     default: false
@@ -130,6 +154,21 @@ kubeconfig_path:
   returned: always
   type: str
   sample: /etc/kubernetes/admin.conf
+admin_kubeconfig_path:
+  description: The kubeconfig of C(<cluster_name>-admin) in C(system:masters) on the node (mode 0600).
+  returned: always
+  type: str
+  sample: /etc/kubernetes/constellation-admin.conf
+phases:
+  description:
+    - Each step of the init in order, with C(status) V(ran), V(done before) or V(would run) (check mode), and the
+      kubeadm C(command) it runs (without C(-v) and C(--config)), or null for a step done without kubeadm.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {name: preflight, status: ran, command: kubeadm init phase preflight}
+    - {name: kubelet-serving-cert, status: ran, command: null}
 token_id:
   description: Public ID of the bootstrap token created by this run.
   returned: when a control plane was initialised
@@ -145,7 +184,7 @@ config:
   type: list
   elements: dict
 kubeconfig:
-  description: The admin kubeconfig (a secret).
+  description: The admin kubeconfig, user C(<cluster_name>-admin) in C(system:masters) (a secret).
   returned: with O(return_secrets), unless in check mode on a new host
   type: str
 token:
@@ -170,6 +209,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm impo
     Kubeadm,
     common_argument_spec,
     init_control_plane,
+    is_initialised,
     node_argument_spec,
 )
 
@@ -185,6 +225,7 @@ def main():
         pod_cidr=dict(type="str"),
         apiserver_cert_sans=dict(type="list", elements="str", default=[]),
         skip_phases=dict(type="list", elements="str", default=[]),
+        kube_proxy=dict(type="bool", default=False),
         kubelet_tls_cert_file=dict(type="path"),
         kubelet_tls_key_file=dict(type="path"),
         token=dict(type="str", no_log=True),
@@ -210,7 +251,7 @@ def main():
             service_cidr=p["service_cidr"], pod_cidr=p["pod_cidr"], apiserver_cert_sans=p["apiserver_cert_sans"],
             cloud_provider=p["cloud_provider"], provider_id=p["provider_id"], cri_socket=p["cri_socket"],
             patches_dir=p["patches_dir"] or None, kubelet_tls_cert_file=p["kubelet_tls_cert_file"],
-            kubelet_tls_key_file=p["kubelet_tls_key_file"], skip_phases=p["skip_phases"], token=p["token"],
+            kubelet_tls_key_file=p["kubelet_tls_key_file"], skip_phases=p["skip_phases"], kube_proxy=p["kube_proxy"], token=p["token"],
             token_ttl=p["token_ttl"], certificate_key=p["certificate_key"], api_version=p["api_version"],
             kubernetes_dir=p["kubernetes_dir"],
         )
@@ -219,9 +260,10 @@ def main():
     except ConstellationError as err:
         module.fail_json(msg=str(err))
 
-    initialised = result.kubeconfig is not None
+    initialised = is_initialised(params.kubernetes_dir)
     out = dict(changed=result.changed, initialised=initialised,
-               kubeconfig_path=os.path.join(params.kubernetes_dir, "admin.conf"))
+               kubeconfig_path=os.path.join(params.kubernetes_dir, "admin.conf"),
+               admin_kubeconfig_path=params.admin_kubeconfig_path, phases=result.phases)
     if result.ca_cert_hash:
         out["ca_cert_hash"] = result.ca_cert_hash
     if result.config:
@@ -229,7 +271,8 @@ def main():
     if result.token and initialised:
         out["token_id"] = result.token.split(".", 1)[0]
     if p["return_secrets"] and initialised:
-        out["kubeconfig"] = result.kubeconfig
+        if result.kubeconfig is not None:
+            out["kubeconfig"] = result.kubeconfig
         if result.token:
             out["token"] = result.token
         if result.certificate_key:

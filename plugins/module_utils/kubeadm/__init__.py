@@ -2,7 +2,8 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """kubeadm, by concern: ``validate.py`` (constants, argument specs, validation, tokens, the CA hash),
-``config.py`` (the documents), ``command.py`` (running kubeadm through ``module_utils/command.py``)
+``config.py`` (the documents), ``pki.py`` (the kubelet serving certificate signed with the cluster CA,
+kubeconfig identities), ``command.py`` (running kubeadm through ``module_utils/command.py``)
 and ``operations.py`` (conditions and operations). This module re-exports their names.
 
 kubeadm: the configuration documents Constellation generates, the pinned CA hash, bootstrap tokens,
@@ -40,6 +41,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     AUDIT_API_VERSION,
     AUDIT_LOG_DIR,
     AUDIT_POLICY_FILE,
+    CONSTELLATION_SKIP_PHASES,
     CONTROL_PLANE_PKI_FILES,
     CRI_SOCKET,
     DEFAULT_API_VERSION,
@@ -48,10 +50,15 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     DEFAULT_TOKEN_TTL,
     DOWNLOAD_CERTS_PHASE,
     FLEX_VOLUME_PLUGIN_DIR,
+    INIT_PHASE_NAMES,
+    INIT_PHASES,
+    KUBE_PROXY_PHASE,
     KUBEADM_GROUP,
     KUBELET_API_VERSION,
     KUBELET_LOCAL_MODE_MIN_VERSION,
+    KUBELET_TLS_CERT_FILE,
     KUBELET_TLS_CIPHER_SUITES,
+    KUBELET_TLS_KEY_FILE,
     KUBERNETES_DIR,
     KUBERNETES_PORT,
     PATCHES_DIR,
@@ -90,9 +97,20 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     validate_ip,
     validate_kubernetes_version,
     validate_node_name,
+    validate_skip_phases,
     validate_token,
     validate_token_id,
     validate_ttl,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.pki import (  # noqa: F401
+    MASTERS_GROUP,
+    NODES_GROUP,
+    KubeletKeyPair,
+    issued_by,
+    kubeconfig_client_identity,
+    kubelet_cert_current,
+    kubelet_csr,
+    sign_kubelet_csr,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.config import (  # noqa: F401
     InitParams,
@@ -118,7 +136,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.comm
     parse_token_list,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.operations import (  # noqa: F401
+    INIT_STEPS,
     MAX_WAIT_TIMEOUT,
+    InitPhase,
     InitResult,
     JoinResult,
     NodeStatus,
@@ -127,7 +147,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.oper
     _atomic_write,
     _require_control_plane,
     _scrubbed,
+    admin_kubeconfig_current,
     ensure_token,
+    init_commands,
     init_control_plane,
     is_initialised,
     is_joined,
@@ -139,6 +161,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.oper
     remove_token,
     wait_for_nodes_ready,
     write_audit_policy,
+    write_kubelet_serving_cert,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.validate import HAS_CRYPTOGRAPHY  # noqa: F401
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.config import HAS_YAML  # noqa: F401

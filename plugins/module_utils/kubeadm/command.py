@@ -94,6 +94,28 @@ class Kubeadm:
             args.append("--upload-certs")
         return self.run(args)
 
+    def init_phase(self, phase: Sequence[str], config_path: str) -> CommandResult:
+        """``kubeadm init phase <phase...> -v=N --config F``, e.g. ``["preflight"]`` or ``["certs", "all"]``."""
+        return self.run(["init", "phase"] + list(phase) + ["-v=%d" % self._verbosity, "--config", config_path])
+
+    def init_skipping(self, config_path: str, skip_phases: Sequence[str], upload_certs: bool) -> CommandResult:
+        """``kubeadm init -v=N --skip-phases=a,b --config F`` (the phases that already ran are skipped)."""
+        args = ["init", "-v=%d" % self._verbosity]
+        if skip_phases:
+            args.append("--skip-phases=%s" % ",".join(skip_phases))
+        args += ["--config", config_path]
+        if upload_certs:
+            args.append("--upload-certs")
+        return self.run(args)
+
+    def kubeconfig_user(self, config_path: str, client_name: str, organizations: Sequence[str]) -> str:
+        """``kubeadm kubeconfig user --client-name X --config F --org O``: a kubeconfig (its stdout) for a
+        client certificate signed by the cluster CA."""
+        args = ["kubeconfig", "user", "--client-name", client_name, "--config", config_path]
+        for org in organizations:
+            args += ["--org", org]
+        return self.run(args, timeout=120).stdout
+
     def join(self, config_path: str) -> CommandResult:
         return self.run(["join", "-v=%d" % self._verbosity, "--config", config_path])
 

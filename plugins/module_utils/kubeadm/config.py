@@ -15,6 +15,8 @@ from typing import Mapping, Optional, Sequence
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.validate import (  # noqa: F401
     AUDIT_API_VERSION,
+    CONSTELLATION_SKIP_PHASES,
+    KUBE_PROXY_PHASE,
     AUDIT_LOG_DIR,
     AUDIT_POLICY_FILE,
     CRI_SOCKET,
@@ -27,7 +29,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     KUBEADM_GROUP,
     KUBELET_API_VERSION,
     KUBELET_LOCAL_MODE_MIN_VERSION,
+    KUBELET_TLS_CERT_FILE,
     KUBELET_TLS_CIPHER_SUITES,
+    KUBELET_TLS_KEY_FILE,
     KUBERNETES_DIR,
     KUBERNETES_PORT,
     PATCHES_DIR,
@@ -48,6 +52,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     validate_ip,
     validate_kubernetes_version,
     validate_node_name,
+    validate_skip_phases,
     validate_token,
     validate_ttl,
 )
@@ -82,6 +87,7 @@ class InitParams:
     kubelet_tls_cert_file: Optional[str] = None
     kubelet_tls_key_file: Optional[str] = None
     skip_phases: Sequence[str] = ()
+    kube_proxy: bool = False
     token: Optional[str] = field(default=None, repr=False)
     token_ttl: str = DEFAULT_TOKEN_TTL
     certificate_key: Optional[str] = field(default=None, repr=False)
@@ -107,7 +113,9 @@ class InitParams:
                                     for san in _validate_str_list(self.apiserver_cert_sans, "apiserver_cert_sans")]
         if not isinstance(self.cloud_provider, str):
             raise InputError("cloud_provider", "a string (empty on QEMU)", self.cloud_provider)
-        self.skip_phases = _validate_str_list(self.skip_phases, "skip_phases")
+        self.skip_phases = validate_skip_phases(self.skip_phases)
+        if not isinstance(self.kube_proxy, bool):
+            raise InputError("kube_proxy", "true or false", self.kube_proxy)
         if self.token is not None:
             validate_token(self.token)
         self.token_ttl = validate_ttl(self.token_ttl, "token_ttl")
@@ -116,9 +124,34 @@ class InitParams:
         self.kubernetes_dir = _validate_path(self.kubernetes_dir, "kubernetes_dir")
         if self.patches_dir:
             self.patches_dir = _validate_path(self.patches_dir, "patches_dir")
+        if bool(self.kubelet_tls_cert_file) != bool(self.kubelet_tls_key_file):
+            raise InputError("kubelet_tls_key_file", "both kubelet_tls_cert_file and kubelet_tls_key_file, or neither",
+                             self.kubelet_tls_key_file)
+        if not self.kubelet_tls_cert_file:
+            # The first kubelet's serving certificate is signed with the cluster CA at init (SPEC.md §4.4).
+            self.kubelet_tls_cert_file = os.path.join(self.kubernetes_dir, KUBELET_TLS_CERT_FILE)
+            self.kubelet_tls_key_file = os.path.join(self.kubernetes_dir, KUBELET_TLS_KEY_FILE)
         for name in ("kubelet_tls_cert_file", "kubelet_tls_key_file"):
-            if getattr(self, name):
-                setattr(self, name, _validate_path(getattr(self, name), name))
+            setattr(self, name, _validate_path(getattr(self, name), name))
+
+    @property
+    def admin_client_name(self) -> str:
+        """The user of the admin kubeconfig init returns (Constellation: ``<clusterName>-admin``)."""
+        return "%s-admin" % self.cluster_name
+
+    @property
+    def admin_kubeconfig_path(self) -> str:
+        """Where the node keeps that kubeconfig (0600, like admin.conf and super-admin.conf)."""
+        return os.path.join(self.kubernetes_dir, "%s.conf" % self.admin_client_name)
+
+    @property
+    def init_skip_phases(self) -> list:
+        """--skip-phases of the final ``kubeadm init``: Constellation's, kube-proxy unless asked for, and the
+        caller's own."""
+        skip = list(CONSTELLATION_SKIP_PHASES)
+        if not self.kube_proxy:
+            skip.append(KUBE_PROXY_PHASE)
+        return skip + [phase for phase in self.skip_phases if phase not in skip]
 
 
 @dataclass
@@ -276,9 +309,8 @@ def render_init(params: InitParams) -> list:
         "staticPodPath": os.path.join(k8s_dir, "manifests"),
         "registerWithTaints": [dict(t) for t in REGISTER_WITH_TAINTS],
     }
-    if params.kubelet_tls_cert_file and params.kubelet_tls_key_file:
-        kubelet["tlsCertFile"] = params.kubelet_tls_cert_file
-        kubelet["tlsPrivateKeyFile"] = params.kubelet_tls_key_file
+    kubelet["tlsCertFile"] = params.kubelet_tls_cert_file
+    kubelet["tlsPrivateKeyFile"] = params.kubelet_tls_key_file
     return [init, cluster, kubelet]
 
 

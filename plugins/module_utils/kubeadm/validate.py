@@ -65,6 +65,35 @@ CONTROL_PLANE_PKI_FILES = (
 )
 DOWNLOAD_CERTS_PHASE = "control-plane-prepare/download-certs"
 
+# kubeadm init's phases and sub-phases (``kubeadm init --help``, v1.31); --skip-phases takes these names,
+# a parent phase or ``<parent>/<sub-phase>``. kubeadm refuses any other name ("invalid phase name").
+INIT_PHASES = (
+    ("preflight", ()),
+    ("certs", ("ca", "apiserver", "apiserver-kubelet-client", "front-proxy-ca", "front-proxy-client", "etcd-ca",
+               "etcd-server", "etcd-peer", "etcd-healthcheck-client", "apiserver-etcd-client", "sa")),
+    ("kubeconfig", ("admin", "super-admin", "kubelet", "controller-manager", "scheduler")),
+    ("etcd", ("local",)),
+    ("control-plane", ("apiserver", "controller-manager", "scheduler")),
+    ("kubelet-start", ()),
+    ("wait-control-plane", ()),
+    ("upload-config", ("kubeadm", "kubelet")),
+    ("upload-certs", ()),
+    ("mark-control-plane", ()),
+    ("bootstrap-token", ()),
+    ("kubelet-finalize", ("enable-client-cert-rotation",)),
+    ("addon", ("coredns", "kube-proxy")),
+    ("show-join-command", ()),
+)
+INIT_PHASE_NAMES = tuple(name for parent, subs in INIT_PHASES
+                         for name in [parent] + ["%s/%s" % (parent, sub) for sub in (("all",) + subs if subs else ())])
+# Constellation's final ``kubeadm init`` skips what ran before it (preflight, certs) and CoreDNS (Cilium
+# brings its own DNS handling later); kube-proxy is skipped too unless asked for (conformance mode).
+CONSTELLATION_SKIP_PHASES = ("preflight", "certs", "addon/coredns")
+KUBE_PROXY_PHASE = "addon/kube-proxy"
+# Where the first kubelet's serving certificate and key go, under kubernetes_dir, unless given.
+KUBELET_TLS_CERT_FILE = "pki/kubelet-serving.crt"
+KUBELET_TLS_KEY_FILE = "pki/kubelet-serving.key"
+
 KUBELET_TLS_CIPHER_SUITES = (
     "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
     "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
@@ -239,6 +268,15 @@ def validate_api_version(value: object, field_name: str = "api_version") -> str:
     if value not in API_VERSIONS:
         raise InputError(field_name, "one of %s" % ", ".join(API_VERSIONS), value)
     return value
+
+
+def validate_skip_phases(value: object, field_name: str = "skip_phases") -> list:
+    """kubeadm init phase names (see INIT_PHASE_NAMES); kubeadm refuses unknown ones."""
+    phases = _validate_str_list(value, field_name)
+    for phase in phases:
+        if phase not in INIT_PHASE_NAMES:
+            raise InputError(field_name, "kubeadm init phase names such as addon/kube-proxy or certs/sa", phase)
+    return phases
 
 
 def _validate_path(value: object, field_name: str) -> str:

@@ -26,8 +26,8 @@ def test_init_writes_cluster_and_returns_pins(initialised, double_log, control_p
     assert core.validate_certificate_key(initialised.certificate_key)
     assert "certificate-authority-data" in initialised.kubeconfig
     # The double saw the real configuration (with secrets), the argv carried none of them.
-    (entry,) = double_log.entries()
-    assert entry["argv"][0] == "init" and "--upload-certs" in entry["argv"] and entry["rc"] == 0
+    entry = next(e for e in double_log.entries() if e["command"] == "init")
+    assert "--upload-certs" in entry["argv"] and entry["rc"] == 0
     init_doc = entry["config"][0]
     assert init_doc["bootstrapTokens"][0]["token"] == initialised.token
     assert init_doc["certificateKey"] == initialised.certificate_key
@@ -51,10 +51,14 @@ def test_init_again_changes_nothing_and_runs_no_kubeadm(initialised, double_log,
 
 
 def test_double_refuses_a_second_init(initialised, control_plane_dir, init_params):
-    """Our idempotence check is what prevents the double's preflight error, not luck."""
-    with pytest.raises(ExternalCommandError) as err:
-        core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir).init("/nonexistent.yaml", False)
+    """Our idempotence check is what prevents the double's preflight error, not luck: a full init on an
+    initialised control plane fails kubeadm's preflight checks (manifests exist, ports in use)."""
+    with core._PrivateConfig(core.render_init(init_params())) as config_path:
+        with pytest.raises(ExternalCommandError) as err:
+            core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir).init(config_path, False)
     assert err.value.rc != 0
+    assert "[ERROR FileAvailable-" in err.value.stderr and "kube-apiserver.yaml already exists" in err.value.stderr
+    assert "[ERROR Port-6443]" in err.value.stderr
 
 
 def test_check_mode_runs_nothing(double_log, init_params, control_plane_dir):

@@ -1,0 +1,123 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kubeadm_admin_kubeconfig
+short_description: Keep the cluster's admin kubeconfig on the controller, optionally vault-encrypted
+version_added: "0.2.0"
+description:
+  - Writes the admin kubeconfig that M(constellation.cluster.kubeadm_init) returns (user C(<cluster_name>-admin) in
+    C(system:masters), as Constellation's CLI keeps C(constellation-admin.conf)) to a file on the controller with
+    mode 0600, encrypted with Ansible Vault when O(vault=true), the same way
+    M(constellation.cluster.master_secret) keeps the master secret.
+  - Never overwrites an existing file. An existing file (decrypted with the play's vault secrets if it is
+    vault-encrypted) is kept when it is a kubeconfig of the same user and cluster CA; a kubeconfig of another
+    cluster makes the task fail, naming the file.
+  - Runs on the controller (it is an action plugin), whatever the host. Never returns the kubeconfig; put
+    C(no_log) on the task, since its argument is a secret.
+author:
+  - constellation.cluster contributors (@constellation-cluster)
+options:
+  path:
+    description:
+      - Where to write the file on the controller. A relative path is relative to the playbook's folder.
+      - The folder must exist.
+    type: path
+    required: true
+  content:
+    description: The admin kubeconfig (a secret), for example RV(constellation.cluster.kubeadm_init#module:kubeconfig).
+    type: str
+    required: true
+  vault:
+    description: Encrypt the file with Ansible Vault using the play's vault secrets.
+    type: bool
+    default: false
+  vault_id:
+    description:
+      - The vault ID to encrypt with, when the play has several. Default is the first one.
+    type: str
+attributes:
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+    support: full
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details: The diff shows the path, mode and whether the file is vault-encrypted; never the kubeconfig.
+  idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second run reports no change.
+    support: full
+    details: An existing file is never overwritten.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
+    details: Runs on the controller whatever the host.
+seealso:
+  - module: constellation.cluster.kubeadm_init
+  - module: constellation.cluster.master_secret
+"""
+
+EXAMPLES = r"""
+- name: Initialise the control plane
+  constellation.cluster.kubeadm_init:
+    kubernetes_version: v1.31.1
+    node_name: "{{ inventory_hostname }}"
+    node_vpn_ip: 10.118.0.1
+    return_secrets: true
+  register: cluster_init
+  no_log: true
+
+- name: Keep the admin kubeconfig beside the master secret, vault-encrypted
+  constellation.cluster.kubeadm_admin_kubeconfig:
+    path: "{{ inventory_dir }}/constellation-admin.conf"
+    content: "{{ cluster_init.kubeconfig }}"
+    vault: true
+  no_log: true
+"""
+
+RETURN = r"""
+path:
+  description: The absolute path of the file.
+  returned: always
+  type: str
+  sample: /home/admin/cluster/constellation-admin.conf
+vault_encrypted:
+  description: Whether the file is vault-encrypted.
+  returned: always
+  type: bool
+  sample: true
+user:
+  description: The kubeconfig's user (not a secret).
+  returned: always
+  type: str
+  sample: constellation-admin
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            content=dict(type="str", required=True, no_log=True),
+            vault=dict(type="bool", default=False),
+            vault_id=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    module.fail_json(msg="kubeadm_admin_kubeconfig runs on the controller through its action plugin; "
+                         "it cannot run as a module on a host")
+
+
+if __name__ == "__main__":
+    main()
