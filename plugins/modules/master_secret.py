@@ -22,41 +22,8 @@ description:
     decrypts vault files.
 author:
   - constellation.cluster contributors (@constellation-cluster)
-options:
-  path:
-    description:
-      - Where to write the file on the controller. A relative path is relative to the playbook's folder.
-      - The folder must exist.
-    type: path
-    required: true
-  vault:
-    description: Encrypt the file with Ansible Vault using the play's vault secrets.
-    type: bool
-    default: false
-  vault_id:
-    description:
-      - The vault ID to encrypt with, when the play has several. Default is the first one.
-    type: str
-attributes:
-  action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
-    support: full
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: full
-    details: The diff shows the path, mode and whether the file is vault-encrypted; never the secret.
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second run reports no change.
-    support: full
-    details: An existing file is never overwritten.
-  platform:
-    description: Target OS/families that can be operated against.
-    support: N/A
-    platforms: posix
-    details: Runs on the controller whatever the host.
+extends_documentation_fragment:
+  - constellation.cluster.controller_secret_file
 seealso:
   - plugin: constellation.cluster.kms_uri
     plugin_type: filter

@@ -18,28 +18,8 @@ description:
     must stay the same for the cluster's life.
 author:
   - constellation.cluster contributors (@constellation-cluster)
-options:
-  path:
-    description: The file; a relative path is relative to the playbook's folder.
-    type: path
-    required: true
-  vault:
-    description: Encrypt with Ansible Vault.
-    type: bool
-    default: false
-  vault_id:
-    description: The vault ID to encrypt with (default the first of the play's).
-    type: str
-attributes:
-  check_mode:
-    support: full
-    description: Reports whether the file would be created.
-  diff_mode:
-    support: full
-    description: Shows the file's metadata before and after (exists, mode, vault_encrypted), never the salt.
-  idempotent:
-    support: full
-    description: An existing file is never overwritten.
+extends_documentation_fragment:
+  - constellation.cluster.controller_secret_file
 """
 
 EXAMPLES = r"""
