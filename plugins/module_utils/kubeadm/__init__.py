@@ -137,11 +137,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.comm
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.operations import (  # noqa: F401
     INIT_STEPS,
-    MAX_WAIT_TIMEOUT,
     InitPhase,
     InitResult,
     JoinResult,
-    NodeStatus,
     TokenResult,
     _PrivateConfig,
     _atomic_write,
@@ -159,9 +157,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.oper
     read_admin_kubeconfig,
     read_ca_cert_hash,
     remove_token,
-    wait_for_nodes_ready,
     write_audit_policy,
     write_kubelet_serving_cert,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.nodes import (  # noqa: F401
+    MAX_WAIT_TIMEOUT,
+    NodeStatus,
+    wait_for_nodes_ready,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.validate import HAS_CRYPTOGRAPHY  # noqa: F401
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.config import HAS_YAML  # noqa: F401
