@@ -30,7 +30,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     generate_token,
     token_id,
     validate_api_version,
-    validate_node_name,
     validate_token,
     validate_token_id,
     validate_ttl,
