@@ -7,7 +7,7 @@ and step, and the join ticket (SPEC 4.1, the parts that apply here)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
@@ -20,6 +20,21 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+
+
+def parse_peers(raw: Any, field: str) -> List[PeerRecord]:
+    """A peer list as a message carries it (activation requests, tickets): at most 65,536
+    ``{vpn_ip, vpn_pub_key, public_ip, role}`` objects; InputError naming ``field[index]`` otherwise."""
+    if not isinstance(raw, list) or len(raw) > 65536:
+        raise InputError(field, "a list of {vpn_ip, vpn_pub_key, public_ip, role}", type(raw).__name__)
+    peers = []
+    for index, item in enumerate(raw):
+        where = "%s[%d]" % (field, index)
+        if not isinstance(item, Mapping):
+            raise InputError(where, "an object", type(item).__name__)
+        peers.append(PeerRecord.parse(item.get("vpn_ip"), item.get("vpn_pub_key"), item.get("public_ip"),
+                                      item.get("role", "node"), where))
+    return peers
 
 
 @dataclass(frozen=True)
@@ -53,15 +68,7 @@ class NodeActivationRequest:
             raise InputError("params", "a JSON object", type(params).__name__)
         node_vpn_ip = ip(params.get("node_vpn_ip"), "node_vpn_ip")
         coordinator_vpn_ip = ip(params.get("coordinator_vpn_ip"), "coordinator_vpn_ip")
-        peers_raw = params.get("peers")
-        if not isinstance(peers_raw, list) or len(peers_raw) > 65536:
-            raise InputError("peers", "a list of {vpn_ip, vpn_pub_key, public_ip, role}", type(peers_raw).__name__)
-        peers = []
-        for index, item in enumerate(peers_raw):
-            if not isinstance(item, Mapping):
-                raise InputError("peers[%d]" % index, "an object", type(item).__name__)
-            peers.append(PeerRecord.parse(item.get("vpn_ip"), item.get("vpn_pub_key"), item.get("public_ip"),
-                                          item.get("role", "node"), "peers[%d]" % index))
+        peers = parse_peers(params.get("peers"), "peers")
         cluster_id = b64d(params.get("cluster_id"), "cluster_id", CLUSTER_ID_LENGTH)
         salt = b64d(params.get("measurement_salt"), "measurement_salt", MEASUREMENT_SALT_LENGTH)
         admin_pub_key = params.get("admin_pub_key")
@@ -159,15 +166,7 @@ class RejoinTicket:
     def from_dict(cls, data: Mapping[str, Any]) -> "RejoinTicket":
         if not isinstance(data, Mapping):
             raise InputError("ticket", "a JSON object", type(data).__name__)
-        peers_raw = data.get("peers")
-        if not isinstance(peers_raw, list) or len(peers_raw) > 65536:
-            raise InputError("ticket.peers", "a list of {vpn_ip, vpn_pub_key, public_ip, role}", type(peers_raw).__name__)
-        peers = []
-        for index, item in enumerate(peers_raw):
-            if not isinstance(item, Mapping):
-                raise InputError("ticket.peers[%d]" % index, "an object", type(item).__name__)
-            peers.append(PeerRecord.parse(item.get("vpn_ip"), item.get("vpn_pub_key"), item.get("public_ip"),
-                                          item.get("role", "node"), "ticket.peers[%d]" % index))
+        peers = parse_peers(data.get("peers"), "ticket.peers")
         version = data.get("resource_version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise InputError("ticket.resource_version", "a non-negative integer", type(version).__name__)
