@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 
+from ansible_collections.constellation.cluster.tests.unit.worker_fixtures import worker_fixture
 from lab.swtpm import SwTPM, free_port
 
 os.environ.setdefault("TSS2_LOG", "all+none")
@@ -29,10 +31,10 @@ def _start(path, **kwargs) -> SwTPM:
     raise last
 
 
-@pytest.fixture(scope="session")
-def swtpm(tmp_path_factory):
+@worker_fixture
+def swtpm(get):
     """A plain swtpm (no EK cert; libtpms' default banks sha1, sha256, sha384, sha512)."""
-    tpm = _start(tmp_path_factory.mktemp("swtpm-plain"))
+    tpm = _start(os.path.join(get("worker_dir"), "swtpm-plain"))
     yield tpm
     tpm.stop()
 
@@ -45,27 +47,39 @@ def fresh_swtpm(tmp_path):
     tpm.stop()
 
 
-@pytest.fixture(scope="session")
-def ca_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("fleet-ca"))
+@worker_fixture
+def worker_dir(get):  # pylint: disable=unused-argument
+    """A directory for this worker's swtpm states and CAs, removed when its session ends."""
+    path = tempfile.mkdtemp(prefix="unit-swtpm-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def other_ca_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("other-ca"))
+@worker_fixture
+def ca_dir(get):
+    path = os.path.join(get("worker_dir"), "fleet-ca")
+    os.makedirs(path)
+    return path
 
 
-@pytest.fixture(scope="session")
-def swtpm_ek(tmp_path_factory, ca_dir):
+@worker_fixture
+def other_ca_dir(get):
+    path = os.path.join(get("worker_dir"), "other-ca")
+    os.makedirs(path)
+    return path
+
+
+@worker_fixture
+def swtpm_ek(get):
     """A swtpm manufactured with an EK certificate from the fleet's CA."""
-    tpm = _start(tmp_path_factory.mktemp("swtpm-ek"), ek_cert=True, ca_dir=ca_dir)
+    tpm = _start(os.path.join(get("worker_dir"), "swtpm-ek"), ek_cert=True, ca_dir=get("ca_dir"))
     yield tpm
     tpm.stop()
 
 
-@pytest.fixture(scope="session")
-def swtpm_other_ca(tmp_path_factory, other_ca_dir):
+@worker_fixture
+def swtpm_other_ca(get):
     """A swtpm whose EK certificate comes from a different CA."""
-    tpm = _start(tmp_path_factory.mktemp("swtpm-other"), ek_cert=True, ca_dir=other_ca_dir)
+    tpm = _start(os.path.join(get("worker_dir"), "swtpm-other"), ek_cert=True, ca_dir=get("other_ca_dir"))
     yield tpm
     tpm.stop()

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 
 from ansible_collections.constellation.cluster.tests.unit.fuzz.targets import build_corpus, make_targets
+from ansible_collections.constellation.cluster.tests.unit.worker_fixtures import worker_fixture
 
 os.environ.setdefault("TSS2_LOG", "all+none")
 
@@ -18,14 +20,18 @@ if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
     pytest.skip("swtpm is not installed", allow_module_level=True)
 
 
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory):
-    return build_corpus(str(tmp_path_factory.mktemp("fuzz-corpus")))
+@worker_fixture
+def corpus(get):  # pylint: disable=unused-argument
+    workdir = tempfile.mkdtemp(prefix="unit-fuzz-corpus-")
+    try:
+        yield build_corpus(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def targets(corpus):
-    made = {target.name: target for target in make_targets(corpus)}
+@worker_fixture
+def targets(get):
+    made = {target.name: target for target in make_targets(get("corpus"))}
     yield made
     for target in made.values():
         for cleanup in target.cleanup:

@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore, FileStore, MemoryStore
+from ansible_collections.constellation.cluster.tests.unit.worker_fixtures import worker_fixture
 from lab.etcd import Etcd, free_ports, tmpfs_dir
 
 
@@ -17,9 +18,15 @@ def _etcd_skip_reason() -> str:
     return "" if os.path.exists("/usr/bin/etcd") else "/usr/bin/etcd is missing (apt-get install etcd-server)"
 
 
-@pytest.fixture(scope="session")
-def etcd_server():
-    """A real /usr/bin/etcd on free loopback ports with a tmpfs data dir; stopped by its pid."""
+def _uses_etcd_store(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("store_kind") == "etcd"
+
+
+@worker_fixture(wanted=_uses_etcd_store)
+def etcd_server(get):  # pylint: disable=unused-argument
+    """A real /usr/bin/etcd on free loopback ports with a tmpfs data dir; stopped by its pid, and its
+    data dir removed, when the worker's session ends."""
     reason = _etcd_skip_reason()
     if reason:
         pytest.skip(reason)

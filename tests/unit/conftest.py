@@ -1,0 +1,21 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Makes the worker fixtures (worker_fixtures.py) before ansible-test forks for a test, ends them
+when the worker's session finishes."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.constellation.cluster.tests.unit import worker_fixtures
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
+    worker_fixtures.prepare(item)
+    yield
+
+
+def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
+    worker_fixtures.close_all()
