@@ -11,6 +11,7 @@ and ``endpoint`` gives ``127.0.0.1:<client_port>`` for ``EtcdStore``. Restarting
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -52,8 +53,13 @@ class Etcd:
     """One single-member etcd: ``start()``, ``stop()``, ``endpoint``."""
 
     def __init__(self, data_dir: str, client_port: int, peer_port: int, host: str = "127.0.0.1",
-                 name: str = "lab", extra_args: Optional[List[str]] = None, netns: Optional[str] = None):
-        self.netns = netns  # run inside this network namespace (a lab host's), on its loopback
+                 name: str = "lab", extra_args: Optional[List[str]] = None, netns: Optional[str] = None,
+                 initial_cluster: Optional[str] = None, heartbeat_ms: int = 10, election_ms: int = 100):
+        self.netns = netns
+        # "name=peer_url,..." of every member of a new cluster (EtcdCluster); None: a cluster of one.
+        self.initial_cluster = initial_cluster
+        self.heartbeat_ms = heartbeat_ms
+        self.election_ms = election_ms  # run inside this network namespace (a lab host's), on its loopback
         self.data_dir = os.path.abspath(data_dir)
         self.client_port = int(client_port)
         self.peer_port = int(peer_port)
@@ -81,12 +87,15 @@ class Etcd:
             ETCD, "--name", self.name, "--data-dir", self.data_dir,
             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", "%s=%s" % (self.name, peer_url),
-            "--heartbeat-interval", "10", "--election-timeout", "100",
+            "--initial-cluster", self.initial_cluster or "%s=%s" % (self.name, peer_url),
+            "--initial-cluster-token", "lab-" + hashlib.sha256((self.initial_cluster or self.name).encode()).hexdigest()[:12],
+            "--heartbeat-interval", str(self.heartbeat_ms), "--election-timeout", str(self.election_ms),
             "--log-level", "warn",
         ] + self.extra_args
 
-    def start(self) -> "Etcd":
+    def start(self, wait: bool = True) -> "Etcd":
+        """Starts etcd and (``wait``) waits until it serves a linearizable read. A member of a new
+        cluster serves none before a majority runs: EtcdCluster starts them all, then waits."""
         if self._proc is not None and self._proc.poll() is None:
             return self
         if not os.path.exists(ETCD):
@@ -96,6 +105,11 @@ class Etcd:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           start_new_session=True)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> "Etcd":
         if self.netns:
             from lab.netns import NetNS
 
@@ -164,6 +178,48 @@ class Etcd:
             pass
 
     def __enter__(self) -> "Etcd":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class EtcdCluster:
+    """``size`` etcd members of one new cluster on loopback (free ports), data under ``base_dir``:
+    ``start()`` starts every member, then waits until each serves a linearizable read (a majority
+    runs); ``members[i]`` is an :class:`Etcd` to stop, kill or start again; ``endpoints`` lists
+    every member's client endpoint for ``EtcdStore``."""
+
+    def __init__(self, base_dir: str, size: int = 3, heartbeat_ms: int = 50, election_ms: int = 500):
+        if size < 1:
+            raise ValueError("an etcd cluster needs at least one member")
+        ports = free_ports(2 * size)
+        names = ["m%d" % i for i in range(size)]
+        initial = ",".join("%s=http://127.0.0.1:%d" % (name, ports[2 * i + 1]) for i, name in enumerate(names))
+        self.members = [Etcd(os.path.join(base_dir, name), ports[2 * i], ports[2 * i + 1], name=name,
+                             initial_cluster=initial, heartbeat_ms=heartbeat_ms, election_ms=election_ms)
+                        for i, name in enumerate(names)]
+
+    @property
+    def endpoints(self) -> List[str]:
+        return [member.endpoint for member in self.members]
+
+    def start(self) -> "EtcdCluster":
+        try:
+            for member in self.members:
+                member.start(wait=False)
+            for member in self.members:
+                member.wait_ready()
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+    def __enter__(self) -> "EtcdCluster":
         return self.start()
 
     def __exit__(self, *exc) -> None:

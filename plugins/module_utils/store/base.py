@@ -148,6 +148,17 @@ class _BaseStore:
                 time.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
         raise AssertionError("unreachable")
 
+    def lead(self, key: str, holder: str, ttl: int, lease: Optional[int] = None) -> Tuple[str, Optional[int]]:
+        """One step of an election for ``key``: keeps or takes ``key`` for ``holder`` under a lease of
+        ``ttl`` seconds (``lease``: what the previous step returned). Returns the holder now and the
+        lease to pass next time. A store that only one process uses has no rival: ``holder`` leads."""
+        check_key(key)
+        return holder, lease
+
+    def resign(self, key: str, holder: str, lease: Optional[int]) -> None:
+        """Gives ``key`` up if ``holder`` holds it, at once (no wait for the lease to run out)."""
+        check_key(key)
+
     def close(self) -> None:
         pass
 

@@ -75,6 +75,7 @@ class EtcdStore(_BaseStore):
         if prefix.startswith("\0"):
             raise InputError("prefix", "a string that does not start with NUL", prefix)
         self.prefix = prefix
+        self._timeout = timeout
         self._raw_prefix = prefix.encode("utf-8")
         # Outside every prefix's range (prefixes never start with NUL): rewritten by each delete.
         self._guard_key = b"\0constellation-delete-guard/" + self._raw_prefix
@@ -118,6 +119,7 @@ class EtcdStore(_BaseStore):
             raise StoreError("the etcd store is closed")
         exc = self._exceptions
         errors = []
+        silent = []  # endpoints that took the request and did not answer in time
         with self._lock:
             first = self._current
         for step in range(len(self._clients)):
@@ -125,7 +127,11 @@ class EtcdStore(_BaseStore):
             client = self._clients[index]
             try:
                 result = client.post(client.get_url(path), json=payload)
-            except (exc.ConnectionFailedError, exc.ConnectionTimeoutError) as err:
+            except exc.ConnectionTimeoutError as err:
+                silent.append(self.endpoints[index])
+                errors.append("%s: %s" % (self.endpoints[index], _short(err)))
+                continue
+            except exc.ConnectionFailedError as err:
                 errors.append("%s: %s" % (self.endpoints[index], _short(err)))
                 continue
             except exc.Etcd3Exception as err:
@@ -140,6 +146,13 @@ class EtcdStore(_BaseStore):
             with self._lock:
                 self._current = index
             return result
+        if silent:
+            # A member that accepts the request but cannot commit it has lost its majority (or is
+            # overloaded). A write it took may still be applied once a majority is back.
+            raise StoreError("etcd has no quorum: %s took the request but did not answer within %g s, the other "
+                             "members are down or unreachable; writes stop until a majority of the members runs "
+                             "again (a write that timed out may be applied then) (%s)"
+                             % (", ".join(silent), self._timeout, "; ".join(errors)))
         raise StoreError("etcd is unreachable (%s)" % "; ".join(errors))
 
     def _key(self, key: str) -> bytes:
@@ -236,6 +249,35 @@ class EtcdStore(_BaseStore):
         if not result.get("succeeded", False):
             raise TransactionConflict("another writer changed the etcd keys this transaction read "
                                       "(under %r); nothing was written" % self.prefix)
+
+    # -- election (leases: a key that lives while its holder renews the lease)
+
+    def lead(self, key: str, holder: str, ttl: int, lease: Optional[int] = None) -> Tuple[str, Optional[int]]:
+        check_key(key)
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise InputError("ttl", "a whole number of seconds >= 1", ttl)
+        if lease is not None and int(self._call("/lease/keepalive", {"ID": lease}).get("result", {}).get("TTL", -1)) <= 0:
+            lease = None  # expired: the key it held is gone
+        if lease is None:
+            lease = int(self._call("/lease/grant", {"TTL": ttl, "ID": 0})["ID"])
+        full = _b64(self._key(key))
+        result = self._call("/kv/txn", {
+            "compare": [{"key": full, "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+            "success": [{"request_put": {"key": full, "value": _b64(holder.encode("utf-8")), "lease": lease}}],
+            "failure": [{"request_range": {"key": full}}]})
+        if result.get("succeeded", False):
+            return holder, lease
+        kvs = result["responses"][0]["response_range"].get("kvs", [])
+        return (base64.b64decode(kvs[0].get("value", "")).decode("utf-8", "replace") if kvs else ""), lease
+
+    def resign(self, key: str, holder: str, lease: Optional[int]) -> None:
+        check_key(key)
+        full = _b64(self._key(key))
+        self._call("/kv/txn", {
+            "compare": [{"key": full, "target": "VALUE", "result": "EQUAL", "value": _b64(holder.encode("utf-8"))}],
+            "success": [{"request_delete_range": {"key": full}}], "failure": []})
+        if lease is not None:
+            self._call("/kv/lease/revoke", {"ID": lease})
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,152 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The store on a real three-member etcd cluster (several Coordinators): no lost update when two
+write at once, a dead member passed over and caught up, a majority loss as a clear error, and one
+leader at a time with a hand-over (core/leadership.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import pytest
+
+from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
+from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore, MemoryStore, StoreError
+from lab.etcd import EtcdCluster, tmpfs_dir
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/etcd"), reason="/usr/bin/etcd is missing")
+
+
+@pytest.fixture
+def cluster():
+    base = tempfile.mkdtemp(prefix="store-etcd-cluster-", dir=tmpfs_dir())
+    members = EtcdCluster(base, size=3)
+    try:
+        yield members.start()
+    finally:
+        members.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _store_on(cluster, first: int, timeout: float = 2) -> EtcdStore:
+    """A store that talks to member ``first`` and fails over to the others in turn."""
+    endpoints = cluster.endpoints[first:] + cluster.endpoints[:first]
+    return EtcdStore(endpoints, prefix="ha/", timeout=timeout)
+
+
+def _until(predicate, limit: float = 15.0):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_two_coordinators_writing_at_once_lose_no_update(cluster):
+    stores = [_store_on(cluster, 0), _store_on(cluster, 1)]
+    rounds = 25
+    errors = []
+
+    def writer(index):
+        def bump(tx):
+            count = int(tx.get_default("peersResourceVersion", b"0"))
+            tx.put("peersResourceVersion", str(count + 1).encode())
+            tx.put("peerPrefix10.118.%d.%d" % (index, count), b"{}")
+
+        try:
+            for dummy in range(rounds):
+                stores[index].update(bump)
+        except Exception as err:  # pylint: disable=broad-except
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    third = _store_on(cluster, 2)
+    assert third.get("peersResourceVersion") == str(2 * rounds).encode()
+    # Every write of both is there, each under the version it read: no two took the same one.
+    peers = third.items("peerPrefix")
+    assert len(peers) == 2 * rounds
+    assert sorted(int(key.rsplit(".", 1)[1]) for key, dummy in peers) == list(range(2 * rounds))
+
+
+def test_a_dead_member_is_passed_over_and_catches_up(cluster):
+    store = _store_on(cluster, 0)
+    store.put("masterSecret", b"\x01" * 32)
+    cluster.members[0].kill()
+    store.put("peersResourceVersion", b"2")  # member 1 takes over for this handle
+    assert store.get("masterSecret") == b"\x01" * 32
+    cluster.members[0].start()
+    only_first = EtcdStore([cluster.members[0].endpoint], prefix="ha/", timeout=2)
+    assert _until(lambda: only_first.get_default("peersResourceVersion") == b"2")
+    assert only_first.get("masterSecret") == b"\x01" * 32
+
+
+def test_a_majority_loss_stops_writes_with_a_clear_error(cluster):
+    store = _store_on(cluster, 2, timeout=1)
+    store.put("peersResourceVersion", b"1")
+    cluster.members[0].kill()
+    cluster.members[1].kill()
+    with pytest.raises(StoreError) as info:
+        store.put("peersResourceVersion", b"2")
+    message = str(info.value)
+    assert "etcd has no quorum" in message and cluster.members[2].endpoint in message
+    assert "writes stop until a majority" in message
+    cluster.members[0].start(wait=False)
+    cluster.members[1].start(wait=False)
+    cluster.members[0].wait_ready()
+    store.put("peersResourceVersion", b"3")
+    assert _store_on(cluster, 0).get("peersResourceVersion") == b"3"
+
+
+def test_one_leader_at_a_time_and_a_hand_over_when_it_stops(cluster):
+    first = Leadership(_store_on(cluster, 0), "coordinator-0", ttl=1)
+    second = Leadership(_store_on(cluster, 1), "coordinator-1", ttl=1)
+    assert first.step() is True
+    assert second.step() is False and second.current == "coordinator-0"
+    assert first.step() is True  # renewing keeps it
+    # The first stops renewing (a crash): the second takes over once the lease ran out, and never
+    # while the first could still believe it leads.
+    took_over = _until(second.step)
+    assert took_over and not first.leads()
+    assert first.step() is False and first.current == "coordinator-1"
+
+
+def test_a_resigning_leader_hands_over_at_once(cluster):
+    first = Leadership(_store_on(cluster, 0), "coordinator-0", ttl=30)
+    second = Leadership(_store_on(cluster, 1), "coordinator-1", ttl=30)
+    assert first.step() and not second.step()
+    first.resign()
+    assert not first.leads()
+    assert second.step() is True
+
+
+def test_a_leader_cut_off_from_the_majority_stops_leading(cluster):
+    leader = Leadership(_store_on(cluster, 2, timeout=0.5), "coordinator-2", ttl=1)
+    assert leader.step()
+    cluster.members[0].kill()
+    cluster.members[1].kill()
+    assert _until(lambda: not leader.step())
+    assert "etcd has no quorum" in leader.last_error
+
+
+def test_a_store_of_one_coordinator_has_no_rival():
+    leadership = Leadership(MemoryStore(), "coordinator-0")
+    assert leadership.step() and leadership.leads() and leadership.current == "coordinator-0"
+
+
+@pytest.mark.parametrize("holder,ttl,field", [("", 5, "holder"), ("c", 0, "ttl"), ("c", 1.5, "ttl")])
+def test_bad_leadership_settings_name_the_field(holder, ttl, field):
+    with pytest.raises(Exception) as info:
+        Leadership(MemoryStore(), holder, ttl=ttl)
+    assert info.value.__class__.__name__ == "InputError" and field in str(info.value)
