@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -54,11 +55,15 @@ class Etcd:
 
     def __init__(self, data_dir: str, client_port: int, peer_port: int, host: str = "127.0.0.1",
                  name: str = "lab", extra_args: Optional[List[str]] = None, netns: Optional[str] = None,
-                 initial_cluster: Optional[str] = None, heartbeat_ms: int = 10, election_ms: int = 100):
+                 initial_cluster: Optional[str] = None, heartbeat_ms: int = 10, election_ms: int = 100,
+                 tls: Optional[dict] = None):
         self.netns = netns
         # "name=peer_url,..." of every member of a new cluster (EtcdCluster); None: a cluster of one.
         self.initial_cluster = initial_cluster
         self.heartbeat_ms = heartbeat_ms
+        # {"ca_cert", "cert", "key"} (paths): https for clients and peers, each must show a certificate
+        # of that CA; the same cert serves as this member's server, peer and client certificate.
+        self.tls = dict(tls) if tls else None
         self.election_ms = election_ms  # run inside this network namespace (a lab host's), on its loopback
         self.data_dir = os.path.abspath(data_dir)
         self.client_port = int(client_port)
@@ -75,14 +80,19 @@ class Etcd:
 
     @property
     def url(self) -> str:
-        return "http://%s" % self.endpoint
+        return "%s://%s" % ("https" if self.tls else "http", self.endpoint)
 
     @property
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None else None
 
     def argv(self) -> List[str]:
-        peer_url = "http://%s:%d" % (self.host, self.peer_port)
+        peer_url = "%s://%s:%d" % ("https" if self.tls else "http", self.host, self.peer_port)
+        tls_args = [] if not self.tls else [
+            "--cert-file", self.tls["cert"], "--key-file", self.tls["key"],
+            "--trusted-ca-file", self.tls["ca_cert"], "--client-cert-auth",
+            "--peer-cert-file", self.tls["cert"], "--peer-key-file", self.tls["key"],
+            "--peer-trusted-ca-file", self.tls["ca_cert"], "--peer-client-cert-auth"]
         return (["ip", "netns", "exec", self.netns] if self.netns else []) + [
             ETCD, "--name", self.name, "--data-dir", self.data_dir,
             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
@@ -91,7 +101,7 @@ class Etcd:
             "--initial-cluster-token", "lab-" + hashlib.sha256((self.initial_cluster or self.name).encode()).hexdigest()[:12],
             "--heartbeat-interval", str(self.heartbeat_ms), "--election-timeout", str(self.election_ms),
             "--log-level", "warn",
-        ] + self.extra_args
+        ] + tls_args + self.extra_args
 
     def start(self, wait: bool = True) -> "Etcd":
         """Starts etcd and (``wait``) waits until it serves a linearizable read. A member of a new
@@ -136,8 +146,12 @@ class Etcd:
         # A linearizable read succeeds only once the member has a leader.
         req = urllib.request.Request(self.url + "/v3/kv/range", data=json.dumps({"key": "AA=="}).encode(),
                                      headers={"Content-Type": "application/json"})
+        context = None
+        if self.tls:
+            context = ssl.create_default_context(cafile=self.tls["ca_cert"])
+            context.load_cert_chain(self.tls["cert"], self.tls["key"])
         try:
-            with urllib.request.urlopen(req, timeout=1) as resp:
+            with urllib.request.urlopen(req, timeout=1, context=context) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -190,19 +204,41 @@ class EtcdCluster:
     runs); ``members[i]`` is an :class:`Etcd` to stop, kill or start again; ``endpoints`` lists
     every member's client endpoint for ``EtcdStore``."""
 
-    def __init__(self, base_dir: str, size: int = 3, heartbeat_ms: int = 50, election_ms: int = 500):
+    def __init__(self, base_dir: str, size: int = 3, heartbeat_ms: int = 50, election_ms: int = 500,
+                 kms=None):
+        """``kms``: a ClusterKMS; with it, TLS everywhere from the etcd CA derived from its master
+        secret (store/etcd_pki.py) and ``client_tls`` for ``EtcdStore(tls=...)``."""
         if size < 1:
             raise ValueError("an etcd cluster needs at least one member")
         ports = free_ports(2 * size)
         names = ["m%d" % i for i in range(size)]
-        initial = ",".join("%s=http://127.0.0.1:%d" % (name, ports[2 * i + 1]) for i, name in enumerate(names))
+        self.client_tls: Optional[dict] = None
+        tls_of = {}
+        if kms is not None:
+            from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_pki import (
+                etcd_ca, member_credentials)
+
+            ca_key, ca_pem = etcd_ca(kms)
+            os.makedirs(base_dir, exist_ok=True)
+            for who in names + ["client"]:
+                cert, key = member_credentials(ca_key, ca_pem, who, [])
+                paths = {"ca_cert": os.path.join(base_dir, "ca.pem"), "cert": os.path.join(base_dir, who + ".pem"),
+                         "key": os.path.join(base_dir, who + ".key")}
+                for path, data in ((paths["ca_cert"], ca_pem), (paths["cert"], cert), (paths["key"], key)):
+                    with open(path, "wb") as handle:
+                        handle.write(data)
+                tls_of[who] = paths
+            self.client_tls = tls_of["client"]
+        scheme = "https" if kms is not None else "http"
+        initial = ",".join("%s=%s://127.0.0.1:%d" % (name, scheme, ports[2 * i + 1]) for i, name in enumerate(names))
         self.members = [Etcd(os.path.join(base_dir, name), ports[2 * i], ports[2 * i + 1], name=name,
-                             initial_cluster=initial, heartbeat_ms=heartbeat_ms, election_ms=election_ms)
+                             initial_cluster=initial, heartbeat_ms=heartbeat_ms, election_ms=election_ms,
+                             tls=tls_of.get(name))
                         for i, name in enumerate(names)]
 
     @property
     def endpoints(self) -> List[str]:
-        return [member.endpoint for member in self.members]
+        return [member.url for member in self.members]
 
     def start(self) -> "EtcdCluster":
         try:

@@ -84,9 +84,12 @@ class EtcdStore(_BaseStore):
         for index, endpoint in enumerate(endpoints):
             host, port, scheme = self._parse_endpoint(endpoint, index, bool(tls))
             self.endpoints.append("%s://%s:%d" % (scheme, host if ":" not in host else "[%s]" % host, port))
-            self._clients.append(Etcd3Client(
-                host=host, port=port, protocol=scheme, timeout=timeout, api_path="/v3/",
-                ca_cert=tls.get("ca_cert"), cert_cert=tls.get("cert"), cert_key=tls.get("key")))
+            client = Etcd3Client(host=host, port=port, protocol=scheme, timeout=timeout, api_path="/v3/",
+                                 ca_cert=tls.get("ca_cert"), cert_cert=tls.get("cert"), cert_key=tls.get("key"))
+            # Not the environment's settings: REQUESTS_CA_BUNDLE would replace the cluster's CA (requests
+            # lets it win over the session's), and HTTP(S)_PROXY would send etcd's traffic elsewhere.
+            client.session.trust_env = False
+            self._clients.append(client)
         self._current = 0
         self._lock = threading.Lock()  # guards _current
         # Serialises this object's transactions (threads of one agent never conflict with each

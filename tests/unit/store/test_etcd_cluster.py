@@ -16,6 +16,9 @@ import time
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
+from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_pki import (
+    ETCD_CA_INFO, etcd_ca, member_credentials)
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore, MemoryStore, StoreError
 from lab.etcd import EtcdCluster, tmpfs_dir
 
@@ -150,3 +153,48 @@ def test_bad_leadership_settings_name_the_field(holder, ttl, field):
     with pytest.raises(Exception) as info:
         Leadership(MemoryStore(), holder, ttl=ttl)
     assert info.value.__class__.__name__ == "InputError" and field in str(info.value)
+
+
+def test_every_coordinator_derives_the_same_etcd_ca_and_no_node_can_ask_for_it():
+    secret = MasterSecret.generate()
+    one, two = ClusterKMS.from_uri(secret.to_uri()), ClusterKMS.from_uri(secret.to_uri())
+    assert etcd_ca(one)[1] == etcd_ca(two)[1]
+    assert etcd_ca(ClusterKMS(MasterSecret.generate()))[1] != etcd_ca(one)[1]
+    # GetDataKey derives "key-<id>" only: the CA's HKDF info is out of its reach.
+    assert not ETCD_CA_INFO.startswith("key-")
+
+
+def test_a_tls_cluster_takes_only_certificates_of_its_own_cluster(tmp_path, monkeypatch):
+    # The environment's CA bundle must not replace the cluster's CA (requests lets it win).
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    kms = ClusterKMS(MasterSecret.generate())
+    members = EtcdCluster(str(tmp_path / "etcd"), size=3, kms=kms)
+    try:
+        members.start()
+        store = EtcdStore(members.endpoints, prefix="ha/", tls=members.client_tls)
+        store.put("masterSecret", b"\x02" * 32)
+        members.members[0].kill()  # TLS between the remaining peers keeps the majority
+        store.put("peersResourceVersion", b"1")
+        # A client certificate of another cluster's CA, and no client certificate, are refused.
+        other_key, other_ca = etcd_ca(ClusterKMS(MasterSecret.generate()))
+        cert, key = member_credentials(other_key, other_ca, "intruder", [])
+        (tmp_path / "other.pem").write_bytes(cert)
+        (tmp_path / "other.key").write_bytes(key)
+        for tls in ({"ca_cert": members.client_tls["ca_cert"], "cert": str(tmp_path / "other.pem"),
+                     "key": str(tmp_path / "other.key")},
+                    {"ca_cert": members.client_tls["ca_cert"]}):
+            with pytest.raises(StoreError, match="etcd is unreachable"):
+                EtcdStore(members.endpoints[1:], prefix="ha/", tls=tls, timeout=2)
+        with pytest.raises(StoreError, match="etcd is unreachable"):
+            EtcdStore([url.replace("https://", "http://") for url in members.endpoints[1:]], timeout=2)
+        assert store.get("masterSecret") == b"\x02" * 32
+    finally:
+        members.stop()
+
+
+def test_member_credentials_refuse_bad_input():
+    key, ca = etcd_ca(ClusterKMS(MasterSecret.generate()))
+    with pytest.raises(Exception, match="ips"):
+        member_credentials(key, ca, "m0", ["not-an-ip"])
+    with pytest.raises(Exception, match="name"):
+        member_credentials(key, ca, "", [])
