@@ -11,7 +11,6 @@ and ``endpoint`` gives ``127.0.0.1:<client_port>`` for ``EtcdStore``. Restarting
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -25,8 +24,8 @@ import urllib.request
 from typing import List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import ETCD, member_argv
 
-ETCD = "/usr/bin/etcd"
 _READY_TIMEOUT = 10.0
 _STOP_TIMEOUT = 5.0
 
@@ -56,15 +55,16 @@ class Etcd:
     def __init__(self, data_dir: str, client_port: int, peer_port: int, host: str = "127.0.0.1",
                  name: str = "lab", extra_args: Optional[List[str]] = None, netns: Optional[str] = None,
                  initial_cluster: Optional[str] = None, heartbeat_ms: int = 10, election_ms: int = 100,
-                 tls: Optional[dict] = None):
-        self.netns = netns
-        # "name=peer_url,..." of every member of a new cluster (EtcdCluster); None: a cluster of one.
+                 tls: Optional[dict] = None, initial_cluster_state: str = "new"):
+        self.netns = netns  # run inside this network namespace (a lab host's), on its loopback
+        # "name=peer_url,..." of every member of the cluster (EtcdCluster); None: a cluster of one.
         self.initial_cluster = initial_cluster
+        self.initial_cluster_state = initial_cluster_state  # "existing": joins a running cluster
         self.heartbeat_ms = heartbeat_ms
+        self.election_ms = election_ms
         # {"ca_cert", "cert", "key"} (paths): https for clients and peers, each must show a certificate
         # of that CA; the same cert serves as this member's server, peer and client certificate.
         self.tls = dict(tls) if tls else None
-        self.election_ms = election_ms  # run inside this network namespace (a lab host's), on its loopback
         self.data_dir = os.path.abspath(data_dir)
         self.client_port = int(client_port)
         self.peer_port = int(peer_port)
@@ -86,22 +86,15 @@ class Etcd:
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def peer_url(self) -> str:
+        return "%s://%s:%d" % ("https" if self.tls else "http", self.host, self.peer_port)
+
     def argv(self) -> List[str]:
-        peer_url = "%s://%s:%d" % ("https" if self.tls else "http", self.host, self.peer_port)
-        tls_args = [] if not self.tls else [
-            "--cert-file", self.tls["cert"], "--key-file", self.tls["key"],
-            "--trusted-ca-file", self.tls["ca_cert"], "--client-cert-auth",
-            "--peer-cert-file", self.tls["cert"], "--peer-key-file", self.tls["key"],
-            "--peer-trusted-ca-file", self.tls["ca_cert"], "--peer-client-cert-auth"]
-        return (["ip", "netns", "exec", self.netns] if self.netns else []) + [
-            ETCD, "--name", self.name, "--data-dir", self.data_dir,
-            "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", self.initial_cluster or "%s=%s" % (self.name, peer_url),
-            "--initial-cluster-token", "lab-" + hashlib.sha256((self.initial_cluster or self.name).encode()).hexdigest()[:12],
-            "--heartbeat-interval", str(self.heartbeat_ms), "--election-timeout", str(self.election_ms),
-            "--log-level", "warn",
-        ] + tls_args + self.extra_args
+        return (["ip", "netns", "exec", self.netns] if self.netns else []) + member_argv(
+            self.name, self.data_dir, [self.url], self.peer_url,
+            self.initial_cluster or "%s=%s" % (self.name, self.peer_url), self.initial_cluster_state,
+            tls=self.tls, heartbeat_ms=self.heartbeat_ms, election_ms=self.election_ms) + self.extra_args
 
     def start(self, wait: bool = True) -> "Etcd":
         """Starts etcd and (``wait``) waits until it serves a linearizable read. A member of a new

@@ -10,6 +10,7 @@ import base64
 import contextlib
 import json
 import threading
+import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
@@ -252,6 +253,34 @@ class EtcdStore(_BaseStore):
         if not result.get("succeeded", False):
             raise TransactionConflict("another writer changed the etcd keys this transaction read "
                                       "(under %r); nothing was written" % self.prefix)
+
+    # -- membership (etcd_member.py): one member per Coordinator
+
+    def member_list(self) -> List[Dict[str, Any]]:
+        """Every member: ``{"id", "name", "peer_urls", "client_urls"}`` (a member added but not
+        started yet has no name and no client URLs)."""
+        result = self._call("/cluster/member/list", {})
+        return [{"id": int(m["ID"]), "name": m.get("name", ""), "peer_urls": list(m.get("peerURLs", [])),
+                 "client_urls": list(m.get("clientURLs", []))} for m in result.get("members", [])]
+
+    def member_add(self, peer_url: str, wait: float = 30) -> int:
+        """Adds a member at ``peer_url`` (it must start soon: until it does, a cluster of two has lost
+        its majority). Returns its ID."""
+        if not isinstance(peer_url, str) or "://" not in peer_url:
+            raise InputError("peer_url", "http(s)://host:port of the new member", peer_url)
+        # etcd refuses a change while a member joined only moments ago ("unhealthy cluster"): it
+        # waits until every member has been connected for a while. Bounded retries.
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return int(self._call("/cluster/member/add", {"peerURLs": [peer_url]})["member"]["ID"])
+            except StoreError as err:
+                if "unhealthy cluster" not in str(err) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.25)
+
+    def member_remove(self, member_id: int) -> None:
+        self._call("/cluster/member/remove", {"ID": str(int(member_id))})
 
     # -- election (leases: a key that lives while its holder renews the lease)
 

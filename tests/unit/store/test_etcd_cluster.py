@@ -20,7 +20,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import C
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_pki import (
     ETCD_CA_INFO, etcd_ca, member_credentials)
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore, MemoryStore, StoreError
-from lab.etcd import EtcdCluster, tmpfs_dir
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import initial_cluster
+from lab.etcd import Etcd, EtcdCluster, free_ports, tmpfs_dir
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/etcd"), reason="/usr/bin/etcd is missing")
 
@@ -198,3 +199,50 @@ def test_member_credentials_refuse_bad_input():
         member_credentials(key, ca, "m0", ["not-an-ip"])
     with pytest.raises(Exception, match="name"):
         member_credentials(key, ca, "", [])
+
+
+def test_coordinators_join_one_by_one_and_a_dead_one_is_replaced(tmp_path):
+    """The first Coordinator's member starts a cluster of one; each further one is added by the leader
+    and starts with the initial_cluster it returns; a dead one is removed and a new one added."""
+    kms = ClusterKMS(MasterSecret.generate())
+    ca_key, ca_pem = etcd_ca(kms)
+    (tmp_path / "ca.pem").write_bytes(ca_pem)
+    ports = iter(free_ports(10))
+
+    def credentials(name):
+        cert, key = member_credentials(ca_key, ca_pem, name, [])
+        (tmp_path / (name + ".pem")).write_bytes(cert)
+        (tmp_path / (name + ".key")).write_bytes(key)
+        return {"ca_cert": str(tmp_path / "ca.pem"), "cert": str(tmp_path / (name + ".pem")),
+                "key": str(tmp_path / (name + ".key"))}
+
+    def member(name, initial=None, state="new"):
+        return Etcd(str(tmp_path / name), next(ports), next(ports), name=name, initial_cluster=initial,
+                    initial_cluster_state=state, tls=credentials(name), heartbeat_ms=50, election_ms=500)
+
+    def join(store, name):
+        new = member(name)
+        store.member_add(new.peer_url)
+        new.initial_cluster = initial_cluster(store.member_list(), name, new.peer_url)
+        new.initial_cluster_state = "existing"
+        return new.start()
+
+    started = [member("c0").start()]
+    try:
+        store = EtcdStore([started[0].url], prefix="ha/", tls=credentials("client"))
+        store.put("masterSecret", b"\x03" * 32)
+        for name in ("c1", "c2"):
+            started.append(join(store, name))
+        assert sorted(m["name"] for m in store.member_list()) == ["c0", "c1", "c2"]
+        assert EtcdStore([started[2].url], prefix="ha/", tls=credentials("c2")).get("masterSecret") == b"\x03" * 32
+        # c1 is gone for good: the operator removes its member and a new Coordinator takes its place.
+        started[1].kill()
+        store.member_remove(next(m["id"] for m in store.member_list() if m["name"] == "c1"))
+        started.append(join(store, "c3"))
+        assert sorted(m["name"] for m in store.member_list()) == ["c0", "c2", "c3"]
+        store.put("peersResourceVersion", b"9")
+        fresh = EtcdStore([started[3].url], prefix="ha/", tls=credentials("c3"))
+        assert fresh.items("") == [("masterSecret", b"\x03" * 32), ("peersResourceVersion", b"9")]
+    finally:
+        for etcd in started:
+            etcd.stop()
