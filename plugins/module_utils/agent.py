@@ -39,6 +39,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.activat
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret_hash
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
@@ -52,6 +53,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi i
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI_PORT, VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
+from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR
 
 DEFAULT_PUBLIC_PORT = 9000
@@ -68,6 +70,9 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "wg_listen_port", "log_level", "measurements_public_key", "init_secret_hash",
                 "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg"}
+# The Coordinator's kubeadm (kubeadm/join_provider.py): join arguments once its control plane exists.
+_CONFIG_KEYS |= {"kubeadm_path", "kubernetes_dir"}
+_CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
 _CONFIG_TYPES = {
     "public_endpoint": ((str,), "host:port"),
@@ -85,6 +90,8 @@ _CONFIG_TYPES = {
     "disk_uuid_file": ((str,), "a file path"),
     "log_level": ((str,), "a log level name"),
     "ak_alg": ((str,), "rsa or ecc"),
+    "kubeadm_path": ((str,), "the path of the kubeadm executable"),
+    "kubernetes_dir": ((str,), "an absolute path (kubeadm's directory, /etc/kubernetes)"),
 }
 
 
@@ -147,6 +154,10 @@ class AgentConfig:
     reattest_workers: int = DEFAULT_REATTEST_WORKERS  # peers re-attested at once
     activation_workers: int = ACTIVATION_WORKERS  # Coordinator: Nodes activated at once
     ak_alg: str = "rsa"  # the AK of the vTPM variants: rsa (as Constellation's issuer) or ecc (P-256, faster)
+    kubeadm_path: Optional[str] = None  # Coordinator: kubeadm for join arguments (None: looked up on PATH)
+    kubernetes_dir: str = "/etc/kubernetes"  # Coordinator: where its control plane is (admin.conf, pki/)
+    verify_grpc_endpoint: Optional[str] = None  # None: public_endpoint's host, port 9090; "": off
+    verify_http_endpoint: Optional[str] = None  # None: public_endpoint's host, port 8080; "": off
     deprecations: List[str] = field(default_factory=list)  # old key names found in the file
 
     @classmethod
@@ -218,6 +229,8 @@ class AgentConfig:
             if host in ("0.0.0.0", "::"):
                 raise InputError("public_ip", "this node's public IP (public_endpoint binds to all addresses)")
             config.public_ip = host
+        config.verify_grpc_endpoint, config.verify_http_endpoint = verify_service.config_endpoints(
+            config.verify_grpc_endpoint, config.verify_http_endpoint, config.public_endpoint)
         config.deprecations = deprecations
         return config
 
@@ -252,7 +265,7 @@ class Agent:
                                    variant_oid=self.issuer.oid)
         self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator)
-        self.vpnapi = VPNAPI(self.core, log=self.log)
+        self.vpnapi = VPNAPI(self.core, kubeadm=JoinProvider(config.kubeadm_path, config.kubernetes_dir), log=self.log)
         self.core.activation_workers = config.activation_workers
         self.core.on_state_change(self._on_state)
 
@@ -302,6 +315,9 @@ class Agent:
                      message="no measurements_public_key: the policy file is used without a signature check")
         host, port = atls.parse_endpoint(self.config.public_endpoint)
         self.tls = AgentServerContext(self.issuer)
+        # Constellation's verification service: plain gRPC and HTTP, quotes for user data "VerifyService".
+        self.servers.extend(verify_service.serve(self.config.verify_grpc_endpoint, self.config.verify_http_endpoint,
+                                                 self.tls.issue, log=self.log))
         handlers = dict(self.pubapi.handlers())
         handlers.update(self.admin.handlers())
         self.servers.append(FrameServer("pubapi", (host, port), handlers, tls=self.tls, log=self.log,
