@@ -16,6 +16,12 @@ description:
   - Renders a C(JoinConfiguration) (and a C(KubeletConfiguration) carrying the provider ID) and runs
     C(kubeadm join) as a worker or as a further control plane.
   - The cluster CA is always pinned with O(ca_cert_hash). There is no option to skip CA verification.
+  - With O(coordinator_vpn_endpoint) the join arguments come from the Coordinator inside the chain of trust, as
+    Constellation's JoinClient gets them. The node asks the Coordinator's vpnapi (C(GetJoinArgs)) through its
+    WireGuard tunnel for a fresh bootstrap token, the pinned CA hash and the API server endpoint, sends the CSR
+    of a new kubelet key and gets the kubelet serving certificate signed with the cluster CA (written to
+    C(<kubernetes_dir>/pki/kubelet-serving.{crt,key})); a control plane gets the cluster PKI files and skips the
+    download-certs phase. No secret passes through the controller.
   - Does nothing when C(<kubernetes_dir>/kubelet.conf) exists (the node already joined).
   - A control plane joins either with O(certificate_key) (it downloads the certificates uploaded by
     M(constellation.cluster.kubeadm_init)) or, as Constellation does, with the cluster PKI already placed under
@@ -24,20 +30,26 @@ extends_documentation_fragment:
   - constellation.cluster.kubeadm
   - constellation.cluster.kubeadm.node
 options:
+  coordinator_vpn_endpoint:
+    description:
+      - C(host:port) of the Coordinator's vpnapi inside the VPN (C(<coordinator VPN IP>:9027)). The join
+        arguments and the kubelet certificate come from there; mutually exclusive with O(token) and O(ca_cert_hash).
+      - Nothing is asked when the node already joined, nor in check mode (each answer creates a bootstrap token).
+    type: str
   api_server_endpoint:
-    description: C(host:port) of the cluster's API server.
+    description:
+      - C(host:port) of the cluster's API server. Required with O(token); with O(coordinator_vpn_endpoint) it
+        overrides the Coordinator's (a load balancer, as Constellation's node does).
     type: str
-    required: true
   token:
-    description: The bootstrap token, C([a-z0-9]{6}.[a-z0-9]{16}).
+    description: The bootstrap token, C([a-z0-9]{6}.[a-z0-9]{16}). Required unless O(coordinator_vpn_endpoint).
     type: str
-    required: true
   ca_cert_hash:
     description:
       - The pinned discovery hash of the cluster CA, C(sha256:<64 hex digits>), as returned by
         M(constellation.cluster.kubeadm_init) or computed with the P(constellation.cluster.ca_cert_hash#filter) filter.
+      - Required with O(token).
     type: str
-    required: true
   control_plane:
     description: Join as a control plane.
     type: bool
@@ -60,6 +72,12 @@ attributes:
 """
 
 EXAMPLES = r"""
+- name: Join a worker with what the Coordinator hands out over the VPN (as Constellation's JoinClient)
+  constellation.cluster.kubeadm_join:
+    coordinator_vpn_endpoint: 10.118.0.1:9027
+    node_name: worker-0
+    node_vpn_ip: 10.118.0.11
+
 - name: Join a worker
   constellation.cluster.kubeadm_join:
     api_server_endpoint: 10.118.0.1:6443
@@ -91,9 +109,14 @@ kubelet_kubeconfig_path:
   sample: /etc/kubernetes/kubelet.conf
 config:
   description: The kubeadm configuration documents used (or that would be used), secrets redacted.
-  returned: when kubeadm join ran or would run
+  returned: when kubeadm join ran or would run (with O(token))
   type: list
   elements: dict
+kubelet_cert_path:
+  description: The kubelet serving certificate the Coordinator signed for this node.
+  returned: with O(coordinator_vpn_endpoint)
+  type: str
+  sample: /etc/kubernetes/pki/kubelet-serving.crt
 """
 
 import os
@@ -111,24 +134,34 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm impo
     join_node,
     node_argument_spec,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_client import join_paths, join_via_coordinator
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 
 
 def main():
     argument_spec = common_argument_spec()
     argument_spec.update(node_argument_spec())
     argument_spec.update(
-        api_server_endpoint=dict(type="str", required=True),
-        token=dict(type="str", required=True, no_log=True),
-        ca_cert_hash=dict(type="str", required=True),
+        coordinator_vpn_endpoint=dict(type="str"),
+        api_server_endpoint=dict(type="str"),
+        token=dict(type="str", no_log=True),
+        ca_cert_hash=dict(type="str"),
         control_plane=dict(type="bool", default=False),
         certificate_key=dict(type="str", no_log=True),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+                           mutually_exclusive=[("coordinator_vpn_endpoint", "token"),
+                                               ("coordinator_vpn_endpoint", "ca_cert_hash"),
+                                               ("coordinator_vpn_endpoint", "certificate_key")],
+                           required_one_of=[("coordinator_vpn_endpoint", "token")],
+                           required_by={"token": ("api_server_endpoint", "ca_cert_hash")})
     if not HAS_YAML:
         module.fail_json(msg=missing_required_lib("PyYAML"))
     if not HAS_CRYPTOGRAPHY:
         module.fail_json(msg=missing_required_lib("cryptography"))
     p = module.params
+    if p["coordinator_vpn_endpoint"]:
+        _join_via_coordinator(module)
     try:
         params = JoinParams(
             api_server_endpoint=p["api_server_endpoint"], token=p["token"], ca_cert_hash=p["ca_cert_hash"],
@@ -144,6 +177,30 @@ def main():
                kubelet_kubeconfig_path=os.path.join(params.kubernetes_dir, "kubelet.conf"))
     if result.config:
         out["config"] = result.config
+    module.exit_json(**out)
+
+
+def _join_via_coordinator(module):
+    p = module.params
+
+    def fetch(csr_pem, is_control_plane):
+        with AgentClient.connect_plain(p["coordinator_vpn_endpoint"], timeout=60) as client:
+            return client.get_join_args(certificate_request=csr_pem, is_control_plane=is_control_plane)
+
+    try:
+        kubeadm = Kubeadm(p["kubeadm_path"], p["kubernetes_dir"])
+        result = join_via_coordinator(
+            kubeadm, fetch, p["node_name"], p["node_vpn_ip"], p["kubernetes_dir"], control_plane=p["control_plane"],
+            api_server_endpoint=p["api_server_endpoint"] or None, check_mode=module.check_mode,
+            cloud_provider=p["cloud_provider"], provider_id=p["provider_id"], cri_socket=p["cri_socket"],
+            patches_dir=p["patches_dir"] or None, api_version=p["api_version"])
+    except ConstellationError as err:
+        module.fail_json(msg=str(err))
+    except OSError as err:
+        module.fail_json(msg="coordinator_vpn_endpoint %s: %s" % (p["coordinator_vpn_endpoint"], err))
+    out = dict(changed=result.changed, joined=is_joined(kubeadm.kubernetes_dir),
+               kubelet_kubeconfig_path=os.path.join(kubeadm.kubernetes_dir, "kubelet.conf"))
+    out["kubelet_cert_path"] = join_paths(kubeadm.kubernetes_dir)["kubelet_cert_path"]
     module.exit_json(**out)
 
 

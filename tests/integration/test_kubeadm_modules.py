@@ -192,3 +192,77 @@ def test_no_kubeadm_on_path_is_reported(tmp_path, dirs):
              _assert("init.failed", "'kubeadm was not found on PATH' in init.msg")]
     proc = run_playbook(tmp_path, tasks)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
+    """A Coordinator's vpnapi in this process: a real Core (in-memory TPM and store) activated with the VPN
+    127.0.0.0/16, its kubeadm provider on a control plane the kubeadm TEST DOUBLE initialised in dirs['cp'].
+    Loopback connections come from 127.0.0.1, the Coordinator's own VPN IP: a known peer."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
+    from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as kcore
+    from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
+    from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+
+    class LoopbackVPN(RecordingVPN):
+        vpn_cidr = "127.0.0.0/16"
+
+    monkeypatch.setenv("KUBEADM_DOUBLE_LOG", str(tmp_path / "kubeadm-double.log"))
+    monkeypatch.delenv("KUBEADM_DOUBLE_CLUSTER", raising=False)
+    kcore.init_control_plane(kcore.Kubeadm(KUBEADM_DOUBLE, dirs["cp"]), kcore.InitParams(
+        kubernetes_version="v1.31.1", node_name="control-plane-0", node_vpn_ip="10.118.0.1",
+        kubernetes_dir=dirs["cp"], patches_dir=dirs["patches"]))
+    state_dir = tmp_path / "coordinator"
+    state_dir.mkdir()
+    peer = core.Core(MemoryStore(), MemoryTPM(), LoopbackVPN(), str(state_dir), "10.42.0.10", core.new_disk_uuid())
+    peer.load()
+    admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    peer.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
+                                 cluster_config={"vpn_cidr": "127.0.0.0/16"})
+    api = VPNAPI(peer, kubeadm=JoinProvider(KUBEADM_DOUBLE, dirs["cp"]))
+    server = FrameServer("vpnapi", ("127.0.0.1", 0), api.handlers(), accept_check=api.accept_check,
+                         apis=(schema.VPNAPI,)).start()
+    yield "127.0.0.1:%d" % server.address[1]
+    server.stop()
+
+
+def test_join_with_what_the_coordinator_hands_out_over_the_vpnapi(tmp_path, dirs, coordinator_vpnapi):
+    """kubeadm_join coordinator_vpn_endpoint: the module asks the Coordinator's vpnapi (GetJoinArgs) for a
+    fresh token, the pinned CA hash and its kubelet certificate, and joins (the double checks token and hash
+    against the control plane's cluster); check mode and a second run ask nothing."""
+    join = {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["worker"], "patches_dir": "",
+            "coordinator_vpn_endpoint": coordinator_vpnapi, "node_name": "worker-0", "node_vpn_ip": "127.0.0.1"}
+    env = {"KUBEADM_DOUBLE_CLUSTER": dirs["cp"]}
+    tasks = [
+        _task("kubeadm_join", join, label="dry run", check_mode=True, register="dry", environment=env),
+        _task("kubeadm_join", join, label="for real", register="joined", environment=env),
+        _task("kubeadm_join", join, label="again", register="again", environment=env),
+        _task("kubeadm_join", dict(join, token="abcdef.0123456789abcdef"), label="both", register="both",
+              ignore_errors=True),
+        _assert("dry.changed", "not dry.joined", "joined.changed", "joined.joined", "not again.changed",
+                "joined.kubelet_cert_path == '%s/pki/kubelet-serving.crt'" % dirs["worker"],
+                "both.failed", "'mutually exclusive: coordinator_vpn_endpoint|token' in both.msg"),
+    ]
+    proc = run_playbook(tmp_path, tasks)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = double_log(tmp_path)
+    joins = [e for e in log if e["argv"][0] == "join"]
+    creates = [e for e in log if e["argv"][:2] == ["token", "create"]]
+    assert len(joins) == 1 and joins[0]["rc"] == 0 and len(creates) == 1  # check mode and the re-run asked nothing
+    discovery = joins[0]["config"][0]["discovery"]["bootstrapToken"]
+    with open(os.path.join(dirs["cp"], "pki", "ca.crt"), "rb") as handle:
+        from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm import ca_cert_hash
+        assert discovery["caCertHashes"] == [ca_cert_hash(handle.read())]
+    assert discovery["token"] not in proc.stdout and discovery["token"].split(".")[1] not in proc.stdout
+    verify = subprocess.run(["openssl", "verify", "-CAfile", os.path.join(dirs["cp"], "pki", "ca.crt"),
+                             os.path.join(dirs["worker"], "pki", "kubelet-serving.crt")],
+                            capture_output=True, text=True, check=False)
+    assert verify.returncode == 0, verify.stdout + verify.stderr

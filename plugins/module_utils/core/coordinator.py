@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
+from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KubernetesJoin
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     b64,
     normalize_disk_uuid,
@@ -39,7 +39,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError,
-    ConstellationError,
     InputError,
     StateError,
 )
@@ -55,7 +54,7 @@ RESERVED_DATA_KEY_IDS = frozenset((kms_mod.MEASUREMENT_SECRET_KEY_ID, kms_mod.EM
                                    kms_mod.CLUSTER_ID_KEY_ID))
 
 
-class CoordinatorSide(CoreBase):
+class CoordinatorSide(KubernetesJoin):
     # -- activation as Coordinator
     def activate_as_coordinator(self, kms_uri: str, measurement_salt: Any, admin_pub_key: str,
                                 storage_uri: Optional[str] = None,
@@ -180,17 +179,14 @@ class CoordinatorSide(CoreBase):
         self.vpn.set_peers(records, self.vpn_pub_key)
         return version
 
-    def issue_join_ticket(self, disk_uuid: str, vpn_ip: str, public_ip: Optional[str] = None) -> JoinTicket:
+    def issue_join_ticket(self, disk_uuid: str, vpn_ip: str, public_ip: Optional[str] = None,
+                          certificate_request: Optional[bytes] = None, is_control_plane: bool = False) -> JoinTicket:
         """The ticket for a verified node that reported ``disk_uuid`` and got ``vpn_ip`` reserved; with
-        the proof of the init secret of the node at ``public_ip``."""
+        the proof of the init secret of the node at ``public_ip``, and the Kubernetes join (core/kubernetes.py):
+        the kubelet certificate for ``certificate_request`` and, for a control plane, the PKI files."""
         kms = self.require_coordinator("IssueJoinTicket")
         request = self.node_activation_request(vpn_ip)
-        kubeadm_args: Dict[str, Any] = {"available": False, "reason": "kubeadm not available on the Coordinator"}
-        if self.kubeadm_join_args is not None:
-            try:
-                kubeadm_args = dict(self.kubeadm_join_args(), available=True)
-            except ConstellationError as err:
-                kubeadm_args = {"available": False, "reason": str(err)}
+        kubeadm_args = self.ticket_kubernetes(vpn_ip, certificate_request, is_control_plane)
         return JoinTicket(request.cluster_id, request.measurement_salt, kms.measurement_secret(),
                           kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
                           request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args,
@@ -199,9 +195,11 @@ class CoordinatorSide(CoreBase):
 
     # -- the join service (IssueJoinTicket)
     def serve_join(self, disk_uuid: Any, node_vpn_pub_key: bytes, channel: JoinChannel,
-                   validator: AttestationValidator) -> Dict[str, Any]:
+                   validator: AttestationValidator, certificate_request: Optional[bytes] = None,
+                   is_control_plane: bool = False) -> Dict[str, Any]:
         """One join: challenge the node, check its attestation and its binding to ``channel``,
-        reserve an IP, hand over the ticket, record the peer once the node confirms."""
+        reserve an IP, hand over the ticket (with the kubelet certificate for ``certificate_request``),
+        record the peer once the node confirms."""
         method = "IssueJoinTicket"
         self.require_coordinator(method)
         normalized_uuid = normalize_disk_uuid(disk_uuid)
@@ -209,7 +207,8 @@ class CoordinatorSide(CoreBase):
         vpn_ip = self.reserve_node_ip()
         added = False
         try:
-            channel.deliver(self.issue_join_ticket(normalized_uuid, vpn_ip, channel.peer_ip))
+            channel.deliver(self.issue_join_ticket(normalized_uuid, vpn_ip, channel.peer_ip, certificate_request,
+                                                   bool(is_control_plane)))
             version = self.add_node_peer(vpn_ip, b64(node_vpn_pub_key), channel.peer_ip)
             added = True
         finally:

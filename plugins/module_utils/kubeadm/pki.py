@@ -75,11 +75,12 @@ def _load_csr(csr_data: bytes):
 
 
 def sign_kubelet_csr(csr_data: bytes, ca_cert_pem: bytes, ca_key_pem: bytes,
-                     now: Optional[datetime.datetime] = None) -> bytes:
+                     now: Optional[datetime.datetime] = None, sans: Optional[Sequence] = None) -> bytes:
     """The kubelet certificate for a CSR, signed by the cluster CA, as Constellation's JoinService signs it:
     the CSR's signature must hold, its subject must be exactly one O ``system:nodes`` and a CN
     ``system:node:<name>``; the certificate carries the CSR's subject and SANs, digitalSignature and
-    keyEncipherment, clientAuth and serverAuth, valid from 2 hours ago for one year. Returns PEM."""
+    keyEncipherment, clientAuth and serverAuth, valid from 2 hours ago for one year. Returns PEM.
+    ``sans`` (x509 general names), when given, replace the CSR's: the signer names the node as it knows it."""
     csr = _load_csr(csr_data)
     if not csr.is_signature_valid:
         raise InputError("certificate_request", "a CSR whose signature verifies")
@@ -102,11 +103,12 @@ def sign_kubelet_csr(csr_data: bytes, ca_cert_pem: bytes, ca_key_pem: bytes,
                                             crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]),
                               critical=False))
-    try:
-        sans = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        sans = None
-    if sans is not None:
+    if sans is None:
+        try:
+            sans = list(csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+        except x509.ExtensionNotFound:
+            sans = None
+    if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
     return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 

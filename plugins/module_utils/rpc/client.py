@@ -252,13 +252,19 @@ class PubAPIClient(Channel):
         return b64d(self.stream.recv_end().get("secret"), "secret", 32)
 
     def issue_join_ticket(self, disk_uuid: str, node_vpn_pub_key: bytes, issuer,
-                          on_ticket: Callable[[Dict[str, Any]], None], is_control_plane: bool = False) -> Dict[str, Any]:
+                          on_ticket: Callable[[Dict[str, Any]], None], is_control_plane: bool = False,
+                          certificate_request: Optional[bytes] = None) -> Dict[str, Any]:
         """The joining node's side. ``issuer`` attests this node; ``on_ticket(ticket)`` locks and
-        configures the node (raising aborts the join); then the Coordinator records the peer."""
+        configures the node (raising aborts the join); then the Coordinator records the peer.
+        ``certificate_request``: the kubelet's CSR (Constellation's ``certificate_request``); the ticket's
+        ``kubeadm`` part then holds ``kubelet_cert``."""
         if self.server_spki_hash is None:
             raise ProtocolError("IssueJoinTicket needs an aTLS connection")
-        self.stream.send_request("IssueJoinTicket", {"disk_uuid": disk_uuid, "node_vpn_pub_key": b64e(node_vpn_pub_key),
-                                                     "is_control_plane": bool(is_control_plane)})
+        params = {"disk_uuid": disk_uuid, "node_vpn_pub_key": b64e(node_vpn_pub_key),
+                  "is_control_plane": bool(is_control_plane)}
+        if certificate_request is not None:
+            params["certificate_request"] = b64e(certificate_request)
+        self.stream.send_request("IssueJoinTicket", params)
         step = self.stream.recv_msg("a nonce")
         nonce = b64d(step.get("nonce"), "nonce", 32)
         document = issuer.issue(join_user_data(self.server_spki_hash, node_vpn_pub_key, disk_uuid), nonce)
@@ -402,8 +408,12 @@ class VPNAPIClient(Channel):
     def get_data_key(self, data_key_id: str, length: int = 32) -> bytes:
         return b64d(self.invoke("GetDataKey", data_key_id=data_key_id, length=length)["data_key"], "data_key", length)
 
-    def get_join_args(self) -> Dict[str, Any]:
-        return self.invoke("GetJoinArgs")
+    def get_join_args(self, certificate_request: Optional[bytes] = None, is_control_plane: bool = False) -> Dict[str, Any]:
+        """A fresh token, the API server endpoint and the pinned CA hash; with ``certificate_request`` (the
+        kubelet's CSR for this node's name and VPN IP) ``kubelet_cert``; a control plane gets
+        ``control_plane_files`` too."""
+        return self.invoke("GetJoinArgs", certificate_request=certificate_request,
+                           is_control_plane=True if is_control_plane else None)
 
     def get_certificate_key(self) -> str:
         return self.invoke("GetCertificateKey")["certificate_key"]

@@ -120,7 +120,8 @@ class PubAPI:
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueJoinTicket: only over aTLS on a Coordinator with a node policy")
         result = self.core.serve_join(request.disk_uuid, request.node_vpn_pub_key, ServerJoinChannel(conn),
-                                      self.validator_for_nodes)
+                                      self.validator_for_nodes, request.certificate_request,
+                                      bool(request.is_control_plane))
         conn.stream.send_result(result)
 
     # -- Coordinator: rejoin tickets for rebooted Nodes (core/trust.py)
@@ -189,10 +190,12 @@ def rejoin_cluster(core, coordinator_endpoint: str, validators, issuer, connect=
             vpn_ip, vpn_pub_key, disk_uuid, issuer, on_ticket))
 
 
-def join_cluster(core, coordinator_endpoint: str, validators, issuer, connect=None) -> Dict[str, Any]:
+def join_cluster(core, coordinator_endpoint: str, validators, issuer, connect=None,
+                 certificate_request: Optional[bytes] = None, is_control_plane: bool = False) -> Dict[str, Any]:
     """The joining node's side: verify the Coordinator (``connect``), attest ourselves in-band
-    (``issuer``), and let the Core take the ticket."""
+    (``issuer``), and let the Core take the ticket. ``certificate_request``: the kubelet's CSR; the ticket
+    then carries its certificate (and, with ``is_control_plane``, the control-plane PKI files)."""
     connect = connect or (lambda endpoint: connect_enrolling(lambda v: AgentClient.connect(endpoint, v), validators))
     with connect(coordinator_endpoint) as client:
         return core.join_cluster(lambda disk_uuid, node_vpn_pub_key, on_ticket: client.issue_join_ticket(
-            disk_uuid, node_vpn_pub_key, issuer, on_ticket))
+            disk_uuid, node_vpn_pub_key, issuer, on_ticket, is_control_plane, certificate_request))

@@ -189,6 +189,7 @@ class IssueJoinTicketRequest(Record):
     disk_uuid: str = wire("str", True)
     node_vpn_pub_key: bytes = wire("b64", True, 32)
     is_control_plane: Optional[bool] = wire("bool")
+    certificate_request: Optional[bytes] = wire("b64", doc="the kubelet's PKCS#10 CSR (DER or PEM)")
 
 
 @dataclass(frozen=True)
@@ -306,10 +307,19 @@ class GetUpdateAnswer(Record):
 
 
 @dataclass(frozen=True)
+class GetJoinArgsRequest(Record):
+    certificate_request: Optional[bytes] = wire("b64", doc="the kubelet's PKCS#10 CSR (DER or PEM)")
+    is_control_plane: Optional[bool] = wire("bool")
+
+
+@dataclass(frozen=True)
 class GetJoinArgsAnswer(Record):
     api_server_endpoint: str = wire("str", True)
     token: str = wire("str", True, doc="secret")
     discovery_token_ca_cert_hash: str = wire("str", True)
+    kubelet_cert: Optional[str] = wire("str", doc="PEM, signed by the cluster CA")
+    node_name: Optional[str] = wire("str")
+    control_plane_files: Optional[list] = wire("list", doc="secret")
 
 
 @dataclass(frozen=True)
@@ -380,7 +390,8 @@ for _method in (
         Method("ActivateAdditionalNodes", PUBAPI, ActivateAdditionalNodesRequest, ActivateAdditionalNodesAnswer,
                STREAMS_LOG, "the admin (authenticated) asks the Coordinator to attest and activate these nodes"),
         Method("IssueJoinTicket", PUBAPI, IssueJoinTicketRequest, IssueJoinTicketAnswer, STREAMS_EXCHANGE,
-               "a fresh node attests itself in-band (and enrolls its AK for qemu-vtpm-ek) and takes a join ticket"),
+               "a fresh node attests itself in-band (and enrolls its AK for qemu-vtpm-ek) and takes a join ticket "
+               "(with its kubelet certificate and the Kubernetes join arguments)"),
         Method("Recover", PUBAPI, RecoverRequest, StateAnswer, STREAMS_NONE,
                "the rebooted Coordinator (PCR 15 reset, state stored) gets the KMS URI back; Nodes rejoin instead"),
         Method("IssueRejoinTicket", PUBAPI, IssueRejoinTicketRequest, IssueRejoinTicketAnswer, STREAMS_EXCHANGE,
@@ -398,10 +409,11 @@ for _method in (
         Method("FetchFile", ADMIN, FetchFileRequest, FetchFileAnswer, STREAMS_STDOUT, "reads a file"),
         Method("GetUpdate", VPNAPI, GetUpdateRequest, GetUpdateAnswer, STREAMS_NONE,
                "the peer changes since a version (only the version when nothing changed)"),
-        Method("GetJoinArgs", VPNAPI, Empty, GetJoinArgsAnswer, STREAMS_NONE,
-               "kubeadm join arguments (API server endpoint, token, pinned CA hash)"),
+        Method("GetJoinArgs", VPNAPI, GetJoinArgsRequest, GetJoinArgsAnswer, STREAMS_NONE,
+               "kubeadm join arguments (API server endpoint, a fresh token, pinned CA hash), the kubelet "
+               "certificate for the caller's CSR, a control plane's PKI files"),
         Method("GetCertificateKey", VPNAPI, Empty, GetCertificateKeyAnswer, STREAMS_NONE,
-               "kubeadm's control-plane certificate key"),
+               "a fresh kubeadm certificate key, the control-plane certificates uploaded under it"),
         Method("GetDataKey", VPNAPI, GetDataKeyRequest, GetDataKeyAnswer, STREAMS_NONE,
                "a data key derived by the Coordinator's KMS (never a disk key or a reserved ID)"),
         Method("GetStateDiskKey", VPNAPI, Empty, GetStateDiskKeyAnswer, STREAMS_NONE,

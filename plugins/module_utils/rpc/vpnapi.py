@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64e
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import Connection
@@ -18,10 +18,19 @@ KUBEADM_UNAVAILABLE = "kubeadm not available on the Coordinator"
 
 
 class VPNAPI:
+    """``kubeadm``: the Coordinator's kubeadm provider (``kubeadm/join_provider.py``); it becomes the Core's
+    (``core/kubernetes.py`` decides who gets what). None: GetJoinArgs and GetCertificateKey answer that
+    kubeadm is not available here."""
+
     def __init__(self, core, kubeadm=None, log=None):
         self.core = core
-        self.kubeadm = kubeadm  # object with join_args() and certificate_key(), or None
+        if kubeadm is not None:
+            core.kubeadm_provider = kubeadm
         self._log = log or (lambda event, **fields: None)
+
+    @property
+    def kubeadm(self):
+        return getattr(self.core, "kubeadm_provider", None)
 
     def accept_check(self, peer: Tuple[str, int]) -> Optional[str]:
         if self.core.is_evicted(peer[0]):
@@ -44,21 +53,24 @@ class VPNAPI:
         self._not_evicted(conn, "GetUpdate")
         conn.stream.send_result(self.core.get_update(request.resource_version))
 
-    def _kubeadm(self, method: str, conn: Optional[Connection] = None):
+    def _kubeadm(self, method: str, conn: Connection) -> None:
         self.core.require_coordinator(method)
-        if conn is not None:
-            self._not_evicted(conn, method)
+        self._not_evicted(conn, method)
+        if not self.core.is_known_peer_ip(conn.peer_ip):  # removed since the connection was accepted
+            raise AccessDenied("%s: %s is not a VPN peer of this cluster" % (method, conn.peer_ip))
         if self.kubeadm is None:
             raise StateError("%s: %s" % (method, KUBEADM_UNAVAILABLE))
-        return self.kubeadm
 
-    def get_join_args(self, conn: Connection, request: schema.Empty) -> None:
-        args = self._kubeadm("GetJoinArgs", conn).join_args()
-        conn.stream.send_result({"api_server_endpoint": args["api_server_endpoint"], "token": args["token"],
-                                 "discovery_token_ca_cert_hash": args["discovery_token_ca_cert_hash"]})
+    def get_join_args(self, conn: Connection, request: schema.GetJoinArgsRequest) -> None:
+        """A fresh token per call; the kubelet certificate only for the caller's own VPN IP."""
+        self._kubeadm("GetJoinArgs", conn)
+        args = self.core.kubernetes_join_for(conn.peer_ip, "GetJoinArgs", request.certificate_request,
+                                             bool(request.is_control_plane))
+        conn.stream.send_result(schema.GetJoinArgsAnswer.decode(args).encode())
 
     def get_certificate_key(self, conn: Connection, request: schema.Empty) -> None:
-        conn.stream.send_result({"certificate_key": self._kubeadm("GetCertificateKey", conn).certificate_key()})
+        self._kubeadm("GetCertificateKey", conn)
+        conn.stream.send_result({"certificate_key": self.core.kubernetes_certificate_key_for(conn.peer_ip)})
 
     def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
         self._not_evicted(conn, "GetDataKey")

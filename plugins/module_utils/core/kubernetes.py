@@ -1,0 +1,141 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Coordinator's Kubernetes part of the chain of trust (docs/kubeadm.md, "Join inside the chain of
+trust"): join arguments, control-plane files and kubelet certificates go only to verified nodes, through
+the join ticket (IssueJoinTicket) or the vpnapi (GetJoinArgs, GetCertificateKey: known, non-evicted peers).
+
+The kubeadm work is a port (``KubeadmProvider``, implemented by ``kubeadm/join_provider.py``); this room
+decides who gets what. A kubelet certificate names the node as the Coordinator knows it: the CSR may ask
+only for the caller's own VPN IP, and a node name once certified for one VPN IP (or the Coordinator's
+own) is refused to every other node, so no node can obtain a serving certificate in another's name."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Dict, Optional, Protocol, runtime_checkable
+
+from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AccessDenied,
+    ConstellationError,
+    InputError,
+)
+
+KUBEADM_UNAVAILABLE = "kubeadm not available on the Coordinator"
+KEY_KUBELET_NODE_NAME_PREFIX = "kubeletNodeName/"
+
+
+@runtime_checkable
+class KubeadmProvider(Protocol):
+    """What the Coordinator's kubeadm side offers (``kubeadm/join_provider.py``); every method raises
+    ``StateError`` saying why when there is no control plane or no kubeadm on this host."""
+
+    def join_args(self) -> Dict[str, str]:
+        """``{api_server_endpoint, token, discovery_token_ca_cert_hash}`` with a fresh token."""
+
+    def certificate_key(self) -> str:
+        """A fresh certificate key with the control-plane certificates uploaded under it."""
+
+    def control_plane_files(self) -> list:
+        """``[{name, data}]``: the control-plane PKI files."""
+
+    def own_node_name(self) -> Optional[str]:
+        """The node name of the Coordinator's own kubelet."""
+
+    def kubelet_cert(self, csr_data: bytes, node_vpn_ip: str) -> Dict[str, Any]:
+        """``{node_name, kubelet_cert}`` for a checked CSR, signed by the cluster CA."""
+
+
+class KubernetesJoin(CoreBase):
+    kubeadm_provider: Optional[KubeadmProvider] = None
+
+    def _provider(self, method: str) -> KubeadmProvider:
+        provider = self.kubeadm_provider
+        if provider is None:
+            raise ConstellationError("%s: %s (this agent has no kubeadm provider)" % (method, KUBEADM_UNAVAILABLE))
+        return provider
+
+    def _bind_node_name(self, name: str, vpn_ip: str, method: str) -> None:
+        """A node name belongs to the first VPN IP it was certified for; the Coordinator's own kubelet name
+        belongs to the Coordinator. Refused (AccessDenied) for any other node."""
+        owner = self.vpn_ip if name == self._provider(method).own_node_name() else None
+        if owner is not None and owner != vpn_ip:
+            raise AccessDenied("%s: certificate_request: node name %s belongs to another node (%s)"
+                               % (method, name, owner))
+        key = KEY_KUBELET_NODE_NAME_PREFIX + name
+
+        def bind(txn):
+            current = txn.get_default(key)
+            if current is not None and current.decode("ascii", "replace") != vpn_ip:
+                return current.decode("ascii", "replace")
+            if current is None:
+                txn.put(key, vpn_ip.encode("ascii"))
+            return None
+
+        other = self.store.update(bind)
+        if other is not None:
+            self._log("kubelet_cert_refused", node_vpn_ip=vpn_ip, node_name=name, reason="name of " + other)
+            raise AccessDenied("%s: certificate_request: node name %s belongs to another node (%s)"
+                               % (method, name, other))
+
+    def kubelet_cert_for(self, csr_data: bytes, vpn_ip: str, method: str) -> Dict[str, Any]:
+        """The kubelet serving certificate for the node at ``vpn_ip``: the CSR checked (its name and the
+        node's own VPN IP only), the name bound to that node, then signed with the cluster CA."""
+        provider = self._provider(method)
+        from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
+            check_kubelet_csr,
+        )
+
+        name, _csr = check_kubelet_csr(csr_data, vpn_ip)  # InputError before anything is recorded
+        self._bind_node_name(name, vpn_ip, method)
+        issued = provider.kubelet_cert(csr_data, vpn_ip)
+        self._log("kubelet_cert_issued", node_vpn_ip=vpn_ip, node_name=name)
+        return issued
+
+    def kubernetes_certificate_key_for(self, vpn_ip: str, method: str = "GetCertificateKey") -> str:
+        """The Coordinator-era alternative to shipping the PKI: a fresh certificate key (the certificates
+        uploaded under it) for the verified node at ``vpn_ip``."""
+        self.require_coordinator(method)
+        key = self._provider(method).certificate_key()
+        self._log("certificate_key_issued", node_vpn_ip=vpn_ip)
+        return key
+
+    def kubernetes_join_for(self, vpn_ip: str, method: str, certificate_request: Optional[bytes] = None,
+                            is_control_plane: bool = False) -> Dict[str, Any]:
+        """What a verified node at ``vpn_ip`` needs to join: a fresh token, the endpoint, the pinned CA
+        hash; with ``certificate_request`` its kubelet certificate (PEM); for a control plane the PKI
+        files (``[{name, data (base64)}]``), as Constellation ships them."""
+        self.require_coordinator(method)
+        provider = self._provider(method)
+        if certificate_request is not None and not isinstance(certificate_request, bytes):
+            raise InputError("certificate_request", "a PKCS#10 certificate signing request")
+        # The CSR first: a refused one gets nothing, not even a token.
+        kubelet = self.kubelet_cert_for(certificate_request, vpn_ip, method) if certificate_request else None
+        args = dict(provider.join_args())
+        if kubelet is not None:
+            args["kubelet_cert"] = kubelet["kubelet_cert"].decode("ascii")
+            args["node_name"] = kubelet["node_name"]
+        if is_control_plane:
+            args["control_plane_files"] = [{"name": f["name"], "data": base64.b64encode(f["data"]).decode("ascii")}
+                                           for f in provider.control_plane_files()]
+        self._log("join_args_issued", node_vpn_ip=vpn_ip, method=method, control_plane=bool(is_control_plane),
+                  kubelet_cert=kubelet is not None)
+        return args
+
+    def ticket_kubernetes(self, vpn_ip: str, certificate_request: Optional[bytes],
+                          is_control_plane: bool) -> Dict[str, Any]:
+        """The ``kubeadm`` part of a join ticket: ``available`` and the join arguments, or why not. A
+        refused CSR refuses the ticket (InputError / AccessDenied); a Coordinator without a control plane
+        hands out a ticket that says so."""
+        if self.kubeadm_provider is None and self.kubeadm_join_args is not None:
+            try:
+                return dict(self.kubeadm_join_args(), available=True)
+            except ConstellationError as err:
+                return {"available": False, "reason": str(err)}
+        reason = self.kubeadm_provider.available() if self.kubeadm_provider is not None else \
+            "%s (this agent has no kubeadm provider)" % KUBEADM_UNAVAILABLE
+        if reason is not None:
+            return {"available": False, "reason": reason}
+        return dict(self.kubernetes_join_for(vpn_ip, "IssueJoinTicket", certificate_request, is_control_plane),
+                    available=True)

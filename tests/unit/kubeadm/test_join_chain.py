@@ -1,0 +1,226 @@
+"""Join arguments inside the chain of trust, attacked over real sockets: a real Core (Coordinator, an
+in-memory TPM and store) with its kubeadm provider on a control plane made by the kubeadm TEST DOUBLE,
+its vpnapi served on loopback. The VPN is 127.77.0.0/16 here, so each client binds the source address
+of the peer it claims to be (on Linux every 127/8 address is local), as the WireGuard tunnel would
+give it: a known node, a stranger, an evicted node. Also the join ticket's Kubernetes part."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from ansible_collections.constellation.cluster.plugins.module_utils import core as core_mod
+from ansible_collections.constellation.cluster.plugins.module_utils import kms
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
+from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import live_tokens, make_csr
+
+VPN_CIDR = "127.77.0.0/16"
+
+
+class LoopbackVPN(RecordingVPN):
+    vpn_cidr = VPN_CIDR
+
+
+class Cluster:
+    def __init__(self, tmp_path, control_plane_dir, provider=True):
+        self.control_plane_dir = control_plane_dir
+        state_dir = tmp_path / "coordinator"
+        state_dir.mkdir()
+        self.core = core_mod.Core(MemoryStore(), MemoryTPM(), LoopbackVPN(), str(state_dir), "10.42.0.10",
+                                  core_mod.new_disk_uuid())
+        self.core.load()
+        admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        self.core.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
+                                          cluster_config={"vpn_cidr": VPN_CIDR})
+        self.api = VPNAPI(self.core, kubeadm=JoinProvider(KUBEADM_DOUBLE, control_plane_dir) if provider else None)
+        self.server = FrameServer("vpnapi", ("127.77.0.1", 0), self.api.handlers(), accept_check=self.api.accept_check,
+                                  apis=(schema.VPNAPI,)).start()
+        self.port = self.server.address[1]
+
+    def add_node(self, public_ip):
+        vpn_ip = self.core.reserve_node_ip()
+        self.core.add_node_peer(vpn_ip, pub_key_from_priv_key(generate_priv_key()), public_ip)
+        return vpn_ip
+
+    def client(self, source_ip):
+        sock = socket.create_connection(("127.77.0.1", self.port), timeout=10, source_address=(source_ip, 0))
+        return AgentClient.connect_plain("127.77.0.1:%d" % self.port, sock=sock, timeout=10)
+
+    def tokens(self):
+        return live_tokens(self.control_plane_dir)
+
+
+@pytest.fixture
+def cluster(tmp_path, initialised, control_plane_dir):
+    made = Cluster(tmp_path, control_plane_dir)
+    yield made
+    made.server.stop()
+
+
+def test_a_known_node_gets_a_fresh_token_per_request_and_its_kubelet_cert(cluster):
+    node_ip = cluster.add_node("10.42.0.11")
+    before = set(cluster.tokens())
+    csr, _key = make_csr(sans=("worker-0", node_ip))
+    with cluster.client(node_ip) as client:
+        first = client.get_join_args(certificate_request=csr)
+        second = client.get_join_args()
+    assert first["token"] != second["token"]
+    assert set(cluster.tokens()) - before == {first["token"][:6], second["token"][:6]}
+    assert first["node_name"] == "worker-0" and "kubelet_cert" not in second and "control_plane_files" not in first
+    cert = x509.load_pem_x509_certificate(first["kubelet_cert"].encode())
+    assert cert.subject.rfc4514_string() == "CN=system:node:worker-0,O=system:nodes"
+    assert first["discovery_token_ca_cert_hash"].startswith("sha256:")
+
+
+def test_a_stranger_gets_no_token(cluster):
+    cluster.add_node("10.42.0.11")
+    before = cluster.tokens()
+    with pytest.raises((RemoteError, OSError)) as err:
+        with cluster.client("127.77.0.99") as client:  # inside the VPN range, but no peer
+            client.get_join_args()
+    if isinstance(err.value, RemoteError):
+        assert err.value.kind == "AccessDenied" and "127.77.0.99 is not a VPN peer of this cluster" in str(err.value)
+    assert cluster.tokens() == before
+
+
+def test_an_evicted_node_gets_no_token_even_on_an_open_connection(cluster):
+    node_ip = cluster.add_node("10.42.0.11")
+    before = cluster.tokens()
+    with cluster.client(node_ip) as client:
+        client.get_update(-1)  # accepted while it is a peer
+        cluster.core.evict_peer(node_ip, "failed re-attestation (test)")
+        with pytest.raises(RemoteError) as err:
+            client.get_join_args()
+    assert err.value.kind == "AccessDenied" and "evicted" in str(err.value)
+    with pytest.raises((RemoteError, OSError)):
+        with cluster.client(node_ip) as client:
+            client.get_join_args()
+    assert cluster.tokens() == before
+
+
+def test_a_csr_in_another_nodes_name_gets_nothing(cluster):
+    alice, mallory = cluster.add_node("10.42.0.11"), cluster.add_node("10.42.0.12")
+    with cluster.client(alice) as client:
+        assert client.get_join_args(certificate_request=make_csr("system:node:alice", sans=("alice", alice))[0])
+    before = cluster.tokens()
+    attacks = [
+        (make_csr("system:node:alice", sans=("alice", mallory))[0], "AccessDenied", "node name alice belongs to another node"),
+        (make_csr("system:node:control-plane-0", sans=())[0], "AccessDenied", "node name control-plane-0 belongs to another node"),
+        (make_csr("system:node:mallory", sans=("mallory", alice))[0], "InputError", "only the node name mallory and its VPN IP"),
+        (make_csr("system:node:mallory", orgs=("system:masters",))[0], "InputError", "exactly one organization system:nodes"),
+        (make_csr("system:node:mallory", orgs=("system:nodes", "system:masters"))[0], "InputError", "exactly one organization"),
+    ]
+    with cluster.client(mallory) as client:
+        for csr, kind, message in attacks:
+            with pytest.raises(RemoteError) as err:
+                client.get_join_args(certificate_request=csr)
+            assert err.value.kind == kind and message in str(err.value), (kind, message, str(err.value))
+    assert cluster.tokens() == before  # not even a token left for mallory
+    with cluster.client(alice) as client:  # alice's name stays hers, on her next request too
+        assert client.get_join_args(certificate_request=make_csr("system:node:alice", sans=("alice",))[0])["node_name"] == "alice"
+
+
+def test_a_control_plane_gets_the_pki_files_and_a_certificate_key(cluster):
+    node_ip = cluster.add_node("10.42.0.11")
+    with cluster.client(node_ip) as client:
+        args = client.get_join_args(is_control_plane=True)
+        key = client.get_certificate_key()
+    names = [f["name"] for f in args["control_plane_files"]]
+    assert names == ["ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key",
+                     "etcd/ca.crt", "etcd/ca.key"]
+    with open(os.path.join(cluster.control_plane_dir, "pki", "ca.key"), "rb") as handle:
+        assert base64.b64decode(args["control_plane_files"][1]["data"]) == handle.read()
+    assert len(key) == 64
+
+
+def test_without_a_control_plane_the_answer_says_why(tmp_path, double_log):
+    cluster = Cluster(tmp_path, str(tmp_path / "no-control-plane"))
+    try:
+        node_ip = cluster.add_node("10.42.0.11")
+        with cluster.client(node_ip) as client:
+            with pytest.raises(RemoteError, match="GetJoinArgs: kubeadm not available on the Coordinator .no control plane"):
+                client.get_join_args()
+        ticket = cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip())
+        assert ticket.kubeadm["available"] is False and "kubeadm init has not run" in ticket.kubeadm["reason"]
+    finally:
+        cluster.server.stop()
+    assert double_log.entries() == []
+
+
+def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_a_control_planes_files(cluster):
+    tickets = []
+    for name in ("worker-0", "worker-1"):
+        vpn_ip = cluster.core.reserve_node_ip()
+        ticket = cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), vpn_ip, "10.42.0.20",
+                                                make_csr("system:node:" + name, sans=())[0])
+        tickets.append((vpn_ip, core_mod.JoinTicket.from_dict(ticket.to_dict()).kubeadm))
+    (ip0, first), (ip1, second) = tickets
+    assert first["available"] is True and first["token"] != second["token"]
+    assert set(first) >= {"api_server_endpoint", "token", "discovery_token_ca_cert_hash", "kubelet_cert", "node_name"}
+    sans = x509.load_pem_x509_certificate(second["kubelet_cert"].encode()).extensions \
+        .get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [ip1]  # the ticket's VPN IP
+    assert "control_plane_files" not in first
+    plane = cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None,
+                                           make_csr("system:node:control-plane-1", sans=())[0], True)
+    assert len(plane.kubeadm["control_plane_files"]) == 8
+    assert ip0 != ip1
+
+
+def test_a_ticket_with_a_csr_in_another_nodes_name_is_refused(cluster):
+    cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None,
+                                   make_csr("system:node:worker-0", sans=())[0])
+    before = cluster.tokens()
+    with pytest.raises(AccessDenied, match="node name worker-0 belongs to another node"):
+        cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None,
+                                       make_csr("system:node:worker-0", sans=())[0])
+    with pytest.raises(InputError, match="certificate_request"):
+        cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None, b"garbage")
+    assert cluster.tokens() == before
+
+
+def test_the_vpnapi_without_a_provider_says_so(tmp_path, initialised, control_plane_dir):
+    cluster = Cluster(tmp_path, control_plane_dir, provider=False)
+    try:
+        node_ip = cluster.add_node("10.42.0.11")
+        with cluster.client(node_ip) as client:
+            with pytest.raises(RemoteError, match="GetJoinArgs: kubeadm not available on the Coordinator") as err:
+                client.get_join_args()
+        assert err.value.kind == "StateError"
+    finally:
+        cluster.server.stop()
+    assert StateError
+
+
+def test_a_joining_node_keeps_the_tickets_kubernetes_part_0600(cluster, tmp_path):
+    import json
+
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    node = core_mod.Core(MemoryStore(), MemoryTPM(), LoopbackVPN(), str(node_dir), "10.42.0.30", core_mod.new_disk_uuid())
+    node.load()
+    vpn_ip = cluster.core.reserve_node_ip()
+    ticket = cluster.core.issue_join_ticket(node.disk_uuid, vpn_ip, None, make_csr("system:node:worker-5", sans=())[0])
+    node.join(core_mod.JoinTicket.from_dict(ticket.to_dict()))
+    path = node_dir / "kubernetes_join.json"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    kept = json.loads(path.read_text())
+    assert kept["token"] == ticket.kubeadm["token"] and kept["node_name"] == "worker-5"
+    assert kept["token"][:6] in cluster.tokens()
