@@ -10,6 +10,8 @@ plugins/modules/verify_attestation.py.
 
 from __future__ import annotations
 
+import os
+
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
@@ -20,6 +22,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
+from ansible_collections.constellation.cluster.plugins.plugin_utils import run_aks
+from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import control_path_dir
 
 ARGUMENT_SPEC = dict(ATTESTATION_ARGUMENT_SPEC, endpoint=dict(type="str", required=True))
 
@@ -41,6 +45,7 @@ class ActionModule(ActionBase):
         try:
             address = atls.parse_endpoint(args["endpoint"])
             settings = settings_from_args(args, self._loader.get_basedir())
+            settings.trust = run_aks.share(settings.trust, control_path_dir(self._templar, task_vars), os.getppid())
 
             def connect(validators):
                 try:

@@ -226,7 +226,7 @@ from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.relay i
     relay_main,
     start_relay,
 )
-from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client
+from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client, validators_for
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import (
     Settings,
     SettingsError,
@@ -273,7 +273,7 @@ class Connection(ConnectionBase):
         if settings.persist > 0:
             self._client = self._via_relay(settings)
         else:
-            self._client = open_admin_client(settings)
+            self._client = open_admin_client(settings, validators_for(settings, self._playbook_pid))
         self._connected = True
         display.vvv("ATLS: attested and admin-authenticated connection to %s" % settings.endpoint,
                     host=settings.endpoint)

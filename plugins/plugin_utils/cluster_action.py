@@ -7,6 +7,8 @@ settings, error reporting. The actions themselves only say what to do (``act``).
 
 from __future__ import annotations
 
+import os
+
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
@@ -17,8 +19,31 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError)
+from ansible_collections.constellation.cluster.plugins.plugin_utils import run_aks
+
+# Imported here, once, by the playbook process: its strategy loads an action's class before it forks
+# a worker per host and task, so the workers inherit these modules (the aTLS client, the RPC client,
+# the vTPM validators and tpm2-pytss) instead of importing them again for every task.
+# pylint: disable=unused-import,wrong-import-position
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import ek as _ek  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import vtpm as _vtpm  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import client as _client  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.plugin_utils import controller as _controller  # noqa: F401
+# pylint: enable=unused-import,wrong-import-position
 
 display = Display()
+
+
+def control_path_dir(templar, task_vars) -> str:
+    """The atls connection's private folder (its option control_path_dir) as a task sees it
+    (variable, environment, default): the run's certified AKs are kept there (run_aks.py)."""
+    value = (task_vars or {}).get("constellation_atls_control_path_dir")
+    if value is not None:
+        try:
+            value = templar.template(value)
+        except Exception:  # pylint: disable=broad-except
+            value = None
+    return str(value or os.environ.get("CONSTELLATION_ATLS_CONTROL_PATH_DIR") or run_aks.DEFAULT_DIR)
 
 
 def valid_args(spec: dict) -> frozenset:
@@ -52,6 +77,9 @@ class ClusterAction(ActionBase):
         args = validation.validated_parameters
         try:
             settings = settings_from_args(args, self._loader.get_basedir())
+            # A peer enrolled once in this run (qemu-vtpm-ek) is not enrolled again; every connection
+            # is still attested in full (run_aks.py).
+            settings.trust = run_aks.share(settings.trust, control_path_dir(self._templar, task_vars), os.getppid())
             result.update(self.act(args, settings))
         except AttestationError as err:
             result.update(failed=True, changed=False, msg="attestation refused, nothing was sent: %s" % err,

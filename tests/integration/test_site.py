@@ -32,6 +32,9 @@ pytestmark = pytest.mark.lab
 
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 CLUSTER = "!h5"  # every run but the tampered one leaves h5 out (--limit)
+# Step 6's mesh check (playbooks/tasks/verify_peer.yml): one command per peer waits for its WireGuard
+# peers, pings them and reads the handshakes.
+MESH_TASK = "Wait until the peer's WireGuard lists every other peer, then ping each over the VPN and read the handshakes"
 
 
 class Site:
@@ -239,7 +242,7 @@ def test_check_mode_on_the_converged_cluster_changes_nothing(site):
         assert "already activated" in out, playbook
         for name in ("h2", "h3", "h4"):
             assert re.search(r"%s: already active \(VPN IP 10\.118\." % name, out), (playbook, name)
-        assert "Wait until the peer's WireGuard lists every other peer" in tasks_run(proc.stdout)
+        assert MESH_TASK in tasks_run(proc.stdout)
     assert {p.name: p.read_bytes() for p in site.inv.glob("constellation-*.json")} == before
 
 
@@ -250,8 +253,7 @@ def test_tags_select_the_steps(site):
     assert proc.returncode == 0, proc.stdout[-3000:]
     ran = tasks_run(proc.stdout)
     assert "The peer passed every check" in ran
-    assert "Wait until the peer's WireGuard lists every other peer" in ran
-    assert "Each other peer answers a ping over the VPN, then shows a recent handshake" in ran
+    assert MESH_TASK in ran
     for step in ("Master secret on the controller (made once, Ansible Vault)",
                  "The Coordinator activates the fresh nodes (ActivateAdditionalNodes)",
                  "The Coordinator's WireGuard interface carries its VPN IP"):
@@ -261,7 +263,7 @@ def test_tags_select_the_steps(site):
     proc = site.play("site.yml", "--tags", "attest")
     assert proc.returncode == 0, proc.stdout[-3000:]
     ran = [t for t in tasks_run(proc.stdout) if not t.startswith("Validating arguments")]
-    assert set(ran) == {"Attest", "Attest the peer and read its state",
+    assert set(ran) == {"Attest the peer and read its state",
                         "Every peer of the play passed (otherwise every host stops here, before anything is sent)"}
 
     proc = site.play("site.yml", "--tags", "wireguard")
@@ -269,7 +271,7 @@ def test_tags_select_the_steps(site):
     ran = tasks_run(proc.stdout)
     assert "The Coordinator's WireGuard interface carries its VPN IP" in ran
     assert "The node's WireGuard interface carries its VPN IP" in ran
-    assert "Wait until the peer's WireGuard lists every other peer" in ran
+    assert MESH_TASK in ran
     assert task_hosts(proc.stdout, "The peer passed every check") == {"h1", "h2", "h3", "h4"}
     assert "The Coordinator activates the fresh nodes (ActivateAdditionalNodes)" not in ran
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
@@ -390,8 +392,7 @@ def verify_with_reports(site, tmp_path, name="ci"):
     return proc, report_json, report_junit
 
 
-VERIFY_MESH_TASKS = ("Wait until the peer's WireGuard lists every other peer",
-                     "Each other peer answers a ping over the VPN, then shows a recent handshake")
+VERIFY_MESH_TASKS = (MESH_TASK,)
 
 
 def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
@@ -574,3 +575,117 @@ def test_foreign_tpm_is_refused_by_add_nodes_and_verify(site, tmp_path):
     assert suite.get("failures") == "1"
     assert failed["h7"] is not None and "EK certificate does not chain" in failed["h7"].get("message")
     assert all(failed[n] is None for n in ("h1", "h2", "h3", "h4", "h6"))
+
+
+KUBE_DIR = "/run/kubernetes"  # every lab host has a private /run: one kubernetes directory per host
+KUBE_VARS = {"constellation_kubernetes": True, "constellation_kubernetes_wait_ready": False,
+             "kubeadm_control_plane_kubernetes_dir": KUBE_DIR, "kubeadm_worker_kubernetes_dir": KUBE_DIR,
+             "kubeadm_control_plane_patches_dir": "/run/kubernetes-patches",
+             "kubeadm_worker_patches_dir": "/run/kubernetes-patches"}
+
+
+def _kube_hosts(site):
+    """The cluster's hosts (h6 once add_nodes.yml added it), without the tampered h5 and the foreign h7."""
+    return tuple(h.name for h in site.lab.hosts if h.name not in ("h5", "h7"))
+
+
+def _restart_agents_with_the_kubeadm_double(site, tmp_path, monkeypatch):
+    """The kubeadm TEST DOUBLE (tests/doubles/kubeadm) on every agent's PATH, as the hosts' kubeadm; the
+    Coordinator's agent finds its control plane in /run/kubernetes (kubernetes_dir); the double on the
+    nodes checks their joins against h1's cluster (through /proc/<h1 agent>/root: h1's private /run)."""
+    import signal
+
+    from lab.agent import start_agent, wait_until
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubeadm").symlink_to(REPO_ROOT / "tests" / "doubles" / "kubeadm")
+    monkeypatch.setenv("PATH", "%s:%s:%s" % (bin_dir, VENV_BIN, os.environ.get("PATH", "")))
+    monkeypatch.setenv("KUBEADM_DOUBLE_LOG", str(tmp_path / "kubeadm-double.log"))
+    for name in _kube_hosts(site):
+        host = site.lab.host(name)
+        for pid in site.lab._agent_pids(host):  # pylint: disable=protected-access
+            os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: not site.lab._agent_pids(host), what="%s's agent stops" % name)  # pylint: disable=protected-access
+        if name == "h1":
+            start_agent(site.lab, host, kubernetes_dir=KUBE_DIR)
+            (h1_pid,) = site.lab._agent_pids(host)  # pylint: disable=protected-access
+            monkeypatch.setenv("KUBEADM_DOUBLE_CLUSTER", "/proc/%d/root%s" % (h1_pid, KUBE_DIR))
+        else:
+            start_agent(site.lab, host)
+    assert site.lab.healthy()
+    return tmp_path / "kubeadm-double.log"
+
+
+def test_kubernetes_joins_inside_the_chain_of_trust(site, tmp_path, monkeypatch):
+    """site.yml with Kubernetes on, kubeadm being the TEST DOUBLE on each host's PATH: h1 initialises the
+    control plane; each node asks the Coordinator's vpnapi through its WireGuard tunnel for a fresh token,
+    the pinned CA hash and its kubelet certificate, and joins (the double checks token and hash against
+    h1's cluster). No token reaches the controller's output. A second run changes nothing and waits until
+    every node is Ready (the STAND-IN for the Kubernetes API server on h1); --check changes nothing."""
+    log_path = _restart_agents_with_the_kubeadm_double(site, tmp_path, monkeypatch)
+    hosts, limit = _kube_hosts(site), "!h5:!h7"
+    proc = site.play("site.yml", "-v", "-e", json.dumps(KUBE_VARS), limit=limit)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    rows = recap(proc.stdout)
+    assert set(rows) == set(hosts) and all(rows[h]["failed"] == 0 for h in hosts), rows
+    assert all(rows[h]["changed"] >= 1 for h in hosts), rows  # kubeadm init on h1, a join on each node
+    calls = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    joins = [c for c in calls if c["argv"][0] == "join"]
+    assert len(joins) == len(hosts) - 1 and all(c["rc"] == 0 for c in joins), [c.get("error") for c in joins]
+    cluster_state = json.loads(site.lab.host("h1").run(["cat", KUBE_DIR + "/.kubeadm-double/state.json"]).stdout)
+    h1_ca = site.lab.host("h1").run(["cat", KUBE_DIR + "/pki/ca.crt"]).stdout
+    from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm import ca_cert_hash
+    tokens = [c["config"][0]["discovery"]["bootstrapToken"]["token"] for c in joins]
+    assert len(set(tokens)) == len(joins)  # a fresh token per node
+    assert {t.split(".")[0] for t in tokens} <= set(cluster_state["tokens"])  # made on h1 by its kubeadm
+    for call in joins:
+        assert call["config"][0]["discovery"]["bootstrapToken"]["caCertHashes"] == [ca_cert_hash(h1_ca)]
+    assert sorted(cluster_state["nodes"]) == sorted(hosts)
+    leaked = [t[:6] for t in tokens if t in out or t.split(".")[1] in out]
+    assert not leaked, "join tokens in the -v output: %s" % leaked
+    for name in hosts[1:]:  # the kubelet serving certificate, signed by the cluster CA for the node
+        host = site.lab.host(name)
+        host.run(["openssl", "verify", "-CAfile", KUBE_DIR + "/pki/ca.crt", KUBE_DIR + "/pki/kubelet-serving.crt"])
+        subject = host.run(["openssl", "x509", "-noout", "-subject", "-ext", "subjectAltName", "-in",
+                            KUBE_DIR + "/pki/kubelet-serving.crt"]).stdout
+        assert re.search(r"CN ?= ?system:node:%s\b" % name, subject) and "IP Address:%s" % vpn_ip(site.lab, name) in subject
+
+    # The STAND-IN for the Kubernetes API server (not Kubernetes) on h1's VPN IP, serving h1's cluster.
+    standin = [str(VENV_BIN / "python"), str(REPO_ROOT / "tests" / "doubles" / "kube_apiserver.py"),
+               "--cluster", KUBE_DIR, "--listen", "10.118.0.1:6443", "--lifetime", "600",
+               "--pid-file", "/run/kube-apiserver-standin.pid"]
+    site.lab.host("h1").run(standin + ["--background", "--log", str(tmp_path / "standin.log")])
+    try:
+        again = dict(KUBE_VARS, constellation_kubernetes_wait_ready=True)
+        proc = site.play("site.yml", "-e", json.dumps(again), limit=limit)
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0, recap(proc.stdout)
+        for name in hosts:
+            assert re.search(r"node %s: Ready \(KubeletReady\)" % name, proc.stdout), name
+        proc = site.play("site.yml", "--check", "-e", json.dumps(KUBE_VARS), limit=limit)
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0, recap(proc.stdout)
+    finally:
+        site.lab.host("h1").run(standin + ["--stop"], check=False)
+    calls = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    assert len([c for c in calls if c["argv"][0] == "join"]) == len(joins)  # joined nodes were not joined again
+    # One token per join, none on the second run or in check mode: a joined node asks the Coordinator nothing.
+    assert len([c for c in calls if c["argv"][:2] == ["token", "create"]]) == len(joins)
+
+
+def test_a_host_tampered_since_is_refused_by_the_next_run_before_anything(site):
+    """Last (it tampers a cluster host for good): a run after the cluster converged still attests every
+    peer in full. The run shares each peer's certified AK between its tasks and connections, never a
+    verdict: h4, whose PCR 9 changed since the last run, is refused by step 1, naming the PCR, and
+    every host stops there (no step 2 task runs, nothing changes)."""
+    site.lab.tamper("h4")
+    proc = site.play("site.yml", limit="h1,h2,h3,h4")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert re.search(r"h4.*attestation refused.*PCR 9", out, re.S), out[-4000:]
+    assert "Master secret on the controller" not in "\n".join(tasks_run(proc.stdout))
+    rows = recap(proc.stdout)
+    assert {name: (row["failed"], row["changed"]) for name, row in rows.items()} == {
+        "h1": (1, 0), "h2": (1, 0), "h3": (1, 0), "h4": (1, 0)}

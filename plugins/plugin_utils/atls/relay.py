@@ -70,7 +70,7 @@ class _Relay:
     def validators(self):
         with self.lock:
             if self._validators is None:
-                self._validators = validators_for(self.settings)
+                self._validators = validators_for(self.settings, self.playbook_pid)
             return self._validators
 
     def take(self):
