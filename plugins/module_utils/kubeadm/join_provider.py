@@ -42,7 +42,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.oper
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.pki import (
     NODE_CN_PREFIX,
-    NODES_GROUP,
+    csr_subject_alt_names,
+    load_kubelet_csr,
     sign_kubelet_csr,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.validate import (
@@ -59,7 +60,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
 
 try:
     from cryptography import x509
-    from cryptography.x509.oid import NameOID
 except ImportError:  # pragma: no cover - the agent requires cryptography
     pass
 
@@ -90,26 +90,9 @@ def check_kubelet_csr(csr_data: bytes, node_vpn_ip: str):
     if not isinstance(csr_data, bytes) or not csr_data or len(csr_data) > MAX_CSR_SIZE:
         raise InputError("certificate_request", "a PKCS#10 certificate signing request (PEM or DER, at most %d bytes)"
                          % MAX_CSR_SIZE)
-    try:
-        if csr_data.lstrip().startswith(b"-----"):
-            csr = x509.load_pem_x509_csr(csr_data)
-        else:
-            csr = x509.load_der_x509_csr(csr_data)
-    except ValueError:
-        raise InputError("certificate_request", "a PKCS#10 certificate signing request (PEM or DER)") from None
-    if not csr.is_signature_valid:
-        raise InputError("certificate_request", "a CSR whose signature verifies")
-    orgs = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
-    if orgs != [NODES_GROUP]:
-        raise InputError("certificate_request", "exactly one organization %s" % NODES_GROUP, orgs)
-    cns = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    if len(cns) != 1 or not cns[0].startswith(NODE_CN_PREFIX):
-        raise InputError("certificate_request", "one common name %s<node name>" % NODE_CN_PREFIX, cns)
-    name = validate_node_name(cns[0][len(NODE_CN_PREFIX):], "certificate_request (node name)")
-    try:
-        sans = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        sans = x509.SubjectAlternativeName([])
+    csr, cn_name = load_kubelet_csr(csr_data)
+    name = validate_node_name(cn_name, "certificate_request (node name)")
+    sans = csr_subject_alt_names(csr)
     allowed_ip = ipaddress.ip_address(node_vpn_ip)
     for general_name in sans:
         if isinstance(general_name, x509.IPAddress) and general_name.value == allowed_ip:

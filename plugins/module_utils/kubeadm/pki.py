@@ -22,7 +22,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 
 try:
     from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -65,13 +65,47 @@ def kubelet_csr(node_name: str, ips: Sequence[str]) -> KubeletKeyPair:
     return KubeletKeyPair(csr_pem=csr.public_bytes(serialization.Encoding.PEM), key_pem=key_pem)
 
 
-def _load_csr(csr_data: bytes):
+def _refused(what: str) -> InputError:
+    return InputError("certificate_request", what)
+
+
+def load_kubelet_csr(csr_data: bytes):
+    """A kubelet's CSR, parsed and checked: a PKCS#10 request (PEM or DER) whose signature holds, exactly
+    one O ``system:nodes`` and one CN ``system:node:<name>``. Returns (csr, name). Whatever is wrong with
+    it, the error is an InputError naming ``certificate_request`` (the bytes come from a node)."""
+    if not isinstance(csr_data, bytes) or not csr_data:
+        raise _refused("a PKCS#10 certificate signing request (PEM or DER)")
     try:
         if csr_data.lstrip().startswith(b"-----"):
-            return x509.load_pem_x509_csr(csr_data)
-        return x509.load_der_x509_csr(csr_data)
-    except ValueError:
-        raise InputError("certificate_request", "a PKCS#10 certificate signing request (PEM or DER)") from None
+            csr = x509.load_pem_x509_csr(csr_data)
+        else:
+            csr = x509.load_der_x509_csr(csr_data)
+    except (ValueError, x509.InvalidVersion):
+        raise _refused("a PKCS#10 certificate signing request (PEM or DER)") from None
+    try:
+        valid = csr.is_signature_valid  # parses the public key: a malformed one raises ValueError
+        orgs = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+        cns = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise _refused("a CSR with a well-formed public key and subject") from None
+    if not valid:
+        raise _refused("a CSR whose signature verifies")
+    if orgs != [NODES_GROUP]:
+        raise InputError("certificate_request", "exactly one organization %s" % NODES_GROUP, orgs)
+    if len(cns) != 1 or not isinstance(cns[0], str) or not cns[0].startswith(NODE_CN_PREFIX) \
+            or len(cns[0]) == len(NODE_CN_PREFIX):
+        raise InputError("certificate_request", "one common name %s<node name>" % NODE_CN_PREFIX, cns)
+    return csr, cns[0][len(NODE_CN_PREFIX):]
+
+
+def csr_subject_alt_names(csr) -> list:
+    """The CSR's subject alternative names (none: empty); a malformed extension is an InputError."""
+    try:
+        return list(csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        return []
+    except (ValueError, TypeError, UnsupportedAlgorithm, x509.DuplicateExtension, x509.UnsupportedGeneralNameType):
+        raise _refused("a CSR with well-formed extensions") from None
 
 
 def sign_kubelet_csr(csr_data: bytes, ca_cert_pem: bytes, ca_key_pem: bytes,
@@ -81,15 +115,7 @@ def sign_kubelet_csr(csr_data: bytes, ca_cert_pem: bytes, ca_key_pem: bytes,
     ``system:node:<name>``; the certificate carries the CSR's subject and SANs, digitalSignature and
     keyEncipherment, clientAuth and serverAuth, valid from 2 hours ago for one year. Returns PEM.
     ``sans`` (x509 general names), when given, replace the CSR's: the signer names the node as it knows it."""
-    csr = _load_csr(csr_data)
-    if not csr.is_signature_valid:
-        raise InputError("certificate_request", "a CSR whose signature verifies")
-    orgs = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
-    if orgs != [NODES_GROUP]:
-        raise InputError("certificate_request", "exactly one organization %s" % NODES_GROUP, orgs)
-    cns = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    if len(cns) != 1 or not cns[0].startswith(NODE_CN_PREFIX) or len(cns[0]) == len(NODE_CN_PREFIX):
-        raise InputError("certificate_request", "one common name %s<node name>" % NODE_CN_PREFIX, cns)
+    csr, _name = load_kubelet_csr(csr_data)
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, None)
     now = now or datetime.datetime.now(datetime.timezone.utc)
@@ -104,10 +130,7 @@ def sign_kubelet_csr(csr_data: bytes, ca_cert_pem: bytes, ca_key_pem: bytes,
                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]),
                               critical=False))
     if sans is None:
-        try:
-            sans = list(csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
-        except x509.ExtensionNotFound:
-            sans = None
+        sans = csr_subject_alt_names(csr)
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
     return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)

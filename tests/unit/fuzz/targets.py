@@ -36,6 +36,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import JoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import check_kubelet_csr
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import framing, schema
 
@@ -490,6 +491,29 @@ def _validate_document(corpus: Corpus) -> Callable[[bytes], Any]:
     return lambda data: corpus.validator.validate(data, NONCE)
 
 
+CSR_NODE_VPN_IP = "10.118.0.5"
+
+
+def _csr_seeds() -> List[bytes]:
+    """A kubelet's CSR as the join client makes it (O system:nodes, CN system:node:<name>, SANs: the
+    name and its VPN IP), in PEM and DER: what a Node sends the Coordinator in GetJoinArgs/IssueJoinTicket."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                                    x509.NameAttribute(NameOID.COMMON_NAME, "system:node:fuzz-node")]))
+           .add_extension(x509.SubjectAlternativeName([x509.DNSName("fuzz-node"),
+                                                       x509.IPAddress(ipaddress.ip_address(CSR_NODE_VPN_IP))]), False)
+           .sign(key, hashes.SHA256()))
+    return [csr.public_bytes(serialization.Encoding.PEM), csr.public_bytes(serialization.Encoding.DER)]
+
+
 def make_targets(corpus: Corpus) -> List[Target]:
     """Every parser of untrusted data, with its seeds (see the module doc)."""
     document_tree = json.loads(corpus.document)
@@ -515,6 +539,7 @@ def make_targets(corpus: Corpus) -> List[Target]:
         Target("join_ticket", lambda data: JoinTicket.from_dict(load_json(data, "ticket")), [_ticket_seed()], _json_or_bytes()),
         Target("kms_uri", _parse_any_uri, uri_seeds, _mutate_uri, _kms_secrets()),
         Target("master_secret", kms.MasterSecret.from_json, [json.loads(secret_json)], _json_or_bytes(0.6), _kms_secrets()),
+        Target("kubelet_csr", lambda data: check_kubelet_csr(data, CSR_NODE_VPN_IP), _csr_seeds(), mutate_bytes),
         Target("agent_config", config_run, [_agent_config_seed()] * 24 + list(YAML_SPECIALS), _yaml_or_json,
                cleanup=[config_cleanup]),
     ]

@@ -35,7 +35,8 @@ FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SLOW_FUZZ = settings(FUZZ, max_examples=120)
 
-TARGETS = ("attestation_document", "event_log", "measurements", "rpc_frames", "join_ticket", "kms_uri", "master_secret")
+TARGETS = ("attestation_document", "event_log", "measurements", "rpc_frames", "join_ticket", "kms_uri", "master_secret",
+           "kubelet_csr")
 
 
 def _assert_clean(target, data):
@@ -64,6 +65,7 @@ def test_seeds_are_accepted(targets, corpus):
     assert corpus.validator.validate(corpus.document, bytes(range(32))).user_data == b"fuzz user data"
     assert targets["rpc_frames"].run(encode_frames(targets["rpc_frames"].seeds[1])) == 1
     assert targets["kms_uri"].run(targets["kms_uri"].seeds[0]).derive_key("fuzz")
+    assert [targets["kubelet_csr"].run(seed)[0] for seed in targets["kubelet_csr"].seeds] == ["fuzz-node"] * 2
 
 
 # Arbitrary JSON (and YAML-like: integer, boolean, float keys) structures for the parsers of mappings.
