@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import hmac
 import ipaddress
-import json
-import os
 from typing import Any, Dict, Mapping
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
@@ -35,10 +33,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
     generate_priv_key,
     pub_key_from_priv_key,
 )
-
-
-# The Kubernetes part of a join ticket, kept for the kubeadm join (docs/kubeadm.md).
-KUBERNETES_JOIN_FILE = "kubernetes_join.json"
 
 
 class NodeSide(CoreBase):
@@ -135,7 +129,6 @@ class NodeSide(CoreBase):
             self.vpn.setup(ticket.node_vpn_ip, priv_key)
             self.vpn.set_peers(list(ticket.peers), pub_key_from_priv_key(priv_key))
             self._write_disk_key(ticket.state_disk_key)
-            self._keep_kubernetes_join(ticket.kubeadm)
             self._save_node(self._new_node_state(ticket.activation_request(), priv_key, State.IS_NODE))
             self._advance(State.NODE_WAITING_FOR_CLUSTER_JOIN)
             self._advance(State.IS_NODE)
@@ -143,13 +136,6 @@ class NodeSide(CoreBase):
             self._fail(method, err)
             raise
         return {"state": self._state.wire_name, "node_vpn_ip": self.vpn_ip}
-
-    def _keep_kubernetes_join(self, kubeadm: Mapping[str, Any]) -> None:
-        """The ticket's Kubernetes part (token, pinned CA hash, endpoint, kubelet certificate, a control
-        plane's PKI files), kept 0600 in the state directory (KUBERNETES_JOIN_FILE) for the join that follows."""
-        if kubeadm.get("available") is True:
-            kms_mod.write_secret_file(os.path.join(self.state_dir, KUBERNETES_JOIN_FILE),
-                                      json.dumps(dict(kubeadm), sort_keys=True).encode("utf-8"))
 
     def join_cluster(self, request_ticket: TicketRequest) -> Dict[str, Any]:
         """The joining node's side of IssueJoinTicket: ``request_ticket`` reaches a verified Coordinator

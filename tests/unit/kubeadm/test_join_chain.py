@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core as core_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
@@ -206,21 +206,3 @@ def test_the_vpnapi_without_a_provider_says_so(tmp_path, initialised, control_pl
         assert err.value.kind == "StateError"
     finally:
         cluster.server.stop()
-    assert StateError
-
-
-def test_a_joining_node_keeps_the_tickets_kubernetes_part_0600(cluster, tmp_path):
-    import json
-
-    node_dir = tmp_path / "node"
-    node_dir.mkdir()
-    node = core_mod.Core(MemoryStore(), MemoryTPM(), LoopbackVPN(), str(node_dir), "10.42.0.30", core_mod.new_disk_uuid())
-    node.load()
-    vpn_ip = cluster.core.reserve_node_ip()
-    ticket = cluster.core.issue_join_ticket(node.disk_uuid, vpn_ip, None, make_csr("system:node:worker-5", sans=())[0])
-    node.join(core_mod.JoinTicket.from_dict(ticket.to_dict()))
-    path = node_dir / "kubernetes_join.json"
-    assert oct(path.stat().st_mode & 0o777) == "0o600"
-    kept = json.loads(path.read_text())
-    assert kept["token"] == ticket.kubeadm["token"] and kept["node_name"] == "worker-5"
-    assert kept["token"][:6] in cluster.tokens()
