@@ -16,9 +16,12 @@ costs O(peers) per poll (46 ms at 1,000 peers on etcd). Here:
   lock: they read one reference to a registry that is never changed after it is published (each
   transaction attempt builds its own from the store), so a reader never sees a half-applied change.
 
-Assumption: this process is the only writer of the peer keys (one Coordinator per store). A second
-process writing the same keys would be seen by the next write here (which reads the store in its
-transaction) or a restart, not by reads in between.
+With one Coordinator per store, this process is the only writer of the peer keys and reads never
+touch the store. With several Coordinators on one etcd cluster (``shared``: the store lists more than
+one etcd endpoint, docs/store.md), another Coordinator may have written: every read first compares the
+store's ``peersResourceVersion`` (one key) with the version in memory and reloads when they differ, so
+every Coordinator answers the same version with the same peer set. If the store cannot be read then
+(no quorum), the registry in memory is served: Nodes keep their mesh while writes stop.
 """
 
 from __future__ import annotations
@@ -27,12 +30,19 @@ import threading
 from typing import Any, Callable, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRegistry
 
 
+def shared_by_coordinators(store: Any) -> bool:
+    """Whether other Coordinators may write ``store`` too: an etcd store with more than one endpoint."""
+    return len(getattr(store, "endpoints", None) or ()) > 1
+
+
 class PeerRegistryCache:
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, shared: Optional[bool] = None):
         self._store = store
+        self.shared = shared_by_coordinators(store) if shared is None else shared
         self._write_lock = threading.Lock()
         self._current: Optional[PeerRegistry] = None
         self._loaded = False
@@ -43,7 +53,24 @@ class PeerRegistryCache:
             with self._write_lock:
                 if not self._loaded:
                     self._load()
+        elif self.shared:
+            self._follow()
         return self._current
+
+    def _follow(self) -> None:
+        """Reloads if another Coordinator committed a version this process has not seen."""
+        try:
+            raw = self._store.get_default(state_store.KEY_RESOURCE_VERSION)
+            stored = int(raw) if raw else None
+        except (StateError, ValueError):
+            return  # the store cannot say: serve what is in memory
+        held = self._current.peers.version if self._current is not None else None
+        if stored != held:
+            with self._write_lock:
+                try:
+                    self._load()
+                except StateError:
+                    pass
 
     def reload(self) -> Optional[PeerRegistry]:
         """Reads the registry from the store again (start-up, restart, recovery)."""

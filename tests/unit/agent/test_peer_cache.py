@@ -182,3 +182,51 @@ def test_the_cache_alone_reads_once_and_reload_sees_the_store():
     state_store.update_peer_registry(store.inner, lambda r: r.add(_key(), "10.42.0.2", "node"))  # another writer
     assert len(cache.current().peers) == 1
     assert len(cache.reload().peers) == 2
+
+
+class FailingReads(CountingStore):
+    """A store that can stop answering reads (an etcd that lost its majority)."""
+
+    def __init__(self, inner=None):
+        super().__init__(inner)
+        self.down = False
+
+    def get_default(self, key, default=None):
+        if self.down:
+            raise StoreError("etcd has no quorum (test)")
+        return super().get_default(key, default)
+
+
+def test_a_coordinator_sharing_the_store_follows_what_another_one_wrote():
+    """Several Coordinators on one etcd cluster (#18): the same version means the same peer set on each."""
+    shared = MemoryStore()
+    writer = PeerRegistryCache(shared, shared=True)
+    follower_store = FailingReads(shared)
+    follower = PeerRegistryCache(follower_store, shared=True)
+    alone = PeerRegistryCache(shared, shared=False)  # one Coordinator per store: reads never touch it
+    writer.update(lambda registry: registry.add(_key(), "10.42.0.20", "node"), "10.118.0.0/16")
+    for cache in (follower, alone):
+        assert cache.current().peers.version == writer.current().peers.version
+    second = writer.update(lambda registry: registry.add(_key(), "10.42.0.21", "node"))
+    assert follower.current().to_dict() == writer.current().to_dict()
+    assert follower.is_known_peer_ip(second.vpn_ip)
+    assert not alone.is_known_peer_ip(second.vpn_ip)  # the single-Coordinator cache does not look
+    # A follower that cannot read the store serves the registry it holds: the mesh stays up.
+    held = follower.current().to_dict()
+    follower_store.down = True
+    writer.update(lambda registry: registry.add(_key(), "10.42.0.22", "node"))
+    assert follower.current().to_dict() == held != writer.current().to_dict()
+    follower_store.down = False
+    assert follower.current().to_dict() == writer.current().to_dict()
+
+
+def test_only_an_etcd_store_of_several_endpoints_counts_as_shared():
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import shared_by_coordinators
+
+    class Endpoints:
+        def __init__(self, endpoints):
+            self.endpoints = endpoints
+
+    assert not shared_by_coordinators(MemoryStore())
+    assert not shared_by_coordinators(Endpoints(["http://127.0.0.1:2379"]))
+    assert shared_by_coordinators(Endpoints(["https://10.118.0.1:2379", "https://10.118.0.2:2379"]))
