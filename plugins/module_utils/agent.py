@@ -42,7 +42,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.init_secret 
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, ask_in_turn, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import (
     PubAPI,
     coordinator_policy,
@@ -251,6 +251,7 @@ class Agent:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self.servers: List[FrameServer] = []
+        self._update_from: Optional[str] = None  # the Coordinator VPN IP that answered the last GetUpdate
         self.vpnapi_server: Optional[FrameServer] = None
         self._vpnapi_lock = threading.Lock()
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
@@ -391,10 +392,19 @@ class Agent:
             self._stop.wait(delay)
 
     def _update_once(self) -> None:
-        endpoint = "%s:%d" % (self.core.coordinator_vpn_ip, self.config.vpn_api_port)
+        """GetUpdate from the Coordinator that answered last; when it does not answer, from the next
+        Coordinator this Node knows (several Coordinators on one etcd cluster answer alike)."""
         timeout = max(5.0, min(30.0, self.config.update_interval * 3))
-        with AgentClient.connect_plain(endpoint, timeout=timeout) as client:
-            update = client.get_update(self.core.resource_version)
+        ips = self.core.coordinator_vpn_ips()
+        if self._update_from in ips:
+            start = ips.index(self._update_from)
+            ips = ips[start:] + ips[:start]
+        endpoint, update = ask_in_turn(["%s:%d" % (ip, self.config.vpn_api_port) for ip in ips],
+                                       lambda client: client.get_update(self.core.resource_version), timeout)
+        from_ip = endpoint.rsplit(":", 1)[0]
+        if from_ip != (self._update_from or ips[0]):
+            self.log("update_failover", coordinator_vpn_ip=from_ip, level="warning")
+        self._update_from = from_ip
         self.core.apply_update(update)
 
     def _finish_activation_once(self) -> None:

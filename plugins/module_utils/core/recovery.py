@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any, Callable, Dict, Mapping, Optional
+import ipaddress
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
@@ -61,6 +62,17 @@ class Recovery(CoreBase):
             return None
         found = next((p for p in node.peers or () if p.vpn_ip == node.coordinator_vpn_ip), None)
         return found.public_ip if found is not None else None
+
+    def coordinator_vpn_ips(self) -> List[str]:
+        """Where a Node asks for updates, in turn: its own Coordinator first, then every other peer with
+        the Coordinator role it knows from its updates (several Coordinators on one etcd cluster)."""
+        node = self._node
+        if node is None or not node.coordinator_vpn_ip:
+            return []
+        others = sorted((p.vpn_ip for p in node.peers or ()
+                         if p.role == ROLE_COORDINATOR and p.vpn_ip != node.coordinator_vpn_ip),
+                        key=lambda a: int(ipaddress.ip_address(a)))
+        return [node.coordinator_vpn_ip] + others
 
     def rejoin(self, request_ticket: RejoinRequest) -> Dict[str, Any]:
         """A rebooted Node: ``request_ticket`` reaches its (verified) Coordinator, which attests us and

@@ -455,3 +455,21 @@ class AgentClient(PubAPIClient, AdminClient, VPNAPIClient):
                 raise ConstellationError("cannot connect to %s: %s" % (endpoint, err)) from None
         sock.settimeout(timeout)
         return cls(sock)
+
+
+def ask_in_turn(endpoints: List[str], call: Callable[[AgentClient], Any], timeout: float) -> Tuple[str, Any]:
+    """``call(client)`` on the first of ``endpoints`` (vpnapi, plain: the WireGuard tunnel authenticates)
+    that answers; (that endpoint, the answer). Only a connection that fails moves on to the next: an
+    error the server answered with is raised. The last connection error when none answers."""
+    if not endpoints:
+        raise ConstellationError("no Coordinator VPN IP is known")
+    last: Optional[BaseException] = None
+    for endpoint in endpoints:
+        try:
+            client = AgentClient.connect_plain(endpoint, timeout=timeout)
+        except (OSError, ConstellationError) as err:  # "cannot connect to ...": no answer from there
+            last = err
+            continue
+        with client:
+            return endpoint, call(client)
+    raise last  # type: ignore[misc]

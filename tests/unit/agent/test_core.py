@@ -109,6 +109,24 @@ def _node_params(cluster_id, salt, coordinator_pub, admin):
                        "role": "coordinator"}]}
 
 
+def test_a_node_asks_its_coordinator_first_then_every_other_one_it_knows(swtpm, make_core, secret):
+    """Several Coordinators (#18): the Node's update loop tries them in this order (agent.py)."""
+    c, _vpn = make_core(swtpm)
+    c.load()
+    assert c.coordinator_vpn_ips() == []
+    salt = os.urandom(32)
+    params = _node_params(kms.ClusterKMS(secret).cluster_id(salt), salt, pub_key_from_priv_key(generate_priv_key()),
+                          admin_pem())
+    params["peers"] += [{"vpn_ip": ip, "vpn_pub_key": pub_key_from_priv_key(generate_priv_key()), "public_ip": public,
+                         "role": role}
+                        for ip, public, role in (("10.118.0.3", "10.42.0.13", "coordinator"),
+                                                 ("10.118.0.12", "10.42.0.22", "node"),
+                                                 ("10.118.0.2", "10.42.0.12", "coordinator"))]
+    step = c.activate_as_node_begin(params)
+    c.activate_as_node_finish(kms.ClusterKMS(secret).state_disk_key(step.state_disk_uuid))
+    assert c.coordinator_vpn_ips() == ["10.118.0.1", "10.118.0.2", "10.118.0.3"]
+
+
 def test_node_activation_two_steps(tmp_path, swtpm, make_core, secret):
     c, vpn = make_core(swtpm)
     c.load()
