@@ -36,6 +36,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
     normalize_disk_uuid,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import ACTIVATION_WORKERS, MAX_ACTIVATION_WORKERS
+from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret_hash
@@ -350,8 +351,11 @@ class Agent:
             endpoint = ("[%s]:%d" if ":" in public_ip else "%s:%d") % (public_ip, port)
             return connect_enrolling(lambda v: AgentClient.connect(endpoint, v, timeout=timeout), [self.peer_validator])
 
+        # One Coordinator at a time re-attests (an etcd lease when several share the store; alone, always).
+        leadership = Leadership(self.store, "%s@%s" % (self.config.public_ip, self.core.vpn_ip),
+                                ttl=max(2, min(60, int(self.config.reattest_interval * 2) + 1)))
         loop = ReattestLoop(self.core, connect_peer, float(self.config.reattest_interval), self.config.reattest_workers,
-                            self.config.reattest_unreachable_limit, self._stop, log=self.log)
+                            self.config.reattest_unreachable_limit, self._stop, log=self.log, leadership=leadership)
         self._spawn("reattest", loop.run)
 
     def _start_vpnapi(self) -> None:

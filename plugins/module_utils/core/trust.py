@@ -208,8 +208,10 @@ class ReattestLoop:
     Core is an activated Coordinator."""
 
     def __init__(self, core: PeerTrust, connect_peer, interval: float, workers: int, unreachable_limit: int,
-                 stop: threading.Event, log=None):
+                 stop: threading.Event, log=None, leadership=None):
         self.core = core
+        # core/leadership.py: with several Coordinators only the leader runs the rounds (None: always).
+        self.leadership = leadership
         self.connect_peer = connect_peer
         self.interval = interval
         self.workers = workers
@@ -220,6 +222,8 @@ class ReattestLoop:
     def run(self) -> None:
         while not self.stop.wait(self.interval):
             if self.core.state != State.ACTIVATING_NODES:
+                continue
+            if self.leadership is not None and not self.leadership.step():
                 continue
             try:
                 rows = self.core.reattest_peers(self.connect_peer, self.workers, self.unreachable_limit)
