@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 
 import pytest
@@ -79,18 +78,6 @@ def run_module(capsys, args):
     result = json.loads(capsys.readouterr().out)
     assert (done.value.code == 0) != bool(result.get("failed"))
     return result
-
-
-@pytest.fixture
-def tpm(tmp_path):
-    if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
-        pytest.skip("swtpm is not installed")
-    from lab.swtpm import SwTPM, free_port
-
-    os.environ.setdefault("TSS2_LOG", "all+none")
-    tpm = SwTPM(str(tmp_path / "tpm"), free_port()).start()
-    yield tpm
-    tpm.stop()
 
 
 @pytest.fixture

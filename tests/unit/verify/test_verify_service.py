@@ -11,7 +11,6 @@ import base64
 import http.client
 import json
 import os
-import shutil
 import socket
 
 import grpc
@@ -54,18 +53,6 @@ def services():
     yield start
     for server in started:
         server.stop()
-
-
-@pytest.fixture
-def tpm(tmp_path):
-    if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
-        pytest.skip("swtpm is not installed")
-    from lab.swtpm import SwTPM, free_port
-
-    os.environ.setdefault("TSS2_LOG", "all+none")
-    tpm = SwTPM(str(tmp_path / "tpm"), free_port()).start()
-    yield tpm
-    tpm.stop()
 
 
 def _raw_grpc(endpoint, payload, timeout=5.0):
