@@ -24,6 +24,7 @@ import urllib.request
 from typing import List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import ETCD, member_argv
 
 _READY_TIMEOUT = 10.0
@@ -218,8 +219,7 @@ class EtcdCluster:
                 paths = {"ca_cert": os.path.join(base_dir, "ca.pem"), "cert": os.path.join(base_dir, who + ".pem"),
                          "key": os.path.join(base_dir, who + ".key")}
                 for path, data in ((paths["ca_cert"], ca_pem), (paths["cert"], cert), (paths["key"], key)):
-                    with open(path, "wb") as handle:
-                        handle.write(data)
+                    atomic_write(path, data, mode=0o600)  # the keys are private; the rest does no harm so
                 tls_of[who] = paths
             self.client_tls = tls_of["client"]
         scheme = "https" if kms is not None else "http"

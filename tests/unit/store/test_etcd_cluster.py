@@ -16,6 +16,7 @@ import time
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_pki import (
     ETCD_CA_INFO, etcd_ca, member_credentials)
@@ -180,7 +181,7 @@ def test_a_tls_cluster_takes_only_certificates_of_its_own_cluster(tmp_path, monk
         other_key, other_ca = etcd_ca(ClusterKMS(MasterSecret.generate()))
         cert, key = member_credentials(other_key, other_ca, "intruder", [])
         (tmp_path / "other.pem").write_bytes(cert)
-        (tmp_path / "other.key").write_bytes(key)
+        atomic_write(str(tmp_path / "other.key"), key)  # 0600
         for tls in ({"ca_cert": members.client_tls["ca_cert"], "cert": str(tmp_path / "other.pem"),
                      "key": str(tmp_path / "other.key")},
                     {"ca_cert": members.client_tls["ca_cert"]}):
@@ -212,7 +213,7 @@ def test_coordinators_join_one_by_one_and_a_dead_one_is_replaced(tmp_path):
     def credentials(name):
         cert, key = member_credentials(ca_key, ca_pem, name, [])
         (tmp_path / (name + ".pem")).write_bytes(cert)
-        (tmp_path / (name + ".key")).write_bytes(key)
+        atomic_write(str(tmp_path / (name + ".key")), key)  # 0600
         return {"ca_cert": str(tmp_path / "ca.pem"), "cert": str(tmp_path / (name + ".pem")),
                 "key": str(tmp_path / (name + ".key"))}
 
