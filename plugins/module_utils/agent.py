@@ -11,6 +11,7 @@ stops the listeners and loops and exits 0.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -54,6 +55,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi i
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI_PORT, VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
 from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR
 
@@ -70,9 +72,8 @@ _DEPRECATED_KEYS = {"wg_interface": "vpn_interface"}
 _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",
                 "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "wg_listen_port", "log_level", "measurements_public_key", "init_secret_hash",
-                "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg"}
-# The Coordinator's kubeadm (kubeadm/join_provider.py): join arguments once its control plane exists.
-_CONFIG_KEYS |= {"kubeadm_path", "kubernetes_dir"}
+                "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg",
+                "etcd_member", "kubeadm_path", "kubernetes_dir"}  # kubeadm: kubeadm/join_provider.py
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
 _CONFIG_TYPES = {
@@ -86,6 +87,7 @@ _CONFIG_TYPES = {
     "init_secret_hash": ((str,), "hex SHA-256 of this node's init secret (64 hex digits)"),
     "ek_ca": ((str, list), "a PEM file path or a list of them"),
     "store": ((Mapping,), "a mapping (docs/store.md)"),
+    "etcd_member": ((Mapping,), "a mapping (docs/store.md, several Coordinators)"),
     "vpn_interface": ((str,), "an interface name"),
     "vpn_cidr": ((str,), "an IP network such as 10.118.0.0/16"),
     "disk_uuid_file": ((str,), "a file path"),
@@ -140,6 +142,7 @@ class AgentConfig:
     measurements: Optional[str] = None
     ek_ca: Optional[Any] = None  # qemu-vtpm-ek: PEM file(s) of the CA(s) that TPMs' EK certificates chain to
     store: Dict[str, Any] = field(default_factory=dict)
+    etcd_member: Optional[Dict[str, Any]] = None  # a Coordinator shares the cluster's state in etcd (docs/store.md)
     vpn_interface: str = "wg0"
     wg_listen_port: int = 51820
     vpn_api_port: int = VPNAPI_PORT
@@ -269,6 +272,8 @@ class Agent:
                              validator_for_activation=self.peer_validator)
         self.vpnapi = VPNAPI(self.core, kubeadm=JoinProvider(config.kubeadm_path, config.kubernetes_dir), log=self.log)
         self.core.activation_workers = config.activation_workers
+        self.core.etcd_member = (EtcdMember.from_config(config.etcd_member, config.state_dir)
+                                 if config.etcd_member is not None else None)
         self.core.on_state_change(self._on_state)
 
     def _attestation(self):
@@ -352,7 +357,7 @@ class Agent:
             return connect_enrolling(lambda v: AgentClient.connect(endpoint, v, timeout=timeout), [self.peer_validator])
 
         # One Coordinator at a time re-attests (an etcd lease when several share the store; alone, always).
-        leadership = Leadership(self.store, "%s@%s" % (self.config.public_ip, self.core.vpn_ip),
+        leadership = Leadership(self.core.store, "%s@%s" % (self.config.public_ip, self.core.vpn_ip),
                                 ttl=max(2, min(60, int(self.config.reattest_interval * 2) + 1)))
         loop = ReattestLoop(self.core, connect_peer, float(self.config.reattest_interval), self.config.reattest_workers,
                             self.config.reattest_unreachable_limit, self._stop, log=self.log, leadership=leadership)
@@ -376,6 +381,8 @@ class Agent:
             try:
                 if state == State.IS_NODE:
                     self._update_once()
+                elif state == State.ACTIVATING_NODES and self.core.etcd_member is not None:
+                    self.core.sync_coordinator_peers()  # another Coordinator may have changed the peers
                 elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.coordinator_vpn_ip:
                     self._finish_activation_once()
                 elif state == State.ACCEPTING_INIT and self.core.recovery_pending and self.core.role == ROLE_NODE:
@@ -450,10 +457,11 @@ class Agent:
         if close is not None:
             close()
         self.admin.close()  # the warm interpreters
-        try:
-            self.store.close()
-        except ConstellationError:
-            pass
+        for store in {id(s): s for s in (self.store, self.core.store)}.values():  # local, and etcd's
+            with contextlib.suppress(ConstellationError):
+                store.close()
+        if self.core.etcd_member is not None:
+            self.core.etcd_member.stop()
         self.log("agent_stopped")
 
     def wait(self) -> None:

@@ -59,6 +59,12 @@ KEY_INIT_SECRET = "initSecret"
 # public_ip, reason, ts}; public values only.
 KEY_EVICTED_PREFIX = "evictedPeer"
 
+# What a peer keeps for itself (its local store) when its Coordinators share the cluster's state in an
+# etcd cluster (docs/store.md): its own node state, and the KMS settings and init secret it needs to
+# start its etcd member after a restart (every Coordinator holds the same ones). Everything else is the
+# cluster's.
+LOCAL_KEYS = frozenset((KEY_NODE_STATE, KEY_KMS_DATA, KEY_INIT_SECRET))
+
 _KMS_FIELDS = (("kms_uri", "KmsUri"), ("storage_uri", "StorageUri"), ("key_encryption_key_id", "KeyEncryptionKeyID"))
 _NODE_B64_FIELDS = {"vpn_priv_key": 32, "owner_id": 32, "cluster_id": 32}
 
@@ -317,3 +323,27 @@ def load_evictions(store) -> Dict[str, dict]:
         return out
 
     return store.update(read)
+
+
+# --------------------------------------------------------------------------- local and cluster keys
+
+
+def move_cluster_keys(local, cluster) -> int:
+    """Moves every key but ``LOCAL_KEYS`` from the ``local`` store to ``cluster`` (SPEC 6.8: the first
+    Coordinator's state goes to etcd when its member starts): written to ``cluster`` in one transaction,
+    then deleted from ``local`` in one. A crash in between leaves copies in both, which the next move
+    writes again (the same values). Returns how many keys moved."""
+    entries = [(key, value) for key, value in local.items("") if key not in LOCAL_KEYS]
+
+    def copy(tx: Txn) -> None:
+        for key, value in entries:
+            tx.put(key, value)
+
+    def forget(tx: Txn) -> None:
+        for key, _value in entries:
+            tx.delete(key)
+
+    if entries:
+        cluster.update(copy)
+        local.update(forget)
+    return len(entries)

@@ -20,7 +20,8 @@ operation needs a transport (activating a node, a join), the caller passes it in
   (``state_store``), so an agent restart loses nothing; ``recovery`` resumes after a TPM reset.
 
 Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, ``vpn``, ``base``,
-``coordinator``, ``activation`` (the Coordinator activates and resumes nodes), ``trust`` (re-attestation,
+``coordinator``, ``activation`` (the Coordinator activates and resumes nodes), ``coordinators``
+(further Coordinators on one etcd cluster), ``trust`` (re-attestation,
 eviction, rejoin tickets), ``node``, ``recovery``; ``Core`` composes the last three.
 """
 
@@ -33,6 +34,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.activat
     NodeActivation,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import RESERVED_DATA_KEY_IDS
+from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinators import CoordinatorCluster
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ADMIN_PUB_KEY_MAX,
     CLUSTER_ID_LENGTH,
@@ -69,7 +71,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 )
 
 
-class Core(PeerTrust, NodeSide, Recovery):
+class Core(PeerTrust, CoordinatorCluster, NodeSide, Recovery):
     """One peer: both sides (the Coordinator's with node activation) and recovery over the shared ``CoreBase``. Thread-safe; every method
     may be called from a server thread."""
 
@@ -78,7 +80,8 @@ __all__ = [
     "ACTIVATION_WORKERS", "ADMIN_PUB_KEY_MAX", "CLUSTER_ID_LENGTH", "HAS_CRYPTOGRAPHY", "MAX_NODES_PER_CALL",
     "MEASUREMENT_SALT_LENGTH", "RESERVED_DATA_KEY_IDS", "ROLE_COORDINATOR", "ROLE_NODE", "ROLE_UNKNOWN",
     "STATE_DISK_KEY_FILE", "ConstellationError", "CoordinatorActivation", "Core", "CoreBase", "InputError",
-    "JoinTicket", "NodeActivationRequest", "PeerTrust", "ReattestLoop", "RejoinTicket", "NodeActivationStep", "NodeLock", "NodeState", "State", "StateError",
+    "CoordinatorCluster", "JoinTicket", "NodeActivationRequest", "PeerTrust",
+    "ReattestLoop", "RejoinTicket", "NodeActivationStep", "NodeLock", "NodeState", "State", "StateError",
     "TPMDevice", "WireGuardVPN", "new_disk_uuid", "normalize_disk_uuid", "parse_admin_pub_key",
     "parse_measurement_salt",
 ]

@@ -48,7 +48,14 @@ class CoreBase(StateMachine):
         # may activate this node (as before; the agent logs a warning).
         self.init_secret_hash = init_secret_hash
         self._init_secret: Optional[bytes] = None  # the Coordinator's copy of the cluster's init secret
+        # ``store`` holds everything while the cluster's state is local; a Coordinator that runs an etcd
+        # member (``etcd_member``, core/coordinators.py) moves the cluster's keys there and ``store``
+        # becomes that cluster; ``local_store`` keeps what is this peer's own (state_store.LOCAL_KEYS).
         self.store = store
+        self.local_store = store
+        self.etcd_member: Optional[Any] = None  # ports.ClusterStoreMember, set by the agent
+        self._pending_coordinator: Optional[Any] = None  # an ActivateAsAdditionalCoordinator under way
+        self._pending_priv_key: Optional[str] = None
         self.tpm = tpm
         self.vpn = vpn
         self.state_dir = state_dir
@@ -68,7 +75,7 @@ class CoreBase(StateMachine):
     # -- start-up
     def load(self) -> State:
         """Restores a persisted state (agent restart) or enters AcceptingInit (fresh node)."""
-        raw = state_store.load_node_state(self.store)
+        raw = state_store.load_node_state(self.local_store)
         pcr15 = self.tpm.pcr15()
         if raw is None:
             if pcr15 != bytes(32):
@@ -107,14 +114,15 @@ class CoreBase(StateMachine):
     def _resume(self) -> None:
         node = self._stored_node()
         if node.role == ROLE_COORDINATOR:
-            kms_data = state_store.load_kms_data(self.store)
+            kms_data = state_store.load_kms_data(self.local_store)
             if kms_data is None:
                 raise StateError("the store holds a Coordinator state without KMS settings")
             self._kms = kms_mod.open_kms(kms_data["kms_uri"])
-            self._init_secret = state_store.load_init_secret(self.store)
-            self._load_evictions()
+            self._init_secret = state_store.load_init_secret(self.local_store)
         self.vpn.setup(node.vpn_ip, node.vpn_priv_key)
         if node.role == ROLE_COORDINATOR:
+            self._open_cluster_store(node)
+            self._load_evictions()
             registry = self.peer_registry.reload()
             if registry is not None:
                 self.vpn.set_peers(list(registry.peers.peers.values()), self.vpn_pub_key)
@@ -129,6 +137,12 @@ class CoreBase(StateMachine):
 
     def _load_evictions(self) -> None:
         """The Coordinator's evicted peers (core/trust.py); nothing on other roles."""
+
+    def _open_cluster_store(self, node: NodeState) -> None:
+        """A restarted Coordinator with an etcd member rejoins its cluster (core/coordinators.py)."""
+
+    def _start_cluster_store(self, vpn_ip: str, kms: KMS) -> None:
+        """The first Coordinator with an etcd member starts it (core/coordinators.py)."""
 
     # -- accessors for servers
     @property
@@ -181,7 +195,7 @@ class CoreBase(StateMachine):
         with self._mutex:
             if node is None:
                 node = self._stored_node().replace(**changes)
-            state_store.save_node_state(self.store, node.to_dict())
+            state_store.save_node_state(self.local_store, node.to_dict())
             self._node = node
 
     def _take_lock(self, cluster_id: bytes, method: str, before_extend: Optional[Callable[[], None]] = None) -> None:

@@ -94,14 +94,15 @@ class CoordinatorSide(KubernetesJoin):
                 return registry.add(pub_key, self.public_ip, "coordinator")
 
             record = self.peer_registry.update(add_self, vpn_cidr)
-            state_store.save_kms_data(self.store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
+            state_store.save_kms_data(self.local_store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
             if secret is not None:
-                state_store.save_init_secret(self.store, secret)  # to prove itself to the nodes it activates
+                state_store.save_init_secret(self.local_store, secret)  # to prove itself to the nodes it activates
                 self._init_secret = secret
             self._kms = kms
             with self._mutex:
                 self._role = ROLE_COORDINATOR
             self.vpn.setup(record.vpn_ip, priv_key)
+            self._start_cluster_store(record.vpn_ip, kms)
             self._save_node(NodeState(role=ROLE_COORDINATOR, vpn_ip=record.vpn_ip, vpn_priv_key=priv_key,
                                       cluster_id=cluster_id, measurement_salt=salt, admin_pub_key=admin_pub_key,
                                       coordinator_vpn_ip=record.vpn_ip, cluster_name=str(config.get("cluster_name", "")),
@@ -150,10 +151,11 @@ class CoordinatorSide(KubernetesJoin):
     def state_disk_key(self, disk_uuid: str) -> bytes:
         return self.require_coordinator("state disk key").state_disk_key(disk_uuid)
 
-    def add_node_peer(self, vpn_ip: str, vpn_pub_key: str, public_ip: str) -> int:
-        """Records an activated node (its reserved IP) and adds it to our WireGuard peers."""
+    def add_node_peer(self, vpn_ip: str, vpn_pub_key: str, public_ip: str, role: str = "node") -> int:
+        """Records an activated node (or Coordinator: ``role``) at its reserved IP and adds it to our
+        WireGuard peers."""
         self.require_coordinator("add node")
-        record = PeerRecord.parse(vpn_ip, vpn_pub_key, public_ip, "node")
+        record = PeerRecord.parse(vpn_ip, vpn_pub_key, public_ip, role)
 
         def put(registry):
             if registry.peers.by_pub_key(record.vpn_pub_key) not in (None, registry.peers.get(vpn_ip)):

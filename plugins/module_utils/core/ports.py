@@ -107,6 +107,36 @@ class NodeClient(Protocol):
         ``state_disk_uuid``. ``disk_key_for(uuid, node_vpn_pub_key)`` is called between the steps (the node
         holds the node lock then) and returns the disk key for the UUID the node reports."""
 
+    def activate_as_additional_coordinator(self, params: Dict[str, Any],
+                                           secrets_for: Callable[[str, str], Dict[str, Any]],
+                                           promote: Callable[[], None]) -> Dict[str, Any]:
+        """Runs ActivateAsAdditionalCoordinator (core/coordinators.py): ``secrets_for(uuid, vpn_pub_key)``
+        records the new Coordinator and returns what it gets (KMS URI, etcd cluster); ``promote()`` runs
+        once its etcd member started."""
+
+
+@runtime_checkable
+class ClusterStoreMember(Protocol):
+    """The etcd member a Coordinator runs to share the cluster's state (``store/etcd_runner.py``)."""
+
+    def member_name(self, vpn_ip: str) -> str:
+        """The member name of the Coordinator at ``vpn_ip``."""
+
+    def peer_url(self, vpn_ip: str) -> str:
+        """The member's peer URL (on the Coordinator's VPN IP)."""
+
+    def has_data(self) -> bool:
+        """Whether the member ran before (a restart rejoins from its data)."""
+
+    def start(self, vpn_ip: str, kms: Any, initial_cluster: Optional[str] = None) -> None:
+        """Starts the member: a new cluster, or joining ``initial_cluster`` as a learner."""
+
+    def open_store(self, vpn_ip: str) -> Any:
+        """A store on the member, once it serves reads."""
+
+    def stop(self) -> None:
+        """Stops the member."""
+
 
 ConnectNode = Callable[[str], NodeClient]
 """``connect_node(endpoint) -> NodeClient``: how the Coordinator reaches a node."""

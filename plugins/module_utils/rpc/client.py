@@ -209,9 +209,26 @@ class PubAPIClient(Channel):
         result["node_vpn_pub_key"] = b64e(pub_key)
         return result
 
+    def activate_as_additional_coordinator(self, params: Dict[str, Any], secrets_for, promote) -> Dict[str, Any]:
+        """The activating Coordinator's side (core/coordinators.py, ports.NodeClient)."""
+        self.stream.send_request("ActivateAsAdditionalCoordinator", params)
+        step = self.stream.recv_msg("the new Coordinator's disk UUID and VPN key")
+        uuid = step.get("state_disk_uuid")
+        if not isinstance(uuid, str):
+            raise ProtocolError("ActivateAsAdditionalCoordinator: the peer sent no state_disk_uuid")
+        pub_key = b64d(step.get("node_vpn_pub_key"), "node_vpn_pub_key", 32)
+        self.stream.send_msg(secrets_for(uuid, b64e(pub_key)))
+        if self.stream.recv_msg("the start of its etcd member").get("etcd_member") != "started":
+            raise ProtocolError("ActivateAsAdditionalCoordinator: the peer did not start its etcd member")
+        promote()
+        self.stream.send_msg({"etcd_member": "voting"})
+        return self.stream.recv_end()
+
     def activate_additional_nodes(self, node_public_endpoints: List[str],
-                                  on_log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-        return self.invoke("ActivateAdditionalNodes", on_log, node_public_endpoints=list(node_public_endpoints))
+                                  on_log: Optional[Callable[[str], None]] = None,
+                                  coordinator_public_endpoints: Optional[List[str]] = None) -> Dict[str, Any]:
+        return self.invoke("ActivateAdditionalNodes", on_log, node_public_endpoints=list(node_public_endpoints),
+                           coordinator_public_endpoints=list(coordinator_public_endpoints or []) or None)
 
     def recover(self, kms_uri: str) -> Dict[str, Any]:
         return self.invoke("Recover", kms_uri=kms_uri)

@@ -24,7 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
     join_user_data,
     rejoin_user_data,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64d, b64e
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ProtocolError, b64d, b64e
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
 
 MAX_ATTESTATION_SIZE = 4 * 1024 * 1024 // 3 * 2
@@ -65,6 +65,7 @@ class PubAPI:
     def handlers(self) -> Dict[str, Any]:
         return {"GetState": self.get_state, "ActivateAsCoordinator": self.activate_as_coordinator,
                 "ActivateAsNode": self.activate_as_node, "ActivateAdditionalNodes": self.activate_additional_nodes,
+                "ActivateAsAdditionalCoordinator": self.activate_as_additional_coordinator,
                 "IssueJoinTicket": self.issue_join_ticket, "Recover": self.recover, "EnrollAK": self.enroll_ak,
                 "IssueRejoinTicket": self.issue_rejoin_ticket}
 
@@ -88,6 +89,22 @@ class PubAPI:
             raise
         conn.stream.send_result(self.core.activate_as_node_finish(key))
 
+    def activate_as_additional_coordinator(self, conn: Connection, request: schema.ActivateAsNodeRequest) -> None:
+        """core/coordinators.py: our disk UUID and VPN key out, the KMS URI and etcd cluster in, our etcd
+        member starts, the activating Coordinator promotes it, we open the shared state."""
+        step = self.core.activate_as_additional_coordinator_begin(request.encode())
+        try:
+            conn.stream.send_msg({"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key})
+            self.core.activate_as_additional_coordinator_join(conn.stream.recv_msg("the KMS URI and etcd cluster"))
+            conn.stream.send_msg({"etcd_member": "started"})
+            if conn.stream.recv_msg("the promotion of our etcd member").get("etcd_member") != "voting":
+                raise ProtocolError("ActivateAsAdditionalCoordinator: our etcd member was not promoted")
+            result = self.core.activate_as_additional_coordinator_finish()
+        except BaseException as err:
+            self.core.abort_coordinator_activation(err)
+            raise
+        conn.stream.send_result(result)
+
     def recover(self, conn: Connection, request: schema.RecoverRequest) -> None:
         conn.stream.send_result(self.core.recover(request.kms_uri))
 
@@ -107,7 +124,11 @@ class PubAPI:
         if self.admin is None:
             raise AccessDenied("ActivateAdditionalNodes: no admin channel on this agent")
         self.admin.require_admin(conn, "ActivateAdditionalNodes")
-        results = self.core.activate_nodes(request.node_public_endpoints, self.connect_node)
+        # Coordinators first: the Nodes then learn of them with their first peer list.
+        results = (self.core.activate_coordinators(request.coordinator_public_endpoints, self.connect_node)
+                   if request.coordinator_public_endpoints else [])
+        if request.node_public_endpoints:
+            results += self.core.activate_nodes(request.node_public_endpoints, self.connect_node)
         for row in results:
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
                                                      "%s (%s)" % (row["action"], row["node_vpn_ip"]) if row["ok"]

@@ -176,6 +176,14 @@ class ActivateAsNodeAnswer(Record):
 @dataclass(frozen=True)
 class ActivateAdditionalNodesRequest(Record):
     node_public_endpoints: List[str] = wire("strlist", True)
+    coordinator_public_endpoints: Optional[List[str]] = wire("strlist", doc="further Coordinators, activated first")
+
+
+@dataclass(frozen=True)
+class ActivateAsAdditionalCoordinatorAnswer(Record):
+    state: str = wire("str", True)
+    coordinator_vpn_ip: Optional[str] = wire("str")
+    state_disk_uuid: Optional[str] = wire("str")
 
 
 @dataclass(frozen=True)
@@ -387,8 +395,12 @@ for _method in (
                "the admin makes this peer the Coordinator (node lock, KMS, WireGuard); AcceptingInit only"),
         Method("ActivateAsNode", PUBAPI, ActivateAsNodeRequest, ActivateAsNodeAnswer, STREAMS_EXCHANGE,
                "the Coordinator makes this peer a Node: it answers its disk UUID and VPN key, gets its disk key"),
+        Method("ActivateAsAdditionalCoordinator", PUBAPI, ActivateAsNodeRequest, ActivateAsAdditionalCoordinatorAnswer,
+               STREAMS_EXCHANGE, "a Coordinator makes this peer a further Coordinator: disk UUID and VPN key out, the "
+               "KMS URI and etcd cluster in, its etcd member joins (docs/store.md)"),
         Method("ActivateAdditionalNodes", PUBAPI, ActivateAdditionalNodesRequest, ActivateAdditionalNodesAnswer,
-               STREAMS_LOG, "the admin (authenticated) asks the Coordinator to attest and activate these nodes"),
+               STREAMS_LOG, "the admin (authenticated) asks the Coordinator to attest and activate these nodes "
+               "(and further Coordinators)"),
         Method("IssueJoinTicket", PUBAPI, IssueJoinTicketRequest, IssueJoinTicketAnswer, STREAMS_EXCHANGE,
                "a fresh node attests itself in-band (and enrolls its AK for qemu-vtpm-ek) and takes a join ticket "
                "(with its kubelet certificate and the Kubernetes join arguments)"),

@@ -11,7 +11,7 @@ import contextlib
 import json
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
@@ -263,19 +263,31 @@ class EtcdStore(_BaseStore):
         return [{"id": int(m["ID"]), "name": m.get("name", ""), "peer_urls": list(m.get("peerURLs", [])),
                  "client_urls": list(m.get("clientURLs", []))} for m in result.get("members", [])]
 
-    def member_add(self, peer_url: str, wait: float = 30) -> int:
-        """Adds a member at ``peer_url`` (it must start soon: until it does, a cluster of two has lost
-        its majority). Returns its ID."""
+    def member_add(self, peer_url: str, wait: float = 30, learner: bool = False) -> int:
+        """Adds a member at ``peer_url``. A voting member must start soon: until it does, a cluster of
+        two has lost its majority. A ``learner`` does not vote (the majority stays as it was) until
+        ``member_promote``; one that never starts is removed without a majority changing. Returns its ID."""
         if not isinstance(peer_url, str) or "://" not in peer_url:
             raise InputError("peer_url", "http(s)://host:port of the new member", peer_url)
+        request = {"peerURLs": [peer_url], "isLearner": True} if learner else {"peerURLs": [peer_url]}
         # etcd refuses a change while a member joined only moments ago ("unhealthy cluster"): it
         # waits until every member has been connected for a while. Bounded retries.
+        return int(self._retry(lambda: self._call("/cluster/member/add", request), ("unhealthy cluster",),
+                               wait)["member"]["ID"])
+
+    def member_promote(self, member_id: int, wait: float = 30) -> None:
+        """Makes the learner ``member_id`` a voting member, once it has caught up with the leader
+        (etcd refuses before: retried until ``wait`` runs out)."""
+        self._retry(lambda: self._call("/cluster/member/promote", {"ID": str(int(member_id))}),
+                    ("in sync with leader", "unhealthy cluster"), wait)
+
+    def _retry(self, call: Callable[[], dict], transient: Tuple[str, ...], wait: float) -> dict:
         deadline = time.monotonic() + wait
         while True:
             try:
-                return int(self._call("/cluster/member/add", {"peerURLs": [peer_url]})["member"]["ID"])
+                return call()
             except StoreError as err:
-                if "unhealthy cluster" not in str(err) or time.monotonic() >= deadline:
+                if not any(text in str(err) for text in transient) or time.monotonic() >= deadline:
                     raise
             time.sleep(0.25)
 

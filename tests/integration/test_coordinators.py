@@ -1,0 +1,128 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Several Coordinators on one etcd cluster, on real agents (swtpm, wireguard-go, namespaces, one real
+etcd member per Coordinator on its VPN IP, TLS from the chain of trust): docs/store.md, "Several
+Coordinators".
+
+h1 is activated by the admin; h1 activates h2 and h3 as further Coordinators and h4, h5 as Nodes (one
+ActivateAdditionalNodes, as site.yml sends it). Then the faults of #18: the leader is killed (agent and
+etcd member) and the cluster goes on (a new Node joins through another Coordinator, every Node learns it,
+re-attestation goes on); it comes back and catches up; a majority is lost and writes stop with a clear
+error while the mesh stays up. Nothing is lost: VPN IPs, WireGuard keys and disk keys are compared
+before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from lab.admin import LabCluster
+from lab.agent import agent_dir, tail_log
+from lab.agent import wait_until as until
+from lab.lab import Lab
+
+pytestmark = pytest.mark.lab
+
+COORDINATORS = ("h1", "h2", "h3")
+NODES = ("h4", "h5")
+# Short intervals so that the test's waits stay short; etcd's timing as the lab runs it.
+AGENT = {"update_interval": 0.5, "reattest_interval": 2, "reattest_unreachable_limit": 3}
+ETCD = {"heartbeat_ms": 50, "election_ms": 500}
+
+
+class Coordinators(LabCluster):
+    def start_peer(self, name: str, **config):
+        if name in COORDINATORS:
+            config.setdefault("etcd_member", dict(ETCD))
+        return self.start(name, **dict(AGENT, **config))
+
+    def activate(self, via: str, nodes=(), coordinators=()) -> dict:
+        with self.client(via) as c:
+            c.admin_auth(self.admin_key)
+            return c.activate_additional_nodes([self.hosts[n].public_endpoint for n in nodes],
+                                               coordinator_public_endpoints=[self.hosts[n].public_endpoint
+                                                                             for n in coordinators])
+
+    def etcd_pid(self, name: str):
+        try:
+            return int((agent_dir(self.hosts[name]) / "state" / "etcd" / "etcd.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def kill_coordinator(self, name: str) -> None:
+        """A crash of the whole host's services: the agent and its etcd member, SIGKILL."""
+        pid = self.etcd_pid(name)
+        self.stop(name, sig=signal.SIGKILL)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            until(lambda: not os.path.exists("/proc/%d" % pid) or _zombie(pid), timeout=10, what="etcd %d gone" % pid)
+
+    def snapshot(self, *names):
+        rows = {}
+        for name in names:
+            state = self.state(name)
+            rows[name] = (state["vpn_ip"], state["vpn_pub_key"], self.disk_key(name))
+        return rows
+
+    def events(self, name: str, event: str) -> list:
+        rows = []
+        try:
+            for line in (agent_dir(self.hosts[name]) / "agent.log").read_text(errors="replace").splitlines():
+                if '"event": "%s"' % event in line:
+                    rows.append(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        return rows
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    lab = Lab("tha", inventory_dir=None)
+    lab.up(hosts=5, tpm=True, variant="qemu-vtpm")
+    c = Coordinators(lab)
+    try:
+        for name in COORDINATORS + NODES:
+            c.start_peer(name)
+        with c.client("h1") as client:
+            client.activate_as_coordinator(c.secret.to_uri(), c.salt, c.admin_pem)
+        yield c
+    finally:
+        c.close()
+        lab.down()
+
+
+def test_the_coordinator_activates_further_coordinators_and_nodes(cluster):
+    rows = cluster.activate("h1", nodes=NODES, coordinators=("h2", "h3"))["nodes"]
+    assert [(r["ok"], r["action"], r.get("role", "node")) for r in rows] == [
+        (True, "activated", "coordinator"), (True, "activated", "coordinator"),
+        (True, "activated", "node"), (True, "activated", "node")], [r["error"] for r in rows]
+    for name in COORDINATORS:
+        state = cluster.state(name)
+        assert (state["state"], state["role"]) == ("ActivatingNodes", "coordinator"), (name, state)
+        # Each derived its own disk key from the KMS it received after attestation.
+        assert cluster.disk_key(name) == cluster.expected_disk_key(name)
+    for name in NODES:
+        assert cluster.disk_key(name) == cluster.expected_disk_key(name)
+    # Every peer is in every Coordinator's mesh, Coordinators included (a full mesh of 5).
+    keys = {name: cluster.state(name)["vpn_pub_key"] for name in COORDINATORS + NODES}
+    for name in COORDINATORS + NODES:
+        until(lambda n=name: cluster.wg_peers(n) == {k for m, k in keys.items() if m != n}, timeout=20,
+              what="the full mesh on %s" % name, why=lambda n=name: tail_log(cluster.hosts[n]))
+    # A second run changes nothing.
+    rows = cluster.activate("h1", nodes=NODES, coordinators=("h2", "h3"))["nodes"]
+    assert all(r["ok"] and r["action"] == "none" for r in rows), rows
