@@ -402,32 +402,27 @@ class Agent:
                          retry_in=round(delay, 2))
             self._stop.wait(delay)
 
-    def _update_once(self) -> None:
-        """GetUpdate from the Coordinator that answered last; when it does not answer, from the next
+    def _ask_coordinators(self, call):
+        """``call(client)`` on the Coordinator that answered last; when it does not answer, on the next
         Coordinator this Node knows (several Coordinators on one etcd cluster answer alike)."""
         timeout = max(5.0, min(30.0, self.config.update_interval * 3))
         ips = self.core.coordinator_vpn_ips()
         if self._update_from in ips:
             start = ips.index(self._update_from)
             ips = ips[start:] + ips[:start]
-        endpoint, update = ask_in_turn(["%s:%d" % (ip, self.config.vpn_api_port) for ip in ips],
-                                       lambda client: client.get_update(self.core.resource_version), timeout)
+        endpoint, answer = ask_in_turn(["%s:%d" % (ip, self.config.vpn_api_port) for ip in ips], call, timeout)
         from_ip = endpoint.rsplit(":", 1)[0]
         if from_ip != (self._update_from or ips[0]):
             self.log("update_failover", coordinator_vpn_ip=from_ip, level="warning")
         self._update_from = from_ip
-        self.core.apply_update(update)
+        return answer
+
+    def _update_once(self) -> None:
+        self.core.apply_update(self._ask_coordinators(lambda client: client.get_update(self.core.resource_version)))
 
     def _finish_activation_once(self) -> None:
-        """An interrupted activation: our disk key from the Coordinator, through the WireGuard tunnel."""
-        endpoint = "%s:%d" % (self.core.coordinator_vpn_ip, self.config.vpn_api_port)
-        timeout = max(5.0, min(30.0, self.config.update_interval * 3))
-
-        def fetch() -> bytes:
-            with AgentClient.connect_plain(endpoint, timeout=timeout) as client:
-                return client.get_state_disk_key()
-
-        self.core.finish_activation(fetch)
+        """An interrupted activation: our disk key from a Coordinator, through the WireGuard tunnel."""
+        self.core.finish_activation(lambda: self._ask_coordinators(lambda client: client.get_state_disk_key()))
 
     def _rejoin_once(self) -> None:
         endpoint = self.config.coordinator_public_endpoint

@@ -19,8 +19,8 @@ costs O(peers) per poll (46 ms at 1,000 peers on etcd). Here:
 With one Coordinator per store, this process is the only writer of the peer keys and reads never
 touch the store. With several Coordinators on one etcd cluster (``shared``: the store lists more than
 one etcd endpoint, docs/store.md), another Coordinator may have written: every read first compares the
-store's ``peersResourceVersion`` (one key) with the version in memory and reloads when they differ, so
-every Coordinator answers the same version with the same peer set. If the store cannot be read then
+store's ``peersResourceVersion`` (one key, read from the Coordinator's own etcd member) with the version
+in memory and reloads when they differ, so every Coordinator answers the same version with the same peer set. If the store cannot be read then
 (no quorum), the registry in memory is served: Nodes keep their mesh while writes stop.
 """
 
@@ -60,7 +60,9 @@ class PeerRegistryCache:
     def _follow(self) -> None:
         """Reloads if another Coordinator committed a version this process has not seen."""
         try:
-            raw = self._store.get_default(state_store.KEY_RESOURCE_VERSION)
+            # The member's own copy (no majority needed, a little behind at worst: the next poll catches up);
+            # a linearizable read would block every poll for the store's timeout while a majority is lost.
+            raw = self._store.peek(state_store.KEY_RESOURCE_VERSION)
             stored = int(raw) if raw else None
         except (StateError, ValueError):
             return  # the store cannot say: serve what is in memory

@@ -218,13 +218,20 @@ class ReattestLoop:
         self.unreachable_limit = unreachable_limit
         self.stop = stop
         self._log = log or (lambda event, **fields: None)
+        self._leading: Optional[bool] = None
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
             if self.core.state != State.ACTIVATING_NODES:
                 continue
-            if self.leadership is not None and not self.leadership.step():
-                continue
+            if self.leadership is not None:
+                leads = self.leadership.step()
+                if leads != self._leading:  # a hand-over (or the first round): say who runs the duties
+                    self._leading = leads
+                    self._log("leadership", leads=leads, leader=self.leadership.current,
+                              error=self.leadership.last_error[:MAX_REASON] or None)
+                if not leads:
+                    continue
             try:
                 rows = self.core.reattest_peers(self.connect_peer, self.workers, self.unreachable_limit)
             except (ConstellationError, OSError) as err:

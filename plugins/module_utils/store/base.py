@@ -115,6 +115,11 @@ class _BaseStore:
     def get_default(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
         raise NotImplementedError
 
+    def peek(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
+        """``get_default`` where a store can answer faster or without a majority, possibly a little behind
+        (etcd: a serializable read of its member's copy). For hints only, never inside a transaction."""
+        return self.get_default(key, default)
+
     def put(self, key: str, value: bytes) -> None:
         key, value = check_key(key), check_value(value)
         with self.transaction() as tx:

@@ -183,6 +183,12 @@ class EtcdStore(_BaseStore):
         _rev, kvs = self._range(self._key(key), None, None)
         return self._decode_kv(kvs[0])[1] if kvs else default
 
+    def peek(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
+        """A serializable read: the member's own copy, no round to the leader, answered without a majority."""
+        check_key(key)
+        kvs = self._call("/kv/range", {"key": _b64(self._key(key)), "serializable": True}).get("kvs", [])
+        return self._decode_kv(kvs[0])[1] if kvs else default
+
     def items(self, prefix: str = "") -> List[Tuple[str, bytes]]:
         check_prefix(prefix)
         start = self._key(prefix)

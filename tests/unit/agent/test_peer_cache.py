@@ -40,6 +40,9 @@ class CountingStore:
         self._count()
         return self.inner.get_default(key, default)
 
+    def peek(self, key, default=None):
+        return self.get_default(key, default)
+
     def items(self, prefix=""):
         self._count()
         return self.inner.items(prefix)
