@@ -29,6 +29,7 @@ pytestmark = pytest.mark.lab
 
 COORDINATORS = ("h1", "h2", "h3")
 NODES = ("h4", "h5")
+SPARE_COORDINATORS = ("h9", "h10")  # hosts the attacks try to make Coordinators
 # Short intervals so that the test's waits stay short; etcd's timing as the lab runs it.
 AGENT = {"update_interval": 0.5, "reattest_interval": 2, "reattest_unreachable_limit": 3}
 ETCD = {"heartbeat_ms": 50, "election_ms": 500}
@@ -36,7 +37,7 @@ ETCD = {"heartbeat_ms": 50, "election_ms": 500}
 
 class Coordinators(LabCluster):
     def start_peer(self, name: str, **config):
-        if name in COORDINATORS:
+        if name in COORDINATORS + SPARE_COORDINATORS:
             config.setdefault("etcd_member", dict(ETCD))
         return self.start(name, **dict(AGENT, **config))
 
@@ -210,3 +211,50 @@ def test_the_leader_killed_during_a_node_activation_converges_through_another(cl
     cluster.start_peer("h1")
     h8_key = cluster.state("h8")["vpn_pub_key"]
     until(lambda: h8_key in cluster.wg_peers("h1"), timeout=30, what="h1 learnt h8")
+
+
+def _request(cluster, vpn_ip: str) -> dict:
+    """An ActivateAsAdditionalCoordinator request as h1 would send it (peers: h1 only)."""
+    h1 = cluster.state("h1")
+    return {"node_vpn_ip": vpn_ip, "cluster_id": _b64(cluster.cluster_id), "measurement_salt": _b64(cluster.salt),
+            "admin_pub_key": cluster.admin_pem, "coordinator_vpn_ip": h1["vpn_ip"],
+            "peers": [{"vpn_ip": h1["vpn_ip"], "vpn_pub_key": h1["vpn_pub_key"],
+                       "public_ip": cluster.hosts["h1"].public_ip, "role": "coordinator"}]}
+
+
+def _b64(raw: bytes) -> str:
+    import base64
+
+    return base64.b64encode(raw).decode()
+
+
+def test_attacks_on_the_activation_of_a_coordinator_are_refused(cluster):
+    from ansible_collections.constellation.cluster.plugins.module_utils import kms
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
+
+    # A second activation of a Coordinator: refused, it stays as it was.
+    before = cluster.snapshot("h2")
+    with cluster.client("h2") as client, pytest.raises(RemoteError, match="allowed only in state AcceptingInit"):
+        client.activate_as_additional_coordinator(_request(cluster, "10.118.0.9"), lambda *a: {}, lambda: None)
+    assert cluster.snapshot("h2") == before
+    # Without the admin key nobody may ask a Coordinator to activate further Coordinators.
+    _grow_and_start(cluster, "h9", "h10")
+    with cluster.client("h1") as client, pytest.raises(RemoteError, match="(?i)admin"):
+        client.activate_additional_nodes([], coordinator_public_endpoints=[cluster.hosts["h9"].public_endpoint])
+    assert cluster.state("h9")["state"] == "AcceptingInit"
+    # A fresh host provisioned with an init secret: a caller that cannot prove it takes nothing.
+    cluster.stop("h10")
+    cluster.start_peer("h10", trust=True)
+    with cluster.client("h10") as client, pytest.raises(RemoteError, match="init"):
+        client.activate_as_additional_coordinator(_request(cluster, "10.118.0.9"), lambda *a: {}, lambda: None)
+    assert cluster.state("h10")["state"] == "AcceptingInit"
+    # An activator whose KMS URI does not derive the cluster ID it announced (another cluster's secret):
+    # the peer refuses it before it stores it or starts an etcd member, and fails (it holds the lock).
+    other = kms.MasterSecret.generate().to_uri()
+    with cluster.client("h9") as client, pytest.raises(RemoteError, match="does not derive"):
+        client.activate_as_additional_coordinator(
+            _request(cluster, "10.118.0.9"),
+            lambda uuid, key: {"kms_uri": other, "etcd_initial_cluster": "x=https://10.118.0.1:2380"}, lambda: None)
+    assert cluster.state("h9")["state"] == "Failed"
+    assert cluster.etcd_pid("h9") is None
+    assert not (agent_dir(cluster.hosts["h9"]) / "state" / "state_disk.key").exists()
