@@ -276,10 +276,11 @@ class EtcdStore(_BaseStore):
         if not isinstance(peer_url, str) or "://" not in peer_url:
             raise InputError("peer_url", "http(s)://host:port of the new member", peer_url)
         request = {"peerURLs": [peer_url], "isLearner": True} if learner else {"peerURLs": [peer_url]}
-        # etcd refuses a change while a member joined only moments ago ("unhealthy cluster"): it
-        # waits until every member has been connected for a while. Bounded retries.
-        return int(self._retry(lambda: self._call("/cluster/member/add", request), ("unhealthy cluster",),
-                               wait)["member"]["ID"])
+        # etcd refuses a change while a member joined only moments ago ("unhealthy cluster": it waits
+        # until every member has been connected for a while), and right after its own start ("member not
+        # found": it has not published itself yet). Bounded retries.
+        return int(self._retry(lambda: self._call("/cluster/member/add", request),
+                               ("unhealthy cluster", "member not found"), wait)["member"]["ID"])
 
     def member_promote(self, member_id: int, wait: float = 30) -> None:
         """Makes the learner ``member_id`` a voting member, once it has caught up with the leader
@@ -297,8 +298,9 @@ class EtcdStore(_BaseStore):
                     raise
             time.sleep(0.25)
 
-    def member_remove(self, member_id: int) -> None:
-        self._call("/cluster/member/remove", {"ID": str(int(member_id))})
+    def member_remove(self, member_id: int, wait: float = 30) -> None:
+        self._retry(lambda: self._call("/cluster/member/remove", {"ID": str(int(member_id))}),
+                    ("unhealthy cluster",), wait)
 
     # -- election (leases: a key that lives while its holder renews the lease)
 

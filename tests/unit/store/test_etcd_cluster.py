@@ -107,6 +107,11 @@ def test_a_majority_loss_stops_writes_with_a_clear_error(cluster):
     message = str(info.value)
     assert "etcd has no quorum" in message and cluster.members[2].endpoint in message
     assert "writes stop until a majority" in message
+    # What the Coordinators' registry caches check on every poll: the member's own copy still answers,
+    # at once (a linearizable read would wait for the timeout and fail like the write).
+    assert store.peek("peersResourceVersion") == b"1"
+    with pytest.raises(StoreError, match="no quorum"):
+        store.get_default("peersResourceVersion")
     cluster.members[0].start(wait=False)
     cluster.members[1].start(wait=False)
     cluster.members[0].wait_ready()
@@ -247,3 +252,74 @@ def test_coordinators_join_one_by_one_and_a_dead_one_is_replaced(tmp_path):
     finally:
         for etcd in started:
             etcd.stop()
+
+
+@pytest.mark.parametrize("config, field", [
+    ("not a mapping", "etcd_member"),
+    ({"clientport": 1}, "etcd_member"),
+    ({"client_port": 0}, "etcd_member.client_port"),
+    ({"peer_port": True}, "etcd_member.peer_port"),
+    ({"client_port": 2380}, "etcd_member.peer_port"),
+    ({"heartbeat_ms": 1}, "etcd_member.heartbeat_ms"),
+    ({"election_ms": "1000"}, "etcd_member.election_ms"),
+    ({"data_dir": ""}, "etcd_member.data_dir"),
+])
+def test_the_agents_etcd_member_config_names_a_bad_field(config, field):
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
+
+    with pytest.raises(InputError) as info:
+        EtcdMember.from_config(config, "/var/lib/agent")
+    assert info.value.field == field
+    member = EtcdMember.from_config({}, "/var/lib/agent")
+    assert (member.data_dir, member.peer_url("10.118.0.2")) == ("/var/lib/agent/etcd", "https://10.118.0.2:2380")
+
+
+def test_the_agents_etcd_member_starts_a_cluster_and_a_learner_joins_it():
+    """store/etcd_runner.py on loopback: a member of a new cluster (TLS from the KMS), a second one added
+    as a learner that serves no reads until promoted, then both serve the same data; a killed agent's
+    member is ended by the next start (pid file)."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
+
+    kms = ClusterKMS(MasterSecret.generate())
+    base = tempfile.mkdtemp(prefix="store-etcd-member-", dir=tmpfs_dir())
+    first_ports, second_ports = free_ports(2), free_ports(2)
+    first = EtcdMember(os.path.join(base, "one"), *first_ports, heartbeat_ms=20, election_ms=200)
+    second = EtcdMember(os.path.join(base, "two"), *second_ports, heartbeat_ms=20, election_ms=200)
+    try:
+        first.start("127.0.0.1", kms)
+        store = first.open_store("127.0.0.1")
+        store.put("peersResourceVersion", b"7")
+        # A learner that never starts leaves again without a majority changing (writes go on meanwhile).
+        member_id = store.member_add(second.peer_url("127.0.0.2"), learner=True)
+        store.put("peersResourceVersion", b"8")
+        store.member_remove(member_id)
+        assert [m["name"] for m in store.member_list()] == ["coordinator-127-0-0-1"]
+        pid = first.pid
+        first._proc = None  # pylint: disable=protected-access  # the agent "dies", its member runs on
+        first.start("127.0.0.1", kms)  # ends the member left behind, starts from the same data
+        assert first.pid != pid and not os.path.exists("/proc/%d/cmdline" % pid) or _zombie(pid)
+        store = first.open_store("127.0.0.1")
+        assert store.get("peersResourceVersion") == b"8"
+        # A learner that starts (127.0.0.2: another loopback address, as another Coordinator's VPN IP)
+        # serves no reads until it is promoted; then it has everything.
+        member_id = store.member_add(second.peer_url("127.0.0.2"), learner=True)
+        members = initial_cluster(store.member_list(), second.member_name("127.0.0.2"), second.peer_url("127.0.0.2"))
+        second.start("127.0.0.2", kms, members)
+        with pytest.raises(StoreError):
+            EtcdStore([second.client_url("127.0.0.2")], timeout=2, tls=second._tls)  # pylint: disable=protected-access
+        store.member_promote(member_id)
+        assert second.open_store("127.0.0.2").get("peersResourceVersion") == b"8"
+        assert sorted(m["name"] for m in store.member_list()) == ["coordinator-127-0-0-1", "coordinator-127-0-0-2"]
+    finally:
+        first.stop()
+        second.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
