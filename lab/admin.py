@@ -7,8 +7,10 @@ KMS derives), sockets from the admin machine (the bridge namespace) and the agen
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 from typing import Dict, Optional
 
 from cryptography.hazmat.primitives import serialization
@@ -61,6 +63,45 @@ class LabCluster:
     def stop(self, name: str, sig=signal.SIGTERM) -> int:
         return stop_agent(self.procs.pop(name), sig=sig)
 
+    def activate(self, via: str, nodes=(), coordinators=()) -> dict:
+        """The admin asks the Coordinator ``via`` to activate these Nodes (and further Coordinators)."""
+        with self.client(via) as c:
+            c.admin_auth(self.admin_key)
+            return c.activate_additional_nodes([self.hosts[n].public_endpoint for n in nodes],
+                                               coordinator_public_endpoints=[self.hosts[n].public_endpoint
+                                                                             for n in coordinators])
+
+    def etcd_pid(self, name: str) -> Optional[int]:
+        """The pid of the etcd member the agent on ``name`` runs (its pid file), if any."""
+        try:
+            return int((agent_dir(self.hosts[name]) / "state" / "etcd" / "etcd.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def kill_coordinator(self, name: str, timeout: float = 10.0) -> None:
+        """A crash of the host's services: its agent and its etcd member, SIGKILL."""
+        pid = self.etcd_pid(name)
+        self.stop(name, sig=signal.SIGKILL)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + timeout
+            while os.path.exists("/proc/%d" % pid) and not _zombie(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def events(self, name: str, event: str) -> list:
+        """The agent log records of ``event`` on ``name``."""
+        rows = []
+        try:
+            for line in (agent_dir(self.hosts[name]) / "agent.log").read_text(errors="replace").splitlines():
+                if '"event": "%s"' % event in line:
+                    rows.append(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        return rows
+
     def wg_peers(self, name: str) -> set:
         return set(self.hosts[name].run(["wg", "show", "wg0", "peers"], check=False).stdout.split())
 
@@ -80,3 +121,11 @@ class LabCluster:
             except Exception:  # pylint: disable=broad-except
                 pass
         self.admin.close()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

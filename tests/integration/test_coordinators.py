@@ -15,10 +15,6 @@ before and after.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-
 import pytest
 from lab.admin import LabCluster
 from lab.agent import agent_dir, tail_log
@@ -41,54 +37,12 @@ class Coordinators(LabCluster):
             config.setdefault("etcd_member", dict(ETCD))
         return self.start(name, **dict(AGENT, **config))
 
-    def activate(self, via: str, nodes=(), coordinators=()) -> dict:
-        with self.client(via) as c:
-            c.admin_auth(self.admin_key)
-            return c.activate_additional_nodes([self.hosts[n].public_endpoint for n in nodes],
-                                               coordinator_public_endpoints=[self.hosts[n].public_endpoint
-                                                                             for n in coordinators])
-
-    def etcd_pid(self, name: str):
-        try:
-            return int((agent_dir(self.hosts[name]) / "state" / "etcd" / "etcd.pid").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def kill_coordinator(self, name: str) -> None:
-        """A crash of the whole host's services: the agent and its etcd member, SIGKILL."""
-        pid = self.etcd_pid(name)
-        self.stop(name, sig=signal.SIGKILL)
-        if pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            until(lambda: not os.path.exists("/proc/%d" % pid) or _zombie(pid), timeout=10, what="etcd %d gone" % pid)
-
     def snapshot(self, *names):
         rows = {}
         for name in names:
             state = self.state(name)
             rows[name] = (state["vpn_ip"], state["vpn_pub_key"], self.disk_key(name))
         return rows
-
-    def events(self, name: str, event: str) -> list:
-        rows = []
-        try:
-            for line in (agent_dir(self.hosts[name]) / "agent.log").read_text(errors="replace").splitlines():
-                if '"event": "%s"' % event in line:
-                    rows.append(json.loads(line))
-        except (OSError, ValueError):
-            pass
-        return rows
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 @pytest.fixture(scope="module")
