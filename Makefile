@@ -4,6 +4,8 @@ VENV := .venv/bin
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 HOSTS ?= 4
+# How many of the lab's first hosts are Coordinators (odd; with more than one, each runs an etcd member).
+COORDINATORS ?= 1
 
 .PHONY: setup demo test pytest units sanity lint molecule lab-up lab-down lab-status bench build fuzz
 
@@ -11,7 +13,7 @@ setup:
 	@sh scripts/setup.sh
 
 demo: setup
-	HOSTS=$(HOSTS) sh scripts/demo.sh
+	HOSTS=$(HOSTS) COORDINATORS=$(COORDINATORS) sh scripts/demo.sh
 
 # Unit tests run through ansible-test units (as collection users run them), integration tests
 # through pytest.
@@ -43,7 +45,7 @@ build: setup
 	@echo "collection build: ok"
 
 lab-up: setup
-	$(VENV)/python -m lab up --hosts $(HOSTS)
+	$(VENV)/python -m lab up --hosts $(HOSTS) --coordinators $(COORDINATORS)
 
 lab-down: setup
 	$(VENV)/python -m lab down

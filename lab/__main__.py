@@ -20,6 +20,9 @@ def main(argv=None) -> int:
     up.add_argument("--agents", action="store_true", help="start the node agent on every host")
     up.add_argument("--store", default="file", choices=LAB_STORES,
                     help="the Coordinator's store: file (default) or etcd (a real etcd in h1's namespace)")
+    up.add_argument("--coordinators", type=int, default=1,
+                    help="how many of the first hosts are Coordinators (odd, 1..7; default 1): with more than one, "
+                         "the agents of the Coordinators run an etcd member each")
     up.add_argument("--variant", default=LAB_VARIANT, choices=VARIANT_NAMES,
                     help="attestation variant of the lab (default %s; the lab CA is the EK root)" % LAB_VARIANT)
     g = sub.add_parser("grow", help="add hosts to a running lab (new machines booting)")
@@ -39,8 +42,10 @@ def main(argv=None) -> int:
     lab = Lab(args.name)
     try:
         if args.cmd == "up":
-            lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents, variant=args.variant, store=args.store)
-            print("lab %s: %d hosts up; inventory: %s" % (lab.name, len(lab.hosts), lab.inventory_dir))
+            lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents, variant=args.variant, store=args.store,
+                   coordinators=args.coordinators)
+            print("lab %s: %d hosts up (%d Coordinators); inventory: %s"
+                  % (lab.name, len(lab.hosts), len(lab.coordinators), lab.inventory_dir))
         elif args.cmd == "grow":
             new = lab.grow(args.hosts)
             print("lab %s: added %s" % (lab.name, ", ".join(h.name for h in new)))

@@ -52,6 +52,9 @@ def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: A
     store = lab.agent_store(host)
     if store is not None:
         doc["store"] = store
+    etcd_member = lab.agent_etcd_member(host)
+    if etcd_member is not None:  # a Coordinator of a lab with several (lab up --coordinators N)
+        doc["etcd_member"] = etcd_member
     doc.update({k: v for k, v in config.items() if v is not None})
     path = directory / "config.json"
     tmp = path.with_suffix(".tmp")

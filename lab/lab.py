@@ -58,6 +58,11 @@ MEASURED_PCRS = (4, 9, 11)
 # Coordinator host's namespace on its loopback, as a Coordinator on a real node would run it).
 LAB_STORES = ("file", "etcd")
 ETCD_CLIENT_PORT = 2379
+# Coordinators (`--coordinators N`): the first N hosts, an odd number (an etcd majority), at most 7
+# (etcd's advice for a cluster's size). With N > 1 each Coordinator's agent runs an etcd member
+# (agent config etcd_member) with the lab's short timing, its data on tmpfs when there is one.
+MAX_COORDINATORS = 7
+LAB_ETCD_MEMBER = {"heartbeat_ms": 50, "election_ms": 500}
 
 
 class LabError(Exception):
@@ -106,6 +111,20 @@ def raise_neighbour_limits(hosts: int, root: str = "/proc/sys/net/ipv4/neigh/def
             current = -1  # not root, or no such sysctl here: the lab works up to ~30 hosts in mesh
         result.insert(0, current)
     return result
+
+
+def check_coordinators(coordinators: int, hosts: int, store: str = "file") -> None:
+    """LabError unless ``coordinators`` is an odd number from 1 to min(MAX_COORDINATORS, hosts)."""
+    top = min(MAX_COORDINATORS, hosts)
+    if isinstance(coordinators, bool) or not isinstance(coordinators, int) or not 1 <= coordinators <= top \
+            or coordinators % 2 == 0:
+        raise LabError("coordinators: expected an odd number from 1 to %d (at most %d, and no more than the %d "
+                       "hosts; odd, so that etcd keeps a majority), got %r"
+                       % (top, MAX_COORDINATORS, hosts, coordinators))
+    if coordinators > 1 and store != "file":
+        raise LabError("coordinators: with %d Coordinators each runs an etcd member of the cluster's store; "
+                       "--store %s (one etcd beside the first Coordinator) cannot be combined with it"
+                       % (coordinators, store))
 
 
 # Made once per lab, while agents start in parallel threads: the init secret and the signing key.
@@ -279,7 +298,7 @@ class Lab:
 
     # -- up -----------------------------------------------------------------------------
     def up(self, hosts: int = 3, tpm: bool = True, image: str = LAB_IMAGE, agents: bool = False,
-           variant: str = LAB_VARIANT, store: str = "file") -> "Lab":
+           variant: str = LAB_VARIANT, store: str = "file", coordinators: int = 1) -> "Lab":
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 
         choose.spec(variant, "variant")
@@ -289,11 +308,12 @@ class Lab:
             raise LabError("hosts: expected 1..%d, got %d" % (MAX_HOSTS, hosts))
         if agents and not tpm:
             raise LabError("agents: the node agent needs a TPM (do not combine agents with --no-tpm)")
+        check_coordinators(coordinators, hosts, store)
         state = self._state()
         if state.get("phase") == "up" and state.get("hosts") == hosts and state.get("tpm") == tpm \
                 and state.get("image") == image and state.get("agents", False) == agents \
                 and state.get("variant", LAB_VARIANT) == variant and state.get("store", "file") == store \
-                and self.healthy():
+                and state.get("coordinators", 1) == coordinators and self.healthy():
             return self
         # Anything else (a crash half-way, another size): start from a clean slate.
         self.down()
@@ -302,7 +322,7 @@ class Lab:
         # trust: the agents the lab starts itself (--agents, the operator's lab) are provisioned with the lab's
         # init secret hash and its signed measurements (tests that start agents themselves opt in).
         self._write_state(phase="building", hosts=hosts, tpm=tpm, image=image, agents=agents, variant=variant,
-                          store=store, trust=agents)
+                          store=store, trust=agents, coordinators=coordinators)
         self._make_mount_dir()
         raise_neighbour_limits(hosts)
         self._make_bridge()
@@ -337,6 +357,34 @@ class Lab:
         if self.store == "etcd" and h.name == self.hosts[0].name:
             return {"type": "etcd", "endpoints": ["127.0.0.1:%d" % ETCD_CLIENT_PORT]}
         return None
+
+    @property
+    def coordinators(self) -> List[Host]:
+        """The lab's Coordinators: its first N hosts (``up(coordinators=N)``); the others are Nodes."""
+        return self.hosts[:int(self._state().get("coordinators", 1))]
+
+    @property
+    def etcd_tmpfs_dir(self) -> Optional[Path]:
+        """Where the Coordinators' etcd members keep their data: on tmpfs (etcd's fsyncs are then nearly
+        free), one folder per lab and state root, removed by ``down``; None without a tmpfs."""
+        from lab.etcd import tmpfs_dir
+
+        base = tmpfs_dir()
+        if base is None:
+            return None
+        tag = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:8]
+        return Path(base) / ("constellation-lab-%s-%s" % (self.name, tag))
+
+    def agent_etcd_member(self, h: Host) -> Optional[dict]:
+        """The etcd_member setting of the agent on ``h``: a Coordinator of a lab with several (None:
+        one Coordinator, or a Node)."""
+        coordinators = self.coordinators
+        if len(coordinators) < 2 or h.name not in {c.name for c in coordinators}:
+            return None
+        member = dict(LAB_ETCD_MEMBER)
+        if self.etcd_tmpfs_dir is not None:
+            member["data_dir"] = str(self.etcd_tmpfs_dir / h.name)
+        return member
 
     def grow(self, hosts: int) -> List[Host]:
         """Adds hosts to a running lab (as new machines booting); returns the new ones."""
@@ -589,10 +637,12 @@ class Lab:
                                       ansible_shell_executable=str(shell),
                                       ansible_python_interpreter=self.host_python()[0])
 
+        count = len(self.coordinators)
+
         def groups(per_host):
             return {"all": {"children": {
-                "coordinators": {"hosts": {hosts[0].name: per_host[hosts[0].name]}} if hosts else {},
-                "nodes": {"hosts": {h.name: per_host[h.name] for h in hosts[1:]}},
+                "coordinators": {"hosts": {h.name: per_host[h.name] for h in hosts[:count]}} if hosts else {},
+                "nodes": {"hosts": {h.name: per_host[h.name] for h in hosts[count:]}},
             }}}
 
         header = "# Written by `python -m lab up` (lab %s); do not edit.\n" % self.name
@@ -727,6 +777,8 @@ class Lab:
             _run(["ip", "netns", "del", ns], check=False)
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir, ignore_errors=True)
+        if self.etcd_tmpfs_dir is not None and self.etcd_tmpfs_dir.exists():
+            shutil.rmtree(self.etcd_tmpfs_dir, ignore_errors=True)
         if self.inventory_dir is not None and (Path(self.inventory_dir) / "hosts.yml").exists():
             shutil.rmtree(self.inventory_dir, ignore_errors=True)
         self._count = 0

@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Action plugin activate_nodes: the controller attests the nodes, then asks the Coordinator
-(admin-authenticated) to activate the fresh ones with ActivateAdditionalNodes.
-Documentation is in plugins/modules/activate_nodes.py.
+"""Action plugin activate_nodes: the controller attests the nodes (and the further Coordinators),
+then asks the Coordinator (admin-authenticated) to activate the fresh ones with one
+ActivateAdditionalNodes. Documentation is in plugins/modules/activate_nodes.py.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ class ActionModule(ClusterAction):
 
     def act(self, args, settings):
         from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import activate_nodes
-        if not args["node_public_endpoints"]:
-            return {"changed": False, "nodes": [], "resource_version": None}
+        further = [e for e in args["coordinator_public_endpoints"] or [] if e != args["coordinator_public_endpoint"]]
+        if not args["node_public_endpoints"] and not further:
+            return {"changed": False, "nodes": [], "activated": [], "resource_version": None}
         out = activate_nodes(args["coordinator_public_endpoint"], args["node_public_endpoints"], settings,
                              self.load_admin_priv_key(args["admin_priv_key_file"]),
-                             cluster_id=self.cluster_id_arg(args), check_mode=bool(self._task.check_mode))
+                             cluster_id=self.cluster_id_arg(args), check_mode=bool(self._task.check_mode),
+                             coordinator_public_endpoints=further)
         out["activated"] = [row["endpoint"] for row in out["nodes"] if row["action"] == "activate"]
         return out

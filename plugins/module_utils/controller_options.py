@@ -41,6 +41,8 @@ ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
                                aliases=["node_endpoints"], deprecated_aliases=[_deprecated("node_endpoints")]),
     admin_priv_key_file=dict(type="path", required=True),
     cluster_id=dict(type="str"),
+    # Further Coordinators (docs/store.md): activated first, in the same ActivateAdditionalNodes.
+    coordinator_public_endpoints=dict(type="list", elements="str", default=[]),
 )
 AGENT_STATE_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),

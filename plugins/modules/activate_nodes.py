@@ -8,13 +8,16 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: activate_nodes
-short_description: Have the Coordinator activate the fresh nodes (ActivateAdditionalNodes)
+short_description: Have the Coordinator activate the fresh nodes and Coordinators (ActivateAdditionalNodes)
 version_added: "0.1.0"
 description:
   - Attests every node in O(node_public_endpoints) from the controller and reads its state. Nodes of this cluster
     (PCR 15 holds O(cluster_id)) are left alone; fresh nodes are activated by the Coordinator, which the controller
     asks over an admin-authenticated aTLS connection. The Coordinator attests each node again with its own policy.
   - A node locked to another cluster or in another state fails the task before anything is asked.
+  - With O(coordinator_public_endpoints), the same request also names further Coordinators (each runs an etcd
+    member, agent config C(etcd_member)); the Coordinator activates them first, one at a time, and then the nodes.
+    A further Coordinator that is one of this cluster's already is left alone.
 author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
@@ -39,6 +42,17 @@ options:
     elements: str
     required: true
     aliases: [node_endpoints]
+  coordinator_public_endpoints:
+    description:
+      - Further Coordinators' public endpoints (host:port), for example every host of the inventory's
+        C(coordinators) group but the first. O(coordinator_public_endpoint) itself is ignored in this list.
+      - Each is attested from the controller first; a fresh one is activated by the Coordinator (in the chain of
+        trust, C(ActivateAsAdditionalCoordinator)); one of this cluster's Coordinators already is left alone; any
+        other fails the task before anything is asked.
+    type: list
+    elements: str
+    default: []
+    version_added: "0.3.0"
   admin_priv_key_file:
     description: The admin's private key; signs the Coordinator's admin challenge (never sent).
     type: path
@@ -49,13 +63,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Attests and reports which nodes would be activated.
+    description: Attests and reports which nodes and Coordinators would be activated.
   diff_mode:
     support: none
     description: No file changes.
   idempotent:
     support: full
-    description: C(changed) only when some node was activated.
+    description: C(changed) only when some node or Coordinator was activated.
 """
 
 EXAMPLES = r"""
@@ -67,16 +81,28 @@ EXAMPLES = r"""
     cluster_id: "{{ activation.cluster_id }}"
     measurements_path: measurements.json
   run_once: true
+
+- name: The Coordinator activates two further Coordinators, then the fresh nodes
+  constellation.cluster.activate_nodes:
+    coordinator_public_endpoint: 192.0.2.10:9000
+    coordinator_public_endpoints: [192.0.2.20:9000, 192.0.2.21:9000]
+    node_public_endpoints: [192.0.2.11:9000]
+    admin_priv_key_file: ~/.constellation/admin.key
+    cluster_id: "{{ activation.cluster_id }}"
+    measurements_path: measurements.json
+  run_once: true
 """
 
 RETURN = r"""
 nodes:
-  description: One row per node, endpoint, state_before, action (none, activate), node_vpn_ip.
+  description:
+    - One row per node and further Coordinator (these first), endpoint, role (node, coordinator), state_before,
+      action (none, activate; for nodes also resume, readmit), node_vpn_ip.
   returned: success
   type: list
   elements: dict
 activated:
-  description: The endpoints activated by this task.
+  description: The endpoints (nodes and Coordinators) activated by this task.
   returned: success
   type: list
   elements: str

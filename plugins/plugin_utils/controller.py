@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import hmac
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, constants
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
@@ -172,19 +172,36 @@ def _next_step(state: str) -> str:
 
 
 def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List[str], settings: AttestationSettings,
-                   admin_priv_key, cluster_id: Optional[bytes] = None, check_mode: bool = False) -> Dict[str, Any]:
-    """Attests every node, then asks the Coordinator (admin-authenticated) to activate the fresh
-    ones and to resume those locked to our cluster whose activation was interrupted
-    (NodeWaitingForClusterJoin). Returns changed and one row per node: endpoint, state_before,
-    action (none, activate, resume), node_vpn_ip."""
+                   admin_priv_key, cluster_id: Optional[bytes] = None, check_mode: bool = False,
+                   coordinator_public_endpoints: Sequence[str] = ()) -> Dict[str, Any]:
+    """Attests every further Coordinator and node, then asks the Coordinator (admin-authenticated) to
+    activate the fresh ones (Coordinators first) and to resume nodes locked to our cluster whose
+    activation was interrupted (NodeWaitingForClusterJoin). Returns changed and one row per peer:
+    endpoint, role, state_before, action (none, activate, resume, readmit), node_vpn_ip."""
     rows: List[Dict[str, Any]] = []
     fresh: List[str] = []
+    fresh_coordinators: List[str] = []
     refused: List[str] = []
+    # The activating Coordinator is no further Coordinator of its own: an inventory's whole group may be given.
+    for endpoint in dict.fromkeys(e for e in coordinator_public_endpoints if e != coordinator_public_endpoint):
+        status = peer_status(endpoint, settings, cluster_id)
+        row = {"endpoint": endpoint, "role": ROLE_COORDINATOR, "state_before": status.state, "node_vpn_ip": status.vpn_ip}
+        if status.membership == OURS and status.role == ROLE_COORDINATOR and status.state == ACTIVATING_NODES:
+            row["action"] = "none"
+        elif status.membership == FRESH and status.state == ACCEPTING_INIT:
+            row["action"] = "activate"
+            fresh_coordinators.append(endpoint)
+        else:
+            row["action"] = "refused"
+            refused.append("%s is %s (role %s, PCR 15 %s): not a Coordinator of this cluster; reset it and run again"
+                           % (endpoint, status.state, status.role, status.membership))
+        rows.append(row)
     # Nodes the Coordinator evicted (failed re-attestation) come back only this way, once they pass again.
-    evicted = {e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id)}
+    evicted = ({e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id)}
+               if node_public_endpoints else set())
     for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
         status = peer_status(endpoint, settings, cluster_id)
-        row = {"endpoint": endpoint, "state_before": status.state, "node_vpn_ip": status.vpn_ip}
+        row = {"endpoint": endpoint, "role": "node", "state_before": status.state, "node_vpn_ip": status.vpn_ip}
         if status.membership == OURS and status.state == IS_NODE and status.vpn_ip in evicted:
             row["action"] = "readmit"
             fresh.append(endpoint)
@@ -204,9 +221,9 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
             refused.append("%s is locked to another cluster (PCR 15 %s)" % (endpoint, status.pcr15))
         rows.append(row)
     if refused:
-        raise StateError("cannot activate these nodes: " + "; ".join(refused))
-    result: Dict[str, Any] = {"changed": bool(fresh), "nodes": rows, "resource_version": None}
-    if not fresh or check_mode:
+        raise StateError("cannot activate these peers: " + "; ".join(refused))
+    result: Dict[str, Any] = {"changed": bool(fresh or fresh_coordinators), "nodes": rows, "resource_version": None}
+    if not (fresh or fresh_coordinators) or check_mode:
         return result
     with open_peer(coordinator_public_endpoint, settings) as client:
         coordinator = status_of(client, coordinator_public_endpoint, cluster_id)
@@ -215,7 +232,7 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
             raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)"
                              % (coordinator_public_endpoint, coordinator.state, coordinator.role, coordinator.membership))
         client.admin_auth(admin_priv_key)
-        answer = client.activate_additional_nodes(fresh)
+        answer = client.activate_additional_nodes(fresh, coordinator_public_endpoints=fresh_coordinators)
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
     failures = []
     for row in rows:

@@ -255,7 +255,7 @@ def test_tags_select_the_steps(site):
     assert "The peer passed every check" in ran
     assert MESH_TASK in ran
     for step in ("Master secret on the controller (made once, Ansible Vault)",
-                 "The Coordinator activates the fresh nodes (ActivateAdditionalNodes)",
+                 "The Coordinator activates the fresh nodes and further Coordinators (ActivateAdditionalNodes)",
                  "The Coordinator's WireGuard interface carries its VPN IP"):
         assert step not in ran, step
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
@@ -273,7 +273,7 @@ def test_tags_select_the_steps(site):
     assert "The node's WireGuard interface carries its VPN IP" in ran
     assert MESH_TASK in ran
     assert task_hosts(proc.stdout, "The peer passed every check") == {"h1", "h2", "h3", "h4"}
-    assert "The Coordinator activates the fresh nodes (ActivateAdditionalNodes)" not in ran
+    assert "The Coordinator activates the fresh nodes and further Coordinators (ActivateAdditionalNodes)" not in ran
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
 
 
@@ -689,3 +689,56 @@ def test_a_host_tampered_since_is_refused_by_the_next_run_before_anything(site):
     rows = recap(proc.stdout)
     assert {name: (row["failed"], row["changed"]) for name, row in rows.items()} == {
         "h1": (1, 0), "h2": (1, 0), "h3": (1, 0), "h4": (1, 0)}
+
+
+def test_site_activates_further_coordinators_with_their_etcd_members(tmp_path_factory):
+    """A lab of 5 hosts with 3 Coordinators (`--coordinators 3`: h1-h3, each agent with an etcd member)
+    and 2 Nodes: site.yml activates h1, h1 activates h2, h3 and the Nodes in one request; a second run
+    changes nothing; every Node's WireGuard knows every Coordinator (key and VPN IP)."""
+    inv = tmp_path_factory.mktemp("coordinators-inventory")
+    lab = Lab("tcoords", inventory_dir=inv)
+    try:
+        lab.up(hosts=5, tpm=True, agents=True, coordinators=3)
+        config = json.loads((lab.host("h2").dir / "agent" / "config.json").read_text())
+        assert set(config["etcd_member"]) >= {"heartbeat_ms", "election_ms"}, config
+        assert "etcd_member" not in json.loads((lab.host("h4").dir / "agent" / "config.json").read_text())
+        site = Site(lab, inv)
+        # Check mode predicts the further Coordinators' activation and sends nothing.
+        check = site.play("site.yml", "--check", limit="")
+        assert check.returncode == 0, (check.stdout + check.stderr)[-4000:]
+        assert "h3: would be activated as a further Coordinator by the Coordinator" in check.stdout, \
+            check.stdout[-3000:]
+        assert site.status("h2").state == "AcceptingInit"
+        proc = site.play("site.yml", limit="")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        rows = recap(proc.stdout)
+        assert set(rows) == {"h1", "h2", "h3", "h4", "h5"} and all(r["failed"] == 0 for r in rows.values()), rows
+        master, salt = site.secrets()
+        from ansible_collections.constellation.cluster.plugins.module_utils.kms import open_kms
+        cluster_id = open_kms(master.to_uri()).cluster_id(salt)
+        states = {name: site.status(name, cluster_id) for name in ("h1", "h2", "h3", "h4", "h5")}
+        assert {n: (s.state, s.role, s.membership) for n, s in states.items()} == dict(
+            **{n: ("ActivatingNodes", "coordinator", "ours") for n in ("h1", "h2", "h3")},
+            **{n: ("IsNode", "node", "ours") for n in ("h4", "h5")})
+        # h2 and h3 were activated as further Coordinators by h1 (not by the admin): their etcd members run.
+        assert re.search(r"h2: activated as a further Coordinator by the Coordinator", out), out[-3000:]
+        for name in ("h1", "h2", "h3"):  # each Coordinator's etcd member serves on its VPN IP
+            listening = lab.host(name).run(["ss", "-Hltn", "sport = :2379"], check=False).stdout
+            assert "%s:2379" % states[name].vpn_ip in listening, (name, listening)
+        for node in ("h4", "h5"):
+            allowed = lab.host(node).run(["wg", "show", "wg0", "allowed-ips"], check=False).stdout
+            routes = {line.split()[0]: line.split()[1:] for line in allowed.splitlines() if line.strip()}
+            for coordinator in ("h1", "h2", "h3"):
+                key, ip = states[coordinator].vpn_pub_key, states[coordinator].vpn_ip
+                assert key in routes and any(r.startswith(ip + "/") for r in routes[key]), (node, coordinator, allowed)
+        again = site.play("site.yml", limit="")
+        assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+        rows = recap(again.stdout)
+        assert set(rows) == {"h1", "h2", "h3", "h4", "h5"}, rows
+        assert all(r["changed"] == 0 and r["failed"] == 0 for r in rows.values()), rows
+    finally:
+        lab.down()
+    assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                            check=False).stdout.split() if ns.startswith("cl-tcoords-")]
+    assert lab.etcd_tmpfs_dir is None or not lab.etcd_tmpfs_dir.exists()
