@@ -25,6 +25,13 @@ so loopback addresses are VPN IPs.
   ``failover_extra_s`` = the median of (failover - baseline) over the pairs of runs. Median of
   ``--runs`` runs, and each run.
 
+* ``lab_failover_s`` (``--no-lab`` skips it): the same on real agents in the lab: 3 Coordinators activated
+  through the chain of trust, each with its etcd member on its VPN IP, 2 Nodes polling every 0.5 s. A new
+  Node is activated through h2 and timed until Node h4 has it as a WireGuard peer; once with every host up
+  (``lab_no_failover_s``), once with h1 lost at t=0 (agent and etcd member SIGKILLed, its link cut: a dead
+  host whose packets are dropped). Includes the activation (``lab_activate_s``, and
+  ``lab_activate_after_kill_s`` while etcd elects) and the Node's connect timeout towards the dead one.
+
 The poll interval defaults to 1 s, not the agent's ``update_interval`` (10 s), so that the figure shows
 the failover rather than the wait for the next poll. A stopped server on loopback refuses at once; a
 dead host that drops packets would add the agent's connect timeout (max(5, 3 x update_interval) s).
@@ -33,7 +40,7 @@ additional Coordinators activated through the chain of trust come with #18 item 
 IP (127.0.0.1) and differ by port; the poller connects from 127.0.0.1 (ask_in_turn takes no source
 address), a known peer, so the known-peer check is the same as for a Node's IP.
 
-    python bench/failover.py [--peers 1000] [--runs 3] [--poll-interval 1] [--polls 300] [--quick]
+    python bench/failover.py [--peers 1000] [--runs 3] [--poll-interval 1] [--polls 300] [--quick] [--no-lab]
 
 Last line: one JSON object.
 """
@@ -66,7 +73,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent import
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerUpdate  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import ask_in_turn  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (  # noqa: E402
+    FAILOVER_CONNECT_TIMEOUT, ask_in_turn)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore  # noqa: E402
@@ -294,6 +302,76 @@ def single_figure(work: str, n: int, polls: int) -> dict:
             etcd.stop()
 
 
+LAB_COORDINATORS = ("h1", "h2", "h3")
+LAB_NODES = ("h4", "h5")
+
+
+def lab_figures(runs: int) -> dict:
+    """The same on real agents in the lab: 3 Coordinators (one etcd member each on its VPN IP, TLS from the
+    KMS, activated through the chain of trust), 2 Nodes (update_interval 0.5 s, as the lab runs them). Per
+    run, a spare host is activated through h2 and the time until Node h4 has it as a WireGuard peer is taken:
+    once with every Coordinator up (baseline), once with h1 lost at t=0 (agent and etcd member SIGKILLed,
+    its link cut: packets to it are dropped, so h4's poll of h1 waits for its connect timeout). h1 comes
+    back and catches up before the next run."""
+    from lab.admin import LabCluster
+    from lab.lab import Lab
+
+    agent = {"update_interval": 0.5, "reattest_interval": 0}
+    etcd = {"heartbeat_ms": 50, "election_ms": 500}
+    lab = Lab("bfail", inventory_dir=None)
+    lab.up(hosts=5, tpm=True, variant="qemu-vtpm")
+    cluster = LabCluster(lab)
+
+    def start(name):
+        cluster.start(name, **dict(agent, etcd_member=dict(etcd)) if name in LAB_COORDINATORS else agent)
+
+    def wait_peer(on, key, limit=60.0):
+        _until(lambda: key in cluster.wg_peers(on), limit, "%s has the new peer" % on)
+
+    out = {"no_failover": [], "failover": [], "activate": [], "activate_after_kill": []}
+    try:
+        for name in LAB_COORDINATORS + LAB_NODES:
+            start(name)
+        with cluster.client("h1") as client:
+            client.activate_as_coordinator(cluster.secret.to_uri(), cluster.salt, cluster.admin_pem)
+        rows = cluster.activate("h1", nodes=LAB_NODES, coordinators=LAB_COORDINATORS[1:])["nodes"]
+        if not all(r["ok"] for r in rows):
+            raise RuntimeError("lab activation failed: %s" % [r["error"] for r in rows])
+        spare = len(lab.hosts)
+        for dummy_run in range(runs):
+            for kill in (False, True):
+                spare += 1
+                name = "h%d" % spare
+                lab.grow(spare)
+                start(name)
+                started = time.monotonic()
+                if kill:
+                    cluster.kill_coordinator("h1")
+                    lab.admin_run(["ip", "link", "set", "h1", "down"])
+                    started = time.monotonic()
+                rows = _retry(lambda n=name: _activated(cluster.activate("h2", nodes=(n,))), 60)
+                activated = time.monotonic() - started
+                wait_peer("h4", cluster.state(name)["vpn_pub_key"])
+                out["failover" if kill else "no_failover"].append(time.monotonic() - started)
+                out["activate_after_kill" if kill else "activate"].append(activated)
+                if kill:
+                    lab.admin_run(["ip", "link", "set", "h1", "up"])
+                    start("h1")
+                    wait_peer("h1", cluster.state(name)["vpn_pub_key"])
+                del rows
+        return out
+    finally:
+        cluster.close()
+        lab.down()
+
+
+def _activated(answer: dict) -> list:
+    rows = answer["nodes"]
+    if not all(r["ok"] for r in rows):
+        raise ConstellationError("activation failed: %s" % [r["error"] for r in rows])
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peers", type=int, default=1000)
@@ -303,6 +381,7 @@ def main() -> None:
                         help="seconds between a Node's polls (the agent's update_interval is %g s)"
                         % DEFAULT_UPDATE_INTERVAL)
     parser.add_argument("--quick", action="store_true", help="10 peers, 1 run, 30 polls (a smoke run)")
+    parser.add_argument("--no-lab", action="store_true", help="skip the figures on real agents in the lab")
     args = parser.parse_args()
     if args.quick:
         args.peers, args.runs, args.polls = 10, 1, 30
@@ -316,6 +395,7 @@ def main() -> None:
     try:
         single = single_figure(work, n, args.polls)
         shared = cluster_figures(work, n, args.polls, args.runs, args.poll_interval, log)
+        on_lab = None if args.no_lab else lab_figures(args.runs)
     finally:
         devnull.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -348,6 +428,21 @@ def main() -> None:
     print("                follows what B wrote (its first poll after the change reloads the registry from etcd).")
     print("A dead host that drops packets would add the poller's connect timeout (%g s here)."
           % max(5.0, min(30.0, args.poll_interval * 3)))
+    if on_lab is not None:
+        print()
+        print("real agents in the lab (3 Coordinators with their etcd members, Nodes polling every 0.5 s): a new")
+        print("Node activated through h2 until Node h4 has it as a WireGuard peer, s:")
+        print("%-5s %22s %22s" % ("run", "baseline: all up", "h1 lost at t=0"))
+        for i, (base, fail) in enumerate(zip(on_lab["no_failover"], on_lab["failover"])):
+            print("%-5d %22.3f %22.3f" % (i + 1, base, fail))
+        print("%-5s %22.3f %22.3f" % ("med", statistics.median(on_lab["no_failover"]),
+                                      statistics.median(on_lab["failover"])))
+        print("h1 lost = its agent and etcd member SIGKILLed and its link cut (a dead host: packets dropped);")
+        print("          includes the new Node's activation through h2 (attestation, etcd writes: %.2f s median; %.2f s"
+              % (statistics.median(on_lab["activate"]), statistics.median(on_lab["activate_after_kill"])))
+        print("          right after the kill, while etcd elects) and h4's poll of h1 running into the failover")
+        print("          connect timeout (%g s, rpc/client.FAILOVER_CONNECT_TIMEOUT) before it asks h2 or h3."
+              % FAILOVER_CONNECT_TIMEOUT)
     result = {
         "peers": n,
         "etcd_members": MEMBERS,
@@ -369,6 +464,15 @@ def main() -> None:
         "single_baseline_store_reload_ms_%d" % n: round(single["baseline_store_reload_ms"], 3),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
+    if on_lab is not None:
+        result.update({
+            "lab_failover_s": round(statistics.median(on_lab["failover"]), 3),
+            "lab_no_failover_s": round(statistics.median(on_lab["no_failover"]), 3),
+            "lab_failover_s_runs": [round(v, 3) for v in on_lab["failover"]],
+            "lab_no_failover_s_runs": [round(v, 3) for v in on_lab["no_failover"]],
+            "lab_activate_s": round(statistics.median(on_lab["activate"]), 3),
+            "lab_activate_after_kill_s": round(statistics.median(on_lab["activate_after_kill"]), 3),
+        })
     print(json.dumps(result))
 
 

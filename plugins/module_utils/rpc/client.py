@@ -459,31 +459,37 @@ class AgentClient(PubAPIClient, AdminClient, VPNAPIClient):
         return cls(conn.sock, atls.spki_hash(cert.public_key()), conn)
 
     @classmethod
-    def connect_plain(cls, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT,
-                      sock: Optional[socket.socket] = None) -> "AgentClient":
-        """Plain TCP (the vpnapi inside the VPN)."""
+    def connect_plain(cls, endpoint: str, *, timeout: float = DEFAULT_TIMEOUT, sock: Optional[socket.socket] = None,
+                      connect_timeout: Optional[float] = None) -> "AgentClient":
+        """Plain TCP (the vpnapi inside the VPN); ``connect_timeout`` (default ``timeout``) for the connect."""
         if sock is None:
             from ansible_collections.constellation.cluster.plugins.module_utils import atls
 
             host, port = atls.parse_endpoint(endpoint)
             try:
-                sock = socket.create_connection((host, port), timeout=timeout)
+                sock = socket.create_connection((host, port), timeout=connect_timeout or timeout)
             except OSError as err:
                 raise ConstellationError("cannot connect to %s: %s" % (endpoint, err)) from None
         sock.settimeout(timeout)
         return cls(sock)
 
 
+# Inside the VPN a live Coordinator accepts within a round trip (WireGuard's keepalive keeps its session up).
+FAILOVER_CONNECT_TIMEOUT = 2.0
+
+
 def ask_in_turn(endpoints: List[str], call: Callable[[AgentClient], Any], timeout: float) -> Tuple[str, Any]:
     """``call(client)`` on the first of ``endpoints`` (vpnapi, plain: the WireGuard tunnel authenticates)
     that answers; (that endpoint, the answer). Only a connection that fails moves on to the next: an
-    error the server answered with is raised. The last connection error when none answers."""
+    error the server answered with is raised. The last connection error when none answers. With another
+    to ask, a connect waits at most FAILOVER_CONNECT_TIMEOUT (a dead host drops the SYN: no refusal comes)."""
     if not endpoints:
         raise ConstellationError("no Coordinator VPN IP is known")
     last: Optional[BaseException] = None
-    for endpoint in endpoints:
+    for index, endpoint in enumerate(endpoints):
+        connect_timeout = min(timeout, FAILOVER_CONNECT_TIMEOUT) if index < len(endpoints) - 1 else timeout
         try:
-            client = AgentClient.connect_plain(endpoint, timeout=timeout)
+            client = AgentClient.connect_plain(endpoint, timeout=timeout, connect_timeout=connect_timeout)
         except (OSError, ConstellationError) as err:  # "cannot connect to ...": no answer from there
             last = err
             continue

@@ -118,7 +118,22 @@ class EtcdStore(_BaseStore):
 
     # -- transport
 
+    # etcd's answers while it elects a leader (a member died or was cut off): the request was not
+    # applied; asked again once a leader is there (a transaction that was applied after all fails its
+    # compares and is re-read by ``update``).
+    _ELECTING = ("leader changed", "no leader")
+
     def _call(self, path: str, payload: dict) -> dict:
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                return self._call_once(path, payload)
+            except StoreError as err:
+                if not any(text in str(err) for text in self._ELECTING) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.05)
+
+    def _call_once(self, path: str, payload: dict) -> dict:
         if self._closed:
             raise StoreError("the etcd store is closed")
         exc = self._exceptions
