@@ -219,6 +219,8 @@ class AgentConfig:
             raise InputError("vpn_cidr", "an IP network such as 10.118.0.0/16", config.vpn_cidr) from None
         if not isinstance(config.store, Mapping):
             raise InputError("store", "a mapping (docs/store.md)", config.store)
+        if config.etcd_member is not None:
+            EtcdMember.from_config(config.etcd_member, config.state_dir)  # names a bad key before anything starts
         variant = choose.spec(config.variant, "variant")
         problem = x509compat.oid_problem(variant.variant.oid)
         if problem:
