@@ -344,6 +344,11 @@ def lab_figures(runs: int) -> dict:
                 name = "h%d" % spare
                 lab.grow(spare)
                 start(name)
+                if kill:
+                    # h4 asks its own Coordinator (h1) first again: a fresh agent has not failed over yet.
+                    cluster.stop("h4")
+                    start("h4")
+                    time.sleep(1.5)  # a few polls, answered by h1
                 started = time.monotonic()
                 if kill:
                     cluster.kill_coordinator("h1")
