@@ -248,9 +248,11 @@ class CoordinatorCluster(NodeActivation):
         return {"state": self._state.wire_name, "coordinator_vpn_ip": request.node_vpn_ip,
                 "state_disk_uuid": self.disk_uuid}
 
-    def abort_coordinator_activation(self, err: BaseException) -> None:
-        """The activation did not finish: our member stops, and this peer fails (it holds the lock)."""
-        if self.etcd_member is not None:
+    def abort_coordinator_activation(self, err: BaseException, voting: bool = False) -> None:
+        """The activation did not finish: this peer fails (it holds the lock). A learner member stops; a
+        voting one keeps running (stopping it could cost the cluster its majority) until the activating
+        Coordinator removes it, which ends it."""
+        if self.etcd_member is not None and not voting:
             self.etcd_member.stop()
         self._pending_coordinator = None
         if self.state != State.ACTIVATING_NODES:

@@ -93,15 +93,17 @@ class PubAPI:
         """core/coordinators.py: our disk UUID and VPN key out, the KMS URI and etcd cluster in, our etcd
         member starts, the activating Coordinator promotes it, we open the shared state."""
         step = self.core.activate_as_additional_coordinator_begin(request.encode())
+        voting = False
         try:
             conn.stream.send_msg({"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key})
             self.core.activate_as_additional_coordinator_join(conn.stream.recv_msg("the KMS URI and etcd cluster"))
             conn.stream.send_msg({"etcd_member": "started"})
-            if conn.stream.recv_msg("the promotion of our etcd member").get("etcd_member") != "voting":
+            voting = conn.stream.recv_msg("the promotion of our etcd member").get("etcd_member") == "voting"
+            if not voting:
                 raise ProtocolError("ActivateAsAdditionalCoordinator: our etcd member was not promoted")
             result = self.core.activate_as_additional_coordinator_finish()
         except BaseException as err:
-            self.core.abort_coordinator_activation(err)
+            self.core.abort_coordinator_activation(err, voting)
             raise
         conn.stream.send_result(result)
 
