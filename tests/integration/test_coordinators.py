@@ -15,6 +15,8 @@ before and after.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from lab.admin import LabCluster
 from lab.agent import agent_dir, tail_log
@@ -212,3 +214,52 @@ def test_attacks_on_the_activation_of_a_coordinator_are_refused(cluster):
     assert cluster.state("h9")["state"] == "Failed"
     assert cluster.etcd_pid("h9") is None
     assert not (agent_dir(cluster.hosts["h9"]) / "state" / "state_disk.key").exists()
+
+
+REMOVE_SCRIPT = """
+import json, sys
+from ansible_collections.constellation.cluster.plugins.module_utils.store.coordinator_members import (
+    open_local_member, remove_coordinator)
+member = open_local_member(sys.argv[1])
+try:
+    print(json.dumps(remove_coordinator(member.store, sys.argv[2], tls=member.tls)))
+finally:
+    member.close()
+"""
+
+
+def test_a_dead_coordinator_is_replaced(cluster):
+    """The operator's procedure (docs/store.md, "Replacing a dead Coordinator"): h3 dies for good; on h1 (as
+    the coordinator_member module runs there) its etcd member and peer entry are removed; a fresh host is
+    activated as a further Coordinator in its place. Every peer drops h3 and learns the new one; the cluster
+    has three members again and keeps writing when another one dies."""
+    from lab.lab import REPO_ROOT
+
+    h3 = cluster.state("h3")
+    cluster.kill_coordinator("h3")
+    env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT)]
+    run = cluster.hosts["h1"].run(env + cluster.lab.host_python() + [
+        "-c", REMOVE_SCRIPT, str(agent_dir(cluster.hosts["h1"]) / "state"), h3["vpn_ip"]], check=False,
+        capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    removed = json.loads(run.stdout)
+    assert removed["changed"] and removed["member"]["name"] == "coordinator-%s" % h3["vpn_ip"].replace(".", "-")
+    assert removed["peer"]["vpn_ip"] == h3["vpn_ip"] and len(removed["members"]) == 2
+    for name in ("h1", "h2", "h4", "h5"):
+        until(lambda n=name: h3["vpn_pub_key"] not in cluster.wg_peers(n), timeout=30, what="%s dropped h3" % name)
+    # The replacement: a fresh host, activated as a further Coordinator; it gets h3's VPN IP back.
+    _grow_and_start(cluster, "h11")
+    cluster.stop("h11")
+    cluster.start_peer("h11", etcd_member=dict(ETCD))
+    rows = cluster.activate("h1", coordinators=("h11",))["nodes"]
+    assert [(r["ok"], r["action"]) for r in rows] == [(True, "activated")], [r["error"] for r in rows]
+    h11 = cluster.state("h11")
+    assert (h11["state"], h11["role"], h11["vpn_ip"]) == ("ActivatingNodes", "coordinator", h3["vpn_ip"])
+    for name in ("h1", "h2", "h4", "h5"):
+        until(lambda n=name: h11["vpn_pub_key"] in cluster.wg_peers(n), timeout=30, what="%s learnt h11" % name)
+    # Three voting members again: one more may die and a Node still joins.
+    cluster.kill_coordinator("h2")
+    _grow_and_start(cluster, "h12")
+    rows = until(lambda: [r for r in cluster.activate("h1", nodes=("h12",))["nodes"] if r["ok"]], timeout=60,
+                 interval=2, what="h12 activated with h2 dead")
+    assert rows[0]["action"] == "activated"
