@@ -102,6 +102,14 @@ class LabCluster:
             pass
         return rows
 
+    def snapshot(self, *names) -> dict:
+        """What must never change on a peer: its VPN IP, WireGuard key and disk key, by name."""
+        rows = {}
+        for name in names:
+            state = self.state(name)
+            rows[name] = (state["vpn_ip"], state["vpn_pub_key"], self.disk_key(name))
+        return rows
+
     def wg_peers(self, name: str) -> set:
         return set(self.hosts[name].run(["wg", "show", "wg0", "peers"], check=False).stdout.split())
 

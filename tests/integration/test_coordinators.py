@@ -39,13 +39,6 @@ class Coordinators(LabCluster):
             config.setdefault("etcd_member", dict(ETCD))
         return self.start(name, **dict(AGENT, **config))
 
-    def snapshot(self, *names):
-        rows = {}
-        for name in names:
-            state = self.state(name)
-            rows[name] = (state["vpn_ip"], state["vpn_pub_key"], self.disk_key(name))
-        return rows
-
 
 @pytest.fixture(scope="module")
 def cluster():

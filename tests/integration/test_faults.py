@@ -33,21 +33,11 @@ class Faults(LabCluster):
         return self.procs[name].poll() is not None
 
     def activate_nodes(self, *names) -> dict:
-        with self.client("h1") as c:
-            c.admin_auth(self.admin_key)
-            return c.activate_additional_nodes([self.hosts[n].public_endpoint for n in names])
+        return self.activate("h1", nodes=names)
 
     def link(self, name, up: bool):
         """The host's cable to the lab's switch (its veth end in the bridge namespace)."""
         self.lab.admin_run(["ip", "link", "set", name, "up" if up else "down"])
-
-    def snapshot(self, *names):
-        """What must never change: each peer's VPN IP, WireGuard key and disk key."""
-        rows = {}
-        for name in names:
-            state = self.state(name)
-            rows[name] = (state["vpn_ip"], state["vpn_pub_key"], self.disk_key(name))
-        return rows
 
 
 @pytest.fixture(scope="module", params=["file", "etcd"])

@@ -219,14 +219,7 @@ def _remove_member(store: EtcdStore, member: Mapping[str, Any]) -> None:
 def _retried(call):
     """``call()``, again while etcd answers with a transient refusal: a change of members right after
     another ("unhealthy cluster"), an election (a removed leader steps down). Bounded by RECONFIG_WAIT."""
-    deadline = time.monotonic() + RECONFIG_WAIT
-    while True:
-        try:
-            return call()
-        except StoreError as err:
-            if not any(text in str(err) for text in TRANSIENT) or time.monotonic() >= deadline:
-                raise
-        time.sleep(0.25)
+    return EtcdStore.retry(call, TRANSIENT, RECONFIG_WAIT)
 
 
 def _remove_entry(ip: str):

@@ -294,16 +294,19 @@ class EtcdStore(_BaseStore):
         # etcd refuses a change while a member joined only moments ago ("unhealthy cluster": it waits
         # until every member has been connected for a while), and right after its own start ("member not
         # found": it has not published itself yet). Bounded retries.
-        return int(self._retry(lambda: self._call("/cluster/member/add", request),
-                               ("unhealthy cluster", "member not found"), wait)["member"]["ID"])
+        return int(self.retry(lambda: self._call("/cluster/member/add", request),
+                              ("unhealthy cluster", "member not found"), wait)["member"]["ID"])
 
     def member_promote(self, member_id: int, wait: float = 30) -> None:
         """Makes the learner ``member_id`` a voting member, once it has caught up with the leader
         (etcd refuses before: retried until ``wait`` runs out)."""
-        self._retry(lambda: self._call("/cluster/member/promote", {"ID": str(int(member_id))}),
-                    ("in sync with leader", "unhealthy cluster"), wait)
+        self.retry(lambda: self._call("/cluster/member/promote", {"ID": str(int(member_id))}),
+                   ("in sync with leader", "unhealthy cluster"), wait)
 
-    def _retry(self, call: Callable[[], dict], transient: Tuple[str, ...], wait: float) -> dict:
+    @staticmethod
+    def retry(call: Callable[[], Any], transient: Tuple[str, ...], wait: float) -> Any:
+        """``call()``, asked again while it fails with a StoreError naming one of ``transient`` (etcd's
+        refusals that pass by themselves), for at most ``wait`` seconds."""
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -314,8 +317,8 @@ class EtcdStore(_BaseStore):
             time.sleep(0.25)
 
     def member_remove(self, member_id: int, wait: float = 30) -> None:
-        self._retry(lambda: self._call("/cluster/member/remove", {"ID": str(int(member_id))}),
-                    ("unhealthy cluster",), wait)
+        self.retry(lambda: self._call("/cluster/member/remove", {"ID": str(int(member_id))}),
+                   ("unhealthy cluster",), wait)
         # etcd 3.4 does not persist its applied index with a removal (etcd-io/etcd#19571): a member killed
         # before its next write forgets the removal and counts the removed member again after a restart.
         # One write right after makes it durable.
