@@ -56,6 +56,7 @@ class CoreBase(StateMachine):
         self.etcd_member: Optional[Any] = None  # ports.ClusterStoreMember, set by the agent
         self._pending_coordinator: Optional[Any] = None  # an ActivateAsAdditionalCoordinator under way
         self._pending_priv_key: Optional[str] = None
+        self._synced_version: Optional[int] = None  # the registry version whose peers WireGuard has
         self.tpm = tpm
         self.vpn = vpn
         self.state_dir = state_dir

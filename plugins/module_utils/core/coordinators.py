@@ -87,14 +87,15 @@ class CoordinatorCluster(NodeActivation):
         if self.etcd_member is None or self.state != State.ACTIVATING_NODES:
             return False
         registry = self.peer_registry.current()
-        if registry is None:
-            return False
+        if registry is None or registry.peers.version == self._synced_version:
+            return False  # nothing committed since the last sync: no `wg` call
         records = list(registry.peers.peers.values())
         changed = self.vpn.set_peers(records, self.vpn_pub_key)
         fellows = tuple(p for p in records if p.role == ROLE_COORDINATOR and p.vpn_ip != self.vpn_ip)
         if fellows != tuple(self._stored_node().peers or ()):
             self._save_node(peers=fellows)
             changed = True
+        self._synced_version = registry.peers.version
         return bool(changed)
 
     # -- the activating Coordinator's side
