@@ -57,6 +57,7 @@ class CoreBase(StateMachine):
         self._pending_coordinator: Optional[Any] = None  # an ActivateAsAdditionalCoordinator under way
         self._pending_priv_key: Optional[str] = None
         self._synced_version: Optional[int] = None  # the registry version whose peers WireGuard has
+        self._peers_apply_lock = threading.Lock()  # the Coordinator applies registry peers one at a time
         self.tpm = tpm
         self.vpn = vpn
         self.state_dir = state_dir

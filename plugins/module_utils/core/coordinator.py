@@ -162,11 +162,10 @@ class CoordinatorSide(KubernetesJoin):
                 raise StateError("WireGuard key of %s is already used by another peer" % vpn_ip)
             if not registry.allocator.in_use(vpn_ip):
                 registry.allocator.reserve(vpn_ip)
-            version = registry.peers.put(record)
-            return version, list(registry.peers.peers.values())
+            return registry.peers.put(record)
 
-        version, records = self.peer_registry.update(put)
-        self.vpn.set_peers(records, self.vpn_pub_key)
+        version = self.peer_registry.update(put)
+        self.apply_registry_peers()
         self._log("peer_added", vpn_ip=vpn_ip, public_ip=public_ip, resource_version=version)
         return version
 
@@ -175,11 +174,22 @@ class CoordinatorSide(KubernetesJoin):
 
         def remove(registry):
             registry.remove(vpn_ip)
-            return registry.peers.version, list(registry.peers.peers.values())
+            return registry.peers.version
 
-        version, records = self.peer_registry.update(remove)
-        self.vpn.set_peers(records, self.vpn_pub_key)
+        version = self.peer_registry.update(remove)
+        self.apply_registry_peers()
         return version
+
+    def apply_registry_peers(self) -> bool:
+        """Makes our WireGuard peers those of the newest committed registry; True if any changed.
+        Serialised, and reading the registry under the same lock: of two threads that each committed a
+        change, the one that applies last applies the newer list (applying each thread's own snapshot
+        could leave the older one in place, without the other's peer)."""
+        with self._peers_apply_lock:
+            registry = self.peer_registry.current()
+            if registry is None:
+                return False
+            return self.vpn.set_peers(list(registry.peers.peers.values()), self.vpn_pub_key)
 
     def issue_join_ticket(self, disk_uuid: str, vpn_ip: str, public_ip: Optional[str] = None,
                           certificate_request: Optional[bytes] = None, is_control_plane: bool = False) -> JoinTicket:

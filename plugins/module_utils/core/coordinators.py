@@ -90,7 +90,7 @@ class CoordinatorCluster(NodeActivation):
         if registry is None or registry.peers.version == self._synced_version:
             return False  # nothing committed since the last sync: no `wg` call
         records = list(registry.peers.peers.values())
-        changed = self.vpn.set_peers(records, self.vpn_pub_key)
+        changed = self.apply_registry_peers()
         fellows = tuple(p for p in records if p.role == ROLE_COORDINATOR and p.vpn_ip != self.vpn_ip)
         if fellows != tuple(self._stored_node().peers or ()):
             self._save_node(peers=fellows)

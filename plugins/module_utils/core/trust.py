@@ -148,10 +148,10 @@ class PeerTrust(NodeActivation):
             # The peer goes, its address stays allocated: re-admission gives it back its VPN IP.
             if reg.peers.get(vpn_ip) is not None:
                 reg.peers.remove(vpn_ip)
-            return reg.peers.version, list(reg.peers.peers.values())
+            return reg.peers.version
 
-        version, records = self.peer_registry.update(remove)
-        self.vpn.set_peers(records, self.vpn_pub_key)
+        version = self.peer_registry.update(remove)
+        self.apply_registry_peers()
         self._log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, reason=eviction["reason"],
                   resource_version=version)
         return version

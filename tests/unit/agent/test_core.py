@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import os
 import threading
+import time
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -292,3 +293,41 @@ def test_recover_refusal_carries_a_machine_readable_reason(swtpm, make_core, sec
     with pytest.raises(StateError) as err:
         c.recover(secret.to_uri())
     assert err.value.reason == REASON_NOT_WAITING_FOR_RECOVERY
+
+
+def test_two_nodes_added_at_once_leave_both_in_the_coordinators_wireguard(make_core, secret):
+    """Two threads each commit a peer; the one whose WireGuard update runs last must apply the newer list.
+    The first thread is held inside its update until the second one committed (what a slow `wg` does)."""
+    from agent_fakes import MemoryTPM, RecordingVPN
+
+    class SlowFirstVPN(RecordingVPN):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+            self.inside, self.go = threading.Event(), threading.Event()
+
+        def set_peers(self, records, own_pub_key):
+            self.calls += 1
+            if self.calls == 1:  # the first node's update
+                self.inside.set()
+                self.go.wait(5)
+            return super().set_peers(records, own_pub_key)
+
+    c = make_core(MemoryTPM())[0]
+    c.vpn = vpn = SlowFirstVPN()
+    c.load()
+    activate(c, secret)
+    keys = [pub_key_from_priv_key(generate_priv_key()), pub_key_from_priv_key(generate_priv_key())]
+    ips = [c.reserve_node_ip(), c.reserve_node_ip()]
+    first = threading.Thread(target=c.add_node_peer, args=(ips[0], keys[0], "10.42.0.31"))
+    first.start()
+    assert vpn.inside.wait(5)
+    second = threading.Thread(target=c.add_node_peer, args=(ips[1], keys[1], "10.42.0.32"))
+    second.start()
+    deadline = time.monotonic() + 5
+    while c.peer_registry.current().peers.get(ips[1]) is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the second one committed its peer
+    vpn.go.set()
+    first.join(5)
+    second.join(5)
+    assert {p.vpn_pub_key for p in vpn.peers} == set(keys)
