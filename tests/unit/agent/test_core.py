@@ -19,6 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
 
 State = core.State
 
@@ -298,7 +299,6 @@ def test_recover_refusal_carries_a_machine_readable_reason(swtpm, make_core, sec
 def test_two_nodes_added_at_once_leave_both_in_the_coordinators_wireguard(make_core, secret):
     """Two threads each commit a peer; the one whose WireGuard update runs last must apply the newer list.
     The first thread is held inside its update until the second one committed (what a slow `wg` does)."""
-    from agent_fakes import MemoryTPM, RecordingVPN
 
     class SlowFirstVPN(RecordingVPN):
         def __init__(self):
