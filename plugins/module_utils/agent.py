@@ -427,14 +427,13 @@ class Agent:
         self.core.finish_activation(lambda: self._ask_coordinators(lambda client: client.get_state_disk_key()))
 
     def _rejoin_once(self) -> None:
-        endpoint = self.config.coordinator_public_endpoint
-        if not endpoint:
-            public_ip = self.core.coordinator_public_ip()
-            if not public_ip:
-                raise ConstellationError("rejoin: the stored peers do not name the Coordinator's public IP")
-            port = atls.parse_endpoint(self.config.public_endpoint)[1]
-            endpoint = ("[%s]:%d" if ":" in public_ip else "%s:%d") % (public_ip, port)
-        result = rejoin_cluster(self.core, endpoint, [self.peer_validator], self.issuer)
+        """A rebooted Node: a rejoin ticket from its Coordinator, or from the next one it knows."""
+        port = atls.parse_endpoint(self.config.public_endpoint)[1]
+        endpoints = [self.config.coordinator_public_endpoint] if self.config.coordinator_public_endpoint else [
+            ("[%s]:%d" if ":" in ip else "%s:%d") % (ip, port) for ip in self.core.coordinator_public_ips()]
+        if not endpoints:
+            raise ConstellationError("rejoin: the stored peers do not name a Coordinator's public IP")
+        result = rejoin_cluster(self.core, endpoints, [self.peer_validator], self.issuer)
         self.log("rejoined", node_vpn_ip=result.get("vpn_ip"), resource_version=result.get("resource_version"))
 
     def _join_once(self) -> None:

@@ -63,6 +63,17 @@ class Recovery(CoreBase):
         found = next((p for p in node.peers or () if p.vpn_ip == node.coordinator_vpn_ip), None)
         return found.public_ip if found is not None else None
 
+    def coordinator_public_ips(self) -> List[str]:
+        """Where a rebooted Node asks for a rejoin ticket, in turn: its own Coordinator's public IP, then
+        those of the other Coordinators it knows (several Coordinators on one etcd cluster)."""
+        node = self._node
+        if node is None:
+            return []
+        own = self.coordinator_public_ip()
+        others = [p.public_ip for p in sorted(node.peers or (), key=lambda p: int(ipaddress.ip_address(p.vpn_ip)))
+                  if p.role == ROLE_COORDINATOR and p.public_ip]
+        return list(dict.fromkeys(([own] if own else []) + others))
+
     def coordinator_vpn_ips(self) -> List[str]:
         """Where a Node asks for updates, in turn: its own Coordinator first, then every other peer with
         the Coordinator role it knows from its updates (several Coordinators on one etcd cluster)."""

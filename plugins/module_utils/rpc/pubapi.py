@@ -16,7 +16,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurements,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core import JoinTicket
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (
     AgentClient,
@@ -204,13 +204,24 @@ class ServerRejoinChannel(ServerJoinChannel):
             raise InputError("rejoined", "true")
 
 
-def rejoin_cluster(core, coordinator_endpoint: str, validators, issuer, connect=None) -> Dict[str, Any]:
-    """A rebooted Node's side: verify the Coordinator (``connect``), attest ourselves in-band, let the
-    Core check and take the rejoin ticket."""
+def rejoin_cluster(core, coordinator_endpoints, validators, issuer, connect=None) -> Dict[str, Any]:
+    """A rebooted Node's side: verify a Coordinator (``connect``), attest ourselves in-band, let the
+    Core check and take the rejoin ticket. ``coordinator_endpoints``: its own Coordinator first, then the
+    others it knows (several Coordinators on one etcd cluster): one that cannot be reached or verified
+    is passed over; one that answers decides."""
     connect = connect or (lambda endpoint: connect_enrolling(lambda v: AgentClient.connect(endpoint, v), validators))
-    with connect(coordinator_endpoint) as client:
-        return core.rejoin(lambda vpn_ip, vpn_pub_key, disk_uuid, on_ticket: client.issue_rejoin_ticket(
-            vpn_ip, vpn_pub_key, disk_uuid, issuer, on_ticket))
+    endpoints = [coordinator_endpoints] if isinstance(coordinator_endpoints, str) else list(coordinator_endpoints)
+    last: Optional[BaseException] = None
+    for endpoint in endpoints:
+        try:
+            client = connect(endpoint)
+        except (OSError, ConstellationError) as err:
+            last = err
+            continue
+        with client:
+            return core.rejoin(lambda vpn_ip, vpn_pub_key, disk_uuid, on_ticket: client.issue_rejoin_ticket(
+                vpn_ip, vpn_pub_key, disk_uuid, issuer, on_ticket))
+    raise last if last is not None else ConstellationError("rejoin: no Coordinator endpoint is known")
 
 
 def join_cluster(core, coordinator_endpoint: str, validators, issuer, connect=None,
