@@ -384,6 +384,7 @@ class Agent:
                 if state == State.IS_NODE:
                     self._update_once()
                 elif state == State.ACTIVATING_NODES and self.core.etcd_member is not None:
+                    self.core.supervise_etcd_member()  # its member died: started again, it rejoins
                     self.core.sync_coordinator_peers()  # another Coordinator may have changed the peers
                 elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.coordinator_vpn_ip:
                     self._finish_activation_once()

@@ -76,6 +76,14 @@ pcrs:
   returned: always
   type: list
   elements: dict
+etcd_member:
+  description:
+    - V(running) or V(stopped) for an activated Coordinator that shares the cluster's state with other Coordinators
+      in etcd (its agent runs an etcd member); V(null) otherwise.
+    - V(stopped) means the cluster runs with one member less until the agent has started it again.
+  returned: success
+  type: str
+  sample: running
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -51,11 +51,14 @@ class PeerStatus:
     vpn_pub_key: Optional[str] = None
     # The Coordinator's evicted peers (failed re-attestation): [{vpn_ip, vpn_pub_key, public_ip, reason, ts}].
     evicted: List[Dict[str, Any]] = field(default_factory=list)
+    # A Coordinator sharing the state in etcd: its member is "running" or "stopped" (one member less).
+    etcd_member: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
                 "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings),
-                "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted)}
+                "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted),
+                "etcd_member": self.etcd_member}
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -95,7 +98,8 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes]) -> PeerStatus:
                       membership=cluster_membership(validation.pcrs, cluster_id), pcrs=pcr_rows(validation.checks),
                       pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
                       vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
-                      evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)])
+                      evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)],
+                      etcd_member=_opt_str(state.get("etcd_member")))
 
 
 def _opt_str(value: Any) -> Optional[str]:

@@ -256,3 +256,35 @@ def test_a_dead_coordinator_is_replaced(cluster):
     rows = until(lambda: [r for r in cluster.activate("h1", nodes=("h12",))["nodes"] if r["ok"]], timeout=60,
                  interval=2, what="h12 activated with h2 dead")
     assert rows[0]["action"] == "activated"
+
+
+def test_an_etcd_member_that_dies_is_started_again_by_its_agent(cluster):
+    """h1's etcd member dies while its agent lives (SIGKILL, the member only). Since the test above h2 is
+    dead: h1 and h11 are the majority and both are needed. h1's agent notices, logs it and starts the
+    member again from its data; it rejoins and votes: GetState says "running" with a new process, and a
+    Node joins through h1 (a write that needs h1's member and h11's)."""
+    import os
+    import signal
+
+    assert cluster.procs["h1"].poll() is None and cluster.procs["h11"].poll() is None
+    assert cluster.state("h11")["etcd_member"] == "running"
+    pid = cluster.etcd_pid("h1")
+    assert pid and cluster.state("h1")["etcd_member"] == "running"
+    marks = {event: len(cluster.events("h1", event)) for event in ("etcd_member_exited", "etcd_member_started")}
+    os.kill(pid, signal.SIGKILL)
+    until(lambda: cluster.etcd_pid("h1") not in (None, pid) and cluster.state("h1")["etcd_member"] == "running",
+          timeout=60, what="h1's agent started its etcd member again", why=lambda: tail_log(cluster.hosts["h1"]))
+    exited = cluster.events("h1", "etcd_member_exited")[marks["etcd_member_exited"]:]
+    started = cluster.events("h1", "etcd_member_started")[marks["etcd_member_started"]:]
+    assert exited and exited[0]["level"] == "warning", tail_log(cluster.hosts["h1"])
+    assert started and started[-1]["cluster"] == "restart", tail_log(cluster.hosts["h1"])
+    new_pid = cluster.etcd_pid("h1")
+    with open("/proc/%d/cmdline" % new_pid, "rb") as handle:
+        assert b"etcd" in handle.read()
+    assert cluster.procs["h1"].poll() is None  # the agent lived on
+    _grow_and_start(cluster, "h13")
+    rows = until(lambda: [r for r in cluster.activate("h1", nodes=("h13",))["nodes"] if r["ok"]], timeout=60,
+                 interval=2, what="h13 activated through h1 with h2 dead", why=lambda: tail_log(cluster.hosts["h1"]))
+    assert rows[0]["action"] == "activated"
+    assert cluster.disk_key("h13") == cluster.expected_disk_key("h13")
+    assert cluster.etcd_pid("h1") == new_pid and cluster.state("h1")["etcd_member"] == "running"

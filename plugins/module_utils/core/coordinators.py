@@ -16,7 +16,8 @@ own (node state, KMS settings) in its local store:
   the KMS derives the cluster ID, starts its member; the activating one promotes it to a voting member
   once it caught up; the new one opens the shared state and serves;
 * every Coordinator follows the registry (``sync_coordinator_peers``): WireGuard peers, and its
-  fellow Coordinators kept locally so that after a restart it can reach the others' members first.
+  fellow Coordinators kept locally so that after a restart it can reach the others' members first;
+* the agent's loop starts a member that died again (``supervise_etcd_member``); GetState reports it.
 """
 
 from __future__ import annotations
@@ -97,6 +98,30 @@ class CoordinatorCluster(NodeActivation):
             changed = True
         self._synced_version = registry.peers.version
         return bool(changed)
+
+    def _shares_state(self) -> bool:
+        """An activated Coordinator whose cluster state lives in its etcd member."""
+        return self.etcd_member is not None and self.state == State.ACTIVATING_NODES and self.store is not self.local_store
+
+    def supervise_etcd_member(self) -> bool:
+        """The agent's loop: a member that died while the agent lives would leave the cluster one member
+        short, unnoticed (this agent serves from memory). It starts again from its data and rejoins;
+        a failed start raises and is tried again next round. True if it was started."""
+        if not self._shares_state() or self.etcd_member.running:
+            return False
+        self._log("etcd_member_exited", level="warning", vpn_ip=self.vpn_ip)
+        if self._kms is None:
+            raise StateError("etcd_member: the member cannot start again without the KMS (its TLS)")
+        self.etcd_member.start(self.vpn_ip, self._kms)
+        self._log("etcd_member_started", vpn_ip=self.vpn_ip, cluster="restart")
+        return True
+
+    def get_state(self) -> Dict[str, Any]:
+        """Adds ``etcd_member`` ("running" or "stopped") for a Coordinator that shares the state in etcd."""
+        answer = super().get_state()
+        if self._shares_state():
+            answer["etcd_member"] = "running" if self.etcd_member.running else "stopped"
+        return answer
 
     # -- the activating Coordinator's side
     def activate_coordinators(self, endpoints: Sequence[str], connect_node: ConnectNode) -> List[Dict[str, Any]]:

@@ -125,6 +125,8 @@ class ClusterStoreMember(Protocol):
     def peer_url(self, vpn_ip: str) -> str:
         """The member's peer URL (on the Coordinator's VPN IP)."""
 
+    running: bool  # whether the member process this adapter started is alive
+
     def has_data(self) -> bool:
         """Whether the member ran before (a restart rejoins from its data)."""
 

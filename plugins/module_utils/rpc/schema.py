@@ -133,6 +133,7 @@ class StateAnswer(Record):
     vpn_pub_key: Optional[str] = wire("str")
     state_disk_uuid: Optional[str] = wire("str")
     evicted: Optional[list] = wire("list", doc="the Coordinator's evicted peers")
+    etcd_member: Optional[str] = wire("str", doc="running or stopped: a Coordinator's etcd member (several Coordinators)")
 
 
 @dataclass(frozen=True)

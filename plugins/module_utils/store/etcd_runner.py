@@ -95,6 +95,11 @@ class EtcdMember:
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
+    @property
+    def running(self) -> bool:
+        """Whether the member process this agent started still runs (False before a start and after a stop)."""
+        return self.pid is not None
+
     def has_data(self) -> bool:
         """Whether this member ran before (its data directory holds a member)."""
         return os.path.isdir(os.path.join(self.data_dir, "data", "member"))
