@@ -26,7 +26,7 @@ author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
   - The Python package etcd3gw on the Coordinator (Debian C(python3-etcd3gw); the node_agent role installs it
-    with an etcd store)
+    with C(node_agent_etcd_member) or an etcd store)
 options:
   vpn_ip:
     description: The dead Coordinator's VPN IP, such as C(10.118.0.2).
