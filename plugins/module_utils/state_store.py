@@ -331,8 +331,9 @@ def load_evictions(store) -> Dict[str, dict]:
 def move_cluster_keys(local, cluster) -> int:
     """Moves every key but ``LOCAL_KEYS`` from the ``local`` store to ``cluster`` (SPEC 6.8: the first
     Coordinator's state goes to etcd when its member starts): written to ``cluster`` in one transaction,
-    then deleted from ``local`` in one. A crash in between leaves copies in both, which the next move
-    writes again (the same values). Returns how many keys moved."""
+    then deleted from ``local`` in one. A crash in between leaves stale copies in ``local`` that nothing
+    reads: a Coordinator whose member has data reads the cluster's keys from etcd only. Returns how many
+    keys moved."""
     entries = [(key, value) for key, value in local.items("") if key not in LOCAL_KEYS]
 
     def copy(tx: Txn) -> None:
