@@ -167,3 +167,19 @@ def test_bad_kms_data():
     store.put("KMSData", b"not json")
     with pytest.raises(StoreError, match="KMS settings are invalid"):
         state_store.load_kms_data(store)
+
+
+def test_move_cluster_keys_leaves_only_the_peers_own_state_local():
+    """The first Coordinator's member starts: the cluster's keys go to etcd (here a second store), the
+    node's own (node state, KMS settings, init secret) stay; nothing is in both."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore as Memory
+
+    local, cluster = Memory(), Memory()
+    for key in sorted(state_store.LOCAL_KEYS) + ["peersResourceVersion", "peer10.118.0.1", "nodeDiskUUID10.118.0.11"]:
+        local.put(key, key.encode())
+    assert state_store.move_cluster_keys(local, cluster) == 3
+    assert sorted(k for k, _v in local.items("")) == sorted(state_store.LOCAL_KEYS)
+    assert sorted(k for k, _v in cluster.items("")) == ["nodeDiskUUID10.118.0.11", "peer10.118.0.1",
+                                                        "peersResourceVersion"]
+    assert cluster.get("peer10.118.0.1") == b"peer10.118.0.1"
+    assert state_store.move_cluster_keys(local, cluster) == 0  # nothing left to move
