@@ -11,8 +11,9 @@ so loopback addresses are VPN IPs.
   server path, unchanged.
 * ``follower_nochange_ms_N``: the same poll against a follower: a Coordinator whose store lists the 3
   members of an etcd cluster that another Coordinator (the writer) filled. With more than one endpoint
-  every read compares the stored peersResourceVersion with the one in memory (core/peer_cache.py): one
-  etcd read per poll. ``leader_nochange_ms_N``: the writer itself, on the same cluster.
+  a read compares the stored peersResourceVersion with the one in memory (core/peer_cache.py), at most
+  once per FOLLOW_INTERVAL (0.1 s): back-to-back polls share it. ``follower_every_read_ms_N``: the same
+  with a version read on every poll (the worst case). ``leader_nochange_ms_N``: the writer itself.
 * ``failover_s``: Coordinators A and B on the 3-member cluster, A's store talking to the etcd raft
   leader first (the worst case: etcd must elect before anyone can write), each with its vpnapi server.
   A Node-side poller asks them in turn as the agent's update loop does (rpc/client.ask_in_turn, sticking
@@ -70,6 +71,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent import
     DEFAULT_UPDATE_INTERVAL,
     JSONLog,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerUpdate  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema  # noqa: E402
@@ -269,6 +271,10 @@ def cluster_figures(work: str, n: int, polls: int, runs: int, interval: float, l
         assert follower.peer_registry.shared and len(follower.peer_registry.current().peers) == n
         out = {"follower_nochange_ms": _nochange_ms(follower, log, polls),
                "leader_nochange_ms": _nochange_ms(writer, log, polls)}
+        # The worst case: a poll that pays the version check (polls closer together than the cache's
+        # follow_interval share one read; with 1,000 Nodes polling every 10 s, one poll in ten pays it).
+        follower.peer_registry.follow_interval = 0
+        out["follower_every_read_ms"] = _nochange_ms(follower, log, polls)
         for store in stores:
             store.close()
         stores = []
@@ -411,6 +417,9 @@ def main() -> None:
     print("%-34s %10.3f" % ("single Coordinator, 1 etcd endpoint", single["server_nochange_ms"]))
     print("%-34s %10.3f" % ("follower, %d-member etcd" % MEMBERS, shared["follower_nochange_ms"]))
     print("%-34s %10.3f" % ("writer, %d-member etcd" % MEMBERS, shared["leader_nochange_ms"]))
+    print("%-34s %10.3f" % ("follower, a version read per poll", shared["follower_every_read_ms"]))
+    print("(a follower reads the stored version at most every %g s: polls closer together share that read)"
+          % FOLLOW_INTERVAL)
     print()
     print("a new peer reaching a Node polling every %g s (the agent's default: %g s), s:"
           % (args.poll_interval, DEFAULT_UPDATE_INTERVAL))
@@ -465,6 +474,7 @@ def main() -> None:
         "failover_poll_errors": sum(r["poll_errors"] for r in fails),
         "follower_nochange_ms_%d" % n: round(shared["follower_nochange_ms"], 3),
         "leader_nochange_ms_%d" % n: round(shared["leader_nochange_ms"], 3),
+        "follower_every_read_ms_%d" % n: round(shared["follower_every_read_ms"], 3),
         "single_nochange_ms_%d" % n: round(single["server_nochange_ms"], 3),
         "single_baseline_store_reload_ms_%d" % n: round(single["baseline_store_reload_ms"], 3),
         "load_avg_1m": round(os.getloadavg()[0], 2),

@@ -18,15 +18,17 @@ costs O(peers) per poll (46 ms at 1,000 peers on etcd). Here:
 
 With one Coordinator per store, this process is the only writer of the peer keys and reads never
 touch the store. With several Coordinators on one etcd cluster (``shared``: the store lists more than
-one etcd endpoint, docs/store.md), another Coordinator may have written: every read first compares the
-store's ``peersResourceVersion`` (one key, read from the Coordinator's own etcd member) with the version
-in memory and reloads when they differ, so every Coordinator answers the same version with the same peer set. If the store cannot be read then
+one etcd endpoint, docs/store.md), another Coordinator may have written: a read first compares the
+store's ``peersResourceVersion`` (one key, read from the Coordinator's own etcd member; at most once per
+``FOLLOW_INTERVAL``, so a burst of polls shares one read) with the version in memory and reloads when they
+differ, so every Coordinator answers the same version with the same peer set. If the store cannot be read then
 (no quorum), the registry in memory is served: Nodes keep their mesh while writes stop.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
@@ -39,10 +41,19 @@ def shared_by_coordinators(store: Any) -> bool:
     return len(getattr(store, "endpoints", None) or ()) > 1
 
 
+# With several Coordinators: how long a version check of the shared store holds (seconds). Polls closer
+# together than this share one read; another Coordinator's commit is seen at most this much later.
+FOLLOW_INTERVAL = 0.1
+
+
 class PeerRegistryCache:
-    def __init__(self, store: Any, shared: Optional[bool] = None):
+    def __init__(self, store: Any, shared: Optional[bool] = None, follow_interval: float = FOLLOW_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic):
         self._store = store
         self.shared = shared_by_coordinators(store) if shared is None else shared
+        self.follow_interval = follow_interval
+        self._clock = clock
+        self._checked_at = float("-inf")
         self._write_lock = threading.Lock()
         self._current: Optional[PeerRegistry] = None
         self._loaded = False
@@ -58,7 +69,12 @@ class PeerRegistryCache:
         return self._current
 
     def _follow(self) -> None:
-        """Reloads if another Coordinator committed a version this process has not seen."""
+        """Reloads if another Coordinator committed a version this process has not seen (checked at most
+        once per ``follow_interval``)."""
+        now = self._clock()
+        if now - self._checked_at < self.follow_interval:
+            return
+        self._checked_at = now
         try:
             # The member's own copy (no majority needed, a little behind at worst: the next poll catches up);
             # a linearizable read would block every poll for the store's timeout while a majority is lost.

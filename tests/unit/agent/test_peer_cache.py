@@ -205,7 +205,7 @@ def test_a_coordinator_sharing_the_store_follows_what_another_one_wrote():
     shared = MemoryStore()
     writer = PeerRegistryCache(shared, shared=True)
     follower_store = FailingReads(shared)
-    follower = PeerRegistryCache(follower_store, shared=True)
+    follower = PeerRegistryCache(follower_store, shared=True, follow_interval=0)  # every read checks
     alone = PeerRegistryCache(shared, shared=False)  # one Coordinator per store: reads never touch it
     writer.update(lambda registry: registry.add(_key(), "10.42.0.20", "node"), "10.118.0.0/16")
     for cache in (follower, alone):
@@ -233,3 +233,26 @@ def test_only_an_etcd_store_of_several_endpoints_counts_as_shared():
     assert not shared_by_coordinators(MemoryStore())
     assert not shared_by_coordinators(Endpoints(["http://127.0.0.1:2379"]))
     assert shared_by_coordinators(Endpoints(["https://10.118.0.1:2379", "https://10.118.0.2:2379"]))
+
+
+def test_a_follower_checks_the_shared_version_at_most_once_per_interval():
+    """A burst of polls shares one read of the stored version; after the interval the next read looks
+    again and finds what another Coordinator committed."""
+    shared = MemoryStore()
+    now = [100.0]
+    writer = PeerRegistryCache(shared, shared=True)
+    follower_store = CountingStore(shared)
+    follower = PeerRegistryCache(follower_store, shared=True, follow_interval=0.1, clock=lambda: now[0])
+    writer.update(lambda registry: registry.add(_key(), "10.42.0.20", "node"), "10.118.0.0/16")
+    follower.current()  # loads
+    reads = follower_store.calls
+    follower.current()  # the first check
+    checked = follower_store.calls
+    assert checked == reads + 1
+    second = writer.update(lambda registry: registry.add(_key(), "10.42.0.21", "node"))
+    for dummy in range(50):
+        assert not follower.is_known_peer_ip(second.vpn_ip)  # within the interval: no read, not seen yet
+    assert follower_store.calls == checked
+    now[0] += 0.2
+    assert follower.is_known_peer_ip(second.vpn_ip)  # the interval passed: checked, reloaded
+    assert follower.current().to_dict() == writer.current().to_dict()
