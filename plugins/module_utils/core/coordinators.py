@@ -127,9 +127,10 @@ class CoordinatorCluster(NodeActivation):
     def activate_coordinators(self, endpoints: Sequence[str], connect_node: ConnectNode) -> List[Dict[str, Any]]:
         """Activates the Coordinators at ``endpoints`` one after another (etcd adds one member at a time)."""
         self.require_coordinator("ActivateAdditionalNodes")
-        if self.etcd_member is None:
-            raise StateError("ActivateAdditionalNodes: this Coordinator runs no etcd member (agent config "
-                             "etcd_member), so no other Coordinator can share its state")
+        if not self._shares_state():
+            raise StateError("ActivateAdditionalNodes: this Coordinator keeps the cluster's state in its local store "
+                             "(it runs no etcd member, agent config etcd_member, or was activated without one), so "
+                             "no other Coordinator can share it")
         for index, endpoint in enumerate(endpoints):
             atls.parse_endpoint(endpoint, "coordinator_public_endpoints[%d]" % index)
         return [self.activate_coordinator(endpoint, connect_node) for endpoint in endpoints]

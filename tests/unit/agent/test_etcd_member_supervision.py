@@ -145,3 +145,18 @@ def test_verify_fails_a_coordinator_whose_member_is_stopped(etcd_member, problem
     status = PeerStatus(endpoint="192.0.2.2:9000", state="ActivatingNodes", role="coordinator", membership="ours",
                         etcd_member=etcd_member)
     assert verify_problems("h2", status) == problems
+
+
+def test_a_coordinator_whose_state_is_local_refuses_further_coordinators(tmp_path):
+    """Activated without an etcd member, then given one in its config (an upgrade): its state stays in its
+    local store, so ActivateAdditionalNodes with Coordinators is refused, naming why - not a foreign error
+    from a store that has no members."""
+    c, _events = coordinator(tmp_path, None)
+    c.etcd_member = StoppableMember()  # configured after the activation
+    assert c.store is c.local_store
+    with pytest.raises(StateError, match="keeps the cluster's state in its local store"):
+        c.activate_coordinators(["10.42.0.12:9000"], lambda endpoint: pytest.fail("nothing may be contacted"))
+    member = StoppableMember()
+    (tmp_path / "shared").mkdir()
+    shared, _events = coordinator(tmp_path / "shared", member)
+    assert shared.store is member.cluster and shared._shares_state()  # pylint: disable=protected-access
