@@ -360,7 +360,7 @@ def lab_figures(runs: int) -> dict:
                     cluster.kill_coordinator("h1")
                     lab.admin_run(["ip", "link", "set", "h1", "down"])
                     started = time.monotonic()
-                rows = _retry(lambda n=name: _activated(cluster.activate("h2", nodes=(n,))), 60)
+                _retry(lambda n=name: _activated(cluster.activate("h2", nodes=(n,))), 60)
                 activated = time.monotonic() - started
                 wait_peer("h4", cluster.state(name)["vpn_pub_key"])
                 out["failover" if kill else "no_failover"].append(time.monotonic() - started)
@@ -369,7 +369,6 @@ def lab_figures(runs: int) -> dict:
                     lab.admin_run(["ip", "link", "set", "h1", "up"])
                     start("h1")
                     wait_peer("h1", cluster.state(name)["vpn_pub_key"])
-                del rows
         return out
     finally:
         cluster.close()

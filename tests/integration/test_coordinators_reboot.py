@@ -8,8 +8,6 @@ A reboot restarts the host's TPM (PCR 15 back to zero) and ends every process on
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 from lab.admin import LabCluster
 from lab.agent import tail_log
@@ -29,24 +27,11 @@ class Reboots(LabCluster):
         config = dict(AGENT, etcd_member=dict(ETCD)) if name in COORDINATORS else dict(AGENT)
         return self.start(name, **config)
 
-    def reboot(self, name: str, start: bool = True) -> None:
-        """The host's machine reboots: every process on it ends, its TPM restarts."""
-        pid = self.etcd_pid(name)
-        self.stop(name, sig=signal.SIGKILL)
-        if pid:
-            self.kill_etcd(pid)
+    def reboot(self, name: str) -> None:
+        """The host's machine reboots: every process on it ends (agent, etcd member), its TPM restarts."""
+        self.kill_coordinator(name)
         self.lab.reboot_tpm(name)
-        if start:
-            self.start_peer(name)
-
-    @staticmethod
-    def kill_etcd(pid: int) -> None:
-        import os
-
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self.start_peer(name)
 
 
 @pytest.fixture(scope="module")

@@ -197,27 +197,25 @@ class PubAPIClient(Channel):
     def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str, str], bytes]) -> Dict[str, Any]:
         """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid, node_vpn_pub_key)``
         records the node and derives the key."""
-        self.stream.send_request("ActivateAsNode", params)
-        step = self.stream.recv_msg("the node's disk UUID")
-        uuid = step.get("state_disk_uuid")
-        if not isinstance(uuid, str):
-            raise ProtocolError("ActivateAsNode: the node sent no state_disk_uuid")
-        pub_key = b64d(step.get("node_vpn_pub_key"), "node_vpn_pub_key", 32)
-        self.stream.send_msg({"state_disk_key": b64e(disk_key_for(uuid, b64e(pub_key)))})
+        uuid, pub_key = self._first_step("ActivateAsNode", params)
+        self.stream.send_msg({"state_disk_key": b64e(disk_key_for(uuid, pub_key))})
         result = self.stream.recv_end()
         result["state_disk_uuid"] = uuid
-        result["node_vpn_pub_key"] = b64e(pub_key)
+        result["node_vpn_pub_key"] = pub_key
         return result
+
+    def _first_step(self, method: str, params: Dict[str, Any]) -> Tuple[str, str]:
+        """Sends an activation request; the peer's first answer: (its disk UUID, its WireGuard key, base64)."""
+        self.stream.send_request(method, params)
+        step = self.stream.recv_msg("the peer's disk UUID and VPN key")
+        uuid = step.get("state_disk_uuid")
+        if not isinstance(uuid, str):
+            raise ProtocolError("%s: the peer sent no state_disk_uuid" % method)
+        return uuid, b64e(b64d(step.get("node_vpn_pub_key"), "node_vpn_pub_key", 32))
 
     def activate_as_additional_coordinator(self, params: Dict[str, Any], secrets_for, promote) -> Dict[str, Any]:
         """The activating Coordinator's side (core/coordinators.py, ports.NodeClient)."""
-        self.stream.send_request("ActivateAsAdditionalCoordinator", params)
-        step = self.stream.recv_msg("the new Coordinator's disk UUID and VPN key")
-        uuid = step.get("state_disk_uuid")
-        if not isinstance(uuid, str):
-            raise ProtocolError("ActivateAsAdditionalCoordinator: the peer sent no state_disk_uuid")
-        pub_key = b64d(step.get("node_vpn_pub_key"), "node_vpn_pub_key", 32)
-        self.stream.send_msg(secrets_for(uuid, b64e(pub_key)))
+        self.stream.send_msg(secrets_for(*self._first_step("ActivateAsAdditionalCoordinator", params)))
         if self.stream.recv_msg("the start of its etcd member").get("etcd_member") != "started":
             raise ProtocolError("ActivateAsAdditionalCoordinator: the peer did not start its etcd member")
         promote()
