@@ -9,7 +9,8 @@ Documentation is in plugins/modules/agent_state.py; the shared base is plugin_ut
 from __future__ import annotations
 
 from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
-from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
+from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import (
+    ClusterAction, display, valid_args)
 
 
 class ActionModule(ClusterAction):
@@ -23,4 +24,20 @@ class ActionModule(ClusterAction):
         out["changed"] = False
         if status.warnings:
             out["warnings"] = list(status.warnings)
+        self._prestart_connection(status.endpoint, status.state)
         return out
+
+    def _prestart_connection(self, endpoint: str, state: str) -> None:
+        """An activated peer's admin channel is open: the atls connection (its option prestart)
+        starts its relay now, in the background, for the tasks that come. Nothing else is sent, and
+        whatever goes wrong is the first such task's to report."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import ACTIVATED
+
+        start = getattr(self._connection, "start_in_background", None)
+        if start is None or state not in [activated.wire_name for activated in ACTIVATED]:
+            return
+        try:
+            if start():
+                display.vvv("ATLS: relay started in the background", host=endpoint)
+        except Exception as err:  # pylint: disable=broad-except
+            display.vvv("ATLS: no relay started in the background: %s" % err, host=endpoint)

@@ -139,6 +139,19 @@ options:
       - name: CONSTELLATION_ATLS_PERSIST
     vars:
       - name: constellation_atls_persist
+  prestart:
+    description:
+      - A task that attests the host from the controller and finds it activated (M(constellation.cluster.agent_state),
+        as step 1 of C(site.yml) does for every peer) starts the host's relay (O(persist)) in the background, so the
+        run's first task over this connection does not wait for the attestation and admin authentication. The relay
+        attests the host as always; with O(fresh_proof) the first task still gets a fresh proof.
+      - V(false) starts the relay with the first task over the connection. Without O(persist) there is no relay to start.
+    type: bool
+    default: true
+    env:
+      - name: CONSTELLATION_ATLS_PRESTART
+    vars:
+      - name: constellation_atls_prestart
   fresh_proof:
     description:
       - Before every task on a kept connection (O(persist)), the agent proves itself again - a new quote over a
@@ -214,6 +227,7 @@ from typing import Optional
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_bytes, to_native
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 
@@ -225,6 +239,7 @@ from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.relay i
     ensure_private_dir,
     relay_main,
     start_relay,
+    start_relay_in_background,
 )
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client, validators_for
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import (
@@ -278,6 +293,16 @@ class Connection(ConnectionBase):
         display.vvv("ATLS: attested and admin-authenticated connection to %s" % settings.endpoint,
                     host=settings.endpoint)
         return self
+
+    def start_in_background(self) -> bool:
+        """Starts this host's relay without waiting for it (option prestart); False if it is not
+        started now (prestart or persist off, or a relay runs or is starting). The first task over
+        the connection waits for a relay that is starting; a relay that failed is started again by
+        that task, which reports why."""
+        settings = self._settings_now()
+        if settings.persist <= 0 or not boolean(self.get_option("prestart"), strict=False):
+            return False
+        return start_relay_in_background(settings, settings.control_path(self._playbook_pid), self._playbook_pid)
 
     def _via_relay(self, settings: Settings):
         from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError

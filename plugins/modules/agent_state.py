@@ -13,6 +13,8 @@ version_added: "0.1.0"
 description:
   - Attests the peer's aTLS endpoint against the measurements policy, then asks C(GetState). Read-only.
   - Reports from the attested PCR 15 whether the peer is fresh, locked to this cluster (O(cluster_id)) or to another.
+  - When the host's connection is C(constellation.cluster.atls) and the peer is activated, the connection's relay is
+    started in the background for the tasks that follow (the connection's option C(prestart)); nothing else is sent.
 author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:

@@ -90,11 +90,11 @@ class Env:
         return subprocess.run(prefix + [str(VENV_BIN / argv[0])] + list(argv[1:]) + ["-i", str(self.inventory)],
                               capture_output=True, text=True, env=env, cwd=str(REPO_ROOT), timeout=300, check=False)
 
-    def playbook(self, tasks, hosts="h1,h2", extra_env=None, gather_facts=False):
+    def playbook(self, tasks, hosts="h1,h2", extra_env=None, gather_facts=False, args=()):
         play = self.tmp / ("play-%d.yml" % len(list(self.tmp.glob("play-*.yml"))))
         play.write_text(yaml.safe_dump([{"name": "atls", "hosts": hosts, "gather_facts": gather_facts,
                                          "tasks": tasks}], sort_keys=False))
-        return self.ansible(["ansible-playbook", str(play)], extra_env)
+        return self.ansible(["ansible-playbook", str(play)] + list(args), extra_env)
 
     def admin_auth_count(self, name: str) -> int:
         log = agent_dir(self.hosts[name]) / "agent.log"
@@ -182,6 +182,39 @@ def test_one_attested_connection_per_host_and_run(env):
     assert env.admin_auth_count("h1") - before == 6
 
 
+def _attest_task(netns=None):
+    """agent_state from the controller, as site.yml's step 1 attests every peer."""
+    args = {"endpoint": "{{ constellation_public_endpoint }}", "measurements": "{{ constellation_measurements }}",
+            "variant": "qemu-vtpm"}
+    if netns:
+        args["netns"] = netns
+    return {"name": "attest", "constellation.cluster.agent_state": args, "register": "attested"}
+
+
+def test_an_attested_activated_host_gets_its_relay_started_in_the_background(env):
+    def play(hosts, prestart, checks):
+        # A control folder of its own: what is in it after the attestation was made by this run.
+        control_dir = env.tmp / ("cp-%s-%s" % (hosts, prestart))
+        listed = {"name": "relays", "ansible.builtin.find": {"paths": str(control_dir), "patterns": "atls-*"},
+                  "delegate_to": "localhost", "register": "relays",
+                  "vars": {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}}
+        return env.playbook([_attest_task(), listed] + checks, hosts=hosts,
+                            extra_env={"CONSTELLATION_ATLS_PRESTART": prestart},
+                            args=["-e", "constellation_atls_control_path_dir=%s" % control_dir])
+
+    command = {"name": "command", "ansible.builtin.command": "echo ran", "register": "ran", "changed_when": False}
+    for prestart, relays in (("true", "relays.matched > 0"), ("false", "relays.matched == 0")):
+        before = env.admin_auth_count("h1")
+        # Right after the attestation, before any task used the connection, the relay is starting
+        # (its lock, then its socket) or not; the command then runs on it.
+        _ok(play("h1", prestart, [command, {"name": "check", "ansible.builtin.assert": {
+            "that": [relays, "attested.state == 'ActivatingNodes'", "ran.stdout == 'ran'"]}}]))
+        assert env.admin_auth_count("h1") - before == 1  # one attested connection either way
+    # A host whose admin channel is closed (never activated) gets no relay; nothing fails.
+    _ok(play("h3", "true", [{"name": "none", "ansible.builtin.assert": {
+        "that": ["relays.matched == 0", "attested.state == 'AcceptingInit'"]}}]))
+
+
 def test_tampered_host_is_unreachable_with_the_pcr(env):
     for persist in ("60", "0"):
         proc = env.ansible(["ansible", "h4", "-m", "ansible.builtin.command", "-a", "/bin/true"],
@@ -201,6 +234,14 @@ def test_wrong_admin_key_is_not_authorised(env):
                            {"CONSTELLATION_ATLS_PERSIST": persist})
         assert proc.returncode == 4, proc.stdout + proc.stderr
         assert "not authorised" in proc.stdout + proc.stderr
+    # The relay started in the background after the attestation fails quietly; the first task over
+    # the connection reports why.
+    proc = env.playbook([_attest_task(), {"name": "command", "ansible.builtin.command": "/bin/true"}], hosts="h1",
+                        args=["-e", "constellation_admin_priv_key_file=%s" % env.other_key_file])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out
+    assert re.search(r"^ok: \[h1\]", out.split("TASK [command]", 1)[0], re.M), out  # attested
+    assert "not authorised" in out.split("TASK [command]", 1)[1]
 
 
 def test_before_activation_exec_is_refused_but_attestation_works(env):
@@ -332,6 +373,10 @@ def test_warm_interpreter_off_and_raw_use_plain_exec_and_a_dead_fork_server_is_r
     _ok(env.playbook(task, hosts="h2"))
     started = _agent_events(env, "h2", "warm_server_started")
     assert started and _agent_events(env, "h2", "exec_module")[-1]["warm"] is True
+    # The next playbook run rebuilds the module zip (new timestamps): its server is still warm.
+    _ok(env.playbook(task, hosts="h2"))
+    assert _agent_events(env, "h2", "exec_module")[-1]["warm"] is True
+    assert _agent_events(env, "h2", "warm_server_started") == started
     for record in started:
         try:
             os.kill(record["pid"], 9)
@@ -342,18 +387,23 @@ def test_warm_interpreter_off_and_raw_use_plain_exec_and_a_dead_fork_server_is_r
     assert len(_agent_events(env, "h2", "warm_server_started")) == len(started) + 1
 
 
-def _tamper_between_two_tasks(env, name, extra_env=None):
-    """A play of three tasks on ``name``: a command, then (on the controller) the host's PCR 9 is
-    extended as a modified boot would, then a command again - on the connection the first task used."""
+def _tamper_tasks(env, name):
+    """A command, then (on the controller) the host's PCR 9 extended as a modified boot would, then a
+    command again."""
     tamper = {"name": "tamper", "ansible.builtin.command": {
         "argv": [str(VENV_BIN / "python"), "-m", "lab", "--name", env.lab.name, "tamper", name],
         "chdir": str(REPO_ROOT)}, "delegate_to": "localhost", "changed_when": False,
         "vars": {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}}
-    tasks = [{"name": "before", "ansible.builtin.command": "echo before-ran", "changed_when": False}, tamper,
-             {"name": "after", "ansible.builtin.command": "echo after-ran", "changed_when": False}]
+    return [{"name": "before", "ansible.builtin.command": "echo before-ran", "changed_when": False}, tamper,
+            {"name": "after", "ansible.builtin.command": "echo after-ran", "changed_when": False}]
+
+
+def _tamper_between_two_tasks(env, name, extra_env=None):
+    """A play of three tasks on ``name`` (_tamper_tasks): the second command runs on the connection
+    the first task used."""
     play = env.tmp / ("tamper-%s.yml" % name)
-    play.write_text(yaml.safe_dump([{"name": "atls", "hosts": name, "gather_facts": False, "tasks": tasks}],
-                                   sort_keys=False))
+    play.write_text(yaml.safe_dump([{"name": "atls", "hosts": name, "gather_facts": False,
+                                     "tasks": _tamper_tasks(env, name)}], sort_keys=False))
     # The controller stays in the root namespaces (the lab's tamper enters the host's mount namespace,
     # which it cannot from inside `ip netns exec`); the plugin opens its sockets in the admin's.
     return env.ansible(["ansible-playbook", str(play), "-e", "constellation_atls_netns=%s" % env.lab.bridge_netns],
@@ -377,3 +427,22 @@ def test_a_host_tampered_between_two_tasks_is_refused_for_the_second(env):
     assert "fresh attestation refused on the kept connection, nothing was sent" in out
     assert "PCR 9: expected %s, found " % lab_measurements()["9"]["expected"] in out
     assert env.admin_auth_count("h2") - before == 1  # one connection: the refusal came on the kept one
+
+
+def test_a_host_tampered_after_its_relay_was_started_in_the_background_is_refused(env):
+    # The attestation starts h3's relay, whose handshake is then attested; the host is modified
+    # before any task used it: the first task gets a fresh proof, not the handshake's, and is refused.
+    env.activate("h3")
+    play = env.tmp / "prestart-tamper.yml"
+    tasks = [_attest_task(netns=env.lab.bridge_netns)] + _tamper_tasks(env, "h3")[1:]
+    play.write_text(yaml.safe_dump([{"name": "atls", "hosts": "h3", "gather_facts": False, "tasks": tasks}],
+                                   sort_keys=False))
+    before = env.admin_auth_count("h3")
+    proc = env.ansible(["ansible-playbook", str(play), "-e", "constellation_atls_netns=%s" % env.lab.bridge_netns],
+                       in_admin_ns=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out[-4000:]
+    assert re.search(r"^ok: \[h3\]", out.split("TASK [tamper]", 1)[0], re.M), out[-4000:]  # attested
+    assert "UNREACHABLE!" in out.split("TASK [after]", 1)[1] and "after-ran" not in out
+    assert "fresh attestation refused on the kept connection, nothing was sent" in out
+    assert env.admin_auth_count("h3") - before == 1  # the relay's connection, started before the tamper

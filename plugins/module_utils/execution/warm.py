@@ -11,6 +11,9 @@ zip SHA-256) pays that once: it is the configured interpreter with the standard 
 wrapper needs imported and, from its own copy of that exact zip, the wrapper's module_utils.
 Each payload then runs in a child forked for it alone (no two payloads share a process), with
 stdin/stdout/stderr as for ``Exec``, and its exit code is reported like a process's.
+Ansible builds the zip anew for every playbook run, with that run's time on every entry: the
+server is keyed by the zip's *content* (each entry's name and bytes), so the next run's payloads
+of the same module and module_utils find it warm.
 
 Two halves live in this file:
   * the agent side (``WarmPool``, ``plan``), importing only the standard library;
@@ -26,6 +29,7 @@ import array
 import base64
 import binascii
 import hashlib
+import io
 import json
 import os
 import re
@@ -33,6 +37,8 @@ import socket
 import subprocess
 import threading
 import time
+import zipfile
+import zlib
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional
 
@@ -58,6 +64,24 @@ PRELOAD = (
 
 class WarmUnavailable(Exception):
     """No warm interpreter for this payload; run it the plain way."""
+
+
+def content_digest(zip_data: bytes) -> str:
+    """SHA-256 over the zip's entries (name and uncompressed bytes, each length-prefixed, in the
+    archive's order): equal for two builds of the same module and module_utils, whatever their
+    timestamps. Raises WarmUnavailable for a zip that does not read (CRC included)."""
+    digest = hashlib.sha256(b"constellation-warm-zip-v1")
+    try:
+        with zipfile.ZipFile(io.BytesIO(zip_data)) as archive:
+            for info in archive.infolist():
+                name = info.filename.encode("utf-8", "surrogateescape")
+                data = archive.read(info)
+                digest.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big"))
+                digest.update(data)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, ValueError, EOFError,
+            RuntimeError) as err:
+        raise WarmUnavailable("the module zip does not read: %s" % err) from None
+    return digest.hexdigest()
 
 
 def plan(interpreter: Any, payload: bytes) -> Optional[bytes]:
@@ -226,9 +250,9 @@ class _Server:
 
 
 class WarmPool:
-    """Fork servers by (interpreter, zip SHA-256), at most MAX_SERVERS (least recently used goes).
+    """Fork servers by (interpreter, zip content digest), at most MAX_SERVERS (least recently used goes).
 
-    A zip is kept as ``cache_dir/<sha256>.zip`` (0600, written atomically), so a server only ever
+    A zip is kept as ``cache_dir/<digest>.zip`` (0600, written atomically), so a server only ever
     imports the exact module_utils it serves; a different ansible version gets its own server."""
 
     def __init__(self, cache_dir: str, log=None, max_servers: int = MAX_SERVERS):
@@ -253,7 +277,7 @@ class WarmPool:
         return path
 
     def _server(self, interpreter: str, zip_data: bytes, env: Dict[str, str]) -> _Server:
-        digest = hashlib.sha256(zip_data).hexdigest()
+        digest = content_digest(zip_data)
         # What the interpreter reads from the environment when it starts is part of the key.
         startup = tuple(sorted((k, v) for k, v in env.items() if k.startswith(STARTUP_ENV_PREFIXES)))
         key = (interpreter, digest, startup)
@@ -267,11 +291,11 @@ class WarmPool:
                     return server
                 if server is not None:
                     self._servers.pop(key)
-                    self._log("warm_server_restart", interpreter=interpreter, zip_sha256=digest)
+                    self._log("warm_server_restart", interpreter=interpreter, zip_digest=digest)
             # The server's own environment: the agent's and what start-up reads, no task's variables.
             server_env = {k: v for k, v in env.items() if k in os.environ or k.startswith(STARTUP_ENV_PREFIXES)}
             server = _Server(interpreter, self._zip_path(zip_data, digest), server_env, self._log)
-            self._log("warm_server_started", interpreter=interpreter, zip_sha256=digest, pid=server.proc.pid)
+            self._log("warm_server_started", interpreter=interpreter, zip_digest=digest, pid=server.proc.pid)
             with self._lock:
                 self._servers[key] = server
                 evicted: List[_Server] = []

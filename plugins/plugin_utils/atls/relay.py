@@ -8,6 +8,7 @@ keeps the attested, admin-authenticated TLS connection and lends it to the task 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import select
@@ -232,10 +233,13 @@ class _Relay:
 
 
 def relay_main() -> int:
-    """Entry of the relay process: settings as JSON on stdin; one status line on stdout."""
+    """Entry of the relay process: settings as JSON on stdin; one status line on stdout. Started in
+    the background (``start_relay_in_background``) it holds the socket path's lock (``lock_fd``)
+    until it listens or gives up, so a task that wants the relay meanwhile waits for it."""
     request = json.loads(sys.stdin.readline())
     settings = Settings.from_json(request["settings"])
     path, playbook_pid = request["path"], int(request["playbook_pid"])
+    lock_fd = request.get("lock_fd")
     out = sys.stdout
     relay = _Relay(settings, playbook_pid, path)
     try:
@@ -244,7 +248,9 @@ def relay_main() -> int:
         out.write(json.dumps({"error": to_native(err.message)}) + "\n")
         out.flush()
         return 1
-    relay.give_back(first, proven=True)
+    # Started ahead of any task, its handshake's proof is not that of the first task: with
+    # fresh_proof the first task gets a new one.
+    relay.give_back(first, proven=lock_fd is None)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
     try:
@@ -259,6 +265,8 @@ def relay_main() -> int:
     listener.listen(MUX_MAX_SESSIONS)
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
+    if lock_fd is not None:
+        os.close(lock_fd)  # listening: a task waiting for the lock connects now
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):
         os.dup2(devnull, fd)
@@ -285,19 +293,28 @@ def connect_unix(path: str) -> Optional[socket.socket]:
     return sock
 
 
-def start_relay(settings: Settings, path: str, playbook_pid: str) -> None:
+def _spawn_relay(settings: Settings, path: str, playbook_pid: str, lock_fd: Optional[int] = None):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([_COLLECTIONS_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                                if p])
     code = "from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.relay import relay_main; " \
            "raise SystemExit(relay_main())"
+    request = {"settings": settings.to_json(), "path": path, "playbook_pid": playbook_pid}
+    if lock_fd is not None:
+        request["lock_fd"] = lock_fd
     with open(os.devnull, "wb") as devnull:
-        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=devnull, env=env, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE if lock_fd is None else devnull, stderr=devnull, env=env,
+                                start_new_session=True, close_fds=True,
+                                pass_fds=() if lock_fd is None else (lock_fd,))
+    proc.stdin.write(to_bytes(json.dumps(request) + "\n"))
+    proc.stdin.close()
+    return proc
+
+
+def start_relay(settings: Settings, path: str, playbook_pid: str) -> None:
+    proc = _spawn_relay(settings, path, playbook_pid)
     try:
-        proc.stdin.write(to_bytes(json.dumps({"settings": settings.to_json(), "path": path,
-                                              "playbook_pid": playbook_pid}) + "\n"))
-        proc.stdin.close()
         ready, _w, _x = select.select([proc.stdout], [], [], MUX_START_TIMEOUT)
         line = proc.stdout.readline() if ready else b""
     finally:
@@ -313,3 +330,22 @@ def start_relay(settings: Settings, path: str, playbook_pid: str) -> None:
     proc.wait()
     raise AnsibleConnectionFailure(status.get("error") or "%s: the connection relay did not start (exit %s)"
                                    % (settings.endpoint, proc.returncode))
+
+
+def start_relay_in_background(settings: Settings, path: str, playbook_pid: str) -> bool:
+    """Starts the relay for ``path`` and returns at once (the connection's ``prestart``): it
+    attests and authenticates while the run goes on, and holds the path's lock until it listens,
+    so the first task that wants it waits for it instead of starting another. If it fails, it
+    just exits: that task starts its own and reports why. False if a relay runs or is starting."""
+    ensure_private_dir(settings.control_path_dir)
+    if os.path.exists(path):
+        return False  # running (or gone: the next task finds out and starts one)
+    with open(path + ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # being started
+        if os.path.exists(path):
+            return False
+        _spawn_relay(settings, path, playbook_pid, lock.fileno())
+    return True  # our copy of the lock is closed; the relay holds its own until it listens

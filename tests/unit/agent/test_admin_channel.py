@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
+from ansible_collections.constellation.cluster.plugins.module_utils.execution.warm import WarmUnavailable, content_digest
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
@@ -147,12 +148,14 @@ body=%r,
 '''
 
 
-def make_payload(body: str, interpreter: str = PYTHON, basic: bytes = FAKE_BASIC) -> bytes:
+def make_payload(body: str, interpreter: str = PYTHON, basic: bytes = FAKE_BASIC,
+                 built=(2026, 1, 1, 0, 0, 0)) -> bytes:
+    """``built``: the entries' timestamp (Ansible stamps every build of the zip with its time)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("ansible/__init__.py", b"")
-        z.writestr("ansible/module_utils/__init__.py", b"")
-        z.writestr("ansible/module_utils/basic.py", basic)
+        for name, data in (("ansible/__init__.py", b""), ("ansible/module_utils/__init__.py", b""),
+                           ("ansible/module_utils/basic.py", basic)):
+            z.writestr(zipfile.ZipInfo(name, date_time=built), data)
     zip_data = base64.b64encode(buf.getvalue()).decode()
     return ("#!%s\n" % interpreter + PAYLOAD_BODY % (zip_data, body)).encode()
 
@@ -232,6 +235,47 @@ def test_exec_module_children_share_no_state_but_reuse_the_import(admin_agent):
     other = make_payload(body, basic=FAKE_BASIC + b"counter = 10\n")
     assert json.loads(client.exec_module(PYTHON, PYTHON, other).stdout) == [11, True]
     assert len(admin.warm.servers()) == 2
+
+
+def test_exec_module_a_rebuilt_zip_of_the_same_content_finds_its_server_warm(admin_agent):
+    # The next playbook run builds the same module zip with other timestamps: same server.
+    client, admin, events = admin_agent
+    body = "import os\nprint(basic.IMPORTED_IN)\n"
+    first = client.exec_module(PYTHON, PYTHON, make_payload(body, built=(2026, 1, 1, 0, 0, 0)))
+    rebuilt = make_payload(body, built=(2026, 11, 24, 13, 30, 10))
+    assert rebuilt != make_payload(body, built=(2026, 1, 1, 0, 0, 0))
+    again = client.exec_module(PYTHON, PYTHON, rebuilt)
+    assert first.warm and again.warm and first.stdout == again.stdout  # imported in the same server
+    assert len(admin.warm.servers()) == 1
+    assert [e for e, _f in events].count("warm_server_started") == 1
+    # One byte of module_utils more is another content: another server.
+    other = client.exec_module(PYTHON, PYTHON, make_payload(body, basic=FAKE_BASIC + b"\n"))
+    assert other.warm and other.stdout != first.stdout and len(admin.warm.servers()) == 2
+
+
+def test_content_digest_reads_names_and_bytes_and_refuses_a_broken_zip():
+    def zipped(entries, built=(2026, 1, 1, 0, 0, 0)):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            for name, data in entries:
+                z.writestr(zipfile.ZipInfo(name, date_time=built), data)
+        return buf.getvalue()
+
+    base = zipped([("a.py", b"x = 1\n"), ("b.py", b"")])
+    rebuilt = zipped([("a.py", b"x = 1\n"), ("b.py", b"")], built=(2030, 2, 3, 4, 5, 6))
+    assert rebuilt != base and content_digest(rebuilt) == content_digest(base)
+    # Length prefixes: moving a byte from one entry's name to its data is another content.
+    assert content_digest(zipped([("ab", b"c")])) != content_digest(zipped([("a", b"bc")]))
+    assert content_digest(base) != content_digest(zipped([("a.py", b"x = 2\n"), ("b.py", b"")]))
+    with pytest.raises(WarmUnavailable, match="does not read"):
+        content_digest(b"PK\x03\x04 not a zip")
+    stored = io.BytesIO()
+    with zipfile.ZipFile(stored, "w") as z:
+        z.writestr("a.py", b"x = 1\n")
+    broken = bytearray(stored.getvalue())
+    broken[broken.index(b"x = 1")] ^= 0xFF  # a flipped byte of an entry: its CRC does not match
+    with pytest.raises(WarmUnavailable, match="CRC"):
+        content_digest(bytes(broken))
 
 
 def test_exec_module_falls_back_to_plain_exec(admin_agent, tmp_path):
