@@ -8,8 +8,11 @@ lists every other peer (the mesh converged through GetUpdate).
 
     python bench/activation.py [--nodes 16] [--curve 4,16,32,64] [--workers 16]
 
-``--workers`` sets the Coordinator's ``activation_workers`` (docs/agent.md; default 16). The last line
-is one JSON object: nodes, wall_s, per_node_s (the largest size), wall_s_<N> per size of the curve, the
+``--workers`` sets the Coordinator's ``activation_workers`` (docs/agent.md; default 16),
+``--update-interval`` the Nodes' poll period (default 0.5 s, as the lab runs them). ``--profile`` prints,
+per size, where the machine's CPU went from the first activation until the mesh converged (every
+process's CPU time from /proc, children it reaped included, by kind: wireguard-go, the Coordinator's
+agent, the Nodes' agents, swtpm, other). The last line is one JSON object: nodes, wall_s, per_node_s (the largest size), wall_s_<N> per size of the curve, the
 baselines and the load average.
 """
 
@@ -41,12 +44,48 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi i
     coordinator_policy, fresh_node_policy)
 
 MAX_NODES = MAX_HOSTS - 1
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_pid():
+    """{pid: (kind, CPU seconds of the process and of the children it reaped)} from /proc."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as handle:
+                stat = handle.read()
+            with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        comm, _sep, rest = stat.partition("(")[2].rpartition(")")
+        times = [int(value) for value in rest.split()[11:15]]  # utime stime cutime cstime
+        if "constellation-agent" in cmdline:
+            kind = "agent: Coordinator" if "/hosts/h1/" in cmdline else "agents: Nodes"
+        elif comm in ("wireguard-go", "swtpm"):
+            kind = comm
+        else:
+            kind = "other"
+        out[int(pid)] = (kind, sum(times) / CLOCK_TICKS)
+    return out
+
+
+def cpu_split(before, after):
+    """CPU seconds by kind between two cpu_by_pid() snapshots."""
+    split = {}
+    for pid, (kind, seconds) in after.items():
+        spent = seconds - (before[pid][1] if pid in before and before[pid][0] == kind else 0.0)
+        split[kind] = split.get(kind, 0.0) + max(spent, 0.0)
+    return split
 
 
 class Bench:
-    def __init__(self, lab_name: str, workers: int):
+    def __init__(self, lab_name: str, workers: int, update_interval: float = 0.5):
         self.lab_name = lab_name
         self.workers = workers
+        self.update_interval = update_interval
         policy = Measurements.from_dict(lab_measurements())
         self.fresh = [VTPMValidator(fresh_node_policy(policy))]
         self.activated = [VTPMValidator(coordinator_policy(policy))]
@@ -60,7 +99,7 @@ class Bench:
         lab = Lab(self.lab_name, inventory_dir=None)
         lab.up(hosts=hosts, tpm=True, variant="qemu-vtpm")
         with ThreadPoolExecutor(max_workers=4) as pool:
-            procs = list(pool.map(lambda h: start_agent(lab, h, wait=False, update_interval=0.5,
+            procs = list(pool.map(lambda h: start_agent(lab, h, wait=False, update_interval=self.update_interval,
                                                         activation_workers=self.workers), lab.hosts))
         # The clock starts only once every agent listens (an agent still importing answers no SYN).
         for h, p in zip(lab.hosts, procs):
@@ -117,9 +156,12 @@ class Bench:
             self.close(lab, procs, admin)
 
     def size(self, n: int):
+        """(wall s, activated s, lab set-up s, CPU seconds by kind during the activation)."""
         lab, procs, admin, setup_s = self.lab(n + 1)
         try:
-            return self.cluster(lab, admin, lab.hosts[0], lab.hosts[1:n + 1]) + (setup_s,)
+            before = cpu_by_pid()
+            wall_s, activated_s = self.cluster(lab, admin, lab.hosts[0], lab.hosts[1:n + 1])
+            return wall_s, activated_s, setup_s, cpu_split(before, cpu_by_pid())
         finally:
             self.close(lab, procs, admin)
 
@@ -129,13 +171,16 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=16, help="1..%d" % MAX_NODES)
     parser.add_argument("--curve", default="", help="comma-separated sizes, e.g. 4,16,32,64 (instead of --nodes)")
     parser.add_argument("--workers", type=int, default=None, help="the Coordinator's activation_workers")
+    parser.add_argument("--update-interval", type=float, default=0.5,
+                        help="the Nodes' GetUpdate poll period in s (default %(default)s, as the lab runs them)")
+    parser.add_argument("--profile", action="store_true", help="print where the CPU went, per size")
     parser.add_argument("--handshakes", type=int, default=20)
     parser.add_argument("--lab", default="bact", help="lab name (namespaces and state directory)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.curve.split(",") if s.strip()] if args.curve else [args.nodes]
     if not all(1 <= s <= MAX_NODES for s in sizes):
         parser.error("node counts must be within 1..%d (the lab has at most %d hosts)" % (MAX_NODES, MAX_HOSTS))
-    bench = Bench(args.lab, args.workers)
+    bench = Bench(args.lab, args.workers, args.update_interval)
     load_before = os.getloadavg()
     handshake_p50, one_node_s = bench.baselines(args.handshakes)
     print("load average before: %.2f %.2f %.2f (2 cores)" % load_before)
@@ -143,12 +188,18 @@ def main() -> int:
     print("baseline  activation of 1 coordinator + 1 node: %8.3f s" % one_node_s)
     result = {}
     for n in sizes:
-        wall_s, activated_s, setup_s = bench.size(n)
+        wall_s, activated_s, setup_s, split = bench.size(n)
         print("activation of %2d nodes by the Coordinator: %8.3f s wall (%.3f s until ActivateAdditionalNodes "
               "returned, the rest the mesh converging), %.3f s per node (%.2f x the one-node baseline; lab set-up "
               "%.1f s, not counted)" % (n, wall_s, activated_s, wall_s / n, wall_s / one_node_s, setup_s))
         result["wall_s_%d" % n] = round(wall_s, 3)
         result["activated_s_%d" % n] = round(activated_s, 3)
+        if args.profile:
+            total = sum(split.values())
+            print("  CPU from the first activation until converged: %.2f s on %d cores (%.0f %% of them): %s"
+                  % (total, os.cpu_count(), 100 * total / wall_s / os.cpu_count(),
+                     ", ".join("%s %.2f s" % kv for kv in sorted(split.items(), key=lambda kv: -kv[1]))))
+            result["cpu_s_%d" % n] = {kind: round(value, 2) for kind, value in split.items()}
     largest = max(sizes)
     print("load average after: %.2f %.2f %.2f" % os.getloadavg())
     print(json.dumps(dict({"nodes": largest, "wall_s": result["wall_s_%d" % largest],

@@ -69,7 +69,11 @@ def start_agent(lab: Lab, host: Host, wait: bool = True, kill_after_event: Optio
     ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it."""
     path = write_config(lab, host, trust, **config)
     log = open(agent_dir(host) / "agent.log", "ab")
-    env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT), "TSS2_LOG=all+none"]
+    # GOMAXPROCS=1 for the host's wireguard-go (started by the agent, which passes its environment
+    # on): a simulated host shares the machine's cores with every other one, and a Go runtime that
+    # believes it owns them all keeps idle threads spinning for work - at 64 hosts that was the
+    # largest CPU cost of an activation (bench/activation.py).
+    env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT), "TSS2_LOG=all+none", "GOMAXPROCS=1"]
     if kill_after_event:
         env.append("CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT=%s" % kill_after_event)
     proc = host.popen(env + lab.host_python() + [str(REPO_ROOT / "bin" / "constellation-agent"), "--config", str(path)],
