@@ -10,11 +10,17 @@ from __future__ import annotations
 import socket
 
 from ansible.errors import AnsibleConnectionFailure
-from ansible.utils.display import Display
 
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import Settings, split_endpoint
 
-display = Display()
+
+def _warn(text: str) -> None:
+    """Ansible's display, imported only when there is something to say: the relay process (which
+    imports this module) pays for ansible.utils.display (and the configuration it loads, about
+    60 ms) only then."""
+    from ansible.utils.display import Display
+
+    Display().warning(text)
 
 
 def tcp_socket(settings: Settings) -> socket.socket:
@@ -69,7 +75,7 @@ def prove_again(settings: Settings, client, validators) -> None:
         raise AnsibleConnectionFailure("%s: fresh attestation failed on the kept connection: %s"
                                        % (settings.endpoint, err)) from None
     for warning in validation.warnings:
-        display.warning("%s: %s" % (settings.endpoint, warning))
+        _warn("%s: %s" % (settings.endpoint, warning))
 
 
 def open_admin_client(settings: Settings, validators=None):
@@ -121,5 +127,5 @@ def open_admin_client(settings: Settings, validators=None):
         client.close()
         raise AnsibleConnectionFailure("%s: AdminAuth failed: %s" % (where, err)) from None
     for warning in client.attested.validation.warnings:
-        display.warning("%s: %s" % (where, warning))
+        _warn("%s: %s" % (where, warning))
     return client
