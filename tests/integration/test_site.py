@@ -36,6 +36,8 @@ CLUSTER = "!h5"  # every run but the tampered one leaves h5 out (--limit)
 # Step 6's mesh check (playbooks/tasks/verify_peer.yml): one command per peer waits for its WireGuard
 # peers, pings them and reads the handshakes.
 MESH_TASK = "Wait until the peer's WireGuard lists every other peer, then ping each over the VPN and read the handshakes"
+COORDINATOR_VPN_CHECK = "The Coordinator's WireGuard interface carries its VPN IP"
+NODE_VPN_CHECK = "The node's WireGuard interface carries its VPN IP"
 
 
 class Site:
@@ -257,7 +259,7 @@ def test_tags_select_the_steps(site):
     assert MESH_TASK in ran
     for step in ("Master secret on the controller (made once, Ansible Vault)",
                  "The Coordinator activates the fresh nodes and further Coordinators (ActivateAdditionalNodes)",
-                 "The Coordinator's WireGuard interface carries its VPN IP"):
+                 COORDINATOR_VPN_CHECK):
         assert step not in ran, step
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
 
@@ -267,15 +269,22 @@ def test_tags_select_the_steps(site):
     assert set(ran) == {"Attest the peer and read its state",
                         "Every peer of the play passed (otherwise every host stops here, before anything is sent)"}
 
+    # --tags wireguard: step 6 reads every peer's interface (its VPN IP, then the mesh); the roles'
+    # own interface checks are off where step 6 follows.
     proc = site.play("site.yml", "--tags", "wireguard")
     assert proc.returncode == 0, proc.stdout[-3000:]
     ran = tasks_run(proc.stdout)
-    assert "The Coordinator's WireGuard interface carries its VPN IP" in ran
-    assert "The node's WireGuard interface carries its VPN IP" in ran
     assert MESH_TASK in ran
     assert task_hosts(proc.stdout, "The peer passed every check") == {"h1", "h2", "h3", "h4"}
     assert "The Coordinator activates the fresh nodes and further Coordinators (ActivateAdditionalNodes)" not in ran
+    assert not task_hosts(proc.stdout, COORDINATOR_VPN_CHECK) and not task_hosts(proc.stdout, NODE_VPN_CHECK)
     assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+    # Without step 6 the roles check the interfaces themselves.
+    proc = site.play("site.yml", "--tags", "coordinator,nodes")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert MESH_TASK not in tasks_run(proc.stdout)
+    assert task_hosts(proc.stdout, COORDINATOR_VPN_CHECK) == {"h1"}
+    assert task_hosts(proc.stdout, NODE_VPN_CHECK) == {"h2", "h3", "h4"}
 
 
 def test_module_defaults_group_reaches_the_action_plugins(site, tmp_path):
@@ -533,6 +542,40 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
     report = json.loads(report_json.read_text())
     assert report["passed"] is True
     assert all(r["problems"] == [] for r in report["peers"]), report["peers"]
+
+
+def test_a_peer_whose_interface_lost_its_vpn_ip_fails_verify_and_site(site, tmp_path):
+    """h2's wg0 loses its VPN IP: verify.yml names it, site.yml's step 6 fails it (the node role's own
+    check is off there) and, without step 6, the node role's check fails it. Repaired, verify passes."""
+    h2 = site.lab.host("h2")
+    address = re.search(r"inet (10\.118\.[0-9.]+/[0-9]+) ", h2.run(["ip", "-o", "-4", "addr", "show", "dev", "wg0"]).stdout)
+    ip = address.group(1).split("/")[0]
+    h2.run(["ip", "addr", "del", address.group(1), "dev", "wg0"])
+    try:
+        proc, report_json, _junit = verify_with_reports(site, tmp_path, "noaddr")
+        assert proc.returncode != 0
+        problems = {r["name"]: r["problems"] for r in json.loads(report_json.read_text())["peers"]}
+        line = "h2: WireGuard wg0 does not carry its VPN IP %s (addresses: " % ip
+        assert any(problem.startswith(line) for problem in problems["h2"]), problems["h2"]
+        assert not any("does not carry" in problem for name in problems if name != "h2" for problem in problems[name])
+
+        # site.yml: h2 fails in step 6 with that line among its problems (the others too: no ping to h2).
+        proc = site.play("site.yml")
+        assert proc.returncode != 0
+        assert recap(proc.stdout)["h2"]["failed"] == 1
+        verdict = re.search(r"^fatal: \[h2\]: FAILED!.*?(?=^(?:fatal|ok|changed|skipping): |^PLAY RECAP)",
+                            proc.stdout.split("TASK [The peer passed every check]", 1)[1], re.M | re.S)
+        assert verdict and line in verdict.group(0), proc.stdout[-3000:]
+        assert not task_hosts(proc.stdout, NODE_VPN_CHECK)
+
+        proc = site.play("site.yml", "--tags", "coordinator,nodes")  # without step 6
+        assert proc.returncode != 0
+        assert re.search(r"^fatal: \[h2\]: FAILED!", proc.stdout.split("TASK [constellation.cluster.node : %s]"
+                                                                           % NODE_VPN_CHECK, 1)[1], re.M)
+    finally:
+        h2.run(["ip", "addr", "add", address.group(1), "dev", "wg0"])
+    proc, report_json, _junit = verify_with_reports(site, tmp_path, "readdressed")
+    assert proc.returncode == 0, proc.stdout[-4000:]
 
 
 def test_lab_attests_with_the_ek_variant(site):
