@@ -7,8 +7,8 @@ A pipelined Ansible module is a Python script (the AnsiballZ wrapper, with its m
 module_utils as a base64 zip inside) that ``/path/python`` reads on stdin. Most of a module's
 run time on the node is that fresh interpreter: start-up, the standard library and
 ``ansible.module_utils.basic`` imported from the zip. Here a *fork server* per (interpreter,
-zip SHA-256) pays that once: it is the configured interpreter with the standard library the
-wrapper needs imported and, from its own copy of that exact zip, the wrapper's module_utils.
+zip content) pays that once: it is the configured interpreter with the standard library the
+wrapper needs imported and, from its own copy of a zip of that content, the wrapper's module_utils.
 Each payload then runs in a child forked for it alone (no two payloads share a process), with
 stdin/stdout/stderr as for ``Exec``, and its exit code is reported like a process's.
 Ansible builds the zip anew for every playbook run, with that run's time on every entry: the

@@ -307,8 +307,11 @@ def _spawn_relay(settings: Settings, path: str, playbook_pid: str, lock_fd: Opti
                                 stdout=subprocess.PIPE if lock_fd is None else devnull, stderr=devnull, env=env,
                                 start_new_session=True, close_fds=True,
                                 pass_fds=() if lock_fd is None else (lock_fd,))
-    proc.stdin.write(to_bytes(json.dumps(request) + "\n"))
-    proc.stdin.close()
+    try:
+        proc.stdin.write(to_bytes(json.dumps(request) + "\n"))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at once: start_relay reports its exit; in the background the next task starts one
     return proc
 
 
