@@ -570,8 +570,8 @@ def test_a_peer_whose_interface_lost_its_vpn_ip_fails_verify_and_site(site, tmp_
 
         proc = site.play("site.yml", "--tags", "coordinator,nodes")  # without step 6
         assert proc.returncode != 0
-        assert re.search(r"^fatal: \[h2\]: FAILED!", proc.stdout.split("TASK [constellation.cluster.node : %s]"
-                                                                           % NODE_VPN_CHECK, 1)[1], re.M)
+        after_check = proc.stdout.split("TASK [constellation.cluster.node : %s]" % NODE_VPN_CHECK, 1)[1]
+        assert re.search(r"^fatal: \[h2\]: FAILED!", after_check, re.M)
     finally:
         h2.run(["ip", "addr", "add", address.group(1), "dev", "wg0"])
     proc, report_json, _junit = verify_with_reports(site, tmp_path, "readdressed")
