@@ -433,13 +433,20 @@ def test_a_host_tampered_after_its_relay_was_started_in_the_background_is_refuse
     # The attestation starts h3's relay, whose handshake is then attested; the host is modified
     # before any task used it: the first task gets a fresh proof, not the handshake's, and is refused.
     env.activate("h3")
+    control_dir = env.tmp / "cp-prestart-tamper"
+    # The relay listens only once its handshake was attested and AdminAuth passed: wait for its socket
+    # (bounded), so the host is modified after that handshake, never before it.
+    find = {"paths": str(control_dir), "patterns": "atls-*.sock", "file_type": "any"}
+    listening = {"name": "relay listening", "ansible.builtin.find": find, "register": "relays", "until": "relays.matched > 0", "retries": 100, "delay": 0.1,
+                 "delegate_to": "localhost",
+                 "vars": {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}}
     play = env.tmp / "prestart-tamper.yml"
-    tasks = [_attest_task(netns=env.lab.bridge_netns)] + _tamper_tasks(env, "h3")[1:]
+    tasks = [_attest_task(netns=env.lab.bridge_netns), listening] + _tamper_tasks(env, "h3")[1:]
     play.write_text(yaml.safe_dump([{"name": "atls", "hosts": "h3", "gather_facts": False, "tasks": tasks}],
                                    sort_keys=False))
     before = env.admin_auth_count("h3")
-    proc = env.ansible(["ansible-playbook", str(play), "-e", "constellation_atls_netns=%s" % env.lab.bridge_netns],
-                       in_admin_ns=False)
+    proc = env.ansible(["ansible-playbook", str(play), "-e", "constellation_atls_netns=%s" % env.lab.bridge_netns,
+                        "-e", "constellation_atls_control_path_dir=%s" % control_dir], in_admin_ns=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 4, out[-4000:]
     assert re.search(r"^ok: \[h3\]", out.split("TASK [tamper]", 1)[0], re.M), out[-4000:]  # attested
