@@ -253,6 +253,19 @@ def test_exec_module_a_rebuilt_zip_of_the_same_content_finds_its_server_warm(adm
     assert other.warm and other.stdout != first.stdout and len(admin.warm.servers()) == 2
 
 
+def test_exec_module_reads_a_zip_once_per_distinct_bytes(admin_agent, monkeypatch):
+    # Every task of a run sends the same bytes: the zip is read (for its content digest) once.
+    from ansible_collections.constellation.cluster.plugins.module_utils.execution import warm as warm_module
+
+    client, _admin, _events = admin_agent
+    reads = []
+    monkeypatch.setattr(warm_module, "content_digest", lambda data: reads.append(data) or content_digest(data))
+    payload = make_payload("print(basic.IMPORTED_IN)\n")
+    results = [client.exec_module(PYTHON, PYTHON, payload) for _round in range(3)]
+    assert all(r.warm for r in results) and len({r.stdout for r in results}) == 1
+    assert len(reads) == 1
+
+
 def test_content_digest_reads_names_and_bytes_and_refuses_a_broken_zip():
     def zipped(entries, built=(2026, 1, 1, 0, 0, 0)):
         buf = io.BytesIO()
