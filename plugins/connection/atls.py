@@ -227,7 +227,6 @@ from typing import Optional
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_bytes, to_native
-from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 
@@ -300,7 +299,7 @@ class Connection(ConnectionBase):
         the connection waits for a relay that is starting; a relay that failed is started again by
         that task, which reports why."""
         settings = self._settings_now()
-        if settings.persist <= 0 or not boolean(self.get_option("prestart"), strict=False):
+        if settings.persist <= 0 or not settings.prestart:
             return False
         return start_relay_in_background(settings, settings.control_path(self._playbook_pid), self._playbook_pid)
 

@@ -34,6 +34,7 @@ class Settings:
     warm_interpreter: bool = True
     ek_ca_path: Optional[str] = None
     fresh_proof: bool = True
+    prestart: bool = True
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -183,6 +184,7 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         warm_interpreter=_boolean("warm_interpreter", get_option("warm_interpreter")),
         ek_ca_path=ek_ca_path,
         fresh_proof=_boolean("fresh_proof", get_option("fresh_proof")),
+        prestart=_boolean("prestart", get_option("prestart")),
     )
 
 

@@ -30,7 +30,7 @@ def options(key_file, **changes):
             "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
             "netns": None, "warm_interpreter": True, "ek_ca_path": None, "fresh_proof": True,
-            "measurements_public_key_path": None}
+            "measurements_public_key_path": None, "prestart": True}
     opts.update(changes)
     return opts.__getitem__
 
@@ -201,6 +201,13 @@ def test_fresh_proof_option_is_on_by_default_and_separates_relays(key_file):
     assert on.control_path("1") != off.control_path("1")  # a relay never serves another proof regime
     with pytest.raises(SettingsError, match="fresh_proof: expected a boolean"):
         settings_from_options(options(key_file, fresh_proof="sometimes"))
+
+
+def test_prestart_option_is_on_by_default_and_names_a_bad_value(key_file):
+    assert settings_from_options(options(key_file)).prestart is True
+    assert settings_from_options(options(key_file, prestart="false")).prestart is False
+    with pytest.raises(SettingsError, match="prestart: expected a boolean"):
+        settings_from_options(options(key_file, prestart="sometimes"))
 
 
 def test_warm_interpreter_option(key_file):
