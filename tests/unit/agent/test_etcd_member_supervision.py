@@ -9,7 +9,6 @@ and started again by a real agent, is tested in tests/integration/test_coordinat
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -118,20 +117,11 @@ def test_without_a_shared_state_there_is_nothing_to_supervise_or_report(tmp_path
 
 
 def verify_problems(name, status, coordinators=("h1", "h2")):
-    """playbooks/templates/verify_problems.j2 as verify_peer.yml renders it, for an attested peer whose
-    agent_state result is ``status.to_dict()`` (the mesh check left out: no WireGuard here)."""
-    import ansible.template
-    from ansible.parsing.dataloader import DataLoader
+    """verify_peer.yml's verdict (the filter verify_problems) on an attested peer whose agent_state
+    result is ``status.to_dict()`` (the mesh check left out: no WireGuard here)."""
+    from ansible_collections.constellation.cluster.plugins.filter.verify import verify_problems as verdict
 
-    from lab.lab import REPO_ROOT
-
-    text = (REPO_ROOT / "playbooks" / "templates" / "verify_problems.j2").read_text()
-    trusted = getattr(ansible.template, "trust_as_template", lambda value: value)(text)  # ansible-core 2.19+
-    templar = ansible.template.Templar(loader=DataLoader(), variables={
-        "inventory_hostname": name, "groups": {"coordinators": list(coordinators)},
-        "constellation_peer": status.to_dict(), "constellation_attested": True, "constellation_peer_pending": False,
-        "constellation_cluster_id": "set", "constellation_mesh_self": {}, "constellation_mesh_others": []})
-    return json.loads(templar.template(trusted))
+    return verdict(name, peer=status.to_dict(), attested=True, coordinator=name in coordinators, cluster_id="set")
 
 
 @pytest.mark.parametrize("etcd_member, problems", [

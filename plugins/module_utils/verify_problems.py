@@ -1,0 +1,154 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The verdict on one peer of site.yml's step 6 and verify.yml (playbooks/tasks/verify_peer.yml): every
+problem one line "<peer>: <what is wrong>", none when the peer passed every check. Public values only.
+
+Inputs are what the playbook has: the peer's attested state (agent_state's result), whether the Coordinator
+evicted it, and the output of the one command the playbook runs on the peer for its WireGuard interface
+(lines "allowed KEY IPS", "address ADDR/PREFIX", "noip", "ping IP ok|failed", "noping", "now EPOCH",
+"handshake KEY EPOCH"; a failed `wg show` exits with its status and stderr). Lines it does not know are
+ignored; a value that is not a number counts as 0, as it did in the Jinja template this replaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+COORDINATOR_STATE = ("ActivatingNodes", "coordinator")
+NODE_STATE = ("IsNode", "node")
+DEFAULT_HANDSHAKE_MAX_AGE = 180
+
+
+def _int(text: Any) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        return 0
+
+
+def _text(value: Any, fallback: str) -> str:
+    """value as text, fallback when it is missing or empty (Jinja's default(fallback, true))."""
+    return fallback if value is None or value == "" else str(value)
+
+
+def _address(text: str) -> str:
+    return text.split("/", 1)[0]
+
+
+@dataclass
+class MeshReport:
+    """What the mesh command printed."""
+    allowed: Dict[str, List[str]] = field(default_factory=dict)  # peer key -> allowed IPs (prefixes dropped)
+    addresses: List[str] = field(default_factory=list)  # the interface's addresses (prefixes dropped)
+    pings: Dict[str, str] = field(default_factory=dict)  # IP -> "ok" | "failed"
+    handshakes: Dict[str, int] = field(default_factory=dict)  # peer key -> epoch of the latest handshake
+    now: Optional[int] = None
+    noip: bool = False
+    noping: bool = False
+
+
+def parse_mesh_output(lines: Sequence[str]) -> MeshReport:
+    report = MeshReport()
+    for line in lines:
+        fields = str(line).split()
+        if len(fields) >= 2 and fields[0] == "allowed":
+            report.allowed[fields[1]] = [_address(ip) for ip in fields[2:]]
+        elif len(fields) == 2 and fields[0] == "address":
+            report.addresses.append(_address(fields[1]))
+        elif fields == ["noip"]:
+            report.noip = True
+        elif fields == ["noping"]:
+            report.noping = True
+        elif len(fields) == 3 and fields[0] == "ping":
+            report.pings[fields[1]] = fields[2]
+        elif len(fields) == 2 and fields[0] == "now":
+            report.now = _int(fields[1])
+        elif len(fields) == 3 and fields[0] == "handshake":
+            report.handshakes[fields[1]] = _int(fields[2])
+    return report
+
+
+def state_problems(me: str, peer: Mapping[str, Any], *, coordinator: bool, cluster_id_known: bool,
+                   cluster_id_missing: str = "") -> List[str]:
+    """An attested peer's state, role, etcd member and PCR 15."""
+    problems = []
+    want_state, want_role = COORDINATOR_STATE if coordinator else NODE_STATE
+    if peer.get("state") != want_state or peer.get("role") != want_role:
+        problems.append("%s: state %s (role %s), expected %s (role %s)"
+                        % (me, peer.get("state"), peer.get("role"), want_state, want_role))
+    if coordinator and peer.get("etcd_member") == "stopped":
+        problems.append("%s: its etcd member is not running (the Coordinators' shared state has one member less)" % me)
+    if not cluster_id_known:
+        problems.append("%s: PCR 15 not checked: %s" % (me, _text(cluster_id_missing, "this cluster's ID is not known")))
+    elif peer.get("membership") == "fresh":
+        problems.append("%s: PCR 15 is not set: the peer is not locked to this cluster" % me)
+    elif peer.get("membership") != "ours":
+        problems.append("%s: PCR 15 holds another cluster's ID (%s)" % (me, _text(peer.get("pcr15"), "?")))
+    return problems
+
+
+def mesh_problems(me: str, result: Mapping[str, Any], *, iface: str, vpn_ip: str,
+                  others: Sequence[Mapping[str, Any]], handshake_max_age: int = DEFAULT_HANDSHAKE_MAX_AGE) -> List[str]:
+    """The mesh command's result (a registered command result) against the other peers' attested VPN
+    identities (name, key, ip)."""
+    if result.get("unreachable") or result.get("rc", 1) != 0:
+        reason = _text(result.get("stderr"), "") or _text(result.get("msg"), "no output")
+        return ["%s: cannot read WireGuard %s: %s" % (me, iface, reason.strip())]
+    report = parse_mesh_output(result.get("stdout_lines") or [])
+    problems = []
+    if report.noip:
+        problems.append("%s: its VPN IP on %s not checked: no ip command on the host (install iproute2)" % (me, iface))
+    if report.noping:
+        problems.append("%s: no traffic check: no ping command on the host (install iputils-ping)" % me)
+    if not report.noip and str(vpn_ip) not in report.addresses:
+        problems.append("%s: WireGuard %s does not carry its VPN IP %s (addresses: %s)"
+                        % (me, iface, vpn_ip, " ".join(report.addresses) or "none"))
+    for other in others:
+        name, key, ip = other.get("name"), other.get("key"), other.get("ip")
+        what = "WireGuard peer %s (key %s, VPN IP %s)" % (name, key, ip)
+        if key not in report.allowed:
+            problems.append("%s: no %s on %s" % (me, what, iface))
+        elif ip not in report.allowed[key]:
+            problems.append("%s: %s does not route its VPN IP (allowed IPs: %s)"
+                            % (me, what, " ".join(report.allowed[key]) or "none"))
+        elif report.now is None:
+            problems.append("%s: no traffic check for %s: %s"
+                            % (me, name, (_text(result.get("stderr"), "") or "it did not run").strip()))
+        else:
+            if report.pings.get(ip) != "ok" and not report.noping:
+                problems.append("%s: no traffic to %s: ping %s over %s got no answer" % (me, name, ip, iface))
+            latest = report.handshakes.get(key, 0)
+            if latest == 0:
+                problems.append("%s: no WireGuard handshake with %s yet" % (me, name))
+            elif report.now - latest > handshake_max_age:
+                problems.append("%s: no recent WireGuard handshake with %s (the latest was %d s ago, more than %d s)"
+                                % (me, name, report.now - latest, handshake_max_age))
+    return problems
+
+
+def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending: bool, coordinator: bool,
+                    cluster_id_known: bool, cluster_id_missing: str = "", eviction: Optional[Mapping[str, Any]] = None,
+                    mesh_self: Optional[Mapping[str, Any]] = None, mesh_result: Optional[Mapping[str, Any]] = None,
+                    mesh_others: Sequence[Mapping[str, Any]] = (), iface: str = "wg0",
+                    handshake_max_age: int = DEFAULT_HANDSHAKE_MAX_AGE) -> List[str]:
+    """Every problem of peer ``me``, in the order verify.yml reports them.
+
+    ``attested``: agent_state passed and returned a state; ``pending``: check mode and the run would
+    activate or resume the peer (its state is not checked yet); ``mesh_self``: the peer's attested VPN
+    identity ({} when it takes no part in the mesh: not attested, pending or evicted); ``mesh_result``:
+    the mesh command's registered result (None or skipped: it did not run)."""
+    problems = []
+    if eviction:
+        problems.append("%s: evicted by the Coordinator (%s): it is re-admitted only by add_nodes.yml, once it passes "
+                        "attestation again" % (me, _text(eviction.get("reason"), "failed re-attestation")))
+    if not attested:
+        problems.append("%s: not attested: %s" % (me, _text(peer.get("msg"), "no attested state")))
+    elif not pending:
+        problems += state_problems(me, peer, coordinator=coordinator, cluster_id_known=cluster_id_known,
+                                   cluster_id_missing=cluster_id_missing)
+    if mesh_self and mesh_result is not None and not mesh_result.get("skipped"):
+        problems += mesh_problems(me, mesh_result, iface=iface, vpn_ip=mesh_self.get("ip"), others=mesh_others,
+                                  handshake_max_age=handshake_max_age)
+    return problems
