@@ -53,6 +53,13 @@ class AttestationError(ConstellationError):
     """An attestation document, quote or certificate was refused."""
 
 
+class PeerUnreachable(ConstellationError):
+    """No verdict on the peer: the connection or the aTLS handshake failed, timed out, was reset or
+    ended before the peer's attestation arrived (or its validation could not finish in time). It is
+    never a failed attestation (AttestationError): re-attestation counts it as an unreachable round
+    (core/trust.py), the connection plugin reports the host unreachable with the reason."""
+
+
 class AccessDenied(ConstellationError):
     """The caller may not use this method (not authenticated as admin, not a VPN peer, no proof of
     the init secret, an evicted peer). ``rpc.server.AccessDenied`` is this class."""
