@@ -117,6 +117,7 @@ class PubAPI:
     # a token bucket per source and one for all (rpc/server.py RateLimit; docs/agent.md).
     ENROLL_AK_PER_SOURCE = (6, 1.0)  # burst, then one per second
     ENROLL_AK_TOTAL = (12, 3.0)  # burst, then three per second from everyone (at most ~25% of the TPM)
+    ENROLL_AK_ANSWER_TIMEOUT = 10.0  # seconds the client may take to send its challenge
     _enroll_limit: Optional[RateLimit] = None
     _enroll_limit_lock = threading.Lock()
 
@@ -136,7 +137,13 @@ class PubAPI:
             self._log("enroll_ak_refused", level="warning", peer=conn.peer_ip, reason=str(err)[:200])
             raise
         conn.stream.send_msg(self.issuer.enrollment_request())
-        answer = conn.stream.recv_msg("the credential challenge")
+        # The verifier computes its challenge at once: a client that sits on it loses the connection.
+        timeout = conn.sock.gettimeout()
+        conn.sock.settimeout(self.ENROLL_AK_ANSWER_TIMEOUT)
+        try:
+            answer = conn.stream.recv_msg("the credential challenge")
+        finally:
+            conn.sock.settimeout(timeout)
         secret = self.issuer.activate_credential(answer.get("challenge"))
         self._log("ak_enrolled", peer=conn.peer_ip)
         conn.stream.send_result({"secret": b64e(secret)})
