@@ -183,7 +183,8 @@ class FrameServer:
         self.unauthenticated_idle_timeout = min(float(unauthenticated_idle_timeout), float(idle_timeout))
         self._slots: Dict[int, _Slot] = {}  # open connections by id(slot)
         self._threads_alive = 0
-        self._last_busy_log = 0.0
+        self._log_lock = threading.Lock()
+        self._log_marks: Dict[str, Tuple[float, int]] = {}
         self._stop = threading.Event()
         family = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -231,6 +232,14 @@ class FrameServer:
 
     def _admit(self, raw: socket.socket, peer) -> Optional[_Slot]:
         """A slot for a new connection, or None (closed at once): see the module docstring."""
+        logs: list = []
+        try:
+            return self._admit_locked(raw, peer, logs)
+        finally:
+            for fields in logs:  # logged outside the lock
+                self._log_limited(**fields)
+
+    def _admit_locked(self, raw: socket.socket, peer, logs: list) -> Optional[_Slot]:
         now = time.monotonic()
         with self._conns_lock:
             if self._threads_alive >= MAX_THREADS_FACTOR * self.max_connections:
@@ -248,8 +257,8 @@ class FrameServer:
                 if not idle:
                     return None
                 victim = min(idle, key=lambda s: s.last)
-                self._log("connection_replaced", level="warning", server=self.name, peer=victim.peer_ip,
-                          phase=victim.phase, reason=why)
+                logs.append(dict(event="connection_replaced", level="warning", server=self.name,
+                                 peer=victim.peer_ip, phase=victim.phase, reason=why))
                 self._close_slot(victim, why)
             try:
                 handle = raw.dup()
@@ -264,6 +273,7 @@ class FrameServer:
         """Closes connections past their deadline: no request within ``first_request_timeout`` of the
         accept, or idle too long between requests (unauthenticated: the short limit)."""
         now = time.monotonic()
+        logs = []
         with self._conns_lock:
             for slot in list(self._slots.values()):
                 if slot.phase == PHASE_NEW and now - slot.accepted > self.first_request_timeout:
@@ -274,8 +284,25 @@ class FrameServer:
                                                          else self.unauthenticated_idle_timeout)
                 else:
                     continue
-                self._log("connection_timed_out", server=self.name, peer=slot.peer_ip, phase=slot.phase, reason=why)
+                logs.append(dict(event="connection_timed_out", server=self.name, peer=slot.peer_ip,
+                                 phase=slot.phase, reason=why))
                 self._close_slot(slot, why)
+        for fields in logs:
+            self._log_limited(**fields)
+
+    def _log_limited(self, event: str, **fields: Any) -> None:
+        """At most one line per event and second (a flood of connections is no flood of log lines);
+        ``suppressed`` counts the lines left out since the last one."""
+        now = time.monotonic()
+        with self._log_lock:
+            last, suppressed = self._log_marks.get(event, (0.0, 0))
+            if now - last < 1.0:
+                self._log_marks[event] = (last, suppressed + 1)
+                return
+            self._log_marks[event] = (now, 0)
+        if suppressed:
+            fields["suppressed"] = suppressed
+        self._log(event, **fields)
 
     def _set_phase(self, slot: Optional[_Slot], phase: str, admin: bool = False) -> bool:
         """Records what the connection does now; False if the server closed it meanwhile."""
@@ -304,11 +331,8 @@ class FrameServer:
             if slot is None:
                 # Full of busy or authenticated connections: this one is closed at once (never waited
                 # for while holding it), the client sees a reset and tries again later.
-                now = time.monotonic()
-                if now - self._last_busy_log > 1.0:
-                    self._last_busy_log = now
-                    self._log("connection_refused", level="warning", server=self.name, peer=peer[0],
-                              reason="every slot is busy or authenticated")
+                self._log_limited("connection_refused", level="warning", server=self.name, peer=peer[0],
+                                  reason="every slot is busy or authenticated")
                 try:
                     raw.close()
                 except OSError:
