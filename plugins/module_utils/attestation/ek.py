@@ -86,12 +86,33 @@ def _unb64(value, field: str) -> bytes:
 # ------------------------------------------------------------------------------ certificates
 
 
+CA_FILE_SUFFIXES = (".pem", ".crt", ".cer")
+
+
+def _expand_folders(sources: Iterable, field: str) -> List:
+    """A folder stands for its certificate files (``*.pem``, ``*.crt``, ``*.cer``, sorted), as TPM
+    vendors and cloud vTPMs publish their EK CAs one file each; other files are ignored."""
+    expanded: List = []
+    for source in sources:
+        if isinstance(source, str) and os.path.isdir(source):
+            files = sorted(os.path.join(source, name) for name in os.listdir(source)
+                           if name.lower().endswith(CA_FILE_SUFFIXES) and os.path.isfile(os.path.join(source, name)))
+            if not files:
+                raise InputError(field, "a folder holding CA certificates (%s)" % ", ".join(CA_FILE_SUFFIXES),
+                                 "%s (none found)" % source)
+            expanded.extend(files)
+        else:
+            expanded.append(source)
+    return expanded
+
+
 def load_ca_certs(sources: Iterable, field: str = "ca_certs") -> List["x509.Certificate"]:
-    """CA certificates from PEM paths, PEM/DER bytes or Certificate objects (bundles allowed)."""
+    """CA certificates from PEM paths, folders of PEM files, PEM/DER bytes or Certificate objects
+    (bundles of several CAs allowed)."""
     if not HAS_CRYPTOGRAPHY:
         raise InputError(field, "CA certificates, which need the Python package cryptography")
     certs: List[x509.Certificate] = []
-    for source in sources:
+    for source in _expand_folders(sources, field):
         if isinstance(source, x509.Certificate):
             certs.append(source)
             continue
@@ -116,6 +137,27 @@ def load_ca_certs(sources: Iterable, field: str = "ca_certs") -> List["x509.Cert
     return certs
 
 
+def is_self_signed(cert: "x509.Certificate") -> bool:
+    """Names itself as issuer and its signature verifies with its own key: a root."""
+    if cert.subject != cert.issuer:
+        return False
+    try:
+        x509compat.verify_directly_issued_by(cert, cert)
+    except Exception:  # pylint: disable=broad-except  # InvalidSignature or an unsupported algorithm
+        return False
+    return True
+
+
+def check_trust_anchors(certs: Sequence["x509.Certificate"], field: str = "ek_ca") -> None:
+    """An EK trust bundle must hold at least one self-signed CA (a root): the other CA
+    certificates in it are intermediates, links of a chain that must end at such a root, never
+    trust anchors themselves (verify_ek_cert)."""
+    if not any(_is_ca(cert) and is_self_signed(cert) for cert in certs):
+        raise InputError(field, "at least one self-signed CA certificate (the root the EK certificates chain to; "
+                         "intermediates alone are no trust anchor)",
+                         ", ".join(cert.subject.rfc4514_string() for cert in certs) or "none")
+
+
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
@@ -135,7 +177,8 @@ def _is_ca(cert: "x509.Certificate") -> bool:
 
 def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -> "x509.Certificate":
     """The EK certificate must chain, link by link (issuer name + signature + validity), to a
-    self-signed root among ``ca_certs``; intermediates must be among ``ca_certs`` too."""
+    self-signed root among ``ca_certs``; intermediates must be among ``ca_certs`` too (given beside
+    the roots), and a CA certificate that is not self-signed is never a trust anchor by itself."""
     try:
         cert = x509.load_der_x509_certificate(ek_cert_der)
     except ValueError as err:
@@ -163,7 +206,7 @@ def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -
             raise AttestationError("EK certificate does not chain to the trusted CAs: no trusted issuer %s "
                                    "for %s" % (current.issuer.rfc4514_string(), current.subject.rfc4514_string()))
         _check_validity(issuer, "CA certificate")
-        if issuer.subject == issuer.issuer:
+        if is_self_signed(issuer):  # a root of the bundle; any other CA in it is only an intermediate
             return cert
         current = issuer
     raise AttestationError("EK certificate chain is longer than %d" % _MAX_CHAIN)
