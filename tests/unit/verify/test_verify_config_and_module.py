@@ -88,7 +88,7 @@ def test_a_taken_port_is_named_and_nothing_stays_open():
 def run_module(capsys, args):
     """Runs the module's main; returns its JSON result (exit_json and fail_json both end the process).
     Variant qemu-vtpm unless ``args`` says otherwise (the module serves Constellation's), acknowledged."""
-    args = dict({"variant": "qemu-vtpm", "insecure_trust_any_ak": True}, **args)
+    args = {k: v for k, v in dict({"variant": "qemu-vtpm", "insecure_trust_any_ak": True}, **args).items() if v is not None}
     with patch_module_args(args), pytest.raises(SystemExit) as done:
         constellation_verify.main()
     result = json.loads(capsys.readouterr().out)
