@@ -64,7 +64,7 @@ except ImportError:
 try:
     from cryptography import x509
     from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
     HAS_CRYPTOGRAPHY = True
 except ImportError:
     HAS_CRYPTOGRAPHY = False
@@ -72,7 +72,14 @@ except ImportError:
 QEMU_VTPM_EK = register(Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID))
 
 EK_CERT_NV_INDEX_RSA = 0x01C00002
+EK_CERT_NV_INDEX_ECC = 0x01C0000A  # TCG EK Credential Profile: the EK-ECC256 (NIST P-256) certificate
+# The EKs this variant activates credentials with (the TCG low range, whose policy is PolicySecret(endorsement)):
+# (template name of tpm2-pytss, NV index of its certificate), tried in this order.
+EK_SLOTS = (("EK-RSA2048", EK_CERT_NV_INDEX_RSA), ("EK-ECC256", EK_CERT_NV_INDEX_ECC))
+# TCG EK Credential Profile 2.5: the EK certificate chain (intermediates, DER, one or more per index).
+EK_CHAIN_NV_FIRST, EK_CHAIN_NV_LAST = 0x01C00100, 0x01C001FF
 _MAX_CHAIN = 5
+_MAX_NV_CHAIN_CERTS = 8
 
 
 def _b64(data: bytes) -> str:
@@ -175,10 +182,25 @@ def _is_ca(cert: "x509.Certificate") -> bool:
         return False
 
 
-def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -> "x509.Certificate":
-    """The EK certificate must chain, link by link (issuer name + signature + validity), to a
-    self-signed root among ``ca_certs``; intermediates must be among ``ca_certs`` too (given beside
-    the roots), and a CA certificate that is not self-signed is never a trust anchor by itself."""
+def _untrusted_intermediates(chain: Sequence[bytes]) -> List["x509.Certificate"]:
+    """CA certificates the node offers (from its TPM's NV, TCG's EK certificate chain): links only."""
+    certs = []
+    for der in list(chain)[:_MAX_NV_CHAIN_CERTS]:
+        try:
+            cert = x509.load_der_x509_certificate(bytes(der))
+        except (ValueError, TypeError) as err:
+            raise AttestationError("EK certificate chain (from the TPM's NV) cannot be parsed: %s" % err) from None
+        if _is_ca(cert):
+            certs.append(cert)
+    return certs
+
+
+def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"],
+                   chain: Sequence[bytes] = ()) -> "x509.Certificate":
+    """The EK certificate (RSA-2048 or ECC P-256/P-384 key) must chain, link by link (issuer name +
+    signature + validity), to a self-signed root among ``ca_certs``. Intermediates may be among
+    ``ca_certs`` (given beside the roots) or in ``chain`` (DER, what the TPM's NV holds, untrusted);
+    a CA certificate that is not self-signed is never a trust anchor, and nothing from ``chain`` is."""
     try:
         cert = x509.load_der_x509_certificate(ek_cert_der)
     except ValueError as err:
@@ -188,12 +210,14 @@ def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -
         key = cert.public_key()
     except (ValueError, UnsupportedAlgorithm) as err:  # the client sends this certificate (IssueJoinTicket)
         raise AttestationError("EK certificate key cannot be decoded: %s" % err) from None
-    if not isinstance(key, rsa.RSAPublicKey):
-        raise AttestationError("EK certificate does not hold an RSA key")
+    if not (isinstance(key, rsa.RSAPublicKey) and key.key_size >= 2048
+            or isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, (ec.SECP256R1, ec.SECP384R1))):
+        raise AttestationError("EK certificate does not hold an RSA (2048 bits or more) or ECC P-256/P-384 key")
+    offered = _untrusted_intermediates(chain)
     current = cert
     for _attempt in range(_MAX_CHAIN):
         issuer = None
-        for candidate in ca_certs:
+        for candidate in list(ca_certs) + offered:
             if candidate.subject != current.issuer or not _is_ca(candidate):
                 continue
             try:
@@ -206,21 +230,32 @@ def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -
             raise AttestationError("EK certificate does not chain to the trusted CAs: no trusted issuer %s "
                                    "for %s" % (current.issuer.rfc4514_string(), current.subject.rfc4514_string()))
         _check_validity(issuer, "CA certificate")
-        if is_self_signed(issuer):  # a root of the bundle; any other CA in it is only an intermediate
-            return cert
+        if is_self_signed(issuer):  # only a root of the bundle is a trust anchor; other CAs are links
+            if any(issuer == trusted for trusted in ca_certs):
+                return cert
+            raise AttestationError("EK certificate chains to the root %s, which is not among the trusted CAs"
+                                   % issuer.subject.rfc4514_string())
         current = issuer
     raise AttestationError("EK certificate chain is longer than %d" % _MAX_CHAIN)
 
 
 def ek_public_from_cert(cert: "x509.Certificate"):
-    """The EK's TPMT_PUBLIC as the TCG default template (EK-RSA2048) creates it, with the
-    certificate's modulus: what TPM2_MakeCredential needs (symmetric scheme, name algorithm)."""
+    """The EK's TPMT_PUBLIC as the TCG default template creates it (EK-RSA2048 or EK-ECC256, by the
+    certificate's key), with the certificate's public key: what TPM2_MakeCredential needs (symmetric
+    scheme, name algorithm, the key the seed is encrypted to)."""
     key = cert.public_key()
-    if not isinstance(key, rsa.RSAPublicKey) or key.key_size != 2048:
-        raise AttestationError("EK certificate key is not RSA-2048")
-    public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-RSA2048").template.publicArea.marshal())  # a copy
-    public.unique.rsa = key.public_numbers().n.to_bytes(256, "big")
-    return public
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size == 2048:
+        public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-RSA2048").template.publicArea.marshal())
+        public.unique.rsa = key.public_numbers().n.to_bytes(256, "big")
+        return public
+    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+        public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-ECC256").template.publicArea.marshal())
+        numbers = key.public_numbers()
+        public.unique.ecc.x = numbers.x.to_bytes(32, "big")
+        public.unique.ecc.y = numbers.y.to_bytes(32, "big")
+        return public
+    raise AttestationError("EK certificate key is neither RSA-2048 (EK-RSA2048) nor ECC P-256 (EK-ECC256): no "
+                           "credential can be activated with it")
 
 
 # --------------------------------------------------------------------------------- records
@@ -228,18 +263,33 @@ def ek_public_from_cert(cert: "x509.Certificate"):
 
 @dataclass(frozen=True)
 class CertifiedAK:
-    """An AK proven to live in a TPM whose EK certificate chains to the fleet's CA."""
+    """An AK proven to live in a TPM whose EK certificate chains to the fleet's CA. ``ek_chain``:
+    intermediates the TPM's NV offered (DER; untrusted links)."""
     ak_pub: bytes
     ek_cert: bytes
+    ek_chain: Tuple[bytes, ...] = ()
 
-    def to_dict(self) -> Dict[str, str]:
-        return {"ak_pub": _b64(self.ak_pub), "ek_cert": _b64(self.ek_cert)}
+    def to_dict(self) -> Dict[str, object]:
+        data: Dict[str, object] = {"ak_pub": _b64(self.ak_pub), "ek_cert": _b64(self.ek_cert)}
+        if self.ek_chain:
+            data["ek_chain"] = [_b64(der) for der in self.ek_chain]
+        return data
 
     @classmethod
     def from_dict(cls, data) -> "CertifiedAK":
         if not isinstance(data, dict):
             raise InputError("certified_ak", "a mapping with ak_pub and ek_cert", type(data).__name__)
-        return cls(_unb64(data.get("ak_pub"), "certified_ak.ak_pub"), _unb64(data.get("ek_cert"), "certified_ak.ek_cert"))
+        return cls(_unb64(data.get("ak_pub"), "certified_ak.ak_pub"), _unb64(data.get("ek_cert"), "certified_ak.ek_cert"),
+                   _chain_from(data.get("ek_chain"), "certified_ak.ek_chain"))
+
+
+def _chain_from(value, field: str) -> Tuple[bytes, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > _MAX_NV_CHAIN_CERTS:
+        raise InputError(field, "a list of at most %d base64 DER certificates" % _MAX_NV_CHAIN_CERTS,
+                         type(value).__name__)
+    return tuple(_unb64(item, field) for item in value)
 
 
 @dataclass(frozen=True)
@@ -270,7 +320,7 @@ class CertifiedAKs:
         self._records: Dict[bytes, CertifiedAK] = {}
 
     def add(self, record: CertifiedAK) -> None:
-        verify_ek_cert(record.ek_cert, self.ca_certs)
+        verify_ek_cert(record.ek_cert, self.ca_certs, record.ek_chain)
         with self._lock:
             self._records[record.ak_pub] = record
 
@@ -290,12 +340,13 @@ def begin_enrollment(request: Dict[str, str], ca_certs: Sequence) -> Tuple[Dict[
         raise InputError("enrollment", "a mapping with ek_cert and ak_pub", type(request).__name__)
     ek_cert = _unb64(request.get("ek_cert"), "enrollment.ek_cert")
     ak_pub = _unb64(request.get("ak_pub"), "enrollment.ak_pub")
-    cert = verify_ek_cert(ek_cert, certs)
+    ek_chain = _chain_from(request.get("ek_chain"), "enrollment.ek_chain")
+    cert = verify_ek_cert(ek_cert, certs, ek_chain)
     ak = parse_ak(ak_pub)  # restricted signing key with pinned algorithms, or refuse now
     secret = os.urandom(32)
     credential_blob, encrypted_secret = make_credential(ek_public_from_cert(cert), secret, ak.name)
     challenge = {"credential_blob": _b64(credential_blob.marshal()), "secret": _b64(encrypted_secret.marshal())}
-    return challenge, PendingEnrollment(secret, CertifiedAK(ak_pub, ek_cert))
+    return challenge, PendingEnrollment(secret, CertifiedAK(ak_pub, ek_cert, ek_chain))
 
 
 def finish_enrollment(pending: PendingEnrollment, response: bytes) -> CertifiedAK:
@@ -314,18 +365,71 @@ def enroll(issuer: "VTPMEKIssuer", ca_certs: Sequence) -> CertifiedAK:
 # ----------------------------------------------------------------------------- issuer side
 
 
+def _split_der(data: bytes) -> List[bytes]:
+    """DER certificates stored back to back (an NV index may hold several; zero padding ends it)."""
+    certs = []
+    offset = 0
+    while offset + 4 <= len(data) and data[offset] == 0x30:
+        first = data[offset + 1]
+        if first < 0x80:
+            length, header = first, 2
+        else:
+            count = first & 0x7F
+            if count == 0 or count > 3 or offset + 2 + count > len(data):
+                break
+            length, header = int.from_bytes(data[offset + 2:offset + 2 + count], "big"), 2 + count
+        end = offset + header + length
+        if end > len(data):
+            break
+        certs.append(bytes(data[offset:end]))
+        offset = end
+    return certs
+
+
 class VTPMEKIssuer(VTPMIssuer):
     """The ``qemu-vtpm`` issuer plus the node's half of the enrollment."""
 
     oid = QEMU_VTPM_EK.oid
 
+    def _ek_slot(self, tpm) -> Tuple[str, bytes]:
+        """(template name, EK certificate DER) of the first EK of EK_SLOTS whose certificate is in NV."""
+        for template, index in EK_SLOTS:
+            try:
+                return template, tpm.nv_read(index)
+            except AttestationError:
+                continue
+        raise AttestationError("no EK certificate in the TPM's NV (RSA 0x%08x, ECC P-256 0x%08x)"
+                               % (EK_CERT_NV_INDEX_RSA, EK_CERT_NV_INDEX_ECC))
+
     def ek_cert(self) -> bytes:
         with self._lock:
             tpm, _ak = self._open()
-            return tpm.nv_read(EK_CERT_NV_INDEX_RSA)
+            return self._ek_slot(tpm)[1]
 
-    def enrollment_request(self) -> Dict[str, str]:
-        return {"ek_cert": _b64(self.ek_cert()), "ak_pub": _b64(self.ak_pub)}
+    def ek_chain(self) -> List[bytes]:
+        """Intermediates of the EK certificate in NV (TCG EK Credential Profile 2.5, indices
+        0x01c00100-0x01c001ff, DER certificates, several per index allowed), if any."""
+        from tpm2_pytss import TPM2_CAP
+
+        with self._lock:
+            tpm, _ak = self._open()
+            try:
+                _more, data = tpm.esapi.get_capability(TPM2_CAP.HANDLES, EK_CHAIN_NV_FIRST, _MAX_NV_CHAIN_CERTS)
+            except TSS2_Exception:
+                return []
+            chain: List[bytes] = []
+            for handle in data.data.handles:
+                if not EK_CHAIN_NV_FIRST <= int(handle) <= EK_CHAIN_NV_LAST:
+                    continue
+                chain.extend(_split_der(tpm.nv_read(int(handle))))
+            return chain[:_MAX_NV_CHAIN_CERTS]
+
+    def enrollment_request(self) -> Dict[str, object]:
+        request: Dict[str, object] = {"ek_cert": _b64(self.ek_cert()), "ak_pub": _b64(self.ak_pub)}
+        chain = self.ek_chain()
+        if chain:
+            request["ek_chain"] = [_b64(der) for der in chain]
+        return request
 
     def activate_credential(self, challenge: Dict[str, str]) -> bytes:
         """TPM2_ActivateCredential with the EK (recreated from its template) and our AK."""
@@ -341,7 +445,11 @@ class VTPMEKIssuer(VTPMIssuer):
         with self._lock:
             tpm, ak = self._open()
             esapi = tpm.esapi
-            _cert, template = create_ek_template("EK-RSA2048", tpm.nv_read_raw)
+            try:
+                name = self._ek_slot(tpm)[0]
+            except AttestationError:  # no certificate: the TCG default EK (activation then simply fails)
+                name = EK_SLOTS[0][0]
+            _cert, template = create_ek_template(name, tpm.nv_read_raw)
             ek, _pub, _cd, _ch, _ct = esapi.create_primary(None, template, ESYS_TR.ENDORSEMENT)
             session = None
             try:
@@ -391,7 +499,7 @@ class VTPMEKValidator(VTPMValidator):
     def trust_ak(self, ak_pub: bytes, ak: AKInfo) -> None:
         record = self.certified_aks.get(ak_pub)
         if record is not None:
-            verify_ek_cert(record.ek_cert, self.ca_certs)  # a CA dropped since enrollment revokes it
+            verify_ek_cert(record.ek_cert, self.ca_certs, record.ek_chain)  # a CA dropped since enrollment revokes it
             return
         for rejected, reason in self.rejected_records:
             if rejected.ak_pub == ak_pub:
