@@ -134,7 +134,7 @@ def spec(name: Any, field: str = "variant") -> VariantSpec:
     raise InputError(field, "one of %s" % ", ".join(_SPECS), name)
 
 
-def test_suite() -> bool:
+def in_test_suite() -> bool:
     """Whether this process runs under the test suite (``CONSTELLATION_TEST_SUITE=1``)."""
     return os.environ.get(TEST_SUITE_ENV) == "1"
 
@@ -152,7 +152,7 @@ def check_variant_allowed(name: Any, insecure_trust_any_ak: Any = False, field: 
 
     InputError naming ``field`` (the variant option) or ``ack_field`` (the acknowledgement)."""
     chosen = spec(name, field)
-    if chosen.for_tests_only and not test_suite():
+    if chosen.for_tests_only and not in_test_suite():
         raise InputError(field, "a variant with security (%s); %s proves nothing and is accepted only by the test "
                          "suite (%s=1)" % (DEFAULT_VARIANT, chosen.name, TEST_SUITE_ENV), chosen.name)
     if chosen.trusts_any_ak and insecure_trust_any_ak is not True:
