@@ -104,3 +104,23 @@ def test_a_stranger_cannot_activate_a_fresh_agent_provisioned_with_the_hash(tmp_
     assert not (tmp_path / "owned").exists()
     assert read_pcrs(swtpm.tcti)[15] == bytes(32)
     assert "init_secret_not_configured" not in log.getvalue()
+
+
+def test_qemu_vtpm_is_refused_without_the_acknowledgement_and_warned_about_on_every_start(tmp_path, swtpm):
+    """Issue 25, finding 1 at the agent: qemu-vtpm trusts any AK; the agent refuses it unless its config
+    says insecure_trust_any_ak: true, and then logs insecure_variant (warning) at every start."""
+    pcrs = read_pcrs(swtpm.tcti)
+    policy = tmp_path / "measurements.json"
+    policy.write_text(json.dumps({"4": {"expected": pcrs[4].hex(), "warnOnly": False}}))
+    data = base_config(tmp_path, swtpm, variant="qemu-vtpm", measurements=str(policy),
+                       init_secret_hash=init_secret_hash(CLUSTER_INIT_SECRET, "127.0.0.1"))
+    with pytest.raises(InputError) as refused:
+        AgentConfig.from_mapping(data)
+    assert refused.value.field == "insecure_trust_any_ak" and "trusts ANY attestation key" in str(refused.value)
+    config = AgentConfig.from_mapping(dict(data, insecure_trust_any_ak=True))
+    for _start_again in range(2):
+        agent, log = _start(config)
+        agent.stop()
+        warnings = [json.loads(line) for line in log.getvalue().splitlines() if '"insecure_variant"' in line]
+        assert len(warnings) == 1 and warnings[0]["level"] == "warning"
+        assert "trusts ANY attestation key" in warnings[0]["message"]
