@@ -66,7 +66,7 @@ def test_agents_issue_ek_documents_and_plain_qemu_vtpm_is_not_accepted(ek_lab):
     lab, admin, _procs = ek_lab
     h1 = lab.host("h1")
     with pytest.raises(AttestationError, match="no attestation of an accepted variant"):
-        AgentClient.connect(h1.public_endpoint, [choose.validator("qemu-vtpm", POLICY)],
+        AgentClient.connect(h1.public_endpoint, [choose.validator("qemu-vtpm", POLICY, insecure_trust_any_ak=True)],
                             sock=admin.connect((h1.public_ip, 9000)))
 
 
