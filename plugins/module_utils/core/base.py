@@ -48,6 +48,9 @@ class CoreBase(StateMachine):
         # may activate this node (as before; the agent logs a warning).
         self.init_secret_hash = init_secret_hash
         self._init_secret: Optional[bytes] = None  # the Coordinator's copy of the cluster's init secret
+        # A node that joins by itself: the Coordinators' signing key from its agent config (core/signing.py);
+        # join tickets must verify with it. Activated Nodes pin theirs in their node state.
+        self.join_coordinator_pub_key: Optional[str] = None
         # ``store`` holds everything while the cluster's state is local; a Coordinator that runs an etcd
         # member (``etcd_member``, core/coordinators.py) moves the cluster's keys there and ``store``
         # becomes that cluster; ``local_store`` keeps what is this peer's own (state_store.LOCAL_KEYS).

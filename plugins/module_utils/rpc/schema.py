@@ -166,6 +166,7 @@ class ActivateAsNodeRequest(Record):
     admin_pub_key: Optional[str] = wire("str")
     coordinator_vpn_ip: Optional[str] = wire("str")
     init_proof: Optional[bytes] = wire("b64", False, 32, doc="secret")
+    coordinator_pub_key: Optional[str] = wire("str", doc="the Coordinators' Ed25519 signing key, pinned by the node")
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,7 @@ class GetUpdateAnswer(Record):
     added: Optional[list] = wire("list")
     removed: Optional[List[str]] = wire("strlist")
     changed: Optional[list] = wire("list")
+    signature: Optional[str] = wire("str", doc="the Coordinators' signature of the peer set at this version")
 
 
 @dataclass(frozen=True)

@@ -218,7 +218,7 @@ class FakeJoinChannel(ports.JoinChannel):
         return self.issuer.oid, self.issuer.issue(self.user_data(self.node_vpn_pub_key, self.disk_uuid), nonce)
 
     def deliver(self, ticket):
-        self.on_ticket(ticket.to_dict())
+        self.on_ticket(ticket.to_dict(), self.user_data(self.node_vpn_pub_key, self.disk_uuid))
         if not self.confirm:
             raise ConnectionClosed("the node went away")
 
@@ -227,6 +227,7 @@ def test_join_through_ports(make_core, secret):
     coord, coord_vpn = coordinator(make_core, secret)
     node, _vpn = make_core(MemoryTPM())
     node.load()
+    node.join_coordinator_pub_key = coord.coordinator_pub_key()  # the agent config's coordinator_pub_key
 
     def request_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
         channel = FakeJoinChannel(DummyIssuer(), on_ticket)
@@ -247,7 +248,7 @@ def test_join_refuses_an_unbound_attestation_and_releases_the_ip(make_core, secr
         coord.serve_join(core.new_disk_uuid(), os.urandom(32), channel, DummyValidator())
     # A node that takes the ticket but never confirms: its IP goes back to the pool.
     node_pub, disk_uuid = os.urandom(32), core.new_disk_uuid()
-    channel = FakeJoinChannel(DummyIssuer(), lambda ticket: None, confirm=False)
+    channel = FakeJoinChannel(DummyIssuer(), lambda ticket, binding: None, confirm=False)
     channel.node_vpn_pub_key, channel.disk_uuid = node_pub, disk_uuid
     with pytest.raises(ConnectionLost):
         coord.serve_join(disk_uuid, node_pub, channel, DummyValidator())
@@ -258,9 +259,10 @@ def test_join_whose_confirmation_is_lost_says_so(make_core, secret):
     coord, _vpn = coordinator(make_core, secret)
     node, _vpn2 = make_core(MemoryTPM())
     node.load()
+    node.join_coordinator_pub_key = coord.coordinator_pub_key()
 
     def lost_after_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
-        on_ticket(coord.issue_join_ticket(disk_uuid, coord.reserve_node_ip()).to_dict())
+        on_ticket(coord.signed_join_ticket(coord.issue_join_ticket(disk_uuid, coord.reserve_node_ip()), b"b").to_dict(), b"b")
         raise ConnectionClosed("closed")
 
     with pytest.raises(ConstellationError, match="joined, but the Coordinator did not confirm"):
