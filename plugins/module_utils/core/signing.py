@@ -36,6 +36,10 @@ CONTEXT_JOIN_TICKET = "join_ticket"
 CONTEXT_REJOIN_TICKET = "rejoin_ticket"
 CONTEXT_PEERS = "peers"
 SIGNATURE_FIELD = "signature"
+# Coordinator authentication on a peer's admin channel (AdminAuth role coordinator): a fresh server challenge
+# bound to the connection's server key, signed with the Coordinators' key. It unlocks GetState's details
+# (the Coordinator's re-attestation and resumed activations read them), never Exec, PutFile or FetchFile.
+AUTH_CONTEXT = b"constellation-coordinator-auth-v1\x00"
 PUB_KEY_LENGTH = 32
 SIGNATURE_LENGTH = 64
 
@@ -86,6 +90,22 @@ def verify(pub_key: Optional[str], context: str, payload: Any, signature: Any, w
             from None
 
 
+def auth_message(challenge: bytes, server_spki_hash: bytes) -> bytes:
+    return AUTH_CONTEXT + bytes(challenge) + bytes(server_spki_hash)
+
+
+def verify_auth(pub_key: Optional[str], signature: bytes, challenge: bytes, server_spki_hash: bytes) -> bool:
+    """True if ``signature`` is the Coordinators' signature of this connection's challenge."""
+    if not pub_key:
+        return False
+    try:
+        key = Ed25519PublicKey.from_public_bytes(base64.b64decode(parse_coordinator_pub_key(pub_key)))
+        key.verify(bytes(signature), auth_message(challenge, server_spki_hash))
+    except (InvalidSignature, ValueError, InputError):
+        return False
+    return True
+
+
 def ticket_payload(ticket: Mapping[str, Any], binding: bytes) -> dict:
     """What a ticket's signature covers: the ticket as sent (without its signature) and the binding."""
     return {"binding": base64.b64encode(bytes(binding)).decode("ascii"),
@@ -120,6 +140,10 @@ class Signer:
     def sign_ticket(self, context: str, ticket: Mapping[str, Any], binding: bytes) -> str:
         return sign(self._priv_key, context, ticket_payload(ticket, binding))
 
+    def sign_auth(self, challenge: bytes, server_spki_hash: bytes) -> bytes:
+        """AdminAuth as the Coordinators (role coordinator) on the connection with this server key."""
+        return self._priv_key.sign(auth_message(challenge, server_spki_hash))
+
     def peers_signature(self, peer_set: Any) -> str:
         """``peer_set``: a ``VersionedPeerSet`` (its ``version`` and ``peers``)."""
         version = peer_set.version
@@ -144,6 +168,11 @@ class CoordinatorSigning:
     def coordinator_pub_key(self) -> str:
         """The key Nodes pin (every Coordinator of the cluster derives the same)."""
         return self.signer().pub_key
+
+    def authenticate_as_coordinator(self, client: Any) -> None:
+        """On an attested connection to a peer: prove the Coordinators' key (AdminAuth role coordinator),
+        which unlocks the peer's GetState details (VPN IP and key, disk UUID)."""
+        client.coordinator_auth(self.signer().sign_auth)
 
     def signed_join_ticket(self, ticket: Any, binding: bytes) -> Any:
         return ticket.signed(self.signer().sign_ticket(CONTEXT_JOIN_TICKET, ticket.to_dict(), binding))

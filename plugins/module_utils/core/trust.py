@@ -104,6 +104,7 @@ class PeerTrust(NodeActivation):
                     raise ConnectionError("PCR 15 is reset (rebooted, not rejoined yet)")
                 if membership != "ours":
                     raise AttestationError("PCR 15 does not hold this cluster's ID")
+                self.authenticate_as_coordinator(client)  # GetState's details are for the Coordinators only
                 state = client.get_state()
                 if state.get("vpn_ip") != peer.vpn_ip or state.get("vpn_pub_key") != peer.vpn_pub_key:
                     raise AttestationError("the attested peer at %s is not the one recorded at %s (another VPN IP or "

@@ -318,6 +318,16 @@ class AdminClient(Channel):
                                                                                         self.server_spki_hash)))})
         return self.stream.recv_end()
 
+    def coordinator_auth(self, sign_auth: Callable[[bytes, bytes], bytes]) -> Dict[str, Any]:
+        """AdminAuth as the Coordinators (core/signing.py): ``sign_auth(challenge, server_spki_hash)``
+        signs with their key. Unlocks GetState's details on this connection, nothing else."""
+        if self.server_spki_hash is None:
+            raise ProtocolError("AdminAuth needs an aTLS connection")
+        self.stream.send_request("AdminAuth", {"role": "coordinator"})
+        challenge = b64d(self.stream.recv_msg("a challenge").get("challenge"), "challenge", 32)
+        self.stream.send_msg({"signature": b64e(sign_auth(challenge, self.server_spki_hash))})
+        return self.stream.recv_end()
+
     def attest_again(self, validators: Sequence, attestation_timeout: float = 30.0):
         """A fresh proof on this kept connection: a new nonce, the agent's quote over it bound to this
         connection's certificate key, validated as the handshake's was. Returns the Validation;

@@ -234,6 +234,11 @@ class EnrollAKAnswer(Record):
 
 
 @dataclass(frozen=True)
+class AdminAuthRequest(Record):
+    role: Optional[str] = wire("str", doc="admin (default) or coordinator: GetState's details only")
+
+
+@dataclass(frozen=True)
 class AdminAuthAnswer(Record):
     authenticated: bool = wire("bool", True)
 
@@ -393,7 +398,8 @@ def unregister(name: str) -> None:
 
 for _method in (
         Method("GetState", PUBAPI, Empty, StateAnswer, STREAMS_NONE,
-               "the peer's state, role, and VPN IP and key once activated; any state"),
+               "the peer's state and role; after AdminAuth also its VPN IP and key, disk UUID (and a Coordinator's "
+               "evicted peers); any state"),
         Method("ActivateAsCoordinator", PUBAPI, ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer, STREAMS_LOG,
                "the admin makes this peer the Coordinator (node lock, KMS, WireGuard); AcceptingInit only"),
         Method("ActivateAsNode", PUBAPI, ActivateAsNodeRequest, ActivateAsNodeAnswer, STREAMS_EXCHANGE,
@@ -413,8 +419,9 @@ for _method in (
                "a rebooted Node attests itself in-band and takes its disk key, the measurement secret and its peers"),
         Method("EnrollAK", PUBAPI, Empty, EnrollAKAnswer, STREAMS_EXCHANGE,
                "qemu-vtpm-ek: EK certificate and AK out, credential challenge in, recovered secret out"),
-        Method("AdminAuth", ADMIN, Empty, AdminAuthAnswer, STREAMS_EXCHANGE,
-               "proves the admin key pinned at activation, bound to this TLS connection"),
+        Method("AdminAuth", ADMIN, AdminAuthRequest, AdminAuthAnswer, STREAMS_EXCHANGE,
+               "proves the admin key pinned at activation, bound to this TLS connection (role coordinator: the "
+               "Coordinators' key, for GetState's details only)"),
         Method("Attest", ADMIN, AttestRequest, AttestAnswer, STREAMS_NONE,
                "a fresh quote over the caller's nonce, bound to this connection's certificate key (a proof per task)"),
         Method("Exec", ADMIN, ExecRequest, ExecAnswer, STREAMS_PROCESS, "runs a command (argv or /bin/sh -c cmd)"),

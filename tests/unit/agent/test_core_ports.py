@@ -20,9 +20,10 @@ from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes impo
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
-from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
+from ansible_collections.constellation.cluster.plugins.module_utils.core import ports, signing
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AccessDenied,
     AttestationError,
     ConnectionLost,
     ConstellationError,
@@ -163,8 +164,17 @@ class FakeNodeClient(ports.NodeClient):
     def attested_pcrs(self):
         return {15: self.node.tpm.pcr15()}
 
+    authenticated = False
+
+    def coordinator_auth(self, sign_auth):
+        """As the node's admin channel does (AdminAuth role coordinator): its pinned key must verify."""
+        challenge, spki = os.urandom(32), os.urandom(32)
+        if not signing.verify_auth(self.node.pinned_coordinator_pub_key(), sign_auth(challenge, spki), challenge, spki):
+            raise AccessDenied("AdminAuth (role coordinator): refused")
+        self.authenticated = True
+
     def get_state(self):
-        return self.node.get_state()
+        return self.node.get_state() if self.authenticated else self.node.public_state()
 
     def activate_as_node(self, params, disk_key_for):
         step = self.node.activate_as_node_begin(params)

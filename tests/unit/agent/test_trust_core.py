@@ -120,7 +120,12 @@ class FakeClient:
     def attested_pcrs(self):
         return {15: self.pcr15}
 
+    def coordinator_auth(self, sign_auth):  # the peer's details need AdminAuth role coordinator (rpc/admin.py)
+        sign_auth(os.urandom(32), os.urandom(32))
+        self.authenticated = True
+
     def get_state(self):
+        assert getattr(self, "authenticated", False), "GetState's details before AdminAuth"
         return dict(self.state)
 
 
