@@ -57,8 +57,18 @@ class LabCluster:
         return AgentClient.connect(h.public_endpoint, [validator], sock=self.admin.connect((h.public_ip, 9000)))
 
     def state(self, name: str) -> dict:
+        """GetState; on an activated peer after AdminAuth (before it, anyone gets only state and role)."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
+
         with self.client(name) as c:
-            return c.get_state()
+            state = c.get_state()
+            if state.get("state") in ("ActivatingNodes", "IsNode"):
+                try:
+                    c.admin_auth(self.admin_key)
+                except RemoteError:  # not our admin key: the public answer
+                    return state
+                state = c.get_state()
+            return state
 
     def stop(self, name: str, sig=signal.SIGTERM) -> int:
         return stop_agent(self.procs.pop(name), sig=sig)
