@@ -38,6 +38,8 @@ class LabCluster:
     def start(self, name: str, **config):
         """Starts the agent on ``name`` (config keys as docs/agent.md, and start_agent's options)."""
         self.hosts = {h.name: h for h in self.lab.hosts}  # the lab may have grown
+        if config.get("coordinator_public_endpoint"):  # join mode: the Coordinators' key, as the role derives it
+            config.setdefault("coordinator_pub_key", kms.coordinator_pub_key(kms.ClusterKMS(self.secret)))
         self.procs[name] = start_agent(self.lab, self.hosts[name], **config)
         return self.procs[name]
 
