@@ -40,6 +40,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.activat
 from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
 from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import require_init_secret_hash
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
@@ -74,12 +75,14 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "vpn_cidr", "wg_listen_port", "log_level", "measurements_public_key", "init_secret_hash",
                 "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg",
                 "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
+                "coordinator_pub_key",
                 "insecure_trust_any_ak", "insecure_unauthenticated_activation"}  # explicit insecure choices
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
 _CONFIG_TYPES = {
     "public_endpoint": ((str,), "host:port"),
     "coordinator_public_endpoint": ((str,), "host:port"),
+    "coordinator_pub_key": ((str,), "the Coordinators' Ed25519 signing key (standard base64 of 32 bytes)"),
     "public_ip": ((str,), "an IP address"),
     "tcti": ((str,), "a TCTI string such as swtpm:host=127.0.0.1,port=2321"),
     "variant": ((str,), "a variant name"),
@@ -152,6 +155,8 @@ class AgentConfig:
     update_interval: float = DEFAULT_UPDATE_INTERVAL
     disk_uuid_file: Optional[str] = None
     coordinator_public_endpoint: Optional[str] = None
+    # Join mode: the Coordinators' signing key (core/signing.py); join tickets must be signed with it.
+    coordinator_pub_key: Optional[str] = None
     join_interval: float = 5.0
     measurements_public_key: Optional[str] = None  # pinned key: the policy file must be signed (FILE.sig)
     init_secret_hash: Optional[str] = None  # hex SHA-256 of this node's init secret: activation needs its proof
@@ -197,6 +202,13 @@ class AgentConfig:
         atls.parse_endpoint(config.public_endpoint, "public_endpoint")
         if config.coordinator_public_endpoint:
             atls.parse_endpoint(config.coordinator_public_endpoint, "coordinator_public_endpoint")
+            if not config.coordinator_pub_key:
+                # Every Node of the cluster passes the policy a joining node checks the Coordinator with: only
+                # the Coordinators' key tells a Coordinator's join ticket from a forged one.
+                raise InputError("coordinator_pub_key", "the Coordinators' signing key (role variable "
+                                 "node_agent_coordinator_pub_key) when coordinator_public_endpoint is set (join mode)")
+        if config.coordinator_pub_key is not None:
+            config.coordinator_pub_key = parse_coordinator_pub_key(config.coordinator_pub_key)
         for name in ("update_interval", "join_interval"):
             value = getattr(config, name)
             if not isinstance(value, (int, float)) or not 0.05 <= value <= 3600:
@@ -270,6 +282,7 @@ class Agent:
                                 listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash)
+        self.core.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
         self._reattest_started = False
         self.admin = AdminHandlers(self.core, self.log, issue=self._issue_for_connection,
                                    variant_oid=self.issuer.oid)

@@ -74,7 +74,10 @@ class PubAPI:
 
     # Every handler gets its request decoded by the server (schema.py records).
     def get_state(self, conn: Connection, request: schema.Empty) -> None:
-        conn.stream.send_result(self.core.get_state())
+        # Least disclosure: state and role to anyone; VPN IP and key, disk UUID, evicted peers only on a
+        # connection that proved the admin key or the Coordinators' key (AdminAuth).
+        full = conn.admin or getattr(conn, "coordinator", False)
+        conn.stream.send_result(self.core.get_state() if full else self.core.public_state())
 
     def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:
         result = self.core.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,
