@@ -38,11 +38,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.records
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AccessDenied,
     AttestationError,
     InputError,
     StateError,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import peer_auth
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     VPN_CIDR,
     generate_priv_key,
@@ -52,6 +54,24 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 # GetDataKey never hands out these: they are given only to whom they belong, at activation.
 RESERVED_DATA_KEY_IDS = frozenset((kms_mod.MEASUREMENT_SECRET_KEY_ID, kms_mod.EMERGENCY_SSH_CA_KEY_ID,
                                    kms_mod.CLUSTER_ID_KEY_ID))
+
+
+DATA_KEY_NAMESPACE = "peer/%s/"
+
+
+def data_key_namespace(vpn_pub_key: str) -> str:
+    """The prefix of a peer's GetDataKey IDs: its WireGuard public key (the identity PeerAuth proved;
+    stable across restarts and rejoins, and never handed to another peer, unlike a VPN IP)."""
+    return DATA_KEY_NAMESPACE % vpn_pub_key
+
+
+def refuse_control_plane_join(method: str, is_control_plane: Any) -> None:
+    """The join service never hands out control-plane material: a control plane is designated by the
+    admin (ActivateAdditionalNodes' control_plane_endpoints), not by the node that asks."""
+    if is_control_plane:
+        raise AccessDenied("%s: is_control_plane: a node cannot designate itself a control plane; the admin "
+                           "designates control planes when activating them (activate_nodes "
+                           "control_plane_public_endpoints)" % method)
 
 
 class CoordinatorSide(KubernetesJoin):
@@ -94,6 +114,7 @@ class CoordinatorSide(KubernetesJoin):
                 return registry.add(pub_key, self.public_ip, "coordinator")
 
             record = self.peer_registry.update(add_self, vpn_cidr)
+            self.claim_disk_uuid(self.disk_uuid, record.vpn_ip, pub_key, method)  # no node may name ours
             state_store.save_kms_data(self.local_store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
             if secret is not None:
                 state_store.save_init_secret(self.local_store, secret)  # to prove itself to the nodes it activates
@@ -197,8 +218,9 @@ class CoordinatorSide(KubernetesJoin):
         the proof of the init secret of the node at ``public_ip``, and the Kubernetes join (core/kubernetes.py):
         the kubelet certificate for ``certificate_request`` and, for a control plane, the PKI files."""
         kms = self.require_coordinator("IssueJoinTicket")
+        refuse_control_plane_join("IssueJoinTicket", is_control_plane)
         request = self.node_activation_request(vpn_ip)
-        kubeadm_args = self.ticket_kubernetes(vpn_ip, certificate_request, is_control_plane)
+        kubeadm_args = self.ticket_kubernetes(vpn_ip, certificate_request, False)
         return JoinTicket(request.cluster_id, request.measurement_salt, kms.measurement_secret(),
                           kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
                           request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args,
@@ -214,13 +236,17 @@ class CoordinatorSide(KubernetesJoin):
         record the peer once the node confirms."""
         method = "IssueJoinTicket"
         self.require_coordinator(method)
+        # The joining node cannot designate itself a control plane: only the admin can (activation).
+        refuse_control_plane_join(method, is_control_plane)
         normalized_uuid = normalize_disk_uuid(disk_uuid)
+        self.require_disk_uuid_free(normalized_uuid, b64(node_vpn_pub_key), method)  # before any attestation work
         self.attest_over(channel, validator, method, channel.user_data(node_vpn_pub_key, disk_uuid), "join_refused")
         vpn_ip = self.reserve_node_ip()
         added = False
         try:
-            channel.deliver(self.issue_join_ticket(normalized_uuid, vpn_ip, channel.peer_ip, certificate_request,
-                                                   bool(is_control_plane)))
+            # The disk UUID becomes this node's (by its WireGuard key) before its disk key leaves.
+            self.claim_disk_uuid(normalized_uuid, vpn_ip, b64(node_vpn_pub_key), method)
+            channel.deliver(self.issue_join_ticket(normalized_uuid, vpn_ip, channel.peer_ip, certificate_request))
             version = self.add_node_peer(vpn_ip, b64(node_vpn_pub_key), channel.peer_ip)
             added = True
         finally:
@@ -272,6 +298,46 @@ class CoordinatorSide(KubernetesJoin):
         # From memory (peer_cache.py): the vpnapi asks this for every connection.
         return self.peer_registry.is_known_peer_ip(ip)
 
+    def vpn_peer_record(self, vpn_ip: str) -> Optional[PeerRecord]:
+        """The registry's record of the peer at ``vpn_ip`` (from memory), or None."""
+        registry = self.peer_registry.current()
+        return registry.peers.get(vpn_ip) if registry is not None else None
+
+    def _pair_keys(self) -> peer_auth.PairKeys:
+        """This Coordinator's pair keys with its peers (wireguard/peer_auth.py), made once per WireGuard key."""
+        priv_key = self._stored_node().vpn_priv_key
+        cached = getattr(self, "_peer_auth_cache", None)
+        if cached is None or cached[0] != priv_key:
+            cached = (priv_key, peer_auth.PairKeys(priv_key))
+            self._peer_auth_cache = cached  # pylint: disable=attribute-defined-outside-init
+        return cached[1]
+
+    def peer_auth_server_pub_key(self) -> str:
+        return self._pair_keys().own_pub_key
+
+    def check_peer_proof(self, peer_ip: str, server_ip: str, challenge: bytes, proof: bytes) -> Optional[str]:
+        """PeerAuth (vpnapi): the caller at ``peer_ip`` proved the WireGuard private key of the public key the
+        registry recorded for that address at its activation. Returns that public key, or None."""
+        self.require_coordinator("PeerAuth")
+        record = self.vpn_peer_record(peer_ip)
+        if record is None:
+            return None
+        if not self._pair_keys().check(record.vpn_pub_key, proof, challenge, peer_ip, server_ip):
+            return None
+        return record.vpn_pub_key
+
+    def is_designated_control_plane(self, vpn_ip: str, vpn_pub_key: str) -> bool:
+        """Whether the admin designated the peer at ``vpn_ip`` (with this WireGuard key) a control plane:
+        a Coordinator always is (it holds the KMS URI); a Node only if its activation said so
+        (``state_store.load_control_plane``, bound to its key so that a reused VPN IP inherits nothing)."""
+        record = self.vpn_peer_record(vpn_ip)
+        if record is None or record.vpn_pub_key != vpn_pub_key:
+            return False
+        if record.role == ROLE_COORDINATOR:
+            return True
+        designated = state_store.load_control_plane(self.store, vpn_ip)
+        return designated is not None and hmac.compare_digest(designated.encode("ascii"), vpn_pub_key.encode("ascii"))
+
     def get_update(self, resource_version: Any) -> Dict[str, Any]:
         self.require_coordinator("GetUpdate")
         if not isinstance(resource_version, int) or isinstance(resource_version, bool):
@@ -281,7 +347,27 @@ class CoordinatorSide(KubernetesJoin):
             raise StateError("GetUpdate: this Coordinator has no peer registry")
         return registry.peers.updates_since(resource_version).to_dict()
 
-    def get_data_key(self, data_key_id: Any, length: Any) -> bytes:
+    def claim_disk_uuid(self, disk_uuid: str, vpn_ip: str, vpn_pub_key: str, method: str) -> None:
+        """A disk UUID belongs to the first peer recorded with it (by its WireGuard key): recorded with the
+        node's disk UUID in one store transaction (state_store.claim_disk_uuid). AccessDenied naming the
+        UUID when another peer holds it: its disk key is never derived for anyone else."""
+        owner = state_store.claim_disk_uuid(self.store, disk_uuid, vpn_ip, vpn_pub_key)
+        if owner is not None:
+            self._log("disk_uuid_refused", node_vpn_ip=vpn_ip, disk_uuid=disk_uuid, owner_vpn_ip=owner)
+            raise AccessDenied("%s: disk UUID %s is taken (it belongs to another peer, %s)" % (method, disk_uuid, owner))
+
+    def require_disk_uuid_free(self, disk_uuid: str, vpn_pub_key: str, method: str) -> None:
+        """Refuses early (AccessDenied naming the UUID) a disk UUID that belongs to a peer other than
+        the one with ``vpn_pub_key``; ``claim_disk_uuid`` decides for good, in a transaction."""
+        owner = state_store.disk_uuid_owner(self.store, disk_uuid)
+        if owner is not None and owner.get("vpn_pub_key") != vpn_pub_key:
+            raise AccessDenied("%s: disk UUID %s is taken (it belongs to another peer, %s)"
+                               % (method, disk_uuid, owner.get("vpn_ip")))
+
+    def get_data_key(self, data_key_id: Any, length: Any, caller_vpn_pub_key: Optional[str] = None) -> bytes:
+        """A data key for the caller: derived for ``peer/<caller's WireGuard public key>/<data_key_id>``
+        (docs/protocol.md), so no peer can ask for another's keys. ``caller_vpn_pub_key`` None: the
+        Coordinator's own namespace (its key), never a bare ID."""
         kms = self.require_coordinator("GetDataKey")
         if not isinstance(data_key_id, str) or not data_key_id:
             raise InputError("data_key_id", "a non-empty key ID")
@@ -296,4 +382,4 @@ class CoordinatorSide(KubernetesJoin):
             raise InputError("data_key_id", "no disk UUID (state disk keys go only to their node)", data_key_id)
         if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 64:
             raise InputError("length", "an integer in 1..64", length)
-        return kms.derive_key(data_key_id, length)
+        return kms.derive_key(data_key_namespace(caller_vpn_pub_key or self.vpn_pub_key) + data_key_id, length)
