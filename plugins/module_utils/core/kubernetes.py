@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Dict, Optional, Protocol, runtime_checkable
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import PeerAccess
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied,
     ConstellationError,
@@ -49,7 +49,7 @@ class KubeadmProvider(Protocol):
         """``{node_name, kubelet_cert}`` for a checked CSR, signed by the cluster CA."""
 
 
-class KubernetesJoin(CoreBase):
+class KubernetesJoin(PeerAccess):
     kubeadm_provider: Optional[KubeadmProvider] = None
 
     def _provider(self, method: str) -> KubeadmProvider:
@@ -104,9 +104,6 @@ class KubernetesJoin(CoreBase):
             raise AccessDenied("%s: is_control_plane: %s is not designated a control plane by the admin (control "
                                "planes are designated at activation: activate_nodes control_plane_public_endpoints)"
                                % (method, vpn_ip))
-
-    def is_designated_control_plane(self, vpn_ip: str, vpn_pub_key: str) -> bool:  # core/coordinator.py
-        raise NotImplementedError
 
     def kubernetes_certificate_key_for(self, vpn_ip: str, method: str = "GetCertificateKey",
                                        vpn_pub_key: Optional[str] = None) -> str:
