@@ -36,6 +36,15 @@ options:
         arguments and the kubelet certificate come from there; mutually exclusive with O(token) and O(ca_cert_hash).
       - Nothing is asked when the node already joined, nor in check mode (each answer creates a bootstrap token).
     type: str
+  vpn_priv_key_file:
+    description:
+      - With O(coordinator_vpn_endpoint), the node agent's WireGuard private key file (readable by root only). The
+        Coordinator's vpnapi answers only a connection that proves this key (C(PeerAuth)): an address inside
+        the VPN is not enough, any process on the node has it. The default is the key of the
+        P(constellation.cluster.node_agent#role) role's agent (C(<node_agent_state_dir>/<vpn_interface>.key)).
+      - Read only when the Coordinator is asked (not when the node already joined, nor in check mode).
+    type: path
+    default: /var/lib/constellation-agent/wg0.key
   api_server_endpoint:
     description:
       - C(host:port) of the cluster's API server. Required with O(token); with O(coordinator_vpn_endpoint) it
@@ -143,6 +152,7 @@ def main():
     argument_spec.update(node_argument_spec())
     argument_spec.update(
         coordinator_vpn_endpoint=dict(type="str"),
+        vpn_priv_key_file=dict(type="path", default="/var/lib/constellation-agent/wg0.key"),
         api_server_endpoint=dict(type="str"),
         token=dict(type="str", no_log=True),
         ca_cert_hash=dict(type="str"),
@@ -184,7 +194,15 @@ def _join_via_coordinator(module):
     p = module.params
 
     def fetch(csr_pem, is_control_plane):
+        try:
+            with open(p["vpn_priv_key_file"], encoding="ascii") as handle:
+                vpn_priv_key = handle.read().strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConstellationError("vpn_priv_key_file %s: cannot read the agent's WireGuard key (%s); the "
+                                     "Coordinator's vpnapi answers only its holder"
+                                     % (p["vpn_priv_key_file"], getattr(err, "strerror", None) or err)) from None
         with AgentClient.connect_plain(p["coordinator_vpn_endpoint"], timeout=60) as client:
+            client.peer_auth(vpn_priv_key)  # proof of the node's WireGuard key (docs/protocol.md, PeerAuth)
             return client.get_join_args(certificate_request=csr_pem, is_control_plane=is_control_plane)
 
     try:
