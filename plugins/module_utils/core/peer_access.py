@@ -88,7 +88,9 @@ class PeerAccess(CoreBase):
         """A disk UUID belongs to the first peer recorded with it (by its WireGuard key): recorded with the
         node's disk UUID in one store transaction (state_store.claim_disk_uuid). AccessDenied naming the
         UUID when another peer holds it: its disk key is never derived for anyone else."""
-        owner = state_store.claim_disk_uuid(self.store, disk_uuid, vpn_ip, vpn_pub_key)
+        owner = self._own_disk(disk_uuid, vpn_pub_key)
+        if owner is None:
+            owner = state_store.claim_disk_uuid(self.store, disk_uuid, vpn_ip, vpn_pub_key)
         if owner is not None:
             self._log("disk_uuid_refused", node_vpn_ip=vpn_ip, disk_uuid=disk_uuid, owner_vpn_ip=owner)
             raise AccessDenied("%s: disk UUID %s is taken (it belongs to another peer, %s)" % (method, disk_uuid, owner))
@@ -100,6 +102,17 @@ class PeerAccess(CoreBase):
         if owner is not None and owner.get("vpn_pub_key") != vpn_pub_key:
             raise AccessDenied("%s: disk UUID %s is taken (it belongs to another peer, %s)"
                                % (method, disk_uuid, owner.get("vpn_ip")))
+        mine = self._own_disk(disk_uuid, vpn_pub_key)
+        if mine is not None:
+            raise AccessDenied("%s: disk UUID %s is taken (it belongs to another peer, %s)" % (method, disk_uuid, mine))
+
+    def _own_disk(self, disk_uuid: str, vpn_pub_key: str) -> Optional[str]:
+        """This Coordinator's VPN IP if ``disk_uuid`` is its own disk and ``vpn_pub_key`` another peer's key
+        (a Coordinator activated before ownership records existed has none for its own disk)."""
+        node = self._node
+        if node is None or disk_uuid != self.disk_uuid or node.role != ROLE_COORDINATOR:
+            return None
+        return None if vpn_pub_key == self.vpn_pub_key else node.vpn_ip
 
     def get_data_key(self, data_key_id: Any, length: Any, caller_vpn_pub_key: Optional[str] = None) -> bytes:
         """A data key for the caller: derived for ``peer/<caller's WireGuard public key>/<data_key_id>``

@@ -106,3 +106,23 @@ def test_the_store_records_owner_and_node_in_one_transaction():
     state_store.save_node_disk_uuid(store, "10.118.0.13", legacy)
     assert state_store.claim_disk_uuid(store, legacy, "10.118.0.14", "C" * 43 + "=") == "10.118.0.13"
     assert state_store.claim_disk_uuid(store, legacy, "10.118.0.13", "D" * 43 + "=") is None
+
+
+def test_a_coordinator_without_an_owner_record_keeps_its_own_disk(make_core, secret):
+    """A Coordinator activated before ownership records existed: its own disk UUID is still refused."""
+    coord, _vpn = coordinator(make_core, secret)
+    coord.store.delete(state_store.KEY_DISK_UUID_OWNER_PREFIX + coord.disk_uuid)  # as an older version left it
+    with pytest.raises(AccessDenied, match="disk UUID %s is taken" % coord.disk_uuid):
+        join(coord, coord.disk_uuid, os.urandom(32))
+
+
+def test_a_rejoin_naming_another_nodes_disk_gets_nothing(make_core, secret):
+    coord, _vpn = coordinator(make_core, secret)
+    victim_uuid, attacker_uuid, attacker_pub = core.new_disk_uuid(), core.new_disk_uuid(), os.urandom(32)
+    join(coord, victim_uuid, os.urandom(32))
+    attacker = join(coord, attacker_uuid, attacker_pub)[0]
+    channel = FakeJoinChannel(DummyIssuer(), lambda ticket: pytest.fail("a ticket was delivered"))
+    channel.user_data = lambda vpn_ip, pub, uuid: b"bound:" + vpn_ip.encode() + pub.encode() + uuid.encode()
+    with pytest.raises(AccessDenied, match="not a recorded Node of this cluster with this WireGuard key and disk"):
+        coord.serve_rejoin(attacker["node_vpn_ip"], core.inputs.b64(attacker_pub), victim_uuid, channel,
+                           DummyValidator())
