@@ -87,6 +87,12 @@ def test_an_unprivileged_process_on_a_node_gets_nothing_from_the_vpnapi(cluster)
                    master.derive_key("peer/%s/app" % cluster.state("h2")["vpn_pub_key"], 32)):
         assert base64.b64encode(secret).decode() not in proc.stdout
     assert key_file.read_text().strip() not in proc.stdout
+    # Nor from the interface: only root reads it there (kubeadm_join's way to the key without vpn_priv_key_file).
+    key = key_file.read_text().strip()
+    assert node.run(["wg", "show", "wg0", "private-key"]).stdout.strip() == key
+    denied = node.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "wg", "show", "wg0",
+                       "private-key"], check=False)
+    assert denied.returncode != 0 and key not in denied.stdout + denied.stderr
 
 
 def test_the_nodes_agents_prove_their_key_and_converge(cluster):
