@@ -64,7 +64,7 @@ options:
     type: list
     elements: str
     default: []
-    version_added: "0.4.0"
+    version_added: "0.3.0"
   admin_priv_key_file:
     description: The admin's private key; signs the Coordinator's admin challenge (never sent).
     type: path

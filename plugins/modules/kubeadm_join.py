@@ -44,10 +44,12 @@ options:
       - Unset, the key is read from the node's interface O(vpn_interface) (C(wg show <interface> private-key), as root).
       - Read only when the Coordinator is asked (not when the node already joined, nor in check mode).
     type: path
+    version_added: "0.3.0"
   vpn_interface:
     description: The node's WireGuard interface, whose private key proves the node to the Coordinator (without O(vpn_priv_key_file)).
     type: str
     default: wg0
+    version_added: "0.3.0"
   api_server_endpoint:
     description:
       - C(host:port) of the cluster's API server. Required with O(token); with O(coordinator_vpn_endpoint) it
