@@ -40,7 +40,7 @@ options:
     description:
       - With O(coordinator_vpn_endpoint), the node agent's WireGuard private key file (C(<agent state_dir>/<vpn_interface>.key),
         readable by root only). The Coordinator's vpnapi answers only a connection that proves the node's WireGuard
-        key (C(PeerAuth)): an address inside the VPN is not enough, any process on the node has it.
+        key (C(PeerAuth)); an address inside the VPN is not enough, any process on the node has it.
       - Unset, the key is read from the node's interface O(vpn_interface) (C(wg show <interface> private-key), as root).
       - Read only when the Coordinator is asked (not when the node already joined, nor in check mode).
     type: path
