@@ -168,8 +168,11 @@ class Poller(threading.Thread):
         if self.answered_by in eps:
             start = eps.index(self.answered_by)
             eps = eps[start:] + eps[:start]
-        endpoint, update = ask_in_turn(eps, lambda client: client.get_update(self.version), self.timeout,
-                                       authenticate=lambda client, _endpoint: client.peer_auth(self.pair_keys))
+        def call(client):  # PeerAuth first, as the agent's update loop
+            client.peer_auth(self.pair_keys)
+            return client.get_update(self.version)
+
+        endpoint, update = ask_in_turn(eps, call, self.timeout)
         now = time.monotonic()
         parsed = PeerUpdate.from_dict(update)
         self.peers = parsed.apply_to(self.peers)

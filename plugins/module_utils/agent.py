@@ -58,6 +58,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
 from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import NodePeerAuth
 
 DEFAULT_PUBLIC_PORT = 9000
 DEFAULT_UPDATE_INTERVAL = 10.0
@@ -258,6 +259,7 @@ class Agent:
         self._threads: List[threading.Thread] = []
         self.servers: List[FrameServer] = []
         self._update_from: Optional[str] = None  # the Coordinator VPN IP that answered the last GetUpdate
+        self._node_auth = NodePeerAuth()  # the vpnapi's PeerAuth with this node's WireGuard key
         self.vpnapi_server: Optional[FrameServer] = None
         self._vpnapi_lock = threading.Lock()
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
@@ -413,30 +415,13 @@ class Agent:
         if self._update_from in ips:
             start = ips.index(self._update_from)
             ips = ips[start:] + ips[:start]
-        endpoint, answer = ask_in_turn(["%s:%d" % (ip, self.config.vpn_api_port) for ip in ips], call, timeout,
-                                       authenticate=self._peer_auth)
+        endpoint, answer = ask_in_turn(["%s:%d" % (ip, self.config.vpn_api_port) for ip in ips],  # PeerAuth, then call
+                                       lambda c: call(self._node_auth.authenticate(c, self.core.node_state)), timeout)
         from_ip = endpoint.rsplit(":", 1)[0]
         if from_ip != (self._update_from or ips[0]):
             self.log("update_failover", coordinator_vpn_ip=from_ip, level="warning")
         self._update_from = from_ip
         return answer
-
-    def _peer_auth(self, client, endpoint: str) -> None:
-        """The vpnapi's PeerAuth on a new connection: proof of this Node's WireGuard private key (held by
-        the agent only), against the Coordinator key this Node knows from its peers."""
-        from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
-
-        node = self.core.node_state
-        priv_key = node.get("vpn_priv_key")
-        cached = getattr(self, "_pair_keys", None)
-        if cached is None or cached[0] != priv_key:
-            cached = (priv_key, PairKeys(priv_key))
-            self._pair_keys = cached
-        ip = endpoint.rsplit(":", 1)[0]
-        known = {p.get("vpn_ip"): p.get("vpn_pub_key") for p in node.get("peers") or ()}
-        if node.get("coordinator_vpn_pub_key") and ip == node.get("coordinator_vpn_ip"):
-            known.setdefault(ip, node["coordinator_vpn_pub_key"])
-        client.peer_auth(cached[1], known.get(ip))
 
     def _update_once(self) -> None:
         self.core.apply_update(self._ask_coordinators(lambda client: client.get_update(self.core.resource_version)))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils import rpc as apis
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.peer_auth_client import PeerAuthClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDERR,
     CHANNEL_STDIN,
@@ -226,8 +227,6 @@ class PubAPIClient(Channel):
                                   on_log: Optional[Callable[[str], None]] = None,
                                   coordinator_public_endpoints: Optional[List[str]] = None,
                                   control_plane_endpoints: Optional[List[str]] = None) -> Dict[str, Any]:
-        """``control_plane_endpoints``: those of ``node_public_endpoints`` the admin designates control
-        planes (only they get control-plane material from the vpnapi)."""
         return self.invoke("ActivateAdditionalNodes", on_log, node_public_endpoints=list(node_public_endpoints),
                            coordinator_public_endpoints=list(coordinator_public_endpoints or []) or None,
                            control_plane_endpoints=list(control_plane_endpoints or []) or None)
@@ -412,35 +411,10 @@ class AdminClient(Channel):
         return self.stream.recv_end()
 
 
-class VPNAPIClient(Channel):
-    """The vpnapi, inside the VPN: ``peer_auth`` first (every other method requires it)."""
+class VPNAPIClient(PeerAuthClient, Channel):
+    """The vpnapi, inside the VPN: ``peer_auth`` first (rpc/peer_auth_client.py)."""
 
     APIS = (apis.VPNAPI,)
-
-    def peer_auth(self, vpn_priv_key, server_vpn_pub_key: Optional[str] = None) -> Dict[str, Any]:
-        """Proves this peer's WireGuard private key for this connection (wireguard/peer_auth.py).
-        ``vpn_priv_key``: the key (base64, as ``wg genkey``) or a ``peer_auth.PairKeys`` (its pair keys
-        cached). ``server_vpn_pub_key``: the Coordinator's WireGuard key as this peer knows it from its
-        peers; a server announcing another gets no proof (ProtocolError). Without it the announced key is
-        used: the proof is bound to it, so it is worth nothing to anyone else."""
-        from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import peer_auth
-
-        keys = vpn_priv_key if isinstance(vpn_priv_key, peer_auth.PairKeys) else peer_auth.PairKeys(vpn_priv_key)
-        self.stream.send_request("PeerAuth", {})
-        step = self.stream.recv_msg("a challenge")
-        challenge = b64d(step.get("challenge"), "challenge", peer_auth.CHALLENGE_SIZE)
-        announced = step.get("server_vpn_pub_key")
-        try:
-            from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.keys import normalize_pub_key
-
-            announced = normalize_pub_key(announced, "server_vpn_pub_key")
-        except InputError as err:
-            raise ProtocolError("PeerAuth: %s" % err) from None
-        if server_vpn_pub_key is not None and announced != normalize_pub_key(server_vpn_pub_key, "server_vpn_pub_key"):
-            raise ProtocolError("PeerAuth: the server's WireGuard key is not the one this peer knows for it")
-        client_ip, server_ip = self.sock.getsockname()[0], self.sock.getpeername()[0]
-        self.stream.send_msg({"proof": b64e(keys.proof(announced, challenge, client_ip, server_ip))})
-        return self.stream.recv_end()
 
     def get_update(self, resource_version: int) -> Dict[str, Any]:
         return self.invoke("GetUpdate", resource_version=int(resource_version))
@@ -505,13 +479,11 @@ class AgentClient(PubAPIClient, AdminClient, VPNAPIClient):
 FAILOVER_CONNECT_TIMEOUT = 2.0
 
 
-def ask_in_turn(endpoints: List[str], call: Callable[[AgentClient], Any], timeout: float,
-                authenticate: Optional[Callable[[AgentClient, str], Any]] = None) -> Tuple[str, Any]:
+def ask_in_turn(endpoints: List[str], call: Callable[[AgentClient], Any], timeout: float) -> Tuple[str, Any]:
     """``call(client)`` on the first of ``endpoints`` (vpnapi, plain: the WireGuard tunnel authenticates)
     that answers; (that endpoint, the answer). Only a connection that fails moves on to the next: an
     error the server answered with is raised. The last connection error when none answers. With another
-    to ask, a connect waits at most FAILOVER_CONNECT_TIMEOUT (a dead host drops the SYN: no refusal comes).
-    ``authenticate(client, endpoint)`` runs first on each connection (the vpnapi: ``peer_auth``)."""
+    to ask, a connect waits at most FAILOVER_CONNECT_TIMEOUT (a dead host drops the SYN: no refusal comes)."""
     if not endpoints:
         raise ConstellationError("no Coordinator VPN IP is known")
     last: Optional[BaseException] = None
@@ -523,7 +495,5 @@ def ask_in_turn(endpoints: List[str], call: Callable[[AgentClient], Any], timeou
             last = err
             continue
         with client:
-            if authenticate is not None:
-                authenticate(client, endpoint)
             return endpoint, call(client)
     raise last  # type: ignore[misc]

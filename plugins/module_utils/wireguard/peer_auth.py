@@ -27,8 +27,9 @@ import hashlib
 import hmac
 import ipaddress
 import threading
-from typing import Dict
+from typing import Any, Dict, Mapping, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.keys import key_bytes, normalize_pub_key
 
@@ -117,6 +118,17 @@ class PairKeys:
         """The client's proof (this side is the client)."""
         return make_proof(self.key_for(server_vpn_pub_key), challenge, client_vpn_ip, server_vpn_ip, server_vpn_pub_key)
 
+    def answer(self, step: Mapping[str, Any], client_vpn_ip: str, server_vpn_ip: str,
+               expected_server_pub_key: Optional[str] = None) -> bytes:
+        """The client's proof for the server's challenge message ``{challenge, server_vpn_pub_key}``.
+        InputError for a malformed message or a server key other than ``expected_server_pub_key``."""
+        challenge = b64decode(step.get("challenge"), "challenge", CHALLENGE_SIZE)
+        announced = normalize_pub_key(step.get("server_vpn_pub_key"), "server_vpn_pub_key")
+        if expected_server_pub_key is not None and announced != normalize_pub_key(expected_server_pub_key,
+                                                                                   "server_vpn_pub_key"):
+            raise InputError("server_vpn_pub_key", "the WireGuard key this peer knows for the server")
+        return self.proof(announced, challenge, client_vpn_ip, server_vpn_ip)
+
     def check(self, client_vpn_pub_key: str, proof: bytes, challenge: bytes, client_vpn_ip: str,
               server_vpn_ip: str) -> bool:
         """The server's check (this side is the server; its own public key is in the message)."""
@@ -126,3 +138,23 @@ class PairKeys:
             return False
         return check_proof(key, proof, challenge, client_vpn_ip, server_vpn_ip, self.own_pub_key)
 
+
+class NodePeerAuth:
+    """A Node agent's side (agent.py): PeerAuth on each new vpnapi connection with the node's WireGuard key
+    (its pair keys cached across polls), checking the Coordinator's announced key against the one the
+    node knows from its peers."""
+
+    def __init__(self):
+        self._cached: Optional[tuple] = None
+
+    def authenticate(self, client: Any, node_state: Mapping[str, Any]) -> Any:
+        """``client.peer_auth`` for the node in ``node_state`` (NodeState.to_dict()); returns ``client``."""
+        priv_key = node_state.get("vpn_priv_key")
+        if self._cached is None or self._cached[0] != priv_key:
+            self._cached = (priv_key, PairKeys(priv_key))
+        server_ip = client.sock.getpeername()[0]
+        known = {p.get("vpn_ip"): p.get("vpn_pub_key") for p in node_state.get("peers") or ()}
+        if node_state.get("coordinator_vpn_pub_key") and server_ip == node_state.get("coordinator_vpn_ip"):
+            known.setdefault(server_ip, node_state["coordinator_vpn_pub_key"])
+        client.peer_auth(self._cached[1], known.get(server_ip))
+        return client

@@ -189,7 +189,7 @@ def test_get_data_key_ids_are_namespaced_per_caller(cluster):
 def test_the_agent_gives_no_proof_to_a_server_with_another_key(cluster):
     node_ip = cluster.add_node("10.42.0.11")
     with cluster.client(node_ip, authenticate=False) as client:
-        with pytest.raises(ProtocolError, match="not the one this peer knows"):
+        with pytest.raises(ProtocolError, match="PeerAuth: server_vpn_pub_key: expected the WireGuard key this peer knows"):
             client.peer_auth(cluster.keys[node_ip], peer_auth.PairKeys(generate_priv_key()).own_pub_key)
 
 
