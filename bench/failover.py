@@ -139,8 +139,11 @@ class Poller(threading.Thread):
     """A Node's update loop (agent.py ``_update_once``): GetUpdate from the Coordinator that answered last,
     the next one when it does not answer; the answers applied to a peer map as the Node core does."""
 
-    def __init__(self, endpoints, interval: float):
+    def __init__(self, endpoints, interval: float, vpn_priv_key: str):
         super().__init__(name="bench-poller", daemon=True)
+        from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
+
+        self.pair_keys = PairKeys(vpn_priv_key)  # PeerAuth on each connection, as the agent's update loop
         self.endpoints = list(endpoints)
         self.interval = interval
         self.timeout = max(5.0, min(30.0, interval * 3))  # the agent's
@@ -165,7 +168,11 @@ class Poller(threading.Thread):
         if self.answered_by in eps:
             start = eps.index(self.answered_by)
             eps = eps[start:] + eps[:start]
-        endpoint, update = ask_in_turn(eps, lambda client: client.get_update(self.version), self.timeout)
+        def call(client):  # PeerAuth first, as the agent's update loop
+            client.peer_auth(self.pair_keys)
+            return client.get_update(self.version)
+
+        endpoint, update = ask_in_turn(eps, call, self.timeout)
         now = time.monotonic()
         parsed = PeerUpdate.from_dict(update)
         self.peers = parsed.apply_to(self.peers)
@@ -192,13 +199,17 @@ def _retry(fn, limit: float):
         time.sleep(0.02)
 
 
-def _nochange_ms(coordinator, log, polls: int) -> float:
+def _nochange_ms(coordinator, log, polls: int, node_priv_keys) -> float:
+    """A Node's no-change poll (PeerAuth with its WireGuard key, as the agent's)."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
+
     registry = coordinator.peer_registry.current()
     node_ip = sorted(ip for ip, r in registry.peers.peers.items() if r.role == "node")[0]
+    auth = (PairKeys(node_priv_keys[node_ip]), coordinator.vpn_pub_key)
     server = _serve(coordinator, log)
     try:
-        _poll_ms(server.address, node_ip, registry.peers.version, 20)  # warm up
-        return _poll_ms(server.address, node_ip, registry.peers.version, polls)
+        _poll_ms(server.address, node_ip, registry.peers.version, 20, *auth)  # warm up
+        return _poll_ms(server.address, node_ip, registry.peers.version, polls, *auth)
     finally:
         server.stop()
 
@@ -220,7 +231,8 @@ def one_run(cluster: EtcdCluster, tpm, state_dir: str, disk_uuid: str, log, inte
         stores = [_store(cluster, first), _store(cluster, second)]
         a, b = (_restart(store, tpm, state_dir, disk_uuid) for store in stores)
         servers = [_serve(a, log), _serve(b, log)]
-        poller = Poller([_endpoint(s) for s in servers], interval)
+        # It connects from 127.0.0.1, the Coordinators' (shared) VPN IP: it proves that peer's key.
+        poller = Poller([_endpoint(s) for s in servers], interval, a.node_state["vpn_priv_key"])
         poller.start()
         version = b.peer_registry.current().peers.version
         _until(lambda: poller.version == version and poller.answered_by == _endpoint(servers[0]), READY_LIMIT,
@@ -269,12 +281,13 @@ def cluster_figures(work: str, n: int, polls: int, runs: int, interval: float, l
         stores.append(_store(cluster, 1))
         follower = _restart(stores[1], tpm, state_dir, writer.disk_uuid)
         assert follower.peer_registry.shared and len(follower.peer_registry.current().peers) == n
-        out = {"follower_nochange_ms": _nochange_ms(follower, log, polls),
-               "leader_nochange_ms": _nochange_ms(writer, log, polls)}
+        keys = writer.bench_node_priv_keys
+        out = {"follower_nochange_ms": _nochange_ms(follower, log, polls, keys),
+               "leader_nochange_ms": _nochange_ms(writer, log, polls, keys)}
         # The worst case: a poll that pays the version check (polls closer together than the cache's
         # follow_interval share one read; with 1,000 Nodes polling every 10 s, one poll in ten pays it).
         follower.peer_registry.follow_interval = 0
-        out["follower_every_read_ms"] = _nochange_ms(follower, log, polls)
+        out["follower_every_read_ms"] = _nochange_ms(follower, log, polls, keys)
         for store in stores:
             store.close()
         stores = []

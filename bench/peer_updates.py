@@ -9,7 +9,9 @@ repeated Peer}).
 Through the server, for 10, 100 and 1,000 peers on the file store and on etcd (a real etcd from
 lab/etcd.py): a Coordinator Core (real swtpm) restarted over a store that holds the peers, its vpnapi
 FrameServer on loopback, and a poll as a Node's agent makes it (a new TCP connection from a peer's VPN IP,
-the known-peer check, GetUpdate with the current version, close): median ms. The VPN CIDR is
+the known-peer check, PeerAuth with the node's WireGuard key (its pair key cached, as the agent's), GetUpdate
+with the current version, close): median ms. Same run, same server: the poll without PeerAuth, as the
+vpnapi answered it before issue 25 (source IP only), to show what the proof costs. The VPN CIDR is
 127.0.0.0/16 so that loopback addresses are VPN IPs (no namespace needed). Baseline, same run, same
 server: the registry loaded from the store for the known-peer check and for GetUpdate (what the
 Coordinator did before the in-memory registry, core/peer_cache.py).
@@ -162,20 +164,23 @@ def _coordinator(store, tpm, state_dir: str, n: int):
     first.load()
     first.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem,
                                   cluster_config={"vpn_cidr": BENCH_VPN_CIDR})
-    keys = [pub_key_from_priv_key(generate_priv_key()) for _i in range(n - 1)]
+    priv_keys = [generate_priv_key() for _i in range(n - 1)]
+    node_priv_keys = {}
 
     def add_nodes(registry):
-        for i, key in enumerate(keys):
-            registry.add(key, _ip("10.42", i), "node")
+        for i, priv_key in enumerate(priv_keys):
+            node_priv_keys[registry.add(pub_key_from_priv_key(priv_key), _ip("10.42", i), "node").vpn_ip] = priv_key
 
     state_store.update_peer_registry(store, add_nodes)  # one transaction
     restarted = core.Core(store, core.TPMDevice(tpm.tcti), _NullVPN(), state_dir, "127.0.0.1", disk_uuid)
     start = time.perf_counter()
     restarted.load()  # the one read of the registry
+    restarted.bench_node_priv_keys = node_priv_keys
     return restarted, (time.perf_counter() - start) * 1000
 
 
-def _poll_ms(endpoint, source_ip: str, version: int, polls: int) -> float:
+def _poll_ms(endpoint, source_ip: str, version: int, polls: int, pair_keys=None, server_pub_key=None) -> float:
+    """``pair_keys``: the node's (peer_auth.PairKeys, as the agent caches them): PeerAuth first."""
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 
     times = []
@@ -183,6 +188,8 @@ def _poll_ms(endpoint, source_ip: str, version: int, polls: int) -> float:
         start = time.perf_counter()
         sock = socket.create_connection(endpoint, timeout=10, source_address=(source_ip, 0))
         with AgentClient.connect_plain("%s:%d" % endpoint, sock=sock) as client:
+            if pair_keys is not None:
+                client.peer_auth(pair_keys, server_pub_key)
             answer = client.get_update(version)
         times.append(time.perf_counter() - start)
         if answer != {"resource_version": version}:
@@ -195,6 +202,14 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
+
+    class UnauthenticatedVPNAPI(VPNAPI):
+        """The vpnapi before issue 25: the source IP was the caller's only identity."""
+
+        def _authenticated(self, conn, method):
+            self._not_evicted(conn, method)
+            return ""
 
     state_dir = tempfile.mkdtemp(prefix="bench-peers-")
     devnull = open(os.devnull, "w", encoding="utf-8")  # pylint: disable=consider-using-with
@@ -208,17 +223,34 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
         server = FrameServer("vpnapi", (coordinator.vpn_ip, 0), vpnapi.handlers(), log=log,
                              accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
         try:
-            node_ip = sorted(ip for ip, r in registry.peers.peers.items() if r.role == "node")[0] if n > 1 else "127.0.0.1"
-            _poll_ms(server.address, node_ip, version, 20)  # warm up
-            memory_ms = _poll_ms(server.address, node_ip, version, polls)
+            node_ip = sorted(ip for ip, r in registry.peers.peers.items() if r.role == "node")[0]
+            auth = (PairKeys(coordinator.bench_node_priv_keys[node_ip]), coordinator.vpn_pub_key)
+            _poll_ms(server.address, node_ip, version, 20, *auth)  # warm up
+            memory_ms = _poll_ms(server.address, node_ip, version, polls, *auth)
             in_memory = coordinator.peer_registry
             coordinator.peer_registry = _StoreEveryTime(store)
-            baseline_ms = _poll_ms(server.address, node_ip, version, max(10, polls // (10 if n >= 1000 else 3)))
+            baseline_ms = _poll_ms(server.address, node_ip, version, max(10, polls // (10 if n >= 1000 else 3)), *auth)
             coordinator.peer_registry = in_memory
         finally:
             server.stop()
+        # The same Core, the vpnapi without PeerAuth (before issue 25), interleaved with the authenticated one.
+        plain = UnauthenticatedVPNAPI(coordinator, log=log)
+        server = FrameServer("vpnapi", (coordinator.vpn_ip, 0), plain.handlers(), log=log,
+                             accept_check=plain.accept_check, apis=(schema.VPNAPI,)).start()
+        authed = FrameServer("vpnapi", (coordinator.vpn_ip, 0), vpnapi.handlers(), log=log,
+                             accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
+        try:
+            _poll_ms(server.address, node_ip, version, 20)
+            noauth, withauth = [], []
+            for _round in range(5):
+                noauth.append(_poll_ms(server.address, node_ip, version, max(10, polls // 5)))
+                withauth.append(_poll_ms(authed.address, node_ip, version, max(10, polls // 5), *auth))
+        finally:
+            server.stop()
+            authed.stop()
         return {"peers": n, "server_nochange_ms": memory_ms, "baseline_store_reload_ms": baseline_ms,
-                "restart_load_ms": load_ms}
+                "restart_load_ms": load_ms, "noauth_ms": statistics.median(noauth),
+                "auth_ms": statistics.median(withauth)}
     finally:
         devnull.close()
         shutil.rmtree(state_dir, ignore_errors=True)
@@ -288,18 +320,23 @@ def main() -> None:
     if not args.no_server:
         served = server_rows(args.polls)
         print()
-        print("through the vpnapi server (new connection, known-peer check, GetUpdate, close), median ms:")
-        print("%-6s %-7s %12s %22s %16s" % ("store", "peers", "in memory", "baseline: store reload", "restart load"))
+        print("through the vpnapi server (new connection, known-peer check, PeerAuth, GetUpdate, close), median ms:")
+        print("%-6s %-7s %12s %22s %16s %14s %16s" % ("store", "peers", "in memory", "baseline: store reload",
+                                                      "restart load", "no PeerAuth", "with PeerAuth"))
         for (kind, n), r in sorted(served.items()):
-            print("%-6s %-7d %12.3f %22.3f %16.1f"
-                  % (kind, n, r["server_nochange_ms"], r["baseline_store_reload_ms"], r["restart_load_ms"]))
+            print("%-6s %-7d %12.3f %22.3f %16.1f %14.3f %16.3f"
+                  % (kind, n, r["server_nochange_ms"], r["baseline_store_reload_ms"], r["restart_load_ms"],
+                     r["noauth_ms"], r["auth_ms"]))
             suffix = "" if kind == "file" else "_etcd"
+            result["server_nochange_noauth_ms_%d%s" % (n, suffix)] = round(r["noauth_ms"], 3)
+            result["server_nochange_auth_ms_%d%s" % (n, suffix)] = round(r["auth_ms"], 3)
             result["server_nochange_ms_%d%s" % (n, suffix)] = round(r["server_nochange_ms"], 3)
             result["baseline_server_store_reload_ms_%d%s" % (n, suffix)] = round(r["baseline_store_reload_ms"], 3)
             result["restart_load_ms_%d%s" % (n, suffix)] = round(r["restart_load_ms"], 1)
         print("baseline = the same server and Core reading the registry from the store for the known-peer check")
         print("           and GetUpdate (before core/peer_cache.py); server_nochange_ms_N is the file store,")
-        print("           *_etcd the etcd store.")
+        print("           *_etcd the etcd store. no/with PeerAuth: the same Core, two servers polled in turn (5")
+        print("           rounds, median): the vpnapi before issue 25 (source IP only) and now (WireGuard key proof).")
     print(json.dumps(result))
 
 

@@ -24,6 +24,7 @@ class ActionModule(ClusterAction):
         out = activate_nodes(args["coordinator_public_endpoint"], args["node_public_endpoints"], settings,
                              self.load_admin_priv_key(args["admin_priv_key_file"]),
                              cluster_id=self.cluster_id_arg(args), check_mode=bool(self._task.check_mode),
-                             coordinator_public_endpoints=further)
+                             coordinator_public_endpoints=further,
+                             control_plane_public_endpoints=args.get("control_plane_public_endpoints") or [])
         out["activated"] = [row["endpoint"] for row in out["nodes"] if row["action"] == "activate"]
         return out

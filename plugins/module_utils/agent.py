@@ -59,6 +59,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
 from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import NodePeerAuth
 
 DEFAULT_PUBLIC_PORT = 9000
 DEFAULT_UPDATE_INTERVAL = 10.0
@@ -273,6 +274,7 @@ class Agent:
         self._threads: List[threading.Thread] = []
         self.servers: List[FrameServer] = []
         self._update_from: Optional[str] = None  # the Coordinator VPN IP that answered the last GetUpdate
+        self._node_auth = NodePeerAuth()  # the vpnapi's PeerAuth with this node's WireGuard key
         self.vpnapi_server: Optional[FrameServer] = None
         self._vpnapi_lock = threading.Lock()
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
@@ -430,7 +432,8 @@ class Agent:
         if self._update_from in ips:
             start = ips.index(self._update_from)
             ips = ips[start:] + ips[:start]
-        endpoint, answer = ask_in_turn(["%s:%d" % (ip, self.config.vpn_api_port) for ip in ips], call, timeout)
+        endpoint, answer = ask_in_turn(["%s:%d" % (ip, self.config.vpn_api_port) for ip in ips],  # PeerAuth, then call
+                                       lambda c: call(self._node_auth.authenticate(c, self.core.node_state)), timeout)
         from_ip = endpoint.rsplit(":", 1)[0]
         if from_ip != (self._update_from or ips[0]):
             self.log("update_failover", coordinator_vpn_ip=from_ip, level="warning")

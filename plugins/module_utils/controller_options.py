@@ -43,6 +43,8 @@ ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
     cluster_id=dict(type="str"),
     # Further Coordinators (docs/store.md): activated first, in the same ActivateAdditionalNodes.
     coordinator_public_endpoints=dict(type="list", elements="str", default=[]),
+    # Those of node_public_endpoints the admin designates control planes (recorded at activation).
+    control_plane_public_endpoints=dict(type="list", elements="str", default=[]),
 )
 AGENT_STATE_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),

@@ -53,6 +53,18 @@ options:
     elements: str
     default: []
     version_added: "0.3.0"
+  control_plane_public_endpoints:
+    description:
+      - Those of O(node_public_endpoints) the admin designates Kubernetes control planes. The Coordinator records
+        the designation with each node's WireGuard key at its activation (or resumption); only a designated node
+        gets control-plane material (the cluster PKI files, a certificate key) from the Coordinator's vpnapi, and
+        a node can never designate itself (the join service refuses C(is_control_plane)).
+      - An endpoint not in O(node_public_endpoints) fails the task. Nodes already activated keep what they had
+        (the designation is recorded at activation).
+    type: list
+    elements: str
+    default: []
+    version_added: "0.3.0"
   admin_priv_key_file:
     description: The admin's private key; signs the Coordinator's admin challenge (never sent).
     type: path

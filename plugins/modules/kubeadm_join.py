@@ -36,6 +36,20 @@ options:
         arguments and the kubelet certificate come from there; mutually exclusive with O(token) and O(ca_cert_hash).
       - Nothing is asked when the node already joined, nor in check mode (each answer creates a bootstrap token).
     type: str
+  vpn_priv_key_file:
+    description:
+      - With O(coordinator_vpn_endpoint), the node agent's WireGuard private key file (C(<agent state_dir>/<vpn_interface>.key),
+        readable by root only). The Coordinator's vpnapi answers only a connection that proves the node's WireGuard
+        key (C(PeerAuth)); an address inside the VPN is not enough, any process on the node has it.
+      - Unset, the key is read from the node's interface O(vpn_interface) (C(wg show <interface> private-key), as root).
+      - Read only when the Coordinator is asked (not when the node already joined, nor in check mode).
+    type: path
+    version_added: "0.3.0"
+  vpn_interface:
+    description: The node's WireGuard interface, whose private key proves the node to the Coordinator (without O(vpn_priv_key_file)).
+    type: str
+    default: wg0
+    version_added: "0.3.0"
   api_server_endpoint:
     description:
       - C(host:port) of the cluster's API server. Required with O(token); with O(coordinator_vpn_endpoint) it
@@ -123,6 +137,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.constellation.cluster.plugins.module_utils.command import CommandRunner
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm import (
     HAS_CRYPTOGRAPHY,
@@ -143,6 +158,8 @@ def main():
     argument_spec.update(node_argument_spec())
     argument_spec.update(
         coordinator_vpn_endpoint=dict(type="str"),
+        vpn_priv_key_file=dict(type="path"),
+        vpn_interface=dict(type="str", default="wg0"),
         api_server_endpoint=dict(type="str"),
         token=dict(type="str", no_log=True),
         ca_cert_hash=dict(type="str"),
@@ -184,7 +201,9 @@ def _join_via_coordinator(module):
     p = module.params
 
     def fetch(csr_pem, is_control_plane):
+        vpn_priv_key = _vpn_priv_key(p)
         with AgentClient.connect_plain(p["coordinator_vpn_endpoint"], timeout=60) as client:
+            client.peer_auth(vpn_priv_key)  # proof of the node's WireGuard key (docs/protocol.md, PeerAuth)
             return client.get_join_args(certificate_request=csr_pem, is_control_plane=is_control_plane)
 
     try:
@@ -202,6 +221,24 @@ def _join_via_coordinator(module):
                kubelet_kubeconfig_path=os.path.join(kubeadm.kubernetes_dir, "kubelet.conf"))
     out["kubelet_cert_path"] = join_paths(kubeadm.kubernetes_dir)["kubelet_cert_path"]
     module.exit_json(**out)
+
+
+def _vpn_priv_key(p):
+    """The node's WireGuard private key: from ``vpn_priv_key_file``, else from its interface (root only)."""
+    if p["vpn_priv_key_file"]:
+        try:
+            with open(p["vpn_priv_key_file"], encoding="ascii") as handle:
+                return handle.read().strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConstellationError("vpn_priv_key_file %s: cannot read the agent's WireGuard key (%s); the "
+                                     "Coordinator's vpnapi answers only its holder"
+                                     % (p["vpn_priv_key_file"], getattr(err, "strerror", None) or err)) from None
+    result = CommandRunner().run(["wg", "show", p["vpn_interface"], "private-key"], check=False)
+    key = result.stdout.strip()
+    if result.rc != 0 or not key or key == "(none)":
+        raise ConstellationError("vpn_interface %s: cannot read the node's WireGuard private key (wg show: %s); "
+                                 "give vpn_priv_key_file" % (p["vpn_interface"], result.stderr.strip()[:200] or "no key"))
+    return key
 
 
 if __name__ == "__main__":

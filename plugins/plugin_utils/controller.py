@@ -24,7 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, StateError)
+    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
 
 
@@ -190,11 +190,19 @@ def _next_step(state: str) -> str:
 
 def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List[str], settings: AttestationSettings,
                    admin_priv_key, cluster_id: Optional[bytes] = None, check_mode: bool = False,
-                   coordinator_public_endpoints: Sequence[str] = ()) -> Dict[str, Any]:
-    """Attests every further Coordinator and node, then asks the Coordinator (admin-authenticated) to
+                   coordinator_public_endpoints: Sequence[str] = (),
+                   control_plane_public_endpoints: Sequence[str] = ()) -> Dict[str, Any]:
+    """``control_plane_public_endpoints``: those of ``node_public_endpoints`` the admin designates control
+    planes (recorded by the Coordinator at their activation).
+
+    Attests every further Coordinator and node, then asks the Coordinator (admin-authenticated) to
     activate the fresh ones (Coordinators first) and to resume nodes locked to our cluster whose
     activation was interrupted (NodeWaitingForClusterJoin). Returns changed and one row per peer:
     endpoint, role, state_before, action (none, activate, resume, readmit), node_vpn_ip."""
+    planes = set(control_plane_public_endpoints or ())
+    if not planes <= set(node_public_endpoints):
+        raise InputError("control_plane_public_endpoints", "endpoints of node_public_endpoints",
+                         ", ".join(sorted(planes - set(node_public_endpoints))))
     rows: List[Dict[str, Any]] = []
     fresh: List[str] = []
     fresh_coordinators: List[str] = []
@@ -250,7 +258,8 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
             raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)"
                              % (coordinator_public_endpoint, coordinator.state, coordinator.role, coordinator.membership))
         client.admin_auth(admin_priv_key)
-        answer = client.activate_additional_nodes(fresh, coordinator_public_endpoints=fresh_coordinators)
+        answer = client.activate_additional_nodes(fresh, coordinator_public_endpoints=fresh_coordinators,
+                                                  control_plane_endpoints=[e for e in fresh if e in planes])
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
     failures = []
     for row in rows:

@@ -230,7 +230,11 @@ def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
     api = VPNAPI(peer, kubeadm=JoinProvider(KUBEADM_DOUBLE, dirs["cp"]))
     server = FrameServer("vpnapi", ("127.0.0.1", 0), api.handlers(), accept_check=api.accept_check,
                          apis=(schema.VPNAPI,)).start()
-    yield "127.0.0.1:%d" % server.address[1]
+    # Loopback connections come from the Coordinator's own VPN IP: the module proves the Coordinator's key.
+    key_file = tmp_path / "wg0.key"
+    key_file.write_text(peer.node_state["vpn_priv_key"] + "\n")
+    key_file.chmod(0o600)
+    yield "127.0.0.1:%d" % server.address[1], str(key_file)
     server.stop()
 
 
@@ -238,18 +242,27 @@ def test_join_with_what_the_coordinator_hands_out_over_the_vpnapi(tmp_path, dirs
     """kubeadm_join coordinator_vpn_endpoint: the module asks the Coordinator's vpnapi (GetJoinArgs) for a
     fresh token, the pinned CA hash and its kubelet certificate, and joins (the double checks token and hash
     against the control plane's cluster); check mode and a second run ask nothing."""
+    endpoint, key_file = coordinator_vpnapi
     join = {"kubeadm_path": KUBEADM_DOUBLE, "kubernetes_dir": dirs["worker"], "patches_dir": "",
-            "coordinator_vpn_endpoint": coordinator_vpnapi, "node_name": "worker-0", "node_vpn_ip": "127.0.0.1"}
+            "coordinator_vpn_endpoint": endpoint, "vpn_priv_key_file": key_file, "node_name": "worker-0",
+            "node_vpn_ip": "127.0.0.1"}
     env = {"KUBEADM_DOUBLE_CLUSTER": dirs["cp"]}
+    from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key
+
+    stranger_key = tmp_path / "stranger.key"  # a process on the node without the agent's key
+    stranger_key.write_text(generate_priv_key() + "\n")
     tasks = [
         _task("kubeadm_join", join, label="dry run", check_mode=True, register="dry", environment=env),
+        _task("kubeadm_join", dict(join, vpn_priv_key_file=str(stranger_key)), label="stranger", register="stranger",
+              environment=env, ignore_errors=True),
         _task("kubeadm_join", join, label="for real", register="joined", environment=env),
         _task("kubeadm_join", join, label="again", register="again", environment=env),
         _task("kubeadm_join", dict(join, token="abcdef.0123456789abcdef"), label="both", register="both",
               ignore_errors=True),
         _assert("dry.changed", "not dry.joined", "joined.changed", "joined.joined", "not again.changed",
                 "joined.kubelet_cert_path == '%s/pki/kubelet-serving.crt'" % dirs["worker"],
-                "both.failed", "'mutually exclusive: coordinator_vpn_endpoint|token' in both.msg"),
+                "both.failed", "'mutually exclusive: coordinator_vpn_endpoint|token' in both.msg",
+                "stranger.failed", "'did not prove the WireGuard private key' in stranger.msg"),
     ]
     proc = run_playbook(tmp_path, tasks)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -68,11 +68,13 @@ class Trust(LabCluster):
         return (agent_dir(self.hosts[name]) / "agent.log").read_text(errors="replace")
 
     def vpnapi(self, name, method, **fields):
-        """A vpnapi request from inside host ``name`` (through its WireGuard tunnel)."""
+        """A vpnapi request from inside host ``name`` (through its WireGuard tunnel), as its agent makes it:
+        PeerAuth with the agent's WireGuard key first (docs/protocol.md)."""
         coordinator_vpn_ip = self.state("h1")["vpn_ip"]
         with NetNS(self.hosts[name].netns) as ns:
             sock = ns.connect((coordinator_vpn_ip, 9027), timeout=3)
         with AgentClient.connect_plain("%s:9027" % coordinator_vpn_ip, sock=sock, timeout=5) as c:
+            c.peer_auth((agent_dir(self.hosts[name]) / "state" / "wg0.key").read_text().strip())
             return c.invoke(method, **fields)
 
 
@@ -224,7 +226,7 @@ def test_an_unreachable_node_is_evicted_then_readmitted_by_add_nodes(trust):
     until(lambda: before["vpn_pub_key"] in trust.wg_peers("h2") and before["vpn_pub_key"] in trust.wg_peers("h1"),
           timeout=15, what="every peer lists h4 again")
     key = base64.b64decode(until(lambda: _data_key(trust, "h4"), timeout=15, what="h4 gets data keys again"))
-    assert key == kms.ClusterKMS(trust.secret).derive_key("app", 32)
+    assert key == kms.ClusterKMS(trust.secret).derive_key("peer/%s/app" % before["vpn_pub_key"], 32)  # its namespace
 
 
 def _data_key(trust, name):

@@ -52,18 +52,25 @@ class NodeActivation(CoordinatorSide):
 
     activation_workers = ACTIVATION_WORKERS
 
-    def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode) -> List[Dict[str, Any]]:
-        """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each."""
+    def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode,
+                       control_plane_endpoints: Sequence[str] = ()) -> List[Dict[str, Any]]:
+        """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each. The admin
+        designates those of ``control_plane_endpoints`` control planes (recorded with the node: only they
+        get control-plane material from the vpnapi)."""
         self.require_coordinator("ActivateAdditionalNodes")
         if not isinstance(endpoints, list) or not endpoints or len(endpoints) > MAX_NODES_PER_CALL:
             raise InputError("node_public_endpoints", "a non-empty list of host:port (at most %d)" % MAX_NODES_PER_CALL)
         for index, endpoint in enumerate(endpoints):
             atls.parse_endpoint(endpoint, "node_public_endpoints[%d]" % index)
+        planes = set(control_plane_endpoints or ())
+        if not planes <= set(endpoints):
+            raise InputError("control_plane_endpoints", "endpoints of node_public_endpoints",
+                             sorted(planes - set(endpoints))[:8])
         with ThreadPoolExecutor(max_workers=min(self.activation_workers, len(endpoints)),
                                 thread_name_prefix="activate") as pool:
-            return list(pool.map(lambda e: self.activate_node(e, connect_node), endpoints))
+            return list(pool.map(lambda e: self.activate_node(e, connect_node, e in planes), endpoints))
 
-    def activate_node(self, endpoint: str, connect_node: ConnectNode) -> Dict[str, Any]:
+    def activate_node(self, endpoint: str, connect_node: ConnectNode, control_plane: bool = False) -> Dict[str, Any]:
         """Activates one node, or resumes its interrupted activation (docs/agent.md, "Resumable
         activation"). The transport verifies the node's attestation (all but PCR 15); PCR 15 says which:
         zeros -> a fresh node: reserve an IP and run ActivateAsNode; our cluster ID -> a node locked to
@@ -80,7 +87,7 @@ class NodeActivation(CoordinatorSide):
             with connect_node(endpoint) as client:
                 membership = self._membership(client)
                 if membership == "ours":
-                    return self._resume_node(endpoint, host, client, row)
+                    return self._resume_node(endpoint, host, client, row, control_plane)
                 if membership != "fresh":
                     raise StateError("%s is locked to another cluster (PCR 15)" % endpoint)
                 vpn_ip = self.reserve_node_ip()
@@ -92,7 +99,7 @@ class NodeActivation(CoordinatorSide):
                     locked = True  # the node answered the first step: it holds the node lock
                     self._log("node_locked", node=endpoint, node_vpn_ip=vpn_ip)
                     normalized = normalize_disk_uuid(disk_uuid)
-                    self.record_node(vpn_ip, node_vpn_pub_key, host, normalized)
+                    self.record_node(vpn_ip, node_vpn_pub_key, host, normalized, control_plane)
                     return self.state_disk_key(normalized)
 
                 sent = True
@@ -128,7 +135,8 @@ class NodeActivation(CoordinatorSide):
             return "ours"
         return "other"
 
-    def _resume_node(self, endpoint: str, host: str, client: NodeClient, row: Dict[str, Any]) -> Dict[str, Any]:
+    def _resume_node(self, endpoint: str, host: str, client: NodeClient, row: Dict[str, Any],
+                     control_plane: bool = False) -> Dict[str, Any]:
         """A node locked to our cluster (attested PCR 15): record it if needed, then wait until it
         reports IsNode (it fetches its disk key over the VPN)."""
         self.authenticate_as_coordinator(client)  # the node pinned our key: its GetState details are ours to read
@@ -140,7 +148,7 @@ class NodeActivation(CoordinatorSide):
             raise StateError("%s holds our node lock but is %s: it cannot resume (reset the node and run "
                              "add_nodes.yml)" % (endpoint, name))
         readmit = self.check_readmission(vpn_ip, vpn_pub_key)  # evicted (core/trust.py): it passed again
-        recorded = self.record_node(vpn_ip, vpn_pub_key, host, normalize_disk_uuid(disk_uuid))
+        recorded = self.record_node(vpn_ip, vpn_pub_key, host, normalize_disk_uuid(disk_uuid), control_plane)
         if readmit:
             self.clear_eviction(vpn_ip)
         if name == STATE_NODE_WAITING_FOR_CLUSTER_JOIN:
@@ -158,22 +166,28 @@ class NodeActivation(CoordinatorSide):
         self._log("node_resumed", node=endpoint, node_vpn_ip=vpn_ip, action=row["action"])
         return row
 
-    def record_node(self, vpn_ip: str, vpn_pub_key: str, public_ip: str, disk_uuid: str) -> bool:
-        """Records a node that holds our node lock, before it gets its disk key: its disk UUID, then its
-        peer entry. True if anything changed. Refused if its VPN IP or key belongs to another peer."""
+    def record_node(self, vpn_ip: str, vpn_pub_key: str, public_ip: str, disk_uuid: str,
+                    control_plane: bool = False) -> bool:
+        """Records a node that holds our node lock, before it gets its disk key: its disk UUID (which
+        becomes its own: refused, AccessDenied, if another peer's), the admin's control-plane designation,
+        then its peer entry. True if anything changed. Refused if its VPN IP or key belongs to another peer."""
         self.require_coordinator("record node")
         record = PeerRecord.parse(vpn_ip, vpn_pub_key, public_ip, "node")
         known = state_store.load_node_disk_uuid(self.store, record.vpn_ip)
         if known is not None and known != disk_uuid:
             raise StateError("VPN IP %s belongs to another node (disk %s)" % (record.vpn_ip, known))
-        if known is None:
-            state_store.save_node_disk_uuid(self.store, record.vpn_ip, disk_uuid)
         registry = self.peer_registry.current()
         current = registry.peers.get(record.vpn_ip) if registry is not None else None
         if current is not None and current.vpn_pub_key != record.vpn_pub_key:
             raise StateError("VPN IP %s belongs to another peer (another WireGuard key)" % record.vpn_ip)
+        self.claim_disk_uuid(disk_uuid, record.vpn_ip, record.vpn_pub_key, "ActivateAdditionalNodes")
+        designated = False
+        if control_plane and state_store.load_control_plane(self.store, record.vpn_ip) != record.vpn_pub_key:
+            state_store.save_control_plane(self.store, record.vpn_ip, record.vpn_pub_key)
+            self._log("control_plane_designated", node_vpn_ip=record.vpn_ip)
+            designated = True
         if current is not None and current.public_ip == record.public_ip:
-            return known is None
+            return known is None or designated
         self.add_node_peer(record.vpn_ip, record.vpn_pub_key, public_ip)
         return True
 

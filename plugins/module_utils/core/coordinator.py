@@ -14,6 +14,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils import kms a
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KubernetesJoin
 from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import CoordinatorSigning
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import (  # noqa: F401
+    RESERVED_DATA_KEY_IDS,
+    refuse_control_plane_join,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     b64,
     normalize_disk_uuid,
@@ -49,11 +53,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
     generate_priv_key,
     pub_key_from_priv_key,
 )
-
-# GetDataKey never hands out these: they are given only to whom they belong, at activation.
-RESERVED_DATA_KEY_IDS = frozenset((kms_mod.MEASUREMENT_SECRET_KEY_ID, kms_mod.EMERGENCY_SSH_CA_KEY_ID,
-                                   kms_mod.CLUSTER_ID_KEY_ID, kms_mod.COORDINATOR_SIGNING_KEY_ID))
-
 
 class CoordinatorSide(KubernetesJoin, CoordinatorSigning):
     # -- activation as Coordinator
@@ -95,6 +94,7 @@ class CoordinatorSide(KubernetesJoin, CoordinatorSigning):
                 return registry.add(pub_key, self.public_ip, "coordinator")
 
             record = self.peer_registry.update(add_self, vpn_cidr)
+            self.claim_disk_uuid(self.disk_uuid, record.vpn_ip, pub_key, method)  # no node may name ours
             state_store.save_kms_data(self.local_store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
             if secret is not None:
                 state_store.save_init_secret(self.local_store, secret)  # to prove itself to the nodes it activates
@@ -198,8 +198,9 @@ class CoordinatorSide(KubernetesJoin, CoordinatorSigning):
         the proof of the init secret of the node at ``public_ip``, and the Kubernetes join (core/kubernetes.py):
         the kubelet certificate for ``certificate_request`` and, for a control plane, the PKI files."""
         kms = self.require_coordinator("IssueJoinTicket")
+        refuse_control_plane_join("IssueJoinTicket", is_control_plane)
         request = self.node_activation_request(vpn_ip)
-        kubeadm_args = self.ticket_kubernetes(vpn_ip, certificate_request, is_control_plane)
+        kubeadm_args = self.ticket_kubernetes(vpn_ip, certificate_request, False)
         return JoinTicket(request.cluster_id, request.measurement_salt, kms.measurement_secret(),
                           kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
                           request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args,
@@ -215,13 +216,19 @@ class CoordinatorSide(KubernetesJoin, CoordinatorSigning):
         record the peer once the node confirms."""
         method = "IssueJoinTicket"
         self.require_coordinator(method)
+        # The joining node cannot designate itself a control plane: only the admin can (activation).
+        refuse_control_plane_join(method, is_control_plane)
         normalized_uuid = normalize_disk_uuid(disk_uuid)
+        self.require_disk_uuid_free(normalized_uuid, b64(node_vpn_pub_key), method)  # before any attestation work
         self.attest_over(channel, validator, method, channel.user_data(node_vpn_pub_key, disk_uuid), "join_refused")
         vpn_ip = self.reserve_node_ip()
         added = False
         try:
-            channel.deliver(self.signed_join_ticket(self.issue_join_ticket(  # signed, bound to this request and connection
-                normalized_uuid, vpn_ip, channel.peer_ip, certificate_request, bool(is_control_plane)), channel.user_data(node_vpn_pub_key, disk_uuid)))
+            # The disk UUID becomes this node's (by its WireGuard key) before its disk key leaves.
+            self.claim_disk_uuid(normalized_uuid, vpn_ip, b64(node_vpn_pub_key), method)
+            channel.deliver(self.signed_join_ticket(  # signed, bound to this request and connection
+                self.issue_join_ticket(normalized_uuid, vpn_ip, channel.peer_ip, certificate_request),
+                channel.user_data(node_vpn_pub_key, disk_uuid)))
             version = self.add_node_peer(vpn_ip, b64(node_vpn_pub_key), channel.peer_ip)
             added = True
         finally:
@@ -281,20 +288,3 @@ class CoordinatorSide(KubernetesJoin, CoordinatorSigning):
         if registry is None:
             raise StateError("GetUpdate: this Coordinator has no peer registry")
         return self.signed_update(registry.peers, resource_version)  # core/signing.py
-
-    def get_data_key(self, data_key_id: Any, length: Any) -> bytes:
-        kms = self.require_coordinator("GetDataKey")
-        if not isinstance(data_key_id, str) or not data_key_id:
-            raise InputError("data_key_id", "a non-empty key ID")
-        if data_key_id in RESERVED_DATA_KEY_IDS:
-            raise InputError("data_key_id", "an ID other than %s (reserved)" % ", ".join(sorted(RESERVED_DATA_KEY_IDS)),
-                             data_key_id)
-        try:
-            kms_mod.state_disk_key_id(data_key_id)
-        except InputError:
-            pass
-        else:
-            raise InputError("data_key_id", "no disk UUID (state disk keys go only to their node)", data_key_id)
-        if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 64:
-            raise InputError("length", "an integer in 1..64", length)
-        return kms.derive_key(data_key_id, length)

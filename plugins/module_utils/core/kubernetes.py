@@ -3,7 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The Coordinator's Kubernetes part of the chain of trust (docs/kubeadm.md, "Join inside the chain of
 trust"): join arguments, control-plane files and kubelet certificates go only to verified nodes, through
-the join ticket (IssueJoinTicket) or the vpnapi (GetJoinArgs, GetCertificateKey: known, non-evicted peers).
+the join ticket (IssueJoinTicket) or the vpnapi (GetJoinArgs, GetCertificateKey: known, non-evicted peers that
+proved their WireGuard key). Control-plane material (PKI files, certificate key) goes only to a peer the admin
+designated a control plane at its activation; a join ticket never carries it.
 
 The kubeadm work is a port (``KubeadmProvider``, implemented by ``kubeadm/join_provider.py``); this room
 decides who gets what. A kubelet certificate names the node as the Coordinator knows it: the CSR may ask
@@ -15,7 +17,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Dict, Optional, Protocol, runtime_checkable
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import PeerAccess
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied,
     ConstellationError,
@@ -47,7 +49,7 @@ class KubeadmProvider(Protocol):
         """``{node_name, kubelet_cert}`` for a checked CSR, signed by the cluster CA."""
 
 
-class KubernetesJoin(CoreBase):
+class KubernetesJoin(PeerAccess):
     kubeadm_provider: Optional[KubeadmProvider] = None
 
     def _provider(self, method: str) -> KubeadmProvider:
@@ -93,20 +95,36 @@ class KubernetesJoin(CoreBase):
         self._log("kubelet_cert_issued", node_vpn_ip=vpn_ip, node_name=name)
         return issued
 
-    def kubernetes_certificate_key_for(self, vpn_ip: str, method: str = "GetCertificateKey") -> str:
+    def require_designated_control_plane(self, vpn_ip: str, vpn_pub_key: Optional[str], method: str) -> None:
+        """Control-plane material (the PKI files, the certificate key) goes only to a peer the admin
+        designated a control plane (``is_designated_control_plane``: a Coordinator, or a Node activated
+        with the designation), identified by the WireGuard key it proved. AccessDenied otherwise."""
+        if vpn_pub_key is None or not self.is_designated_control_plane(vpn_ip, vpn_pub_key):
+            self._log("control_plane_refused", node_vpn_ip=vpn_ip, method=method)
+            raise AccessDenied("%s: is_control_plane: %s is not designated a control plane by the admin (control "
+                               "planes are designated at activation: activate_nodes control_plane_public_endpoints)"
+                               % (method, vpn_ip))
+
+    def kubernetes_certificate_key_for(self, vpn_ip: str, method: str = "GetCertificateKey",
+                                       vpn_pub_key: Optional[str] = None) -> str:
         """The Coordinator-era alternative to shipping the PKI: a fresh certificate key (the certificates
-        uploaded under it) for the verified node at ``vpn_ip``."""
+        uploaded under it) for the verified node at ``vpn_ip``, only if it is a designated control plane."""
         self.require_coordinator(method)
+        self.require_designated_control_plane(vpn_ip, vpn_pub_key, method)
         key = self._provider(method).certificate_key()
         self._log("certificate_key_issued", node_vpn_ip=vpn_ip)
         return key
 
     def kubernetes_join_for(self, vpn_ip: str, method: str, certificate_request: Optional[bytes] = None,
-                            is_control_plane: bool = False) -> Dict[str, Any]:
+                            is_control_plane: bool = False, vpn_pub_key: Optional[str] = None) -> Dict[str, Any]:
         """What a verified node at ``vpn_ip`` needs to join: a fresh token, the endpoint, the pinned CA
         hash; with ``certificate_request`` its kubelet certificate (PEM); for a control plane the PKI
-        files (``[{name, data (base64)}]``), as Constellation ships them."""
+        files (``[{name, data (base64)}]``), as Constellation ships them, only to a peer the admin
+        designated a control plane (``vpn_pub_key``: the WireGuard key it proved); others asking for
+        them get nothing at all."""
         self.require_coordinator(method)
+        if is_control_plane:
+            self.require_designated_control_plane(vpn_ip, vpn_pub_key, method)
         provider = self._provider(method)
         if certificate_request is not None and not isinstance(certificate_request, bytes):
             raise InputError("certificate_request", "a PKCS#10 certificate signing request")

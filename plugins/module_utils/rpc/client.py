@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils import rpc as apis
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.peer_auth_client import PeerAuthClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDERR,
     CHANNEL_STDIN,
@@ -224,9 +225,11 @@ class PubAPIClient(Channel):
 
     def activate_additional_nodes(self, node_public_endpoints: List[str],
                                   on_log: Optional[Callable[[str], None]] = None,
-                                  coordinator_public_endpoints: Optional[List[str]] = None) -> Dict[str, Any]:
+                                  coordinator_public_endpoints: Optional[List[str]] = None,
+                                  control_plane_endpoints: Optional[List[str]] = None) -> Dict[str, Any]:
         return self.invoke("ActivateAdditionalNodes", on_log, node_public_endpoints=list(node_public_endpoints),
-                           coordinator_public_endpoints=list(coordinator_public_endpoints or []) or None)
+                           coordinator_public_endpoints=list(coordinator_public_endpoints or []) or None,
+                           control_plane_endpoints=list(control_plane_endpoints or []) or None)
 
     def recover(self, kms_uri: str) -> Dict[str, Any]:
         return self.invoke("Recover", kms_uri=kms_uri)
@@ -420,8 +423,8 @@ class AdminClient(Channel):
         return self.stream.recv_end()
 
 
-class VPNAPIClient(Channel):
-    """The vpnapi, inside the VPN."""
+class VPNAPIClient(PeerAuthClient, Channel):
+    """The vpnapi, inside the VPN: ``peer_auth`` first (rpc/peer_auth_client.py)."""
 
     APIS = (apis.VPNAPI,)
 

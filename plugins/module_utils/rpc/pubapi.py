@@ -160,7 +160,8 @@ class PubAPI:
         results = (self.core.activate_coordinators(request.coordinator_public_endpoints, self.connect_node)
                    if request.coordinator_public_endpoints else [])
         if request.node_public_endpoints:
-            results += self.core.activate_nodes(request.node_public_endpoints, self.connect_node)
+            results += self.core.activate_nodes(request.node_public_endpoints, self.connect_node,
+                                                request.control_plane_endpoints or ())
         for row in results:
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
                                                      "%s (%s)" % (row["action"], row["node_vpn_ip"]) if row["ok"]

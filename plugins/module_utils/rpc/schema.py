@@ -179,6 +179,8 @@ class ActivateAsNodeAnswer(Record):
 class ActivateAdditionalNodesRequest(Record):
     node_public_endpoints: List[str] = wire("strlist", True)
     coordinator_public_endpoints: Optional[List[str]] = wire("strlist", doc="further Coordinators, activated first")
+    control_plane_endpoints: Optional[List[str]] = wire(
+        "strlist", doc="those of node_public_endpoints the admin designates control planes")
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,11 @@ class FetchFileAnswer(Record):
 
 
 @dataclass(frozen=True)
+class PeerAuthAnswer(Record):
+    authenticated: bool = wire("bool", True)
+
+
+@dataclass(frozen=True)
 class GetUpdateRequest(Record):
     resource_version: int = wire("int", True)
 
@@ -429,6 +436,9 @@ for _method in (
                "runs a pipelined Ansible module, in a pre-warmed interpreter where possible"),
         Method("PutFile", ADMIN, PutFileRequest, PutFileAnswer, STREAMS_STDIN, "writes a file atomically"),
         Method("FetchFile", ADMIN, FetchFileRequest, FetchFileAnswer, STREAMS_STDOUT, "reads a file"),
+        Method("PeerAuth", VPNAPI, Empty, PeerAuthAnswer, STREAMS_EXCHANGE,
+               "proves the caller's WireGuard private key (the one recorded for its VPN IP) for this connection: "
+               "a MAC over a fresh challenge; every other vpnapi method requires it"),
         Method("GetUpdate", VPNAPI, GetUpdateRequest, GetUpdateAnswer, STREAMS_NONE,
                "the peer changes since a version (only the version when nothing changed)"),
         Method("GetJoinArgs", VPNAPI, GetJoinArgsRequest, GetJoinArgsAnswer, STREAMS_NONE,

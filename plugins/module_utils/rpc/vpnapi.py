@@ -2,16 +2,22 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The vpnapi (docs/protocol.md): served on the Coordinator's VPN IP only; a caller must come
-from a known peer's VPN IP (the WireGuard tunnel authenticates that address)."""
+from a known peer's VPN IP (the WireGuard tunnel authenticates that address) AND prove, once per
+connection, the WireGuard private key the registry recorded for that address (``PeerAuth``,
+wireguard/peer_auth.py): any other process on that Node (an unprivileged user, a hostNetwork pod)
+gets nothing. Control-plane material goes only to peers the admin designated control planes;
+GetDataKey IDs are namespaced per caller."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Dict, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64e
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64d, b64e
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import Connection
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import peer_auth
 
 VPNAPI_PORT = 9027
 KUBEADM_UNAVAILABLE = "kubeadm not available on the Coordinator"
@@ -43,43 +49,77 @@ class VPNAPI:
         """An eviction may come while a connection is open: every request checks again (O(1))."""
         self.core.require_not_evicted(conn.peer_ip, method)
 
+    def _authenticated(self, conn: Connection, method: str) -> str:
+        """The caller's WireGuard public key, proven on this connection (PeerAuth) and still the one the
+        registry holds for its VPN IP; AccessDenied otherwise. From memory: O(1) per request."""
+        self._not_evicted(conn, method)
+        pub_key = getattr(conn, "vpn_peer_pub_key", None)
+        if pub_key is None:
+            raise AccessDenied("%s: this connection has not proven the WireGuard key of %s (PeerAuth first)"
+                               % (method, conn.peer_ip))
+        record = self.core.vpn_peer_record(conn.peer_ip)
+        if record is None or record.vpn_pub_key != pub_key:
+            raise AccessDenied("%s: %s is no longer the peer that authenticated this connection" % (method, conn.peer_ip))
+        return pub_key
+
     def handlers(self) -> Dict[str, Any]:
-        return {"GetUpdate": self.get_update, "GetJoinArgs": self.get_join_args,
+        return {"PeerAuth": self.peer_auth, "GetUpdate": self.get_update, "GetJoinArgs": self.get_join_args,
                 "GetCertificateKey": self.get_certificate_key, "GetDataKey": self.get_data_key,
                 "GetStateDiskKey": self.get_state_disk_key}
 
     # Every handler gets its request decoded by the server (schema.py records).
+    def peer_auth(self, conn: Connection, request: schema.Empty) -> None:
+        """A fresh challenge; the caller answers with the MAC only the holder of its WireGuard private key
+        can make (wireguard/peer_auth.py), bound to this connection's two addresses and our key."""
+        self.core.require_coordinator("PeerAuth")
+        self._not_evicted(conn, "PeerAuth")
+        challenge = secrets.token_bytes(peer_auth.CHALLENGE_SIZE)
+        server_ip = conn.sock.getsockname()[0]
+        conn.stream.send_msg({"challenge": b64e(challenge), "server_vpn_pub_key": self.core.peer_auth_server_pub_key()})
+        step = conn.stream.recv_msg("the proof")
+        proof = b64d(step.get("proof"), "proof", max_size=64)
+        pub_key = self.core.check_peer_proof(conn.peer_ip, server_ip, challenge, proof)
+        if pub_key is None:
+            self._log("peer_auth_refused", peer=conn.peer_ip)
+            raise AccessDenied("PeerAuth: %s did not prove the WireGuard private key recorded for it at activation"
+                               % conn.peer_ip)
+        conn.vpn_peer_pub_key = pub_key
+        conn.stream.send_result({"authenticated": True})
+
     def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
-        self._not_evicted(conn, "GetUpdate")
+        self._authenticated(conn, "GetUpdate")
         conn.stream.send_result(self.core.get_update(request.resource_version))
 
-    def _kubeadm(self, method: str, conn: Connection) -> None:
+    def _kubeadm(self, method: str, conn: Connection) -> str:
         self.core.require_coordinator(method)
-        self._not_evicted(conn, method)
+        pub_key = self._authenticated(conn, method)
         if not self.core.is_known_peer_ip(conn.peer_ip):  # removed since the connection was accepted
             raise AccessDenied("%s: %s is not a VPN peer of this cluster" % (method, conn.peer_ip))
         if self.kubeadm is None:
             raise StateError("%s: %s" % (method, KUBEADM_UNAVAILABLE))
+        return pub_key
 
     def get_join_args(self, conn: Connection, request: schema.GetJoinArgsRequest) -> None:
-        """A fresh token per call; the kubelet certificate only for the caller's own VPN IP."""
-        self._kubeadm("GetJoinArgs", conn)
+        """A fresh token per call; the kubelet certificate only for the caller's own VPN IP; the PKI files
+        only for a designated control plane."""
+        pub_key = self._kubeadm("GetJoinArgs", conn)
         args = self.core.kubernetes_join_for(conn.peer_ip, "GetJoinArgs", request.certificate_request,
-                                             bool(request.is_control_plane))
+                                             bool(request.is_control_plane), vpn_pub_key=pub_key)
         conn.stream.send_result(schema.GetJoinArgsAnswer.decode(args).encode())
 
     def get_certificate_key(self, conn: Connection, request: schema.Empty) -> None:
-        self._kubeadm("GetCertificateKey", conn)
-        conn.stream.send_result({"certificate_key": self.core.kubernetes_certificate_key_for(conn.peer_ip)})
+        pub_key = self._kubeadm("GetCertificateKey", conn)
+        conn.stream.send_result({"certificate_key": self.core.kubernetes_certificate_key_for(
+            conn.peer_ip, vpn_pub_key=pub_key)})
 
     def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
-        self._not_evicted(conn, "GetDataKey")
+        pub_key = self._authenticated(conn, "GetDataKey")
         length = 32 if request.length is None else request.length
-        key = self.core.get_data_key(request.data_key_id, length)
+        key = self.core.get_data_key(request.data_key_id, length, pub_key)  # namespaced: peer/<pub_key>/<id>
         self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)
         conn.stream.send_result({"data_key": b64e(key)})
 
     def get_state_disk_key(self, conn: Connection, request: schema.Empty) -> None:
-        # The WireGuard tunnel authenticates the caller's VPN IP: a node gets only its own key.
-        self._not_evicted(conn, "GetStateDiskKey")
+        # The caller proved its WireGuard key: a node gets only its own key.
+        self._authenticated(conn, "GetStateDiskKey")
         conn.stream.send_result({"state_disk_key": b64e(self.core.node_state_disk_key(conn.peer_ip))})

@@ -223,7 +223,7 @@ def test_a_joining_node_without_a_pinned_key_takes_no_ticket(make_core, cluster)
 
 def test_the_agent_refuses_join_mode_without_the_coordinator_key(tmp_path):
     config = {"state_dir": str(tmp_path), "public_endpoint": "127.0.0.1:9000", "variant": "dummy",
-              "coordinator_public_endpoint": "127.0.0.2:9000"}
+              "coordinator_public_endpoint": "127.0.0.2:9000", "init_secret_hash": "ab" * 32}
     with pytest.raises(InputError, match="coordinator_pub_key"):
         AgentConfig.from_mapping(config)
     with pytest.raises(InputError, match="coordinator_pub_key"):

@@ -269,7 +269,11 @@ def test_get_data_key_refuses_reserved_ids_and_disk_uuids(swtpm, make_core, secr
     with pytest.raises(StateError):
         c.get_data_key("foo", 32)
     activate(c, secret)
-    assert c.get_data_key("foo", 16) == kms.ClusterKMS(secret).derive_key("foo", 16)
+    # Namespaced per caller (peer/<WireGuard key>/): never the bare ID's key.
+    caller = "B" * 43 + "="
+    assert c.get_data_key("foo", 16, caller) == kms.ClusterKMS(secret).derive_key("peer/%s/foo" % caller, 16)
+    assert c.get_data_key("foo", 16) == kms.ClusterKMS(secret).derive_key("peer/%s/foo" % c.vpn_pub_key, 16)
+    assert kms.ClusterKMS(secret).derive_key("foo", 16) not in (c.get_data_key("foo", 16), c.get_data_key("foo", 16, caller))
     for bad in ("measurementSecret", "ca_emergency_ssh", "", c.disk_uuid):
         with pytest.raises(InputError):
             c.get_data_key(bad, 32)

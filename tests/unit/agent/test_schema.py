@@ -99,7 +99,7 @@ def vpn_server(echo_method):
     def get_update(conn, request: schema.GetUpdateRequest):
         conn.stream.send_result({"resource_version": request.resource_version})
 
-    handlers = {"Echo": echo, "GetUpdate": get_update, "GetJoinArgs": None, "GetCertificateKey": None,
+    handlers = {"Echo": echo, "GetUpdate": get_update, "PeerAuth": None, "GetJoinArgs": None, "GetCertificateKey": None,
                 "GetDataKey": None, "GetStateDiskKey": None}
     server = FrameServer("vpnapi", ("127.0.0.1", 0), handlers, apis=(schema.VPNAPI,)).start()
     yield "127.0.0.1:%d" % server.address[1]
@@ -121,7 +121,7 @@ def test_server_refuses_other_apis_methods_naming_its_own(vpn_server):
         with pytest.raises(RemoteError) as err:
             client.get_state()
         assert err.value.kind == "InputError"
-        assert "method: expected one of Echo, GetCertificateKey, GetDataKey, GetJoinArgs, GetStateDiskKey, GetUpdate" in str(err.value)
+        assert "method: expected one of Echo, GetCertificateKey, GetDataKey, GetJoinArgs, GetStateDiskKey, GetUpdate, PeerAuth" in str(err.value)
 
 
 def test_client_refuses_a_method_of_another_api(vpn_server):

@@ -53,15 +53,26 @@ class Cluster:
         self.server = FrameServer("vpnapi", ("127.77.0.1", 0), self.api.handlers(), accept_check=self.api.accept_check,
                                   apis=(schema.VPNAPI,)).start()
         self.port = self.server.address[1]
+        self.keys = {}
 
-    def add_node(self, public_ip):
+    def add_node(self, public_ip, control_plane=False):
+        """A node recorded as an activation records it (its disk UUID, the admin's control-plane
+        designation, its WireGuard key); its agent's private key is kept in ``keys``."""
         vpn_ip = self.core.reserve_node_ip()
-        self.core.add_node_peer(vpn_ip, pub_key_from_priv_key(generate_priv_key()), public_ip)
+        priv_key = generate_priv_key()
+        self.core.record_node(vpn_ip, pub_key_from_priv_key(priv_key), public_ip, core_mod.new_disk_uuid(),
+                              control_plane)
+        self.keys[vpn_ip] = priv_key
         return vpn_ip
 
-    def client(self, source_ip):
+    def client(self, source_ip, authenticate=True):
+        """A connection from ``source_ip``; with ``authenticate`` (the agent's side) PeerAuth with the
+        agent's WireGuard private key first."""
         sock = socket.create_connection(("127.77.0.1", self.port), timeout=10, source_address=(source_ip, 0))
-        return AgentClient.connect_plain("127.77.0.1:%d" % self.port, sock=sock, timeout=10)
+        client = AgentClient.connect_plain("127.77.0.1:%d" % self.port, sock=sock, timeout=10)
+        if authenticate and source_ip in self.keys:
+            client.peer_auth(self.keys[source_ip], self.core.vpn_pub_key)
+        return client
 
     def tokens(self):
         return live_tokens(self.control_plane_dir)
@@ -138,7 +149,7 @@ def test_a_csr_in_another_nodes_name_gets_nothing(cluster):
 
 
 def test_a_control_plane_gets_the_pki_files_and_a_certificate_key(cluster):
-    node_ip = cluster.add_node("10.42.0.11")
+    node_ip = cluster.add_node("10.42.0.11", control_plane=True)  # designated by the admin at activation
     with cluster.client(node_ip) as client:
         args = client.get_join_args(is_control_plane=True)
         key = client.get_certificate_key()
@@ -164,7 +175,7 @@ def test_without_a_control_plane_the_answer_says_why(tmp_path, double_log):
     assert double_log.entries() == []
 
 
-def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_a_control_planes_files(cluster):
+def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_control_plane_files(cluster):
     tickets = []
     for name in ("worker-0", "worker-1"):
         vpn_ip = cluster.core.reserve_node_ip()
@@ -178,9 +189,12 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_a_control_pl
         .get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [ip1]  # the ticket's VPN IP
     assert "control_plane_files" not in first
-    plane = cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None,
-                                           make_csr("system:node:control-plane-1", sans=())[0], True)
-    assert len(plane.kubeadm["control_plane_files"]) == 8
+    # A joining node cannot make itself a control plane (finding 2): the ticket is refused, no token left.
+    before = cluster.tokens()
+    with pytest.raises(AccessDenied, match="is_control_plane: a node cannot designate itself a control plane"):
+        cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None,
+                                       make_csr("system:node:control-plane-1", sans=())[0], True)
+    assert cluster.tokens() == before
     assert ip0 != ip1
 
 
