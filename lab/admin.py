@@ -64,7 +64,7 @@ class LabCluster:
 
         with self.client(name) as c:
             state = c.get_state()
-            if state.get("state") in ("ActivatingNodes", "IsNode"):
+            if state.get("state") in ("ActivatingNodes", "NodeWaitingForClusterJoin", "IsNode"):
                 try:
                     c.admin_auth(self.admin_key)
                 except RemoteError:  # not our admin key: the public answer

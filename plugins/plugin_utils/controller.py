@@ -92,11 +92,11 @@ def _prefixed(err: AttestationError, prefix: str) -> AttestationError:
 
 def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key=None) -> PeerStatus:
     """``admin_priv_key``: GetState tells anyone only state and role (least disclosure); with the admin key an
-    activated peer's details (VPN IP and key, evicted peers, etcd member) are read after AdminAuth on this
+    activated (or waiting) peer's details (VPN IP and key, evicted peers, etcd member) are read after AdminAuth on this
     connection. A peer that refuses the key (not ours) keeps its details; the caller decides from the state."""
     validation = client.attested.validation
     state = client.get_state()
-    if admin_priv_key is not None and state.get("state") in (ACTIVATING_NODES, IS_NODE):
+    if admin_priv_key is not None and state.get("state") in (ACTIVATING_NODES, NODE_WAITING, IS_NODE):
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 
         try:

@@ -112,7 +112,8 @@ class AdminHandlers:
         if role == "coordinator":
             self._coordinator_auth(conn)
             return
-        self._require_activated("AdminAuth")
+        if self.core.state != State.NODE_WAITING_FOR_CLUSTER_JOIN:  # its admin key is pinned: GetState's details
+            self._require_activated("AdminAuth")  # (Exec, PutFile, FetchFile still need an activated node)
         if conn.server_spki_hash is None:
             raise AccessDenied("AdminAuth: only over aTLS")
         pub_key = self.core.admin_pub_key()
