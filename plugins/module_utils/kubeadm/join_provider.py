@@ -126,9 +126,11 @@ class JoinProvider:
 
     def __init__(self, kubeadm_path: Optional[str] = None, kubernetes_dir: str = KUBERNETES_DIR,
                  runner: Callable[..., CommandResult] = run_command, token_ttl: str = DEFAULT_TOKEN_TTL,
-                 api_version: str = DEFAULT_API_VERSION, kubelet_cert_days: int = KUBELET_CERT_DAYS):
+                 api_version: str = DEFAULT_API_VERSION, kubelet_cert_days: int = KUBELET_CERT_DAYS,
+                 kubeconfig: Optional[str] = None):
         self.kubeadm = Kubeadm(kubeadm_path, kubernetes_dir, runner)
         self.kubelet_cert_days = validate_kubelet_cert_days(kubelet_cert_days)
+        self.kubeconfig = kubeconfig  # delete_node's credentials and API server (None: admin.conf)
         self.kubernetes_dir = self.kubeadm.kubernetes_dir
         self.token_ttl = validate_ttl(token_ttl, "token_ttl")
         self.api_version = validate_api_version(api_version)
@@ -234,7 +236,7 @@ class JoinProvider:
                                 validity=datetime.timedelta(days=self.kubelet_cert_days))
         return {"node_name": name, "kubelet_cert": cert}
 
-    def delete_node(self, name: str, kubeconfig: Optional[str] = None) -> bool:
+    def delete_node(self, name: str) -> bool:
         """Deletes the Node object ``name`` through the API server of ``kubeconfig`` (admin.conf of this
         control plane); True if it existed, False if there was none. StateError saying why otherwise."""
         name = validate_node_name(name, "node name")
@@ -247,7 +249,7 @@ class JoinProvider:
         except ImportError:
             raise StateError("delete node %s: the kubernetes Python client is not installed on this Coordinator"
                              % name) from None
-        path = kubeconfig or os.path.join(self.kubernetes_dir, "admin.conf")
+        path = self.kubeconfig or os.path.join(self.kubernetes_dir, "admin.conf")
         configuration = client.Configuration()
         try:
             config.load_kube_config(config_file=path, client_configuration=configuration)
