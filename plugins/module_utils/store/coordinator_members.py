@@ -193,7 +193,10 @@ def evict_member(store: EtcdStore, vpn_ip: str, own_vpn_ip: Optional[str], timeo
         try:
             EtcdStore.retry(lambda m=member: store.member_remove(m["id"], wait=wait), TRANSIENT, wait)
         except StoreError as err:
-            if "member not found" not in str(err):
+            # A removed leader steps down: the answer may time out in the election although the removal
+            # was committed (as in _remove_member): only a member still listed is a failure.
+            if "member not found" not in str(err) and any(
+                    m["id"] == member["id"] for m in EtcdStore.retry(store.member_list, TRANSIENT, wait)):
                 raise StoreError("removing the etcd member %s (%s) failed: %s" % (
                     member["name"] or "unnamed", _member_id(member["id"]), err)) from None
     return {"removed": _member_view(target[0]), "held": None, "members": len(remaining), "live": live}
