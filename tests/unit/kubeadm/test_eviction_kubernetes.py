@@ -21,14 +21,15 @@ from ansible_collections.constellation.cluster.plugins.module_utils import core 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
-    KUBELET_CERT_DAYS, JoinProvider)
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import kubeconfig_for
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import make_csr
+
+KUBELET_CERT_DAYS = 7  # kubeadm/join_provider.py's default (checked below)
 
 
 def _coordinator(tmp_path, provider):
@@ -62,7 +63,8 @@ def _node_names(apiserver):
 
 
 def test_eviction_deletes_the_node_object_and_a_renewal_gets_no_certificate(apiserver, control_plane_dir, tmp_path):
-    provider = JoinProvider(KUBEADM_DOUBLE, control_plane_dir, kubeconfig=apiserver.kubeconfig)
+    provider = JoinProvider(KUBEADM_DOUBLE, control_plane_dir)
+    provider.kubeconfig = apiserver.kubeconfig  # the stand-in's address instead of admin.conf's
     coordinator = _coordinator(tmp_path, provider)
     evicted_ip, csr = _node(coordinator, "worker-0")
     kept_ip, kept_csr = _node(coordinator, "worker-1")
@@ -110,4 +112,6 @@ def test_kubelet_cert_days_is_configurable_and_bounded(initialised, control_plan
     base = {"state_dir": "/tmp/x", "public_endpoint": "127.0.0.1:9000", "variant": "dummy"}
     with pytest.raises(InputError, match="kubelet_cert_days"):
         AgentConfig.from_mapping(dict(base, kubelet_cert_days=0))
-    assert AgentConfig.from_mapping(base).kubelet_cert_days == KUBELET_CERT_DAYS == 7
+    from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm import join_provider
+
+    assert AgentConfig.from_mapping(base).kubelet_cert_days == join_provider.KUBELET_CERT_DAYS == KUBELET_CERT_DAYS

@@ -26,7 +26,6 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
-from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import EvictionCache
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
@@ -344,6 +343,8 @@ def test_a_tampered_coordinator_is_not_removed_below_a_live_majority(coordinator
 
 
 def test_the_shared_eviction_check_reads_the_store_at_most_once_per_interval(coordinators):
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import EvictionCache
+
     cores, node = coordinators
     second = cores[HOSTS[1]]
     now = [100.0]
