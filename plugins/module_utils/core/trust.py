@@ -15,9 +15,8 @@ and eviction", "Rejoin after a reboot"):
   vpnapi refuses it; it comes back only through ActivateAdditionalNodes (add_nodes.yml) after it
   passes attestation again, with the VPN IP and key it had; the Kubernetes Node object of an evicted
   Node is deleted (``KubeadmProvider.delete_node``) where this Coordinator manages Kubernetes;
-* a Coordinator that fails is evicted too: its etcd member leaves first, then its registry entry; held
-  (``_evict_coordinator``) when the members that remain would not hold a live majority;
-* evictions are the cluster's shared state (core/evictions.py): every Coordinator refuses an evicted peer;
+* a Coordinator that fails is evicted too (``_evict_coordinator``, etcd member first; held without a live
+  majority); evictions are shared state (core/evictions.py): every Coordinator refuses an evicted peer;
 * rejoin tickets (IssueRejoinTicket): a rebooted Node (PCR 15 reset) attests itself in-band and gets
   only its disk key, the measurement secret and its peers; the KMS URI never leaves the Coordinator.
 
@@ -57,6 +56,8 @@ UNREACHABLE = "unreachable"
 EVICTED = "evicted"
 HELD = "eviction_held"  # a failed Coordinator whose etcd member must stay (no live majority without it)
 MAX_REASON = 300
+
+
 class PeerTrust(NodeActivation):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -188,12 +189,11 @@ class PeerTrust(NodeActivation):
         return version
 
     def _evict_coordinator(self, record, eviction: Dict[str, Any]) -> Optional[int]:
-        """A Coordinator that failed: its etcd member leaves first (the majority is then counted among the
-        others), then its registry entry. Held when the members that remain would not hold a live majority
-        (``coordinator_members.evict_member``) or the removal fails: the eviction is recorded with
-        ``etcd_member: kept`` (the vpnapi of every Coordinator refuses it), the member and the entry stay
-        (cutting its tunnel would make it a dead member that still counts), an error is logged and the next
-        round tries again."""
+        """A Coordinator that failed: its etcd member leaves first, then its registry entry. Held when the
+        members that remain would not hold a live majority (``coordinator_members.evict_member``) or the
+        removal fails: recorded with ``etcd_member: kept`` (every Coordinator refuses it), the member and
+        the entry stay (cutting its tunnel would make it a dead member that still votes), an error is
+        logged and the next round tries again."""
         vpn_ip = record.vpn_ip
         try:
             held = remove_coordinator_member(self, vpn_ip)
