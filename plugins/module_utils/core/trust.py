@@ -65,11 +65,11 @@ class PeerTrust(NodeActivation):
         self._unreachable: Dict[str, int] = {}  # consecutive unreachable rounds by VPN IP
 
     def _evictions(self) -> EvictionCache:
-        """The evictions of the store this Core uses now (a Coordinator that moves its state to etcd
-        switches stores: a new cache follows the new one)."""
+        """The evictions of the store this Core uses now (a new cache when it moved its state to etcd)."""
         cache = self._eviction_cache
         if cache is None or cache.store is not self.store:
-            cache = EvictionCache(self.store, shared=bool(getattr(self.peer_registry, "shared", False)))
+            store = self.store  # the cluster's store is shared once it is not this peer's own (etcd)
+            cache = EvictionCache(store, shared=store is not self.local_store or bool(self.peer_registry.shared))
             self._eviction_cache = cache
         return cache
 
