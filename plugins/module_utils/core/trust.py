@@ -33,11 +33,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import NodeActivation
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
-    MEMBER_KEPT,
-    MEMBER_REMOVED,
-    EvictionCache,
-    remove_coordinator_member,
-)
+    MEMBER_KEPT, MEMBER_REMOVED, EvictionCache, remove_coordinator_member)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import RejoinTicket
@@ -127,6 +123,9 @@ class PeerTrust(NodeActivation):
                 if membership != "ours":
                     raise AttestationError("PCR 15 does not hold this cluster's ID")
                 state = client.get_state()
+                if peer.role == ROLE_COORDINATOR and state.get("state") == State.ACCEPTING_INIT.wire_name:
+                    # Recorded, locked to us, its activation as Coordinator still under way (no VPN IP yet).
+                    raise ConnectionError("its activation as Coordinator is not finished yet")
                 if state.get("vpn_ip") != peer.vpn_ip or state.get("vpn_pub_key") != peer.vpn_pub_key:
                     raise AttestationError("the attested peer at %s is not the one recorded at %s (another VPN IP or "
                                            "WireGuard key)" % (peer.public_ip, peer.vpn_ip))

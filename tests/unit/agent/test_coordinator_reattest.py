@@ -97,3 +97,18 @@ def test_an_unreachable_coordinator_is_never_evicted(leader):
         rows = {r["public_ip"]: r["outcome"] for r in c.reattest_peers(connect, unreachable_limit=3)}
         assert rows == {"10.42.0.2": "unreachable", "10.42.0.3": "passed"}
     assert c.get_state()["evicted"] == [] and c.is_known_peer_ip(peers["10.42.0.2"]["vpn_ip"])
+
+
+def test_a_coordinator_whose_activation_is_under_way_is_not_evicted(leader):
+    """Recorded and locked to us, but its activation as Coordinator has not finished: no VPN IP in its
+    GetState yet. That is not another identity (which would evict it and remove its learner member)."""
+    c, _vpn, peers = leader
+    ours = expected_pcr15(c.cluster_id)
+    joining = dict(peers["10.42.0.3"], state="AcceptingInit", vpn_ip=None, vpn_pub_key=None)
+
+    def connect(public_ip):
+        return Peer(ours, joining if public_ip == "10.42.0.3" else peers[public_ip])
+
+    rows = {r["public_ip"]: r for r in c.reattest_peers(connect, unreachable_limit=1)}
+    assert rows["10.42.0.3"]["outcome"] == "unreachable" and "not finished" in rows["10.42.0.3"]["error"]
+    assert c.get_state()["evicted"] == [] and c.is_known_peer_ip(peers["10.42.0.3"]["vpn_ip"])
