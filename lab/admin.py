@@ -38,6 +38,8 @@ class LabCluster:
     def start(self, name: str, **config):
         """Starts the agent on ``name`` (config keys as docs/agent.md, and start_agent's options)."""
         self.hosts = {h.name: h for h in self.lab.hosts}  # the lab may have grown
+        if config.get("coordinator_public_endpoint"):  # join mode: the Coordinators' key, as the role derives it
+            config.setdefault("coordinator_pub_key", kms.coordinator_pub_key(kms.ClusterKMS(self.secret)))
         self.procs[name] = start_agent(self.lab, self.hosts[name], **config)
         return self.procs[name]
 
@@ -57,8 +59,18 @@ class LabCluster:
         return AgentClient.connect(h.public_endpoint, [validator], sock=self.admin.connect((h.public_ip, 9000)))
 
     def state(self, name: str) -> dict:
+        """GetState; on an activated peer after AdminAuth (before it, anyone gets only state and role)."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
+
         with self.client(name) as c:
-            return c.get_state()
+            state = c.get_state()
+            if state.get("state") in ("ActivatingNodes", "IsNode"):
+                try:
+                    c.admin_auth(self.admin_key)
+                except RemoteError:  # not our admin key: the public answer
+                    return state
+                state = c.get_state()
+            return state
 
     def stop(self, name: str, sig=signal.SIGTERM) -> int:
         return stop_agent(self.procs.pop(name), sig=sig)

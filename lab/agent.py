@@ -47,6 +47,10 @@ def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: A
         lab.sign_measurements(policy)
         doc["measurements_public_key"] = str(lab.measurements_pub_path)
         doc["init_secret_hash"] = lab.init_secret_hash(host)
+    else:  # an untrusted lab agent: the explicit opt-out the agent requires (it warns on every start)
+        doc["insecure_unauthenticated_activation"] = True
+    if lab.variant == "qemu-vtpm":  # `lab up --variant qemu-vtpm`: its acknowledgement (warned on every start)
+        doc["insecure_trust_any_ak"] = True
     if lab.ek_ca_path.exists():
         doc["ek_ca"] = str(lab.ek_ca_path)
     store = lab.agent_store(host)

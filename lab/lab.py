@@ -687,6 +687,9 @@ class Lab:
             # opened in the admin machine's namespace (a real controller reaches nodes directly).
             "constellation_atls_netns": self.bridge_netns,
         }
+        if lab_vars["constellation_attestation_variant"] == "qemu-vtpm":
+            # `lab up --variant qemu-vtpm` trusts any AK: the acknowledgement every run then warns about.
+            lab_vars["constellation_insecure_trust_any_ak"] = True
         _atomic_write(inv / "group_vars" / "all" / "lab.yml", header + yaml.safe_dump(lab_vars, sort_keys=False))
         return inv
 

@@ -8,6 +8,8 @@ Documentation is in plugins/modules/agent_state.py; the shared base is plugin_ut
 
 from __future__ import annotations
 
+import os
+
 from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import (
     ClusterAction, display, valid_args)
@@ -19,7 +21,10 @@ class ActionModule(ClusterAction):
 
     def act(self, args, settings):
         from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
-        status = peer_status(args["endpoint"], settings, self.cluster_id_arg(args))
+        # The admin key (before the first activation it may not exist yet: then only state and role are read).
+        key_file = args.get("admin_priv_key_file")
+        priv_key = self.load_admin_priv_key(key_file) if key_file and os.path.exists(key_file) else None
+        status = peer_status(args["endpoint"], settings, self.cluster_id_arg(args), priv_key)
         out = status.to_dict()
         out["changed"] = False
         if status.warnings:

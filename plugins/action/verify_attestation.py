@@ -46,6 +46,7 @@ class ActionModule(ActionBase):
             address = atls.parse_endpoint(args["endpoint"])
             settings = settings_from_args(args, self._loader.get_basedir())
             settings.trust = run_aks.share(settings.trust, control_path_dir(self._templar, task_vars), os.getppid())
+            result.setdefault("warnings", []).extend(settings.warnings)  # an insecure variant, acknowledged
 
             def connect(validators):
                 try:
@@ -72,5 +73,7 @@ class ActionModule(ActionBase):
             measurements={str(i): v.hex() for i, v in sorted(conn.validation.pcrs.items())},
         )
         if conn.validation.warnings:
-            result["warnings"] = list(conn.validation.warnings)
+            result.setdefault("warnings", []).extend(conn.validation.warnings)
+        if not result.get("warnings"):
+            result.pop("warnings", None)
         return result

@@ -84,19 +84,30 @@ options:
   attestation_variant:
     description:
       - Attestation variant the node must present (the chooser in C(module_utils/attestation/choose.py)).
-      - V(qemu-vtpm) trusts the node's attestation key as Constellation does; V(qemu-vtpm-ek) trusts it only
-        after enrollment through the TPM's EK certificate chain (to O(ek_ca_path)) and credential activation.
-      - V(dummy) accepts any node and exists for tests only.
+      - V(qemu-vtpm-ek) (the default) trusts the node's attestation key only after enrollment through the TPM's
+        EK certificate chain (to O(ek_ca_path)) and credential activation.
+      - V(qemu-vtpm) trusts any attestation key, as Constellation does (a software key that declares itself a
+        TPM key passes); it is refused unless O(insecure_trust_any_ak) is true, and then warned about.
+      - V(dummy) accepts any node and is refused outside the test suite.
     type: str
-    default: qemu-vtpm
+    default: qemu-vtpm-ek
     choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
     vars:
       - name: constellation_attestation_variant
+  insecure_trust_any_ak:
+    description:
+      - The explicit acknowledgement that V(qemu-vtpm) trusts ANY attestation key. Without it V(qemu-vtpm) is
+        refused naming this option; with it every run warns.
+    type: bool
+    default: false
+    vars:
+      - name: constellation_insecure_trust_any_ak
   ek_ca_path:
     description:
-      - PEM file with the CA certificate(s) (root and intermediates) that the nodes' TPM EK certificates chain to;
-        required for V(qemu-vtpm-ek). A node whose AK is not certified yet is enrolled first (C(EnrollAK)),
-        and a TPM whose EK certificate does not chain to these CAs is unreachable with that reason.
+      - PEM file with the CA certificate(s) (roots and intermediates; a bundle of several CAs) or a folder of such
+        files, that the nodes' TPM EK certificates chain to; required for V(qemu-vtpm-ek). Only self-signed CAs
+        are trust anchors; the others are intermediates. A node whose AK is not certified yet is enrolled first
+        (C(EnrollAK)), and a TPM whose EK certificate does not chain to these CAs is unreachable with that reason.
     type: path
     vars:
       - name: constellation_ek_ca_path
@@ -284,6 +295,10 @@ class Connection(ConnectionBase):
         if self._connected:
             return self
         self._settings = settings = self._settings_now()
+        if settings.insecure_trust_any_ak:
+            from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+
+            display.warning(choose.insecure_warning(settings.variant) or "insecure_trust_any_ak is set")
         if settings.persist > 0:
             self._client = self._via_relay(settings)
         else:

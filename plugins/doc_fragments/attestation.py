@@ -31,16 +31,26 @@ options:
   variant:
     description:
       - The attestation variant peers must present (the chooser in C(module_utils/attestation/choose.py)).
-      - V(qemu-vtpm) trusts the attestation key as Constellation does; V(qemu-vtpm-ek) trusts it only after
-        enrollment through the TPM's EK certificate chain (to O(ek_ca_path)) and credential activation;
-        V(dummy) proves nothing and is for tests only.
+      - V(qemu-vtpm-ek) (the default) trusts the attestation key only after enrollment through the TPM's EK
+        certificate chain (to O(ek_ca_path)) and credential activation.
+      - V(qemu-vtpm) trusts any attestation key, as Constellation does (a software key that declares itself a TPM
+        key passes); it is refused unless O(insecure_trust_any_ak=true), and then every run warns.
+      - V(dummy) proves nothing and is refused outside the test suite.
     type: str
     choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
-    default: qemu-vtpm
+    default: qemu-vtpm-ek
+  insecure_trust_any_ak:
+    description:
+      - The explicit acknowledgement that V(qemu-vtpm) trusts ANY attestation key (playbooks set it from
+        C(constellation_insecure_trust_any_ak)). Without it V(qemu-vtpm) is refused, naming this option.
+    type: bool
+    default: false
   ek_ca_path:
     description:
-      - PEM file with the CA certificate(s) that TPMs' EK certificates must chain to; required for
-        V(qemu-vtpm-ek). Relative to the playbook's folder.
+      - PEM file with the CA certificate(s) that TPMs' EK certificates must chain to (a bundle of several CAs, as TPM
+        vendors and cloud vTPMs publish them), or a folder of such files; required for V(qemu-vtpm-ek). Only
+        self-signed CAs are trust anchors; the other CA certificates are intermediates. Relative to the playbook's
+        folder.
       - A peer whose AK is not yet certified is enrolled first (RPC C(EnrollAK)); a TPM whose EK certificate
         does not chain to these CAs is refused.
     type: path

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters kms_uri and derive_key: thin adapters over module_utils/kms/.
-Their documentation is in kms_uri.yml and derive_key.yml next to this file."""
+"""Filters kms_uri, derive_key and coordinator_pub_key: thin adapters over module_utils/kms/.
+Their documentation is in kms_uri.yml, derive_key.yml and coordinator_pub_key.yml next to this file."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
     decode_base64,
     MASTER_SECRET_LENGTH_MAX,
     SALT_LENGTH_MAX,
+    coordinator_pub_key as _coordinator_pub_key,
     open_kms,
 )
 
@@ -50,8 +51,16 @@ def derive_key(uri, key_id, length=32):
         raise AnsibleFilterError("derive_key: %s" % err) from None
 
 
+def coordinator_pub_key(uri):
+    """kms_uri | coordinator_pub_key -> the Coordinators' Ed25519 public key (standard base64 of 32 bytes)."""
+    try:
+        return _coordinator_pub_key(open_kms(uri))
+    except ConstellationError as err:
+        raise AnsibleFilterError("coordinator_pub_key: %s" % err) from None
+
+
 class FilterModule:
     """Constellation KMS filters."""
 
     def filters(self):
-        return {"kms_uri": kms_uri, "derive_key": derive_key}
+        return {"kms_uri": kms_uri, "derive_key": derive_key, "coordinator_pub_key": coordinator_pub_key}

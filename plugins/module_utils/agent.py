@@ -40,7 +40,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.activat
 from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret_hash
+from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
+from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import require_init_secret_hash
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
     KUBELET_CERT_DAYS, JoinProvider, validate_kubelet_cert_days)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
@@ -75,12 +76,14 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "vpn_cidr", "wg_listen_port", "log_level", "measurements_public_key", "init_secret_hash",
                 "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg",
                 "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
-                "kubelet_cert_days"}
+                "kubelet_cert_days", "coordinator_pub_key",
+                "insecure_trust_any_ak", "insecure_unauthenticated_activation"}  # explicit insecure choices
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
 _CONFIG_TYPES = {
     "public_endpoint": ((str,), "host:port"),
     "coordinator_public_endpoint": ((str,), "host:port"),
+    "coordinator_pub_key": ((str,), "the Coordinators' Ed25519 signing key (standard base64 of 32 bytes)"),
     "public_ip": ((str,), "an IP address"),
     "tcti": ((str,), "a TCTI string such as swtpm:host=127.0.0.1,port=2321"),
     "variant": ((str,), "a variant name"),
@@ -97,6 +100,7 @@ _CONFIG_TYPES = {
     "ak_alg": ((str,), "rsa or ecc"),
     "kubeadm_path": ((str,), "the path of the kubeadm executable"),
     "kubernetes_dir": ((str,), "an absolute path (kubeadm's directory, /etc/kubernetes)"),
+    "insecure_trust_any_ak": ((bool,), "true or false"), "insecure_unauthenticated_activation": ((bool,), "true or false"),
 }
 
 
@@ -152,6 +156,8 @@ class AgentConfig:
     update_interval: float = DEFAULT_UPDATE_INTERVAL
     disk_uuid_file: Optional[str] = None
     coordinator_public_endpoint: Optional[str] = None
+    # Join mode: the Coordinators' signing key (core/signing.py); join tickets must be signed with it.
+    coordinator_pub_key: Optional[str] = None
     join_interval: float = 5.0
     measurements_public_key: Optional[str] = None  # pinned key: the policy file must be signed (FILE.sig)
     init_secret_hash: Optional[str] = None  # hex SHA-256 of this node's init secret: activation needs its proof
@@ -165,6 +171,8 @@ class AgentConfig:
     kubelet_cert_days: int = KUBELET_CERT_DAYS  # Coordinator: lifetime of the kubelet certificates it signs
     verify_grpc_endpoint: Optional[str] = None  # None: public_endpoint's host, port 9090; "": off
     verify_http_endpoint: Optional[str] = None  # None: public_endpoint's host, port 8080; "": off
+    insecure_trust_any_ak: bool = False  # accept variant qemu-vtpm (it trusts any AK); warned on every start
+    insecure_unauthenticated_activation: bool = False  # start without init_secret_hash; warned on every start
     deprecations: List[str] = field(default_factory=list)  # old key names found in the file
 
     @classmethod
@@ -186,7 +194,7 @@ class AgentConfig:
             raise InputError("state_dir", "a directory path", data.get("state_dir"))
         for name, (types, expected) in _CONFIG_TYPES.items():
             value = data.get(name)
-            if value is not None and (isinstance(value, bool) and bool not in types or not isinstance(value, types)):
+            if value is not None and (isinstance(value, bool) != (bool in types) or not isinstance(value, types)):
                 raise InputError(name, expected, type(value).__name__)
         if isinstance(data.get("ek_ca"), list) and not all(isinstance(item, str) for item in data["ek_ca"]):
             raise InputError("ek_ca", "a PEM file path or a list of them", "a list with a %s"
@@ -196,6 +204,13 @@ class AgentConfig:
         atls.parse_endpoint(config.public_endpoint, "public_endpoint")
         if config.coordinator_public_endpoint:
             atls.parse_endpoint(config.coordinator_public_endpoint, "coordinator_public_endpoint")
+            if not config.coordinator_pub_key:
+                # Every Node of the cluster passes the policy a joining node checks the Coordinator with: only
+                # the Coordinators' key tells a Coordinator's join ticket from a forged one.
+                raise InputError("coordinator_pub_key", "the Coordinators' signing key (role variable "
+                                 "node_agent_coordinator_pub_key) when coordinator_public_endpoint is set (join mode)")
+        if config.coordinator_pub_key is not None:
+            config.coordinator_pub_key = parse_coordinator_pub_key(config.coordinator_pub_key)
         for name in ("update_interval", "join_interval"):
             value = getattr(config, name)
             if not isinstance(value, (int, float)) or not 0.05 <= value <= 3600:
@@ -211,8 +226,7 @@ class AgentConfig:
         validate_kubelet_cert_days(config.kubelet_cert_days)
         if config.ak_alg not in AK_ALGS:
             raise InputError("ak_alg", "one of %s" % ", ".join(AK_ALGS), config.ak_alg)
-        if config.init_secret_hash is not None:
-            config.init_secret_hash = parse_init_secret_hash(config.init_secret_hash, "init_secret_hash")
+        config.init_secret_hash = require_init_secret_hash(config.init_secret_hash, config.insecure_unauthenticated_activation)
         for name in ("wg_listen_port", "vpn_api_port"):
             value = getattr(config, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
@@ -225,14 +239,14 @@ class AgentConfig:
             raise InputError("store", "a mapping (docs/store.md)", config.store)
         if config.etcd_member is not None:
             EtcdMember.from_config(config.etcd_member, config.state_dir)  # names a bad key before anything starts
-        variant = choose.spec(config.variant, "variant")
+        variant = choose.check_variant_allowed(config.variant, config.insecure_trust_any_ak)  # the one rule
         problem = x509compat.oid_problem(variant.variant.oid)
         if problem:
             raise InputError("variant", "a variant this host can attest with (%s: %s)" % (variant.name, problem))
         if variant.needs_policy and not config.measurements:
             raise InputError("measurements", "the path of a measurements policy (JSON)")
         if variant.needs_ek_ca and not config.ek_ca:
-            raise InputError("ek_ca", "the PEM file of the CA that TPMs' EK certificates chain to (variant %s)"
+            raise InputError("ek_ca", "the PEM file or folder of the CAs that TPMs' EK certificates chain to (variant %s)"
                              % variant.name)
         host = atls.parse_endpoint(config.public_endpoint)[0]
         if not config.public_ip:
@@ -240,7 +254,7 @@ class AgentConfig:
                 raise InputError("public_ip", "this node's public IP (public_endpoint binds to all addresses)")
             config.public_ip = host
         config.verify_grpc_endpoint, config.verify_http_endpoint = verify_service.config_endpoints(
-            config.verify_grpc_endpoint, config.verify_http_endpoint, config.public_endpoint)
+            config.verify_grpc_endpoint, config.verify_http_endpoint, config.public_endpoint, config.public_ip)
         config.deprecations = deprecations
         return config
 
@@ -271,6 +285,7 @@ class Agent:
                                 listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash)
+        self.core.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
         self._reattest_started = False
         self.admin = AdminHandlers(self.core, self.log, issue=self._issue_for_connection,
                                    variant_oid=self.issuer.oid)
@@ -289,7 +304,7 @@ class Agent:
         activates or resumes, whose PCR 15 the Core checks against its own cluster ID), from the
         chooser. The validators share one registry of certified AKs (qemu-vtpm-ek)."""
         variant = self.config.variant
-        trust = choose.load_trust(variant, self.config.ek_ca, field="ek_ca")
+        trust = choose.load_trust(variant, self.config.ek_ca, None, "ek_ca", self.config.insecure_trust_any_ak)
         policy = None
         if choose.spec(variant).needs_policy:
             # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
@@ -321,9 +336,10 @@ class Agent:
             self.log("config_deprecated", level="warning", message=deprecation)
         self.log("agent_started", state=state.wire_name, role=self.core.role, disk_uuid=self.core.disk_uuid,
                  failure=self.core.failure)
-        if self.config.init_secret_hash is None:
-            self.log("init_secret_not_configured", level="warning",
-                     message="no init_secret_hash: any client that reaches this fresh node can activate it")
+        if self.config.init_secret_hash is None:  # insecure_unauthenticated_activation: said on every start
+            self.log("init_secret_not_configured", level="warning", message="no init_secret_hash: anyone can activate this node")
+        if choose.insecure_warning(self.config.variant):  # insecure_trust_any_ak: said on every start
+            self.log("insecure_variant", level="warning", message=choose.insecure_warning(self.config.variant))
         if self.config.measurements_public_key is None and self.config.measurements:
             self.log("measurements_unsigned", level="warning",
                      message="no measurements_public_key: the policy file is used without a signature check")

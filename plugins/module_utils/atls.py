@@ -51,7 +51,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import encod
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
     Issuer, Validation, Validator)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError, ConstellationError, InputError)
+    AttestationError, ConstellationError, InputError, PeerUnreachable)
 
 NONCE_SIZE = 32
 ALPN_PROTOCOLS = ("http/1.1", "h2")
@@ -115,7 +115,7 @@ def build_certificate(priv_key, extensions: Iterable[Tuple[str, bytes]],
     return builder.sign(priv_key, hashes.SHA256())
 
 
-def _prefixed(err: AttestationError, prefix: str) -> AttestationError:
+def _prefixed(err: ConstellationError, prefix: str) -> ConstellationError:
     err.args = (prefix + str(err),) + tuple(err.args[1:])
     err.__traceback__ = None
     return err
@@ -125,9 +125,9 @@ _EXECUTOR_LOCK = threading.Lock()
 _EXECUTOR: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
 
-def _with_deadline(what: str, timeout: float, func: Callable[..., _T], *args) -> _T:
+def _with_deadline(what: str, timeout: float, func: Callable[..., _T], *args, error=AttestationError) -> _T:
     """Runs func in a worker thread and gives up after timeout seconds (a hung TPM or a
-    validator fetching remote collateral must not hang a handshake forever)."""
+    validator fetching remote collateral must not hang a handshake forever); ``error`` is raised then."""
     global _EXECUTOR
     with _EXECUTOR_LOCK:
         if _EXECUTOR is None:
@@ -137,7 +137,7 @@ def _with_deadline(what: str, timeout: float, func: Callable[..., _T], *args) ->
         return future.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
         future.cancel()
-        raise AttestationError("%s timed out after %.1f s" % (what, timeout)) from None
+        raise error("%s timed out after %.1f s" % (what, timeout)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +230,11 @@ def validate_document(oid: str, document: bytes, validators: Sequence[Validator]
         raise AttestationError("attestation variant %s is not accepted (accepted: %s)"
                                % (str(oid)[:64], ", ".join(sorted(v.oid for v in validators))))
     try:
-        validation = _with_deadline("attestation validation", attestation_timeout, validator.validate, document, nonce)
+        # Out of time is no verdict (the validator's own resources): the peer counts as unreachable.
+        validation = _with_deadline("attestation validation", attestation_timeout, validator.validate, document, nonce,
+                                    error=PeerUnreachable)
+    except PeerUnreachable:
+        raise
     except AttestationError as err:
         # Keep the type and its details (e.g. the PCR table of a measurements mismatch).
         raise _prefixed(err, "attestation refused: ")
@@ -252,7 +256,9 @@ def client_handshake(raw_sock: socket.socket, validators: Sequence[Validator], *
                      attestation_timeout: float = ATTESTATION_TIMEOUT,
                      nonce: Optional[bytes] = None) -> AttestedConnection:
     """Runs the aTLS client handshake on a connected socket. On any failure the socket is
-    closed (nothing but the handshake was sent) and AttestationError says why."""
+    closed (nothing but the handshake was sent) and says why: AttestationError when the peer's
+    certificate arrived and was refused; PeerUnreachable when the handshake timed out, was reset
+    or ended (or refused by the server) before any certificate arrived: no verdict on the peer."""
     if not validators:
         raise InputError("validators", "at least one attestation validator")
     nonce = os.urandom(NONCE_SIZE) if nonce is None else nonce
@@ -264,12 +270,15 @@ def client_handshake(raw_sock: socket.socket, validators: Sequence[Validator], *
                                            do_handshake_on_connect=False)
     except (ssl.SSLError, OSError) as err:
         raw_sock.close()
-        raise AttestationError("aTLS handshake failed: %s" % err) from None
+        raise PeerUnreachable("aTLS handshake failed: %s" % err) from None
     try:
         try:
             tls.do_handshake()
         except (ssl.SSLError, OSError) as err:
-            raise AttestationError("aTLS handshake failed: %s" % (err or type(err).__name__)) from None
+            # The client checks nothing during the handshake (verify_mode CERT_NONE): a failure here
+            # is a timeout, a reset, an EOF or the server's alert, before any attestation was judged.
+            raise PeerUnreachable("aTLS handshake failed before the peer's attestation arrived: %s"
+                                  % (err or type(err).__name__)) from None
         if tls.session_reused:
             raise AttestationError("peer resumed a TLS session: every connection must be attested afresh")
         validation, oid = verify_peer_certificate(tls.getpeercert(binary_form=True), validators, nonce,
@@ -290,10 +299,10 @@ def connect(endpoint: Union[str, Tuple[str, int]], validators: Sequence[Validato
     try:
         raw_sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as err:
-        raise ConstellationError("cannot connect to %s:%d: %s" % (host, port, err)) from None
+        raise PeerUnreachable("cannot connect to %s:%d: %s" % (host, port, err)) from None
     try:
         return client_handshake(raw_sock, validators, timeout=timeout, attestation_timeout=attestation_timeout)
-    except AttestationError as err:
+    except (AttestationError, PeerUnreachable) as err:
         raise _prefixed(err, "%s:%d: " % (host, port))
 
 

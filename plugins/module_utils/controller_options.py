@@ -47,6 +47,8 @@ ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
 AGENT_STATE_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),
     cluster_id=dict(type="str"),
+    # GetState tells anyone only state and role: with the admin key an activated peer's details are read.
+    admin_priv_key_file=dict(type="path"),
 )
 RECOVER_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),

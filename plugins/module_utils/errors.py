@@ -25,6 +25,7 @@ class ConstellationError(Exception):
 REASON_NOT_WAITING_FOR_RECOVERY = "not_waiting_for_recovery"
 REASON_INIT_PROOF = "init_proof"  # activation refused: a missing or wrong proof of the init secret
 REASON_EVICTED = "evicted"  # the peer failed re-attestation and was evicted (docs/agent.md)
+REASON_RATE_LIMITED = "rate_limited"  # too many requests of this kind (EnrollAK): try again later
 
 # How much of a wrong value an InputError shows.
 MAX_GOT = 200
@@ -51,6 +52,20 @@ class InputError(ConstellationError, ValueError):
 
 class AttestationError(ConstellationError):
     """An attestation document, quote or certificate was refused."""
+
+
+class PeerUnreachable(ConstellationError):
+    """No verdict on the peer: the connection or the aTLS handshake failed, timed out, was reset or
+    ended before the peer's attestation arrived (or its validation could not finish in time). It is
+    never a failed attestation (AttestationError): re-attestation counts it as an unreachable round
+    (core/trust.py), the connection plugin reports the host unreachable with the reason."""
+
+
+class RateLimited(ConstellationError):
+    """Too many requests of one kind, from this source or from all (rpc/server.py ``RateLimit``):
+    refused before any work; the caller may try again after a while."""
+
+    reason = REASON_RATE_LIMITED
 
 
 class AccessDenied(ConstellationError):

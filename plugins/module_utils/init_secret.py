@@ -59,6 +59,21 @@ def parse_init_secret_hash(value: Any, field: str = "init_secret_hash") -> str:
     return text
 
 
+def require_init_secret_hash(value: Any, insecure_unauthenticated_activation: bool = False,
+                             field: str = "init_secret_hash") -> Optional[str]:
+    """The agent's ``init_secret_hash``, required (issue 25): without it any client that reaches a
+    fresh node activates it with its own admin key and then runs Exec as root there. ``None`` only
+    with the explicit ``insecure_unauthenticated_activation: true`` (the agent warns on every start)."""
+    if value is not None:
+        return parse_init_secret_hash(value, field)
+    if insecure_unauthenticated_activation is True:
+        return None
+    raise InputError(field, "the hex SHA-256 of this node's init secret (docs/agent.md, \"Init secret\"; role "
+                     "variable node_agent_init_secret_hash): without it any client that reaches this fresh node "
+                     "activates it with its own admin key; set insecure_unauthenticated_activation: true to "
+                     "accept that")
+
+
 def node_init_secret(init_secret: bytes, public_ip: str) -> bytes:
     """``s_N``: the init secret of the node whose public IP is ``public_ip``."""
     address = str(ipaddress.ip_address(public_ip))

@@ -365,10 +365,14 @@ def _bounded(issue: Issue) -> Issue:
     return bounded
 
 
-def config_endpoints(grpc_endpoint: Any, http_endpoint: Any, public_endpoint: str) -> Tuple[str, str]:
-    """The agent's ``verify_grpc_endpoint`` and ``verify_http_endpoint``: unset means the host of
-    ``public_endpoint`` with port 9090 / 8080 (as Constellation), ``""`` turns one off."""
+def config_endpoints(grpc_endpoint: Any, http_endpoint: Any, public_endpoint: str,
+                     public_ip: Optional[str] = None) -> Tuple[str, str]:
+    """The agent's ``verify_grpc_endpoint`` and ``verify_http_endpoint``: unset means the address of
+    the public endpoint with port 9090 / 8080 (as Constellation): its host, or ``public_ip`` where
+    ``public_endpoint`` binds all addresses (never 0.0.0.0 by default); ``""`` turns one off."""
     host = parse_endpoint(public_endpoint, "public_endpoint")[0]
+    if host in ("0.0.0.0", "::") and public_ip:
+        host = public_ip
     result = []
     for name, value, port in (("verify_grpc_endpoint", grpc_endpoint, GRPC_PORT),
                               ("verify_http_endpoint", http_endpoint, HTTP_PORT)):

@@ -12,6 +12,7 @@ short_description: Attest a node agent from the controller and read its state
 version_added: "0.1.0"
 description:
   - Attests the peer's aTLS endpoint against the measurements policy, then asks C(GetState). Read-only.
+  - Before authentication a peer answers only its state and role; with O(admin_priv_key_file) also its details.
   - Reports from the attested PCR 15 whether the peer is fresh, locked to this cluster (O(cluster_id)) or to another.
   - When the host's connection is C(constellation.cluster.atls) and the peer is activated, the connection's relay is
     started in the background for the tasks that follow (the connection's option C(prestart)); nothing else is sent.
@@ -31,6 +32,13 @@ options:
   cluster_id:
     description: This cluster's ID (standard base64, 32 bytes), to tell V(ours) from V(other) in RV(membership).
     type: str
+  admin_priv_key_file:
+    description:
+      - The admin's private key. C(GetState) tells anyone only the state and role; with this key the action
+        authenticates (C(AdminAuth)) to an activated peer on the same attested connection and also reads its
+        VPN IP and key (RV(vpn_ip), RV(vpn_pub_key)), a Coordinator's evicted peers (RV(evicted)) and its etcd member.
+      - Without it (or on a peer that does not accept the key) those are V(null) / empty.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -48,6 +56,7 @@ EXAMPLES = r"""
   constellation.cluster.agent_state:
     endpoint: "{{ constellation_public_endpoint }}"
     measurements: "{{ constellation_measurements }}"
+    admin_priv_key_file: "{{ constellation_admin_priv_key_file }}"
   register: peer
 """
 
@@ -76,6 +85,19 @@ endpoint:
 pcrs:
   description: The per-PCR table of the policy (index, expected, found, warn_only, ok); on refusal the refused table.
   returned: always
+  type: list
+  elements: dict
+vpn_ip:
+  description: The peer's VPN IP (only with O(admin_priv_key_file), once activated).
+  returned: success
+  type: str
+vpn_pub_key:
+  description: The peer's WireGuard public key (only with O(admin_priv_key_file), once activated).
+  returned: success
+  type: str
+evicted:
+  description: An activated Coordinator's evicted peers (only with O(admin_priv_key_file)).
+  returned: success
   type: list
   elements: dict
 etcd_member:

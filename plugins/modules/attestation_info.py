@@ -30,10 +30,11 @@ options:
     description:
       - The attestation variant of the document (the chooser in C(module_utils/attestation/choose.py)).
         C(qemu-vtpm-ek) documents have the C(qemu-vtpm) format under their own OID (their AK is trusted
-        after EK enrollment). C(dummy) is an unsigned test document that proves nothing.
+        after EK enrollment; the default). C(dummy) is an unsigned test document that proves nothing (refused
+        outside the test suite).
     type: str
     choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
-    default: qemu-vtpm
+    default: qemu-vtpm-ek
   nonce:
     description:
       - The verifier's nonce, as hex or as standard base64. Without it no document is produced.

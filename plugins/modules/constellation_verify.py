@@ -60,13 +60,19 @@ options:
   variant:
     description:
       - The attestation variant the document must be (the chooser in C(module_utils/attestation/choose.py)).
-      - V(qemu-vtpm) trusts the attestation key as Constellation does; its security rests on the PCR values of
-        the policy. V(dummy) proves nothing and is for tests only.
-      - V(qemu-vtpm-ek) is refused - it trusts an attestation key only after enrollment over the agent's aTLS
-        endpoint, which the verification service does not offer; use M(constellation.cluster.verify_attestation).
+      - V(qemu-vtpm) trusts any attestation key, as Constellation does (a software key that declares itself a TPM
+        key passes); it needs O(insecure_trust_any_ak=true) and then warns. V(dummy) proves nothing and is refused
+        outside the test suite.
+      - V(qemu-vtpm-ek) (the collection's default) is refused here - it trusts an attestation key only after
+        enrollment over the agent's aTLS endpoint, which the verification service does not offer; use
+        M(constellation.cluster.verify_attestation), or V(qemu-vtpm) with O(insecure_trust_any_ak).
     type: str
     choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
-    default: qemu-vtpm
+    default: qemu-vtpm-ek
+  insecure_trust_any_ak:
+    description: The explicit acknowledgement that V(qemu-vtpm) trusts any attestation key; required for it.
+    type: bool
+    default: false
   ek_ca_path:
     description: Accepted for the C(attestation) action group's defaults; unused (V(qemu-vtpm-ek) is refused).
     type: path
@@ -224,10 +230,13 @@ def main():
                   table=[])
     try:
         if p["variant"] == QEMU_VTPM_EK_NAME:
-            raise InputError("variant", "qemu-vtpm or dummy: %s trusts an attestation key only after enrollment over "
-                             "the agent's aTLS endpoint, which the verification service does not offer (use "
-                             "verify_attestation)" % QEMU_VTPM_EK_NAME, p["variant"])
+            raise InputError("variant", "qemu-vtpm (with insecure_trust_any_ak: true) or dummy: %s trusts an "
+                             "attestation key only after enrollment over the agent's aTLS endpoint, which the "
+                             "verification service does not offer (use verify_attestation)" % QEMU_VTPM_EK_NAME,
+                             p["variant"])
         settings = settings_from_args(p)
+        for warning in settings.warnings:  # qemu-vtpm, acknowledged: said on every run
+            module.warn(warning)
         if settings.netns:
             # A process of its own: every socket it (and gRPC's threads) opens is in the lab namespace.
             netns.enter(settings.netns)

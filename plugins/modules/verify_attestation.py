@@ -45,8 +45,9 @@ attributes:
     description: Always reports C(changed=false).
 notes:
   - Every run uses a fresh nonce and the host makes a fresh TPM quote for it; a recorded answer cannot be replayed.
-  - The C(qemu-vtpm) variant trusts the attestation key as Constellation does (unconditionally); its security
-    rests on the PCR values of the policy.
+  - The C(qemu-vtpm) variant trusts the attestation key as Constellation does (unconditionally - a software key that
+    declares itself a TPM key passes); it needs O(insecure_trust_any_ak=true) and then warns on every run. The
+    default C(qemu-vtpm-ek) trusts it only through the TPM's EK certificate chain to O(ek_ca_path).
 seealso:
   - module: constellation.cluster.attestation_info
 """

@@ -90,9 +90,21 @@ def _prefixed(err: AttestationError, prefix: str) -> AttestationError:
     return new
 
 
-def status_of(client, endpoint: str, cluster_id: Optional[bytes]) -> PeerStatus:
+def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key=None) -> PeerStatus:
+    """``admin_priv_key``: GetState tells anyone only state and role (least disclosure); with the admin key an
+    activated peer's details (VPN IP and key, evicted peers, etcd member) are read after AdminAuth on this
+    connection. A peer that refuses the key (not ours) keeps its details; the caller decides from the state."""
     validation = client.attested.validation
     state = client.get_state()
+    if admin_priv_key is not None and state.get("state") in (ACTIVATING_NODES, IS_NODE):
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
+
+        try:
+            client.admin_auth(admin_priv_key)
+        except RemoteError:
+            pass
+        else:
+            state = client.get_state()
     pcr15 = validation.pcrs.get(15, b"")
     return PeerStatus(endpoint=endpoint, state=str(state.get("state")), role=str(state.get("role")),
                       membership=cluster_membership(validation.pcrs, cluster_id), pcrs=pcr_rows(validation.checks),
@@ -106,10 +118,11 @@ def _opt_str(value: Any) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
-def peer_status(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes] = None) -> PeerStatus:
-    """Attests the peer and asks its state (read-only)."""
+def peer_status(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes] = None,
+                admin_priv_key=None) -> PeerStatus:
+    """Attests the peer and asks its state (read-only; its details with ``admin_priv_key``, see status_of)."""
     with open_peer(endpoint, settings) as client:
-        return status_of(client, endpoint, cluster_id)
+        return status_of(client, endpoint, cluster_id, admin_priv_key)
 
 
 def decode_salt(value: Any, field_name: str = "measurement_salt") -> bytes:
@@ -136,7 +149,7 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
     cluster_id = derive_cluster_id(kms_uri, measurement_salt)
     result: Dict[str, Any] = {"cluster_id": base64.b64encode(cluster_id).decode(), "changed": False}
     with open_peer(endpoint, settings) as client:
-        status = status_of(client, endpoint, cluster_id)
+        status = status_of(client, endpoint, cluster_id, admin_priv_key)
         result["state_before"] = status.state
         if status.membership == OURS:
             if status.role != ROLE_COORDINATOR or status.state != ACTIVATING_NODES:
@@ -188,7 +201,7 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     refused: List[str] = []
     # The activating Coordinator is no further Coordinator of its own: an inventory's whole group may be given.
     for endpoint in dict.fromkeys(e for e in coordinator_public_endpoints if e != coordinator_public_endpoint):
-        status = peer_status(endpoint, settings, cluster_id)
+        status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
         row = {"endpoint": endpoint, "role": ROLE_COORDINATOR, "state_before": status.state, "node_vpn_ip": status.vpn_ip}
         if status.membership == OURS and status.role == ROLE_COORDINATOR and status.state == ACTIVATING_NODES:
             row["action"] = "none"
@@ -201,10 +214,11 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
                            % (endpoint, status.state, status.role, status.membership))
         rows.append(row)
     # Nodes the Coordinator evicted (failed re-attestation) come back only this way, once they pass again.
-    evicted = ({e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id)}
+    evicted = ({e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id,
+                                                                admin_priv_key)}
                if node_public_endpoints else set())
     for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
-        status = peer_status(endpoint, settings, cluster_id)
+        status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
         row = {"endpoint": endpoint, "role": "node", "state_before": status.state, "node_vpn_ip": status.vpn_ip}
         if status.membership == OURS and status.state == IS_NODE and status.vpn_ip in evicted:
             row["action"] = "readmit"
@@ -255,11 +269,11 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
 
 
 def coordinator_evictions(endpoint: str, settings: AttestationSettings,
-                          cluster_id: Optional[bytes]) -> List[Dict[str, Any]]:
-    """The Coordinator's evicted peers, from its attested GetState ([] if it is not an activated
-    Coordinator of this cluster: activate_nodes then says why)."""
+                          cluster_id: Optional[bytes], admin_priv_key=None) -> List[Dict[str, Any]]:
+    """The Coordinator's evicted peers, from its attested GetState after AdminAuth ([] if it is not an
+    activated Coordinator of this cluster: activate_nodes then says why)."""
     try:
-        status = peer_status(endpoint, settings, cluster_id)
+        status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
     except ConstellationError:
         return []
     if status.role != ROLE_COORDINATOR or (cluster_id is not None and status.membership != OURS):

@@ -126,7 +126,11 @@ def hosts(tmp_path_factory):
 
 def run_playbook(tmp_path, tasks, *extra):
     playbook = tmp_path / "play.yml"
-    playbook.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": tasks}]))
+    # These hosts attest with qemu-vtpm (no EK certificates): chosen explicitly, with its acknowledgement.
+    defaults = {"group/constellation.cluster.attestation": {"variant": "qemu-vtpm", "insecure_trust_any_ak": True},
+                "constellation.cluster.attestation_info": {"variant": "qemu-vtpm"}}
+    playbook.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "module_defaults": defaults,
+                                     "tasks": tasks}]))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
                PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""), ANSIBLE_NOCOLOR="1",
                TSS2_LOG="all+none")

@@ -66,7 +66,7 @@ def test_agents_issue_ek_documents_and_plain_qemu_vtpm_is_not_accepted(ek_lab):
     lab, admin, _procs = ek_lab
     h1 = lab.host("h1")
     with pytest.raises(AttestationError, match="no attestation of an accepted variant"):
-        AgentClient.connect(h1.public_endpoint, [choose.validator("qemu-vtpm", POLICY)],
+        AgentClient.connect(h1.public_endpoint, [choose.validator("qemu-vtpm", POLICY, insecure_trust_any_ak=True)],
                             sock=admin.connect((h1.public_ip, 9000)))
 
 
@@ -93,7 +93,8 @@ def test_chain_of_trust_with_ek_enrollment_at_every_step(ek_lab):
     log = tail_log(lab.host("h2"), 200)
     assert '"ak_enrolled"' in log
     # h3 joins: the Coordinator enrolls it in-band, inside IssueJoinTicket.
-    procs["h3"] = start_agent(lab, lab.host("h3"), coordinator_public_endpoint=lab.host("h1").public_endpoint)
+    procs["h3"] = start_agent(lab, lab.host("h3"), coordinator_public_endpoint=lab.host("h1").public_endpoint,
+                           coordinator_pub_key=kms.coordinator_pub_key(kms.ClusterKMS(secret)))
     h3 = lab.host("h3")
 
     def h3_vpn_address():
@@ -102,7 +103,8 @@ def test_chain_of_trust_with_ek_enrollment_at_every_step(ek_lab):
     wait_until(h3_vpn_address, timeout=30.0, what="h3 joins", why=lambda: "h3: %s\nh1: %s" % (tail_log(h3, 5), tail_log(lab.host("h1"), 5)))
     assert '"via": "join"' in tail_log(lab.host("h1"), 300)
     # A joining node with a foreign TPM is refused by the join service, before any lock.
-    procs["h5"] = start_agent(lab, lab.host("h5"), coordinator_public_endpoint=lab.host("h1").public_endpoint)
+    procs["h5"] = start_agent(lab, lab.host("h5"), coordinator_public_endpoint=lab.host("h1").public_endpoint,
+                           coordinator_pub_key=kms.coordinator_pub_key(kms.ClusterKMS(secret)))
 
     def h5_refused():
         return [line for line in tail_log(lab.host("h1"), 300).splitlines()

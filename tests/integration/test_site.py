@@ -26,6 +26,7 @@ from ansible.parsing.vault import VaultLib, VaultSecret
 
 from lab.lab import REPO_ROOT, Lab
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import load_priv_key
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import MasterSecret
 
@@ -70,7 +71,9 @@ class Site:
         settings = settings_from_args({"measurements_path": str(self.inv / "measurements.json"),
                                        "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
                                        "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
-        return peer_status(self.lab.host(name).public_endpoint, settings, cluster_id)
+        key_file = self.inv / "admin_key"  # GetState's details (VPN IP and key) only after AdminAuth
+        admin_key = load_priv_key(key_file.read_bytes()) if key_file.exists() else None
+        return peer_status(self.lab.host(name).public_endpoint, settings, cluster_id, admin_key)
 
     def secrets(self):
         vault = VaultLib([("default", VaultSecret(self.vault_pass.read_text().strip().encode()))])

@@ -36,7 +36,8 @@ def test_activate_nodes_old_names_work_with_a_deprecation():
 
 
 def test_agent_config_vpn_interface_and_its_old_name(tmp_path):
-    base = {"state_dir": str(tmp_path), "public_endpoint": "127.0.0.1:9000", "variant": "dummy"}
+    base = {"state_dir": str(tmp_path), "public_endpoint": "127.0.0.1:9000", "variant": "dummy",
+            "insecure_unauthenticated_activation": True}
     new = AgentConfig.from_mapping(dict(base, vpn_interface="wgx"))
     assert new.vpn_interface == "wgx" and new.deprecations == []
     old = AgentConfig.from_mapping(dict(base, wg_interface="wgy"))

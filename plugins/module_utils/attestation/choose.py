@@ -16,6 +16,7 @@ Adding a variant: one ``register(VariantSpec(...))`` (docs/extending.md).
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -31,9 +32,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 
 _PKG = "ansible_collections.constellation.cluster.plugins.module_utils.attestation."
 
-# Constellation-compatible by default; the lab and `make demo` choose qemu-vtpm-ek.
-DEFAULT_VARIANT = "qemu-vtpm"
+# Secure by default (issue 25): the AK is trusted only through the TPM's EK certificate chain.
+# qemu-vtpm (Constellation's, trusts any AK) needs the acknowledgement insecure_trust_any_ak.
 QEMU_VTPM_EK_NAME = "qemu-vtpm-ek"
+DEFAULT_VARIANT = QEMU_VTPM_EK_NAME
+# dummy (no security) is accepted only where this environment variable is 1: the test suite sets it.
+TEST_SUITE_ENV = "CONSTELLATION_TEST_SUITE"
+INSECURE_TRUST_ANY_AK = "insecure_trust_any_ak"
 # Fixed here (not in ek.py) so that listing variants imports no TPM code; ek.py registers the same.
 QEMU_VTPM_EK_OID = "2.25.48000548495140104094697751808415705683"
 
@@ -45,6 +50,7 @@ class Trust:
 
     ek_ca_certs: Tuple[Any, ...] = ()
     certified_aks: Any = None  # ek.CertifiedAKs
+    insecure_trust_any_ak: bool = False  # the acknowledgement qemu-vtpm needs (check_variant_allowed)
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,8 @@ class VariantSpec:
     needs_policy: bool = True
     needs_ek_ca: bool = False
     enrolls: bool = False  # the validator trusts an AK only after EnrollAK (ek.py)
-    for_tests_only: bool = False
+    for_tests_only: bool = False  # refused unless CONSTELLATION_TEST_SUITE=1
+    trusts_any_ak: bool = False  # needs the acknowledgement insecure_trust_any_ak, and warns
 
     @property
     def name(self) -> str:
@@ -104,7 +111,7 @@ def register(spec: VariantSpec) -> VariantSpec:
 
 
 register(VariantSpec(QEMU_VTPM, "vTPM quote; the AK is trusted as Constellation does (unconditionally)",
-                     _lazy("vtpm", "VTPMIssuer"), _vtpm_validator))
+                     _lazy("vtpm", "VTPMIssuer"), _vtpm_validator, trusts_any_ak=True))
 register(VariantSpec(Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID),
                      "vTPM quote; the AK is trusted only after EK certificate chain + credential activation",
                      _lazy("ek", "VTPMEKIssuer"), _ek_validator, needs_ek_ca=True, enrolls=True))
@@ -127,41 +134,87 @@ def spec(name: Any, field: str = "variant") -> VariantSpec:
     raise InputError(field, "one of %s" % ", ".join(_SPECS), name)
 
 
+def in_test_suite() -> bool:
+    """Whether this process runs under the test suite (``CONSTELLATION_TEST_SUITE=1``)."""
+    return os.environ.get(TEST_SUITE_ENV) == "1"
+
+
+def check_variant_allowed(name: Any, insecure_trust_any_ak: Any = False, field: str = "variant",
+                          ack_field: str = INSECURE_TRUST_ANY_AK) -> VariantSpec:
+    """The one rule of which variants may be used (issue 25), for agent, actions, modules and the
+    connection plugin alike:
+
+    * ``dummy`` (no security) only under the test suite (``CONSTELLATION_TEST_SUITE=1``);
+    * ``qemu-vtpm`` (trusts any AK: a software key that claims to be a restricted TPM key passes)
+      only with the explicit acknowledgement ``insecure_trust_any_ak`` (the caller then warns, see
+      ``insecure_warning``);
+    * every other variant (the default ``qemu-vtpm-ek``) as it is.
+
+    InputError naming ``field`` (the variant option) or ``ack_field`` (the acknowledgement)."""
+    chosen = spec(name, field)
+    if chosen.for_tests_only and not in_test_suite():
+        raise InputError(field, "a variant with security (%s); %s proves nothing and is accepted only by the test "
+                         "suite (%s=1)" % (DEFAULT_VARIANT, chosen.name, TEST_SUITE_ENV), chosen.name)
+    if chosen.trusts_any_ak and insecure_trust_any_ak is not True:
+        raise InputError(ack_field, "true to use variant %s, which trusts ANY attestation key (a software key that "
+                         "declares itself a TPM key passes); use variant %s with the EK CA certificates of your "
+                         "TPMs instead, or set %s: true to accept that" % (chosen.name, DEFAULT_VARIANT, ack_field),
+                         insecure_trust_any_ak)
+    return chosen
+
+
+def insecure_warning(name: Any) -> Optional[str]:
+    """The warning to give on every run/start where variant ``name`` was allowed insecurely."""
+    chosen = _SPECS.get(name) if isinstance(name, str) else None
+    if chosen is not None and chosen.trusts_any_ak:
+        return ("variant %s trusts ANY attestation key (insecure_trust_any_ak): a software key that declares itself a "
+                "TPM key passes attestation; use %s with EK CA certificates" % (chosen.name, DEFAULT_VARIANT))
+    if chosen is not None and chosen.for_tests_only:
+        return "variant %s proves nothing (test suite only)" % chosen.name
+    return None
+
+
 def issuer(name: str, tcti: Optional[str] = None, **kwargs):
-    """The issuer of variant ``name`` on a TCTI (``None``: the default TPM device)."""
-    return spec(name).make_issuer(tcti, **kwargs)
-
-
-def validator(name: str, policy=None, trust: Optional[Trust] = None):
-    """The validator of variant ``name``; ``policy`` is required where the variant needs one."""
+    """The issuer of variant ``name`` on a TCTI (``None``: the default TPM device). ``dummy`` only
+    under the test suite (an issuer trusts nothing, so qemu-vtpm needs no acknowledgement here)."""
     chosen = spec(name)
+    if chosen.for_tests_only:
+        check_variant_allowed(name)
+    return chosen.make_issuer(tcti, **kwargs)
+
+
+def validator(name: str, policy=None, trust: Optional[Trust] = None, insecure_trust_any_ak: bool = False):
+    """The validator of variant ``name``; ``policy`` is required where the variant needs one.
+    ``qemu-vtpm`` needs ``insecure_trust_any_ak`` (here or in ``trust``); ``dummy`` the test suite."""
+    trust = trust or Trust()
+    chosen = check_variant_allowed(name, bool(insecure_trust_any_ak or trust.insecure_trust_any_ak))
     if chosen.needs_policy and policy is None:
         raise InputError("measurements", "a measurements policy (variant %s checks PCRs)" % chosen.name)
-    trust = trust or Trust()
     if chosen.needs_ek_ca and not trust.ek_ca_certs:
         raise InputError("ek_ca_path", "the EK CA certificate(s) that variant %s trusts TPMs through" % chosen.name)
     return chosen.make_validator(policy, trust)
 
 
 def load_trust(name: str, ek_ca_path: Optional[Any], basedir: Optional[str] = None,
-               field: str = "ek_ca_path") -> Trust:
-    """The Trust for variant ``name``: EK CA certificates from ``ek_ca_path`` (a PEM file or a
-    list of them; relative paths are relative to ``basedir``) where the variant needs them."""
-    chosen = spec(name)
+               field: str = "ek_ca_path", insecure_trust_any_ak: Any = False) -> Trust:
+    """The Trust for variant ``name`` (allowed only as ``check_variant_allowed`` says): EK CA
+    certificates from ``ek_ca_path`` where the variant needs them: a PEM file (a bundle of several
+    CAs is fine), a folder of PEM files, or a list of them; relative paths are relative to
+    ``basedir``. Self-signed CAs are the trust anchors; other CA certificates are intermediates."""
+    chosen = check_variant_allowed(name, insecure_trust_any_ak)
     if not chosen.needs_ek_ca:
-        return Trust()
+        return Trust(insecure_trust_any_ak=bool(chosen.trusts_any_ak))
     if not ek_ca_path:
-        raise InputError(field, "the EK CA certificate file(s) (PEM) for variant %s" % chosen.name, None)
-    import os
-
+        raise InputError(field, "the EK CA certificate file(s) or folder (PEM) for variant %s" % chosen.name, None)
     paths: Sequence[Any] = ek_ca_path if isinstance(ek_ca_path, (list, tuple)) else [ek_ca_path]
     resolved = []
     for path in paths:
         if not isinstance(path, str):
-            raise InputError(field, "a path to a PEM file", type(path).__name__)
+            raise InputError(field, "a path to a PEM file or a folder of them", type(path).__name__)
         if basedir and not os.path.isabs(path):
             path = os.path.join(basedir, path)
         resolved.append(path)
     ek = importlib.import_module(_PKG + "ek")
     certs = ek.load_ca_certs(resolved, field)
+    ek.check_trust_anchors(certs, field)
     return Trust(tuple(certs), ek.CertifiedAKs(certs))

@@ -28,16 +28,24 @@ and cannot collide with Constellation's 1.3.9900.x list or anyone else's). UUID
 from __future__ import annotations
 
 import base64
-import datetime
 import hmac
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import (
     QEMU_VTPM_EK_NAME,
     QEMU_VTPM_EK_OID,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek_certs import (  # noqa: F401
+    _MAX_NV_CHAIN_CERTS,
+    CA_FILE_SUFFIXES,
+    _split_der,
+    check_trust_anchors,
+    is_self_signed,
+    load_ca_certs,
+    verify_ek_cert,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Variant, register
@@ -50,7 +58,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
-from ansible_collections.constellation.cluster.plugins.module_utils import x509compat
 
 try:
     from tpm2_pytss import ESYS_TR, TPM2_ALG, TPM2_SE, TPM2B_ENCRYPTED_SECRET, TPM2B_ID_OBJECT, TPMT_PUBLIC, TPMT_SYM_DEF
@@ -62,9 +69,7 @@ except ImportError:
     HAS_TPM2_PYTSS = False
 
 try:
-    from cryptography import x509
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
     HAS_CRYPTOGRAPHY = True
 except ImportError:
     HAS_CRYPTOGRAPHY = False
@@ -72,7 +77,12 @@ except ImportError:
 QEMU_VTPM_EK = register(Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID))
 
 EK_CERT_NV_INDEX_RSA = 0x01C00002
-_MAX_CHAIN = 5
+EK_CERT_NV_INDEX_ECC = 0x01C0000A  # TCG EK Credential Profile: the EK-ECC256 (NIST P-256) certificate
+# The EKs this variant activates credentials with (the TCG low range, whose policy is PolicySecret(endorsement)):
+# (template name of tpm2-pytss, NV index of its certificate), tried in this order.
+EK_SLOTS = (("EK-RSA2048", EK_CERT_NV_INDEX_RSA), ("EK-ECC256", EK_CERT_NV_INDEX_ECC))
+# TCG EK Credential Profile 2.5: the EK certificate chain (intermediates, DER, one or more per index).
+EK_CHAIN_NV_FIRST, EK_CHAIN_NV_LAST = 0x01C00100, 0x01C001FF
 
 
 def _b64(data: bytes) -> str:
@@ -84,100 +94,26 @@ def _unb64(value, field: str) -> bytes:
 
 
 # ------------------------------------------------------------------------------ certificates
-
-
-def load_ca_certs(sources: Iterable, field: str = "ca_certs") -> List["x509.Certificate"]:
-    """CA certificates from PEM paths, PEM/DER bytes or Certificate objects (bundles allowed)."""
-    if not HAS_CRYPTOGRAPHY:
-        raise InputError(field, "CA certificates, which need the Python package cryptography")
-    certs: List[x509.Certificate] = []
-    for source in sources:
-        if isinstance(source, x509.Certificate):
-            certs.append(source)
-            continue
-        data = source
-        if isinstance(source, str):
-            try:
-                with open(source, "rb") as handle:
-                    data = handle.read()
-            except OSError as err:
-                raise InputError(field, "a readable PEM file", "%s (%s)" % (source, err.strerror)) from None
-        if not isinstance(data, (bytes, bytearray)):
-            raise InputError(field, "PEM or DER X.509 certificates", type(data).__name__)
-        try:
-            if b"-----BEGIN" in data:
-                certs.extend(x509compat.load_pem_certificates(bytes(data)))
-            else:
-                certs.append(x509.load_der_x509_certificate(bytes(data)))
-        except ValueError as err:
-            raise InputError(field, "PEM or DER X.509 certificates", str(err)) from None
-    if not certs:
-        raise InputError(field, "at least one CA certificate", "none")
-    return certs
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
-def _check_validity(cert: "x509.Certificate", what: str) -> None:
-    now = _now()
-    if not x509compat.not_valid_before(cert) <= now <= x509compat.not_valid_after(cert):
-        raise AttestationError("%s %s is outside its validity period" % (what, cert.subject.rfc4514_string()))
-
-
-def _is_ca(cert: "x509.Certificate") -> bool:
-    try:
-        return cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    except x509.ExtensionNotFound:
-        return False
-
-
-def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"]) -> "x509.Certificate":
-    """The EK certificate must chain, link by link (issuer name + signature + validity), to a
-    self-signed root among ``ca_certs``; intermediates must be among ``ca_certs`` too."""
-    try:
-        cert = x509.load_der_x509_certificate(ek_cert_der)
-    except ValueError as err:
-        raise AttestationError("EK certificate cannot be parsed: %s" % err)
-    _check_validity(cert, "EK certificate")
-    try:
-        key = cert.public_key()
-    except (ValueError, UnsupportedAlgorithm) as err:  # the client sends this certificate (IssueJoinTicket)
-        raise AttestationError("EK certificate key cannot be decoded: %s" % err) from None
-    if not isinstance(key, rsa.RSAPublicKey):
-        raise AttestationError("EK certificate does not hold an RSA key")
-    current = cert
-    for _attempt in range(_MAX_CHAIN):
-        issuer = None
-        for candidate in ca_certs:
-            if candidate.subject != current.issuer or not _is_ca(candidate):
-                continue
-            try:
-                x509compat.verify_directly_issued_by(current, candidate)
-            except (ValueError, TypeError, Exception):  # InvalidSignature or unsupported algorithm
-                continue
-            issuer = candidate
-            break
-        if issuer is None:
-            raise AttestationError("EK certificate does not chain to the trusted CAs: no trusted issuer %s "
-                                   "for %s" % (current.issuer.rfc4514_string(), current.subject.rfc4514_string()))
-        _check_validity(issuer, "CA certificate")
-        if issuer.subject == issuer.issuer:
-            return cert
-        current = issuer
-    raise AttestationError("EK certificate chain is longer than %d" % _MAX_CHAIN)
+# The EK trust bundle and chain checks are in ek_certs.py (no TPM code); re-exported here.
 
 
 def ek_public_from_cert(cert: "x509.Certificate"):
-    """The EK's TPMT_PUBLIC as the TCG default template (EK-RSA2048) creates it, with the
-    certificate's modulus: what TPM2_MakeCredential needs (symmetric scheme, name algorithm)."""
+    """The EK's TPMT_PUBLIC as the TCG default template creates it (EK-RSA2048 or EK-ECC256, by the
+    certificate's key), with the certificate's public key: what TPM2_MakeCredential needs (symmetric
+    scheme, name algorithm, the key the seed is encrypted to)."""
     key = cert.public_key()
-    if not isinstance(key, rsa.RSAPublicKey) or key.key_size != 2048:
-        raise AttestationError("EK certificate key is not RSA-2048")
-    public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-RSA2048").template.publicArea.marshal())  # a copy
-    public.unique.rsa = key.public_numbers().n.to_bytes(256, "big")
-    return public
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size == 2048:
+        public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-RSA2048").template.publicArea.marshal())
+        public.unique.rsa = key.public_numbers().n.to_bytes(256, "big")
+        return public
+    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+        public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-ECC256").template.publicArea.marshal())
+        numbers = key.public_numbers()
+        public.unique.ecc.x = numbers.x.to_bytes(32, "big")
+        public.unique.ecc.y = numbers.y.to_bytes(32, "big")
+        return public
+    raise AttestationError("EK certificate key is neither RSA-2048 (EK-RSA2048) nor ECC P-256 (EK-ECC256): no "
+                           "credential can be activated with it")
 
 
 # --------------------------------------------------------------------------------- records
@@ -185,18 +121,33 @@ def ek_public_from_cert(cert: "x509.Certificate"):
 
 @dataclass(frozen=True)
 class CertifiedAK:
-    """An AK proven to live in a TPM whose EK certificate chains to the fleet's CA."""
+    """An AK proven to live in a TPM whose EK certificate chains to the fleet's CA. ``ek_chain``:
+    intermediates the TPM's NV offered (DER; untrusted links)."""
     ak_pub: bytes
     ek_cert: bytes
+    ek_chain: Tuple[bytes, ...] = ()
 
-    def to_dict(self) -> Dict[str, str]:
-        return {"ak_pub": _b64(self.ak_pub), "ek_cert": _b64(self.ek_cert)}
+    def to_dict(self) -> Dict[str, object]:
+        data: Dict[str, object] = {"ak_pub": _b64(self.ak_pub), "ek_cert": _b64(self.ek_cert)}
+        if self.ek_chain:
+            data["ek_chain"] = [_b64(der) for der in self.ek_chain]
+        return data
 
     @classmethod
     def from_dict(cls, data) -> "CertifiedAK":
         if not isinstance(data, dict):
             raise InputError("certified_ak", "a mapping with ak_pub and ek_cert", type(data).__name__)
-        return cls(_unb64(data.get("ak_pub"), "certified_ak.ak_pub"), _unb64(data.get("ek_cert"), "certified_ak.ek_cert"))
+        return cls(_unb64(data.get("ak_pub"), "certified_ak.ak_pub"), _unb64(data.get("ek_cert"), "certified_ak.ek_cert"),
+                   _chain_from(data.get("ek_chain"), "certified_ak.ek_chain"))
+
+
+def _chain_from(value, field: str) -> Tuple[bytes, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > _MAX_NV_CHAIN_CERTS:
+        raise InputError(field, "a list of at most %d base64 DER certificates" % _MAX_NV_CHAIN_CERTS,
+                         type(value).__name__)
+    return tuple(_unb64(item, field) for item in value)
 
 
 @dataclass(frozen=True)
@@ -227,7 +178,7 @@ class CertifiedAKs:
         self._records: Dict[bytes, CertifiedAK] = {}
 
     def add(self, record: CertifiedAK) -> None:
-        verify_ek_cert(record.ek_cert, self.ca_certs)
+        verify_ek_cert(record.ek_cert, self.ca_certs, record.ek_chain)
         with self._lock:
             self._records[record.ak_pub] = record
 
@@ -247,12 +198,13 @@ def begin_enrollment(request: Dict[str, str], ca_certs: Sequence) -> Tuple[Dict[
         raise InputError("enrollment", "a mapping with ek_cert and ak_pub", type(request).__name__)
     ek_cert = _unb64(request.get("ek_cert"), "enrollment.ek_cert")
     ak_pub = _unb64(request.get("ak_pub"), "enrollment.ak_pub")
-    cert = verify_ek_cert(ek_cert, certs)
+    ek_chain = _chain_from(request.get("ek_chain"), "enrollment.ek_chain")
+    cert = verify_ek_cert(ek_cert, certs, ek_chain)
     ak = parse_ak(ak_pub)  # restricted signing key with pinned algorithms, or refuse now
     secret = os.urandom(32)
     credential_blob, encrypted_secret = make_credential(ek_public_from_cert(cert), secret, ak.name)
     challenge = {"credential_blob": _b64(credential_blob.marshal()), "secret": _b64(encrypted_secret.marshal())}
-    return challenge, PendingEnrollment(secret, CertifiedAK(ak_pub, ek_cert))
+    return challenge, PendingEnrollment(secret, CertifiedAK(ak_pub, ek_cert, ek_chain))
 
 
 def finish_enrollment(pending: PendingEnrollment, response: bytes) -> CertifiedAK:
@@ -276,13 +228,45 @@ class VTPMEKIssuer(VTPMIssuer):
 
     oid = QEMU_VTPM_EK.oid
 
+    def _ek_slot(self, tpm) -> Tuple[str, bytes]:
+        """(template name, EK certificate DER) of the first EK of EK_SLOTS whose certificate is in NV."""
+        for template, index in EK_SLOTS:
+            try:
+                return template, tpm.nv_read(index)
+            except AttestationError:
+                continue
+        raise AttestationError("no EK certificate in the TPM's NV (RSA 0x%08x, ECC P-256 0x%08x)"
+                               % (EK_CERT_NV_INDEX_RSA, EK_CERT_NV_INDEX_ECC))
+
     def ek_cert(self) -> bytes:
         with self._lock:
             tpm, _ak = self._open()
-            return tpm.nv_read(EK_CERT_NV_INDEX_RSA)
+            return self._ek_slot(tpm)[1]
 
-    def enrollment_request(self) -> Dict[str, str]:
-        return {"ek_cert": _b64(self.ek_cert()), "ak_pub": _b64(self.ak_pub)}
+    def ek_chain(self) -> List[bytes]:
+        """Intermediates of the EK certificate in NV (TCG EK Credential Profile 2.5, indices
+        0x01c00100-0x01c001ff, DER certificates, several per index allowed), if any."""
+        from tpm2_pytss import TPM2_CAP
+
+        with self._lock:
+            tpm, _ak = self._open()
+            try:
+                _more, data = tpm.esapi.get_capability(TPM2_CAP.HANDLES, EK_CHAIN_NV_FIRST, _MAX_NV_CHAIN_CERTS)
+            except TSS2_Exception:
+                return []
+            chain: List[bytes] = []
+            for handle in data.data.handles:
+                if not EK_CHAIN_NV_FIRST <= int(handle) <= EK_CHAIN_NV_LAST:
+                    continue
+                chain.extend(_split_der(tpm.nv_read(int(handle))))
+            return chain[:_MAX_NV_CHAIN_CERTS]
+
+    def enrollment_request(self) -> Dict[str, object]:
+        request: Dict[str, object] = {"ek_cert": _b64(self.ek_cert()), "ak_pub": _b64(self.ak_pub)}
+        chain = self.ek_chain()
+        if chain:
+            request["ek_chain"] = [_b64(der) for der in chain]
+        return request
 
     def activate_credential(self, challenge: Dict[str, str]) -> bytes:
         """TPM2_ActivateCredential with the EK (recreated from its template) and our AK."""
@@ -298,7 +282,11 @@ class VTPMEKIssuer(VTPMIssuer):
         with self._lock:
             tpm, ak = self._open()
             esapi = tpm.esapi
-            _cert, template = create_ek_template("EK-RSA2048", tpm.nv_read_raw)
+            try:
+                name = self._ek_slot(tpm)[0]
+            except AttestationError:  # no certificate: the TCG default EK (activation then simply fails)
+                name = EK_SLOTS[0][0]
+            _cert, template = create_ek_template(name, tpm.nv_read_raw)
             ek, _pub, _cd, _ch, _ct = esapi.create_primary(None, template, ESYS_TR.ENDORSEMENT)
             session = None
             try:
@@ -348,7 +336,7 @@ class VTPMEKValidator(VTPMValidator):
     def trust_ak(self, ak_pub: bytes, ak: AKInfo) -> None:
         record = self.certified_aks.get(ak_pub)
         if record is not None:
-            verify_ek_cert(record.ek_cert, self.ca_certs)  # a CA dropped since enrollment revokes it
+            verify_ek_cert(record.ek_cert, self.ca_certs, record.ek_chain)  # a CA dropped since enrollment revokes it
             return
         for rejected, reason in self.rejected_records:
             if rejected.ak_pub == ak_pub:

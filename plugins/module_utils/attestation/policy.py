@@ -32,6 +32,8 @@ ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
     measurements_path=dict(type="path"),
     variant=dict(type="str", choices=list(VARIANTS), default=choose.DEFAULT_VARIANT),
     ek_ca_path=dict(type="path"),
+    # The acknowledgement variant qemu-vtpm needs (attestation/choose.py check_variant_allowed).
+    insecure_trust_any_ak=dict(type="bool", default=False),
     measurements_public_key_path=dict(type="path"),
     netns=dict(type="str"),
     timeout=dict(type="float", default=DEFAULT_TIMEOUT),
@@ -45,10 +47,30 @@ OURS = "ours"
 OTHER = "other"
 
 
+def enforced_pcrs(policy: Measurements) -> List[int]:
+    """The PCRs a policy enforces about what booted: not warnOnly, and not PCR 15 (the cluster ID,
+    which the agent and the controller set themselves: zeros for a fresh node, ignored for a
+    Coordinator a node joins, the cluster's own for a member)."""
+    return sorted(i for i, m in policy.pcrs.items() if not m.warn_only and i != PCR_INDEX_CLUSTER_ID)
+
+
+def require_enforced_pcr(policy: Measurements, source: str, field: str = "measurements_path") -> Measurements:
+    """Refuses a policy that enforces nothing (empty, all warnOnly, or only PCR 15): with it any TPM
+    that runs anything would pass. ``source`` names the file (or "inline measurements")."""
+    if not enforced_pcrs(policy):
+        raise InputError(field, "a measurements policy that enforces at least one PCR other than %d (warnOnly: "
+                         "false); an empty, all-warnOnly or PCR-%d-only policy would accept any TPM"
+                         % (PCR_INDEX_CLUSTER_ID, PCR_INDEX_CLUSTER_ID),
+                         "%s (enforced: none)" % source)
+    return policy
+
+
 def load_policy_file(path: str, basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Measurements:
     """A JSON or YAML policy file; a relative path is relative to ``basedir``. With
-    ``public_key_path`` the file must carry a valid detached signature (``path.sig``)."""
-    return Measurements.from_dict(read_policy_document(path, basedir, public_key_path))
+    ``public_key_path`` the file must carry a valid detached signature (``path.sig``). A policy that
+    enforces no PCR is refused, naming the file (require_enforced_pcr)."""
+    policy = Measurements.from_dict(read_policy_document(path, basedir, public_key_path))
+    return require_enforced_pcr(policy, _resolve(path, basedir))
 
 
 def _resolve(path: str, basedir: Optional[str]) -> str:
@@ -94,10 +116,11 @@ def load_policy(measurements: Optional[Mapping] = None, measurements_path: Optio
         policy = load_policy_file(measurements_path, basedir, public_key_path)
     elif measurements is not None:
         policy = Measurements.from_dict(measurements)
+        if not policy.pcrs:
+            raise InputError("measurements", "at least one PCR: an empty policy would accept any TPM", {})
+        require_enforced_pcr(policy, "inline measurements", "measurements")
     else:
         raise InputError("measurements", "a measurements policy (measurements or measurements_path)", None)
-    if not policy.pcrs:
-        raise InputError("measurements", "at least one PCR: an empty policy would accept any TPM", {})
     return policy
 
 
@@ -111,6 +134,8 @@ class AttestationSettings:
     timeout: float
     attestation_timeout: float
     trust: choose.Trust = field(default_factory=choose.Trust)
+    # What the caller must show as a warning on every run (an insecure variant, acknowledged).
+    warnings: List[str] = field(default_factory=list)
 
     def validators(self) -> List[Any]:
         """The validators of the chosen variant (attestation/choose.py); for qemu-vtpm-ek they share
@@ -121,18 +146,21 @@ class AttestationSettings:
 def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None) -> AttestationSettings:
     """``args``: validated parameters holding the ATTESTATION_ARGUMENT_SPEC options."""
     variant = args.get("variant") or choose.DEFAULT_VARIANT
-    chosen = choose.spec(variant, "variant")
+    insecure_trust_any_ak = args.get("insecure_trust_any_ak") is True
+    chosen = choose.check_variant_allowed(variant, insecure_trust_any_ak)
     policy = None
     if chosen.needs_policy:
         policy = load_policy(args.get("measurements"), args.get("measurements_path"), basedir,
                              args.get("measurements_public_key_path"))
-    trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir)
+    trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir, insecure_trust_any_ak=insecure_trust_any_ak)
     for name in ("timeout", "attestation_timeout"):
         value = args.get(name)
         if value is None or not 0 < float(value) <= 86400:
             raise InputError(name, "seconds in (0, 86400]", value)
+    warning = choose.insecure_warning(variant)
     return AttestationSettings(variant, policy, check_netns_name(args.get("netns")),
-                               float(args.get("timeout")), float(args.get("attestation_timeout")), trust)
+                               float(args.get("timeout")), float(args.get("attestation_timeout")), trust,
+                               [warning] if warning else [])
 
 
 def cluster_membership(pcrs: Mapping[int, bytes], cluster_id: Optional[bytes]) -> str:

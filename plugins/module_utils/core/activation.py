@@ -131,6 +131,7 @@ class NodeActivation(CoordinatorSide):
     def _resume_node(self, endpoint: str, host: str, client: NodeClient, row: Dict[str, Any]) -> Dict[str, Any]:
         """A node locked to our cluster (attested PCR 15): record it if needed, then wait until it
         reports IsNode (it fetches its disk key over the VPN)."""
+        self.authenticate_as_coordinator(client)  # the node pinned our key: its GetState details are ours to read
         state = client.get_state()
         vpn_ip, vpn_pub_key, disk_uuid = state.get("vpn_ip"), state.get("vpn_pub_key"), state.get("state_disk_uuid")
         name = state.get("state")

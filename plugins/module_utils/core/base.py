@@ -48,6 +48,9 @@ class CoreBase(StateMachine):
         # may activate this node (as before; the agent logs a warning).
         self.init_secret_hash = init_secret_hash
         self._init_secret: Optional[bytes] = None  # the Coordinator's copy of the cluster's init secret
+        # A node that joins by itself: the Coordinators' signing key from its agent config (core/signing.py);
+        # join tickets must verify with it. Activated Nodes pin theirs in their node state.
+        self.join_coordinator_pub_key: Optional[str] = None
         # ``store`` holds everything while the cluster's state is local; a Coordinator that runs an etcd
         # member (``etcd_member``, core/coordinators.py) moves the cluster's keys there and ``store``
         # becomes that cluster; ``local_store`` keeps what is this peer's own (state_store.LOCAL_KEYS).
@@ -163,9 +166,24 @@ class CoreBase(StateMachine):
     def vpn_pub_key(self) -> str:
         return pub_key_from_priv_key(self._stored_node().vpn_priv_key)
 
+    def public_state(self) -> Dict[str, Any]:
+        """What GetState tells anyone: state and role only (least disclosure). The details (``get_state``)
+        go only to an authenticated admin or Coordinator (rpc/admin.py AdminAuth)."""
+        return super().get_state()
+
+    def pinned_coordinator_pub_key(self) -> Optional[str]:
+        """The Coordinators' key this peer trusts: a Node's, pinned at activation (or from its agent config
+        when it joined); an activated Coordinator's own, derived from its KMS. None before activation."""
+        node = self._node
+        if node is None:
+            return None
+        if node.role == ROLE_COORDINATOR:
+            return self.coordinator_pub_key() if self._kms is not None else None  # pylint: disable=no-member
+        return node.coordinator_pub_key
+
     def get_state(self) -> Dict[str, Any]:
-        """State and role, plus the peer's VPN IP and WireGuard public key once it has them
-        (public values: the controller reads them here instead of parsing ``wg``/``ip`` output)."""
+        """State and role, plus the peer's VPN IP and WireGuard public key once it has them, and its disk
+        UUID: for the admin and the Coordinators only (the pubapi answers others ``public_state``)."""
         answer = super().get_state()
         node = self._node
         active = self.state in (State.ACTIVATING_NODES, State.NODE_WAITING_FOR_CLUSTER_JOIN, State.IS_NODE)

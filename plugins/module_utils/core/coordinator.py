@@ -13,6 +13,7 @@ from typing import Any, Dict, Mapping, Optional
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KubernetesJoin
+from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import CoordinatorSigning
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     b64,
     normalize_disk_uuid,
@@ -51,10 +52,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 
 # GetDataKey never hands out these: they are given only to whom they belong, at activation.
 RESERVED_DATA_KEY_IDS = frozenset((kms_mod.MEASUREMENT_SECRET_KEY_ID, kms_mod.EMERGENCY_SSH_CA_KEY_ID,
-                                   kms_mod.CLUSTER_ID_KEY_ID))
+                                   kms_mod.CLUSTER_ID_KEY_ID, kms_mod.COORDINATOR_SIGNING_KEY_ID))
 
 
-class CoordinatorSide(KubernetesJoin):
+class CoordinatorSide(KubernetesJoin, CoordinatorSigning):
     # -- activation as Coordinator
     def activate_as_coordinator(self, kms_uri: str, measurement_salt: Any, admin_pub_key: str,
                                 storage_uri: Optional[str] = None,
@@ -139,7 +140,7 @@ class CoordinatorSide(KubernetesJoin):
             raise StateError("this Coordinator has no peer registry")
         node = self._stored_node()
         return NodeActivationRequest(node_vpn_ip, tuple(registry.peers.peers.values()), node.cluster_id,
-                                     node.measurement_salt, node.admin_pub_key, node.vpn_ip)
+                                     node.measurement_salt, node.admin_pub_key, node.vpn_ip, coordinator_pub_key=self.coordinator_pub_key())
 
     def init_proof_for(self, public_ip: str) -> Dict[str, Any]:
         """The ``init_proof`` field for the node at ``public_ip`` (init_secret.py); empty when this
@@ -203,7 +204,7 @@ class CoordinatorSide(KubernetesJoin):
                           kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
                           request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args,
                           node_init_secret(self._init_secret, public_ip)
-                          if self._init_secret is not None and public_ip else None)
+                          if self._init_secret is not None and public_ip else None, request.coordinator_pub_key)
 
     # -- the join service (IssueJoinTicket)
     def serve_join(self, disk_uuid: Any, node_vpn_pub_key: bytes, channel: JoinChannel,
@@ -219,8 +220,8 @@ class CoordinatorSide(KubernetesJoin):
         vpn_ip = self.reserve_node_ip()
         added = False
         try:
-            channel.deliver(self.issue_join_ticket(normalized_uuid, vpn_ip, channel.peer_ip, certificate_request,
-                                                   bool(is_control_plane)))
+            channel.deliver(self.signed_join_ticket(self.issue_join_ticket(  # signed, bound to this request and connection
+                normalized_uuid, vpn_ip, channel.peer_ip, certificate_request, bool(is_control_plane)), channel.user_data(node_vpn_pub_key, disk_uuid)))
             version = self.add_node_peer(vpn_ip, b64(node_vpn_pub_key), channel.peer_ip)
             added = True
         finally:
@@ -279,7 +280,7 @@ class CoordinatorSide(KubernetesJoin):
         registry = self.peer_registry.current()  # from memory: no store access per poll
         if registry is None:
             raise StateError("GetUpdate: this Coordinator has no peer registry")
-        return registry.peers.updates_since(resource_version).to_dict()
+        return self.signed_update(registry.peers, resource_version)  # core/signing.py
 
     def get_data_key(self, data_key_id: Any, length: Any) -> bytes:
         kms = self.require_coordinator("GetDataKey")

@@ -194,6 +194,7 @@ class CoordinatorCluster(NodeActivation):
         return " (%s)" % "; ".join(notes) if notes else ""
 
     def _known_coordinator(self, client: Any, endpoint: str, row: Dict[str, Any]) -> Dict[str, Any]:
+        self.authenticate_as_coordinator(client)  # a Coordinator of ours derives the same key
         state = client.get_state()
         registry = self.peer_registry.current()
         record = registry.peers.get(state.get("vpn_ip") or "") if registry is not None else None

@@ -9,9 +9,10 @@ from __future__ import annotations
 import base64
 import hmac
 import ipaddress
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
 from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
 from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import check_node_proof
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
@@ -23,6 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.records
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_NODE, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AccessDenied,
     ConnectionLost,
     ConstellationError,
     InputError,
@@ -45,6 +47,10 @@ class NodeSide(CoreBase):
         request = NodeActivationRequest.from_dict(params)
         # No hijacking a fresh node: the caller proves this node's init secret before the lock is taken.
         check_node_proof(request.init_proof, self.init_secret_hash, method)
+        if request.coordinator_pub_key is None:
+            # Pinned now (the request is the Coordinator's: it proved our init secret); without it the Node
+            # could not tell a Coordinator's rejoin ticket or peer update from another Node's.
+            raise InputError("coordinator_pub_key", "the Coordinators' signing key (a Coordinator sends it)")
         request = request.without_proof()
         priv_key = generate_priv_key()
         waiting = self._new_node_state(request, priv_key, State.NODE_WAITING_FOR_CLUSTER_JOIN)
@@ -105,17 +111,30 @@ class NodeSide(CoreBase):
                          cluster_id=request.cluster_id, measurement_salt=request.measurement_salt,
                          admin_pub_key=request.admin_pub_key, coordinator_vpn_ip=request.coordinator_vpn_ip,
                          coordinator_vpn_pub_key=coordinator.vpn_pub_key if coordinator else None,
-                         peers=tuple(request.peers), resource_version=-1, disk_uuid=self.disk_uuid, state=int(state))
+                         peers=tuple(request.peers), resource_version=-1, disk_uuid=self.disk_uuid, state=int(state),
+                         coordinator_pub_key=request.coordinator_pub_key)
 
     # -- join
-    def join(self, ticket: JoinTicket) -> Dict[str, Any]:
-        """A node takes a join ticket: check the cluster ID, node lock, then use the secrets."""
+    def join(self, ticket: JoinTicket, binding: Optional[bytes] = None) -> Dict[str, Any]:
+        """A node takes a join ticket: check the Coordinators' signature (bound to ``binding``: the user data
+        of our attestation on this connection), the cluster ID, node lock, then use the secrets."""
         method = "IssueJoinTicket"
         self.require_state(method, State.ACCEPTING_INIT)
         if self.recovery_pending:
             raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
         # A Coordinator of another cluster that passes our policy cannot prove our init secret.
         check_node_proof(ticket.init_proof, self.init_secret_hash, method)
+        # Any Node of our cluster passes the policy we check the join service with (no PCR 15): only the
+        # Coordinators' key, pinned in our agent config, tells a Coordinator's ticket from a Node's.
+        pinned = self.join_coordinator_pub_key
+        try:
+            if binding is None:
+                raise AccessDenied("%s: the ticket is not bound to this connection: refused" % method)
+            signing.verify(pinned, signing.CONTEXT_JOIN_TICKET, signing.ticket_payload(ticket.to_dict(), binding),
+                           ticket.signature, method + " ticket")
+        except AccessDenied as err:
+            self._log("join_ticket_refused", level="warning", reason=str(err)[:300])
+            raise
         derived = kms_mod.derive_cluster_id(ticket.measurement_secret, ticket.measurement_salt)
         if not hmac.compare_digest(derived, ticket.cluster_id):
             raise StateError("%s: the ticket's cluster ID does not follow from its measurement secret and salt"
@@ -129,7 +148,8 @@ class NodeSide(CoreBase):
             self.vpn.setup(ticket.node_vpn_ip, priv_key)
             self.vpn.set_peers(list(ticket.peers), pub_key_from_priv_key(priv_key))
             self._write_disk_key(ticket.state_disk_key)
-            self._save_node(self._new_node_state(ticket.activation_request(), priv_key, State.IS_NODE))
+            self._save_node(self._new_node_state(ticket.activation_request(), priv_key, State.IS_NODE).replace(
+                coordinator_pub_key=pinned))
             self._advance(State.NODE_WAITING_FOR_CLUSTER_JOIN)
             self._advance(State.IS_NODE)
         except BaseException as err:
@@ -142,8 +162,8 @@ class NodeSide(CoreBase):
         and hands us the ticket, which we take (``join``); returns the Coordinator's answer and ours."""
         outcome: Dict[str, Any] = {}
 
-        def on_ticket(ticket: Mapping[str, Any]) -> None:
-            outcome.update(self.join(JoinTicket.from_dict(ticket)))
+        def on_ticket(ticket: Mapping[str, Any], binding: Optional[bytes] = None) -> None:
+            outcome.update(self.join(JoinTicket.from_dict(ticket), binding))
 
         try:
             result = request_ticket(self.disk_uuid, self.join_vpn_pub_key(), on_ticket)
@@ -178,6 +198,16 @@ class NodeSide(CoreBase):
         if parsed.resource_version == version and not parsed:
             return False
         new = parsed.apply_to(current)
+        # Whoever answers at the Coordinator's VPN address, the peers are taken only if the Coordinators
+        # signed this peer set at this version (core/signing.py).
+        try:
+            signing.verify(node.coordinator_pub_key, signing.CONTEXT_PEERS,
+                           signing.peers_payload(parsed.resource_version, new.values()), update.get("signature"),
+                           "GetUpdate")
+        except AccessDenied as err:
+            self._log("update_refused", level="warning", resource_version=parsed.resource_version,
+                      reason=str(err)[:300])
+            raise
         self.vpn.set_peers(list(new.values()), self.vpn_pub_key)
         self._save_node(peers=tuple(new[ip] for ip in sorted(new, key=lambda a: int(ipaddress.ip_address(a)))),
                         resource_version=parsed.resource_version)

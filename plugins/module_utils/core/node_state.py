@@ -28,7 +28,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
 
 _KNOWN = ("role", "vpn_ip", "vpn_priv_key", "cluster_id", "measurement_salt", "admin_pub_key", "coordinator_vpn_ip",
-          "disk_uuid", "state", "cluster_name", "coordinator_vpn_pub_key", "peers", "resource_version")
+          "disk_uuid", "state", "cluster_name", "coordinator_vpn_pub_key", "peers", "resource_version",
+          "coordinator_pub_key")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class NodeState:
     coordinator_vpn_pub_key: Optional[str] = None
     peers: Optional[Tuple[PeerRecord, ...]] = None  # a Node's copy of the peer list
     resource_version: Optional[int] = None  # of ``peers``
+    # A Node's pinned Coordinator signing key (core/signing.py): rejoin tickets and peer updates must verify with it.
+    coordinator_pub_key: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -60,7 +63,7 @@ class NodeState:
         out.update(role=self.role, vpn_ip=self.vpn_ip, vpn_priv_key=self.vpn_priv_key, cluster_id=b64(self.cluster_id),
                    measurement_salt=b64(self.measurement_salt))
         for name in ("admin_pub_key", "coordinator_vpn_ip", "disk_uuid", "state", "cluster_name",
-                     "resource_version"):
+                     "resource_version", "coordinator_pub_key"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -94,5 +97,5 @@ class NodeState:
                    admin_pub_key=data.get("admin_pub_key"), coordinator_vpn_ip=data.get("coordinator_vpn_ip"),
                    disk_uuid=data.get("disk_uuid"), state=data.get("state"), cluster_name=data.get("cluster_name"),
                    coordinator_vpn_pub_key=data.get("coordinator_vpn_pub_key"), peers=peers,
-                   resource_version=data.get("resource_version"),
+                   resource_version=data.get("resource_version"), coordinator_pub_key=data.get("coordinator_pub_key"),
                    extra={k: v for k, v in data.items() if k not in _KNOWN})

@@ -164,7 +164,8 @@ class JoinChannel(Protocol):
         """Sends the join ticket and waits for the node's confirmation (raises if it does not come)."""
 
 
-TicketRequest = Callable[[str, bytes, Callable[[Mapping[str, Any]], None]], Dict[str, Any]]
+TicketRequest = Callable[[str, bytes, Callable[[Mapping[str, Any], bytes], None]], Dict[str, Any]]
 """The joining node's side: ``request(disk_uuid, node_vpn_pub_key, on_ticket) -> the Coordinator's
-answer``; it attests the node, calls ``on_ticket(ticket)`` (which locks and configures the node; raising
+answer``; it attests the node, calls ``on_ticket(ticket, binding)`` (``binding``: the user data its attestation
+was bound to, which the Coordinators' signature covers; it locks and configures the node; raising
 aborts the join), confirms, and raises ``errors.ConnectionLost`` if the Coordinator goes away."""

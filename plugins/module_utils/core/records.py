@@ -6,6 +6,7 @@ and step, and the join ticket (SPEC 4.1, the parts that apply here)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -18,6 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
     ip,
     parse_admin_pub_key,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
 
@@ -61,6 +63,9 @@ class NodeActivationRequest:
     coordinator_vpn_ip: str
     # Proof of this node's init secret (init_secret.py); checked by the node before its node lock.
     init_proof: Optional[bytes] = field(default=None, repr=False)
+    # The Coordinators' signing key (core/signing.py), pinned by the node: every ticket and peer update it
+    # gets later must carry a signature that verifies with it.
+    coordinator_pub_key: Optional[str] = None
 
     @classmethod
     def from_dict(cls, params: Mapping[str, Any]) -> "NodeActivationRequest":
@@ -75,7 +80,9 @@ class NodeActivationRequest:
         parse_admin_pub_key(admin_pub_key)
         proof = params.get("init_proof")
         init_proof = b64d(proof, "init_proof", 32) if proof is not None else None
-        return cls(node_vpn_ip, tuple(peers), cluster_id, salt, admin_pub_key, coordinator_vpn_ip, init_proof)
+        pinned = params.get("coordinator_pub_key")
+        pinned = parse_coordinator_pub_key(pinned) if pinned is not None else None
+        return cls(node_vpn_ip, tuple(peers), cluster_id, salt, admin_pub_key, coordinator_vpn_ip, init_proof, pinned)
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
@@ -83,11 +90,14 @@ class NodeActivationRequest:
                "admin_pub_key": self.admin_pub_key, "coordinator_vpn_ip": self.coordinator_vpn_ip}
         if self.init_proof is not None:
             out["init_proof"] = b64(self.init_proof)
+        if self.coordinator_pub_key is not None:
+            out["coordinator_pub_key"] = self.coordinator_pub_key
         return out
 
     def without_proof(self) -> "NodeActivationRequest":
         return NodeActivationRequest(self.node_vpn_ip, self.peers, self.cluster_id, self.measurement_salt,
-                                     self.admin_pub_key, self.coordinator_vpn_ip)
+                                     self.admin_pub_key, self.coordinator_vpn_ip,
+                                     coordinator_pub_key=self.coordinator_pub_key)
 
 
 @dataclass(frozen=True)
@@ -112,9 +122,15 @@ class JoinTicket:
     admin_pub_key: str
     kubeadm: Dict[str, Any] = field(default_factory=dict)
     init_proof: Optional[bytes] = None  # proves to the joining node that this Coordinator holds our init secret
+    coordinator_pub_key: Optional[str] = None  # the key that signed it (the node checks with its own pinned one)
+    # The Coordinators' signature (core/signing.py) over the ticket and the request and connection it answers.
+    signature: Optional[str] = None
 
     def __repr__(self) -> str:
         return "JoinTicket(node_vpn_ip=%r, <secrets>)" % self.node_vpn_ip
+
+    def signed(self, signature: str) -> "JoinTicket":
+        return dataclasses.replace(self, signature=signature)
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"cluster_id": b64(self.cluster_id), "measurement_salt": b64(self.measurement_salt),
@@ -124,6 +140,10 @@ class JoinTicket:
                "kubeadm": dict(self.kubeadm)}
         if self.init_proof is not None:
             out["init_proof"] = b64(self.init_proof)
+        if self.coordinator_pub_key is not None:
+            out["coordinator_pub_key"] = self.coordinator_pub_key
+        if self.signature is not None:
+            out["signature"] = self.signature
         return out
 
     @classmethod
@@ -136,12 +156,13 @@ class JoinTicket:
                    b64d(data.get("measurement_secret"), "measurement_secret", 32),
                    b64d(data.get("state_disk_key"), "state_disk_key", kms_mod.STATE_DISK_KEY_LENGTH),
                    request.node_vpn_ip, request.peers, request.coordinator_vpn_ip, request.admin_pub_key,
-                   dict(kubeadm), request.init_proof)
+                   dict(kubeadm), request.init_proof, request.coordinator_pub_key, _signature(data))
 
     def activation_request(self) -> NodeActivationRequest:
         """The ticket's non-secret part, as the activation request it replaces."""
         return NodeActivationRequest(self.node_vpn_ip, self.peers, self.cluster_id, self.measurement_salt,
-                                     self.admin_pub_key, self.coordinator_vpn_ip)
+                                     self.admin_pub_key, self.coordinator_vpn_ip,
+                                     coordinator_pub_key=self.coordinator_pub_key)
 
 
 @dataclass(frozen=True, repr=False)
@@ -154,13 +175,21 @@ class RejoinTicket:
     measurement_secret: bytes
     peers: Tuple[PeerRecord, ...]
     resource_version: int
+    # The Coordinators' signature (core/signing.py) over the ticket and the request and connection it answers.
+    signature: Optional[str] = None
 
     def __repr__(self) -> str:
         return "RejoinTicket(peers=%d, resource_version=%d, <secrets>)" % (len(self.peers), self.resource_version)
 
+    def signed(self, signature: str) -> "RejoinTicket":
+        return dataclasses.replace(self, signature=signature)
+
     def to_dict(self) -> Dict[str, Any]:
-        return {"state_disk_key": b64(self.state_disk_key), "measurement_secret": b64(self.measurement_secret),
-                "peers": [p.to_dict() for p in self.peers], "resource_version": self.resource_version}
+        out = {"state_disk_key": b64(self.state_disk_key), "measurement_secret": b64(self.measurement_secret),
+               "peers": [p.to_dict() for p in self.peers], "resource_version": self.resource_version}
+        if self.signature is not None:
+            out["signature"] = self.signature
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RejoinTicket":
@@ -171,4 +200,12 @@ class RejoinTicket:
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise InputError("ticket.resource_version", "a non-negative integer", type(version).__name__)
         return cls(b64d(data.get("state_disk_key"), "ticket.state_disk_key", kms_mod.STATE_DISK_KEY_LENGTH),
-                   b64d(data.get("measurement_secret"), "ticket.measurement_secret", 32), tuple(peers), version)
+                   b64d(data.get("measurement_secret"), "ticket.measurement_secret", 32), tuple(peers), version,
+                   _signature(data))
+
+
+def _signature(data: Mapping[str, Any]) -> Optional[str]:
+    value = data.get("signature")
+    if value is not None and (not isinstance(value, str) or len(value) > 128):
+        raise InputError("ticket.signature", "standard base64 of an Ed25519 signature", type(value).__name__)
+    return value

@@ -16,13 +16,19 @@ import ipaddress
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
 from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import open_kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import RejoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, ROLE_NODE
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import REASON_NOT_WAITING_FOR_RECOVERY, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    REASON_NOT_WAITING_FOR_RECOVERY,
+    AccessDenied,
+    StateError,
+)
 
-# Requests a rejoin ticket: (vpn_ip, vpn_pub_key, disk_uuid, on_ticket) -> the Coordinator's END result.
+# Requests a rejoin ticket: (vpn_ip, vpn_pub_key, disk_uuid, on_ticket) -> the Coordinator's END result;
+# ``on_ticket(ticket, binding)``: the ticket as received and the user data our attestation was bound to.
 RejoinRequest = Callable[[str, str, str, Callable[[Mapping[str, Any]], None]], Dict[str, Any]]
 
 
@@ -97,8 +103,18 @@ class Recovery(CoreBase):
                              "(recover.yml)" % method)
         outcome: Dict[str, Any] = {}
 
-        def on_ticket(data: Mapping[str, Any]) -> None:
+        def on_ticket(data: Mapping[str, Any], binding: Optional[bytes] = None) -> None:
             ticket = RejoinTicket.from_dict(data)
+            # The measurement secret is every Node's: only the Coordinators' signature, with the key pinned at
+            # our activation and bound to this request and connection, says a Coordinator sent these peers.
+            try:
+                if binding is None:
+                    raise AccessDenied("%s: the ticket is not bound to this connection: refused" % method)
+                signing.verify(node.coordinator_pub_key, signing.CONTEXT_REJOIN_TICKET,
+                               signing.ticket_payload(ticket.to_dict(), binding), ticket.signature, method + " ticket")
+            except AccessDenied as err:
+                self._log("rejoin_ticket_refused", level="warning", reason=str(err)[:300])
+                raise
             derived = kms_mod.derive_cluster_id(ticket.measurement_secret, node.measurement_salt)
             if not hmac.compare_digest(derived, node.cluster_id):
                 raise StateError("%s: the ticket's measurement secret does not derive this node's cluster ID" % method)

@@ -122,6 +122,7 @@ class PeerTrust(NodeActivation):
                     raise ConnectionError("PCR 15 is reset (rebooted, not rejoined yet)")
                 if membership != "ours":
                     raise AttestationError("PCR 15 does not hold this cluster's ID")
+                self.authenticate_as_coordinator(client)  # GetState's details are for the Coordinators only
                 state = client.get_state()
                 if peer.role == ROLE_COORDINATOR and state.get("state") == State.ACCEPTING_INIT.wire_name:
                     # Recorded, locked to us, its activation as Coordinator still under way (no VPN IP yet).
@@ -246,12 +247,13 @@ class PeerTrust(NodeActivation):
             self._log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason="not a recorded node")
             raise AccessDenied("%s: %s is not a recorded Node of this cluster with this WireGuard key and disk"
                                % (method, vpn_ip))
-        self.attest_over(channel, validator, method, channel.user_data(vpn_ip, node_vpn_pub_key, normalized_uuid),
-                         "rejoin_refused", vpn_ip=vpn_ip)
+        binding = channel.user_data(vpn_ip, node_vpn_pub_key, normalized_uuid)
+        self.attest_over(channel, validator, method, binding, "rejoin_refused", vpn_ip=vpn_ip)
         registry = self.peer_registry.current()
         ticket = RejoinTicket(kms.state_disk_key(normalized_uuid), kms.measurement_secret(),
                               tuple(registry.peers.peers.values()), registry.peers.version)
-        channel.deliver(ticket)
+        # Signed, bound to this request and connection: the Node checks it with the key it pinned at activation.
+        channel.deliver(self.signed_rejoin_ticket(ticket, binding))
         self._log("node_rejoined", peer=channel.peer_ip, node_vpn_ip=vpn_ip)
         return {"resource_version": ticket.resource_version}
 

@@ -15,6 +15,7 @@ from typing import Mapping, Union
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.derive import (
+    COORDINATOR_SIGNING_KEY_ID,
     DEK_PREFIX,
     DERIVED_KEY_LENGTH_DEFAULT,
     EMERGENCY_SSH_CA_KEY_ID,
@@ -181,3 +182,27 @@ class ClusterKMS:
     def emergency_ssh_ca_priv_key(self) -> "Ed25519PrivateKey":
         """The emergency SSH CA (RFC 016): an ed25519 key made from the derived seed."""
         return Ed25519PrivateKey.from_private_bytes(self.emergency_ssh_ca_seed())
+
+    def coordinator_signing_priv_key(self) -> "Ed25519PrivateKey":
+        """The Coordinators' signing key: an Ed25519 key made from the derived seed
+        ``key-coordinator_signing_key`` (every Coordinator derives the same one)."""
+        return coordinator_signing_priv_key(self)
+
+    def coordinator_pub_key(self) -> str:
+        """Its public key as Nodes pin it: standard base64 of the 32 raw bytes."""
+        return coordinator_pub_key(self)
+
+
+def coordinator_signing_priv_key(kms) -> "Ed25519PrivateKey":
+    """The Coordinators' Ed25519 signing key from any KMS with ``derive_key`` (the cluster KMS and the
+    other backends alike)."""
+    return Ed25519PrivateKey.from_private_bytes(kms.derive_key(COORDINATOR_SIGNING_KEY_ID, DERIVED_KEY_LENGTH_DEFAULT))
+
+
+def coordinator_pub_key(kms) -> str:
+    """Standard base64 of the raw 32-byte Ed25519 public key of ``coordinator_signing_priv_key``."""
+    from cryptography.hazmat.primitives import serialization
+
+    raw = coordinator_signing_priv_key(kms).public_key().public_bytes(serialization.Encoding.Raw,
+                                                                     serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode("ascii")

@@ -29,6 +29,10 @@ STATE_DISK_KEY_LENGTH = 32
 MEASUREMENT_SECRET_KEY_ID = "measurementSecret"
 CLUSTER_ID_KEY_ID = "clusterID"
 EMERGENCY_SSH_CA_KEY_ID = "ca_emergency_ssh"
+# Ours (not Constellation's): the seed of the Coordinators' Ed25519 signing key. Every Coordinator holds the
+# KMS and derives the same key; Nodes pin its public key (``coordinator_pub_key``) and check with it every
+# ticket and peer update (docs/protocol.md, "Coordinator signatures"). GetDataKey never hands it out.
+COORDINATOR_SIGNING_KEY_ID = "coordinator_signing_key"
 MASTER_SECRET_FILE_NAME = "constellation-mastersecret.json"
 NO_STORE_URI = "storage://no-store"
 

@@ -28,6 +28,7 @@ else:
     HAS_CRYPTOGRAPHY = True
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import State
+from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_writer
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import admin_auth_message
@@ -104,7 +105,13 @@ class AdminHandlers:
                                % method)
 
     # Every handler gets its request decoded by the server (schema.py records).
-    def admin_auth(self, conn: Connection, request: schema.Empty) -> None:
+    def admin_auth(self, conn: Connection, request: schema.AdminAuthRequest) -> None:
+        role = request.role or "admin"
+        if role not in ("admin", "coordinator"):
+            raise InputError("role", "admin or coordinator", role[:32])
+        if role == "coordinator":
+            self._coordinator_auth(conn)
+            return
         self._require_activated("AdminAuth")
         if conn.server_spki_hash is None:
             raise AccessDenied("AdminAuth: only over aTLS")
@@ -119,6 +126,28 @@ class AdminHandlers:
             raise AccessDenied("AdminAuth: the signature does not verify with the admin key pinned at activation")
         conn.admin = True
         self._log("admin_authenticated", peer=conn.peer_ip)
+        conn.stream.send_result({"authenticated": True})
+
+    def _coordinator_auth(self, conn: Connection) -> None:
+        """AdminAuth role coordinator: the caller signs a fresh challenge bound to this connection's server
+        key with the Coordinators' key this peer pinned (core/signing.py). The connection then gets
+        GetState's details; it is NOT an admin connection (Exec, PutFile, FetchFile stay refused)."""
+        if conn.server_spki_hash is None:
+            raise AccessDenied("AdminAuth: only over aTLS")
+        pub_key = self.core.pinned_coordinator_pub_key()
+        if pub_key is None:
+            raise StateError("AdminAuth (role coordinator): this node has pinned no Coordinator key (it is %s)"
+                             % self.core.state.wire_name)
+        challenge = secrets.token_bytes(32)
+        conn.stream.send_msg({"challenge": b64e(challenge)})
+        step = conn.stream.recv_msg("the signed challenge")
+        signature = b64d(step.get("signature"), "signature", max_size=1024)
+        if not signing.verify_auth(pub_key, signature, challenge, conn.server_spki_hash):
+            self._log("coordinator_auth_refused", peer=conn.peer_ip)
+            raise AccessDenied("AdminAuth (role coordinator): the signature does not verify with the pinned "
+                               "Coordinator key")
+        conn.coordinator = True
+        self._log("coordinator_authenticated", peer=conn.peer_ip)
         conn.stream.send_result({"authenticated": True})
 
     def attest(self, conn: Connection, request: schema.AttestRequest) -> None:

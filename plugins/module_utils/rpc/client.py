@@ -241,7 +241,8 @@ class PubAPIClient(Channel):
         self.stream.send_request("IssueRejoinTicket", {"vpn_ip": vpn_ip, "node_vpn_pub_key": b64e(raw_key),
                                                        "disk_uuid": disk_uuid})
         nonce = b64d(self.stream.recv_msg("a nonce").get("nonce"), "nonce", 32)
-        document = issuer.issue(rejoin_user_data(self.server_spki_hash, vpn_ip, raw_key, disk_uuid), nonce)
+        binding = rejoin_user_data(self.server_spki_hash, vpn_ip, raw_key, disk_uuid)
+        document = issuer.issue(binding, nonce)
         self.stream.send_msg({"attestation": b64e(document), "variant_oid": issuer.oid})
         step = self.stream.recv_msg("a rejoin ticket")
         if step.get("enroll") is True:
@@ -254,7 +255,7 @@ class PubAPIClient(Channel):
         ticket = step.get("ticket")
         if not isinstance(ticket, dict):
             raise ProtocolError("IssueRejoinTicket: the answer holds no ticket")
-        on_ticket(ticket)
+        on_ticket(ticket, binding)  # the Coordinators' signature covers this connection and request
         self.stream.send_msg({"rejoined": True})
         return self.stream.recv_end()
 
@@ -282,7 +283,8 @@ class PubAPIClient(Channel):
         self.stream.send_request("IssueJoinTicket", params)
         step = self.stream.recv_msg("a nonce")
         nonce = b64d(step.get("nonce"), "nonce", 32)
-        document = issuer.issue(join_user_data(self.server_spki_hash, node_vpn_pub_key, disk_uuid), nonce)
+        binding = join_user_data(self.server_spki_hash, node_vpn_pub_key, disk_uuid)
+        document = issuer.issue(binding, nonce)
         self.stream.send_msg({"attestation": b64e(document), "variant_oid": issuer.oid})
         step = self.stream.recv_msg("a join ticket")
         if step.get("enroll") is True:
@@ -296,7 +298,7 @@ class PubAPIClient(Channel):
         ticket = step.get("ticket")
         if not isinstance(ticket, dict):
             raise ProtocolError("IssueJoinTicket: the answer holds no ticket")
-        on_ticket(ticket)
+        on_ticket(ticket, binding)  # the Coordinators' signature covers this connection and request
         self.stream.send_msg({"joined": True})
         return self.stream.recv_end()
 
@@ -314,6 +316,16 @@ class AdminClient(Channel):
         challenge = b64d(step.get("challenge"), "challenge", 32)
         self.stream.send_msg({"signature": b64e(sign_admin(priv_key, admin_auth_message(challenge,
                                                                                         self.server_spki_hash)))})
+        return self.stream.recv_end()
+
+    def coordinator_auth(self, sign_auth: Callable[[bytes, bytes], bytes]) -> Dict[str, Any]:
+        """AdminAuth as the Coordinators (core/signing.py): ``sign_auth(challenge, server_spki_hash)``
+        signs with their key. Unlocks GetState's details on this connection, nothing else."""
+        if self.server_spki_hash is None:
+            raise ProtocolError("AdminAuth needs an aTLS connection")
+        self.stream.send_request("AdminAuth", {"role": "coordinator"})
+        challenge = b64d(self.stream.recv_msg("a challenge").get("challenge"), "challenge", 32)
+        self.stream.send_msg({"signature": b64e(sign_auth(challenge, self.server_spki_hash))})
         return self.stream.recv_end()
 
     def attest_again(self, validators: Sequence, attestation_timeout: float = 30.0):

@@ -8,6 +8,7 @@ a ``TicketRequest`` for the joining node."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
@@ -16,7 +17,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurements,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core import JoinTicket
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    ConstellationError, InputError, RateLimited)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (
     AgentClient,
@@ -25,7 +27,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
     rejoin_user_data,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ProtocolError, b64d, b64e
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import (
+    AccessDenied, Connection, RateLimit)
 
 MAX_ATTESTATION_SIZE = 4 * 1024 * 1024 // 3 * 2
 
@@ -71,7 +74,10 @@ class PubAPI:
 
     # Every handler gets its request decoded by the server (schema.py records).
     def get_state(self, conn: Connection, request: schema.Empty) -> None:
-        conn.stream.send_result(self.core.get_state())
+        # Least disclosure: state and role to anyone; VPN IP and key, disk UUID, evicted peers only on a
+        # connection that proved the admin key or the Coordinators' key (AdminAuth).
+        full = conn.admin or getattr(conn, "coordinator", False)
+        conn.stream.send_result(self.core.get_state() if full else self.core.public_state())
 
     def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:
         result = self.core.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,
@@ -110,13 +116,37 @@ class PubAPI:
     def recover(self, conn: Connection, request: schema.RecoverRequest) -> None:
         conn.stream.send_result(self.core.recover(request.kms_uri))
 
+    # EnrollAK needs no authentication and costs the TPM a primary key (~80 ms on swtpm, ten quotes):
+    # a token bucket per source and one for all (rpc/server.py RateLimit; docs/agent.md).
+    ENROLL_AK_PER_SOURCE = (6, 1.0)  # burst, then one per second
+    ENROLL_AK_TOTAL = (12, 3.0)  # burst, then three per second from everyone (at most ~25% of the TPM)
+    ENROLL_AK_ANSWER_TIMEOUT = 10.0  # seconds the client may take to send its challenge
+    _enroll_limit: Optional[RateLimit] = None
+    _enroll_limit_lock = threading.Lock()
+
     def enroll_ak(self, conn: Connection, request: schema.Empty) -> None:
         """qemu-vtpm-ek: our EK certificate and AK, then TPM2_ActivateCredential of the verifier's
-        challenge. Any state: nothing secret is involved (the secret is the verifier's own)."""
+        challenge. Any state: nothing secret is involved (the secret is the verifier's own). Rate
+        limited before any TPM work; the issuer holds its TPM lock for each TPM operation only,
+        never while the client's challenge is on its way."""
         if self.issuer is None or not hasattr(self.issuer, "enrollment_request"):
             raise InputError("EnrollAK", "an agent whose attestation variant enrolls its AK (qemu-vtpm-ek)")
+        with self._enroll_limit_lock:
+            if self._enroll_limit is None:
+                self._enroll_limit = RateLimit("EnrollAK", self.ENROLL_AK_PER_SOURCE, self.ENROLL_AK_TOTAL)
+        try:
+            self._enroll_limit.take(conn.peer_ip)
+        except RateLimited as err:
+            self._log("enroll_ak_refused", level="warning", peer=conn.peer_ip, reason=str(err)[:200])
+            raise
         conn.stream.send_msg(self.issuer.enrollment_request())
-        answer = conn.stream.recv_msg("the credential challenge")
+        # The verifier computes its challenge at once: a client that sits on it loses the connection.
+        timeout = conn.sock.gettimeout()
+        conn.sock.settimeout(self.ENROLL_AK_ANSWER_TIMEOUT)
+        try:
+            answer = conn.stream.recv_msg("the credential challenge")
+        finally:
+            conn.sock.settimeout(timeout)
         secret = self.issuer.activate_credential(answer.get("challenge"))
         self._log("ak_enrolled", peer=conn.peer_ip)
         conn.stream.send_result({"secret": b64e(secret)})

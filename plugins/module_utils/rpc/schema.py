@@ -166,6 +166,7 @@ class ActivateAsNodeRequest(Record):
     admin_pub_key: Optional[str] = wire("str")
     coordinator_vpn_ip: Optional[str] = wire("str")
     init_proof: Optional[bytes] = wire("b64", False, 32, doc="secret")
+    coordinator_pub_key: Optional[str] = wire("str", doc="the Coordinators' Ed25519 signing key, pinned by the node")
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,11 @@ class EnrollAKAnswer(Record):
 
 
 # ------------------------------------------------------------------ admin channel
+
+
+@dataclass(frozen=True)
+class AdminAuthRequest(Record):
+    role: Optional[str] = wire("str", doc="admin (default) or coordinator: GetState's details only")
 
 
 @dataclass(frozen=True)
@@ -313,6 +319,7 @@ class GetUpdateAnswer(Record):
     added: Optional[list] = wire("list")
     removed: Optional[List[str]] = wire("strlist")
     changed: Optional[list] = wire("list")
+    signature: Optional[str] = wire("str", doc="the Coordinators' signature of the peer set at this version")
 
 
 @dataclass(frozen=True)
@@ -391,7 +398,8 @@ def unregister(name: str) -> None:
 
 for _method in (
         Method("GetState", PUBAPI, Empty, StateAnswer, STREAMS_NONE,
-               "the peer's state, role, and VPN IP and key once activated; any state"),
+               "the peer's state and role; after AdminAuth also its VPN IP and key, disk UUID (and a Coordinator's "
+               "evicted peers); any state"),
         Method("ActivateAsCoordinator", PUBAPI, ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer, STREAMS_LOG,
                "the admin makes this peer the Coordinator (node lock, KMS, WireGuard); AcceptingInit only"),
         Method("ActivateAsNode", PUBAPI, ActivateAsNodeRequest, ActivateAsNodeAnswer, STREAMS_EXCHANGE,
@@ -411,8 +419,9 @@ for _method in (
                "a rebooted Node attests itself in-band and takes its disk key, the measurement secret and its peers"),
         Method("EnrollAK", PUBAPI, Empty, EnrollAKAnswer, STREAMS_EXCHANGE,
                "qemu-vtpm-ek: EK certificate and AK out, credential challenge in, recovered secret out"),
-        Method("AdminAuth", ADMIN, Empty, AdminAuthAnswer, STREAMS_EXCHANGE,
-               "proves the admin key pinned at activation, bound to this TLS connection"),
+        Method("AdminAuth", ADMIN, AdminAuthRequest, AdminAuthAnswer, STREAMS_EXCHANGE,
+               "proves the admin key pinned at activation, bound to this TLS connection (role coordinator: the "
+               "Coordinators' key, for GetState's details only)"),
         Method("Attest", ADMIN, AttestRequest, AttestAnswer, STREAMS_NONE,
                "a fresh quote over the caller's nonce, bound to this connection's certificate key (a proof per task)"),
         Method("Exec", ADMIN, ExecRequest, ExecAnswer, STREAMS_PROCESS, "runs a command (argv or /bin/sh -c cmd)"),

@@ -9,8 +9,14 @@ APIs and none without a table entry, and decodes every request into its record b
 handler runs (a bad request of a method that streams stdin is drained first, so the connection
 stays in step).
 
-Bounded: at most ``max_connections`` connections are served at once (others wait in the
-listen backlog); every connection has an idle timeout. Handlers get a ``Connection`` and the
+Bounded, and a stranger cannot fill it (docs/agent.md, "Connection limits"): at most
+``max_connections`` connections at once and at most ``max_per_source`` unauthenticated ones per
+source IP; a connection must finish its handshake and send its first request within
+``first_request_timeout``, and one that did not authenticate as the admin may sit idle between
+requests for ``unauthenticated_idle_timeout`` only (an admin connection: ``idle_timeout``). When a
+limit is reached, the new connection takes the place of the longest idle unauthenticated one (of
+its source first); only when every connection is busy in a request or authenticated is the new one
+closed. The accept loop never waits for a slot or a handshake. Handlers get a ``Connection`` and the
 request's params and must finish the answer with exactly one END (``send_result``); any
 exception they raise becomes an END error naming what was wrong.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, errors
@@ -35,8 +42,12 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     request_of,
 )
 
-IDLE_TIMEOUT = 300.0
+IDLE_TIMEOUT = 300.0  # an admin connection between requests; every read inside a request
 MAX_CONNECTIONS = 64
+MAX_CONNECTIONS_PER_SOURCE = 8  # unauthenticated connections of one source IP
+FIRST_REQUEST_TIMEOUT = 15.0  # accept -> handshake done and the first request read
+UNAUTHENTICATED_IDLE_TIMEOUT = 20.0  # between requests, on a connection without AdminAuth
+MAX_THREADS_FACTOR = 2  # connection threads alive (closed ones still finishing included) <= factor * max
 
 Handler = Callable[["Connection", Dict[str, Any]], None]
 
@@ -52,6 +63,51 @@ def crash_fields(err: BaseException) -> Dict[str, Any]:
 
 
 AccessDenied = errors.AccessDenied  # the Core raises it too (init proof, eviction)
+
+
+class RateLimit:
+    """Token buckets for one costly unauthenticated request (EnrollAK): one per source IP holding
+    ``per_source`` = (burst, refill per second) and one for all sources holding ``total``. ``take``
+    consumes a token from both or from neither, and raises ``errors.RateLimited`` naming the limit.
+    At most ``max_sources`` source buckets are kept (the fullest go first: they carry no debt)."""
+
+    def __init__(self, what: str, per_source: Tuple[float, float], total: Tuple[float, float],
+                 max_sources: int = 4096, clock: Callable[[], float] = time.monotonic):
+        self.what = what
+        self.per_source = (float(per_source[0]), float(per_source[1]))
+        self.total = (float(total[0]), float(total[1]))
+        self.max_sources = max_sources
+        self._clock = clock
+        self._lock = threading.Lock()
+        now = clock()
+        self._total_bucket = [self.total[0], now]
+        self._buckets: Dict[str, list] = {}
+
+    @staticmethod
+    def _refill(bucket: list, limit: Tuple[float, float], now: float) -> float:
+        bucket[0] = min(limit[0], bucket[0] + (now - bucket[1]) * limit[1])
+        bucket[1] = now
+        return bucket[0]
+
+    def take(self, source: str) -> None:
+        with self._lock:
+            now = self._clock()
+            bucket = self._buckets.get(source)
+            if bucket is None:
+                if len(self._buckets) >= self.max_sources:
+                    for key in sorted(self._buckets, key=lambda k: -self._refill(self._buckets[k], self.per_source,
+                                                                                  now))[:self.max_sources // 4 or 1]:
+                        del self._buckets[key]
+                bucket = self._buckets[source] = [self.per_source[0], now]
+            if self._refill(bucket, self.per_source, now) < 1:
+                raise errors.RateLimited("%s: rate limited for %s (a burst of %g, then %g per second from one "
+                                         "source); try again later" % (self.what, source, self.per_source[0],
+                                                                       self.per_source[1]))
+            if self._refill(self._total_bucket, self.total, now) < 1:
+                raise errors.RateLimited("%s: rate limited (a burst of %g, then %g per second from all sources); "
+                                         "try again later" % (self.what, self.total[0], self.total[1]))
+            bucket[0] -= 1
+            self._total_bucket[0] -= 1
 
 
 class AgentServerContext(atls.AttestedServerContext):
@@ -74,12 +130,40 @@ class Connection:
         self.admin = False
 
 
+PHASE_NEW = "new"  # accepted: handshake, then the first request
+PHASE_IDLE = "idle"  # waiting for (or reading) the next request
+PHASE_BUSY = "busy"  # in a handler
+
+
+class _Slot:
+    """The server's view of one connection: whose it is, what it does, since when. ``handle`` is a
+    duplicate of the connection's descriptor: shutting it down ends the connection whatever object
+    (plain or TLS) the connection thread holds, and its number is never reused while the slot lives."""
+
+    __slots__ = ("peer_ip", "handle", "accepted", "last", "phase", "admin", "closed")
+
+    def __init__(self, peer_ip: str, handle: socket.socket, now: float):
+        self.peer_ip = peer_ip
+        self.handle = handle
+        self.accepted = now
+        self.last = now
+        self.phase = PHASE_NEW
+        self.admin = False
+        self.closed = ""  # why the server closed it (empty while open)
+
+    @property
+    def evictable(self) -> bool:
+        return not self.admin and self.phase != PHASE_BUSY
+
+
 class FrameServer:
     def __init__(self, name: str, bind: Tuple[str, int], handlers: Dict[str, Handler],
                  tls: Optional[AgentServerContext] = None, log: Optional[Callable[..., None]] = None,
                  accept_check: Optional[Callable[[Tuple[str, int]], Optional[str]]] = None,
                  max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
-                 apis: Optional[Tuple[str, ...]] = None):
+                 apis: Optional[Tuple[str, ...]] = None, max_per_source: int = MAX_CONNECTIONS_PER_SOURCE,
+                 first_request_timeout: float = FIRST_REQUEST_TIMEOUT,
+                 unauthenticated_idle_timeout: float = UNAUTHENTICATED_IDLE_TIMEOUT):
         self.name = name
         self.handlers = handlers
         self.apis = apis
@@ -93,7 +177,14 @@ class FrameServer:
         self._log = log or (lambda event, **fields: None)
         self.accept_check = accept_check
         self.idle_timeout = idle_timeout
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max(1, int(max_connections))
+        self.max_per_source = max(1, min(int(max_per_source), self.max_connections))
+        self.first_request_timeout = float(first_request_timeout)
+        self.unauthenticated_idle_timeout = min(float(unauthenticated_idle_timeout), float(idle_timeout))
+        self._slots: Dict[int, _Slot] = {}  # open connections by id(slot)
+        self._threads_alive = 0
+        self._log_lock = threading.Lock()
+        self._log_marks: Dict[str, Tuple[float, int]] = {}
         self._stop = threading.Event()
         family = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -103,7 +194,6 @@ class FrameServer:
         self.sock.settimeout(0.5)
         self.address = self.sock.getsockname()[:2]
         self._thread = threading.Thread(target=self._accept_loop, name="%s-accept" % name, daemon=True)
-        self._conns: set = set()
         self._conns_lock = threading.Lock()
 
     def start(self) -> "FrameServer":
@@ -119,15 +209,116 @@ class FrameServer:
         except OSError:
             pass
         with self._conns_lock:
-            conns = list(self._conns)
-        for sock in conns:
+            slots = list(self._slots.values())
+            for slot in slots:
+                self._close_slot(slot, "server stopping")
+
+    # -- connection limits (docs/agent.md, "Connection limits")
+    @property
+    def connection_count(self) -> int:
+        with self._conns_lock:
+            return len(self._slots)
+
+    def _close_slot(self, slot: _Slot, why: str) -> None:
+        """Ends a connection from outside its thread (caller holds ``_conns_lock``): its slot is free
+        at once; its thread sees the end of the stream and finishes."""
+        self._slots.pop(id(slot), None)
+        if not slot.closed:
+            slot.closed = why
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                slot.handle.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
+    def _admit(self, raw: socket.socket, peer) -> Optional[_Slot]:
+        """A slot for a new connection, or None (closed at once): see the module docstring."""
+        logs: list = []
+        try:
+            return self._admit_locked(raw, peer, logs)
+        finally:
+            for fields in logs:  # logged outside the lock
+                self._log_limited(**fields)
+
+    def _admit_locked(self, raw: socket.socket, peer, logs: list) -> Optional[_Slot]:
+        now = time.monotonic()
+        with self._conns_lock:
+            if self._threads_alive >= MAX_THREADS_FACTOR * self.max_connections:
+                return None
+            slots = list(self._slots.values())
+            same = [s for s in slots if s.peer_ip == peer[0] and not s.admin]
+            victims = None
+            if len(same) >= self.max_per_source:
+                victims, why = same, "replaced by a newer connection of its source (at most %d per source)" \
+                    % self.max_per_source
+            elif len(slots) >= self.max_connections:
+                victims, why = slots, "replaced by a newer connection (at most %d connections)" % self.max_connections
+            if victims is not None:
+                idle = [s for s in victims if s.evictable]
+                if not idle:
+                    return None
+                victim = min(idle, key=lambda s: s.last)
+                logs.append(dict(event="connection_replaced", level="warning", server=self.name,
+                                 peer=victim.peer_ip, phase=victim.phase, reason=why))
+                self._close_slot(victim, why)
+            try:
+                handle = raw.dup()
+            except OSError:
+                return None
+            slot = _Slot(peer[0], handle, now)
+            self._slots[id(slot)] = slot
+            self._threads_alive += 1
+            return slot
+
+    def _reap(self) -> None:
+        """Closes connections past their deadline: no request within ``first_request_timeout`` of the
+        accept, or idle too long between requests (unauthenticated: the short limit)."""
+        now = time.monotonic()
+        logs = []
+        with self._conns_lock:
+            for slot in list(self._slots.values()):
+                if slot.phase == PHASE_NEW and now - slot.accepted > self.first_request_timeout:
+                    why = "no request within %.0f s of connecting" % self.first_request_timeout
+                elif slot.phase == PHASE_IDLE and now - slot.last > (
+                        self.idle_timeout if slot.admin else self.unauthenticated_idle_timeout):
+                    why = "idle for more than %.0f s" % (self.idle_timeout if slot.admin
+                                                         else self.unauthenticated_idle_timeout)
+                else:
+                    continue
+                logs.append(dict(event="connection_timed_out", server=self.name, peer=slot.peer_ip,
+                                 phase=slot.phase, reason=why))
+                self._close_slot(slot, why)
+        for fields in logs:
+            self._log_limited(**fields)
+
+    def _log_limited(self, event: str, **fields: Any) -> None:
+        """At most one line per event and second (a flood of connections is no flood of log lines);
+        ``suppressed`` counts the lines left out since the last one."""
+        now = time.monotonic()
+        with self._log_lock:
+            last, suppressed = self._log_marks.get(event, (0.0, 0))
+            if now - last < 1.0:
+                self._log_marks[event] = (last, suppressed + 1)
+                return
+            self._log_marks[event] = (now, 0)
+        if suppressed:
+            fields["suppressed"] = suppressed
+        self._log(event, **fields)
+
+    def _set_phase(self, slot: Optional[_Slot], phase: str, admin: bool = False) -> bool:
+        """Records what the connection does now; False if the server closed it meanwhile."""
+        if slot is None:
+            return True
+        with self._conns_lock:
+            if slot.closed:
+                return False
+            slot.phase = phase
+            slot.admin = slot.admin or admin
+            slot.last = time.monotonic()
+            return True
+
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
+            self._reap()
             try:
                 raw, peer = self.sock.accept()
             except socket.timeout:
@@ -136,52 +327,74 @@ class FrameServer:
                 if self._stop.is_set():
                     return
                 continue
-            while not self._slots.acquire(timeout=0.5):
-                if self._stop.is_set():
+            slot = self._admit(raw, peer)
+            if slot is None:
+                # Full of busy or authenticated connections: this one is closed at once (never waited
+                # for while holding it), the client sees a reset and tries again later.
+                self._log_limited("connection_refused", level="warning", server=self.name, peer=peer[0],
+                                  reason="every slot is busy or authenticated")
+                try:
                     raw.close()
-                    return
+                except OSError:
+                    pass
+                continue
             # Every exchange is request/answer of small frames: with Nagle's algorithm each would
             # wait for the peer's delayed ACK (~40 ms).
             try:
                 raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            threading.Thread(target=self._serve, args=(raw, peer), name="%s-conn" % self.name, daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(raw, peer, slot), name="%s-conn" % self.name,
+                                 daemon=True).start()
+            except RuntimeError:  # cannot start a thread: give the slot back
+                self._release(slot)
+                raw.close()
 
-    def _serve(self, raw: socket.socket, peer) -> None:
+    def _release(self, slot: _Slot) -> None:
+        with self._conns_lock:
+            self._slots.pop(id(slot), None)
+            slot.closed = slot.closed or "done"
+            self._threads_alive -= 1
         try:
-            with self._conns_lock:
-                self._conns.add(raw)
+            slot.handle.close()
+        except OSError:
+            pass
+
+    def _serve(self, raw: socket.socket, peer, slot: Optional[_Slot] = None) -> None:
+        sock = raw
+        try:
             refusal = self.accept_check(peer) if self.accept_check else None
             if refusal:
                 raw.settimeout(5)
                 FrameStream(raw).send_error(AccessDenied(refusal))
                 self._log("refused", server=self.name, peer=peer[0], reason=refusal)
                 return
-            sock, spki = raw, None
+            spki = None
             if self.tls is not None:
                 try:
-                    sock = self.tls.accept_handshake(raw)
+                    sock = self.tls.accept_handshake(raw, timeout=min(atls.HANDSHAKE_TIMEOUT,
+                                                                      self.first_request_timeout))
                 except ConstellationError as err:
                     self._log("handshake_failed", server=self.name, peer=peer[0], error=str(err))
                     return
                 spki = getattr(sock.context, "atls_spki_hash", None)
             sock.settimeout(self.idle_timeout)
-            self._requests(Connection(sock, peer, spki))
+            self._requests(Connection(sock, peer, spki), slot)
         except Exception as err:  # pylint: disable=broad-except
             # The last line of defence of a connection thread: one JSON log line, never a traceback
             # on stderr; the agent and its other connections go on.
             self._log("connection_crashed", level="error", server=self.name, peer=peer[0], **crash_fields(err))
         finally:
-            with self._conns_lock:
-                self._conns.discard(raw)
-            try:
-                raw.close()
-            except OSError:
-                pass
-            self._slots.release()
+            for handle in (sock, raw):
+                try:
+                    handle.close()
+                except OSError:
+                    pass
+            if slot is not None:
+                self._release(slot)
 
-    def _requests(self, conn: Connection) -> None:
+    def _requests(self, conn: Connection, slot: Optional[_Slot] = None) -> None:
         while not self._stop.is_set():
             try:
                 frame = conn.stream.recv()
@@ -193,6 +406,8 @@ class FrameServer:
                 continue
             except ProtocolError as err:
                 self._answer_error(conn, err)
+                return
+            if not self._set_phase(slot, PHASE_BUSY):
                 return
             try:
                 if frame.kind != KIND_MSG:
@@ -215,6 +430,8 @@ class FrameServer:
                     self._log("internal_error", level="error", server=self.name, **crash_fields(err))
                 if not self._answer_error(conn, err):
                     return
+            if not self._set_phase(slot, PHASE_IDLE, conn.admin):
+                return
 
     @staticmethod
     def _decode(conn: Connection, method: str, params: Dict[str, Any]):

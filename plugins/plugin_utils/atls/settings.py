@@ -35,6 +35,7 @@ class Settings:
     ek_ca_path: Optional[str] = None
     fresh_proof: bool = True
     prestart: bool = True
+    insecure_trust_any_ak: bool = False  # the acknowledgement variant qemu-vtpm needs
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -52,13 +53,21 @@ class Settings:
         except OSError:
             key_digest = ""
         material = json.dumps([playbook_pid, self.endpoint, self.variant, self.measurements, key_digest,
-                               self.netns, _file_digest(self.ek_ca_path), self.fresh_proof], sort_keys=True)
+                               self.netns, _file_digest(self.ek_ca_path), self.fresh_proof]
+                              + ([True] if self.insecure_trust_any_ak else []), sort_keys=True)
         return os.path.join(self.control_path_dir, "atls-%s.sock" % hashlib.sha256(material.encode()).hexdigest()[:20])
 
 
 def _file_digest(path: Optional[str]) -> str:
     if not path:
         return ""
+    if os.path.isdir(path):  # a folder of CA files: every file's name and content
+        try:
+            names = sorted(os.listdir(path))
+        except OSError:
+            return ""
+        return hashlib.sha256(json.dumps([[n, _file_digest(os.path.join(path, n))] for n in names
+                                          if os.path.isfile(os.path.join(path, n))]).encode()).hexdigest()
     try:
         with open(path, "rb") as handle:
             return hashlib.sha256(handle.read()).hexdigest()
@@ -90,11 +99,11 @@ def _load_policy_file(path: str, public_key_path: Optional[str] = None) -> Dict[
         raise SettingsError(str(err)) from None
 
 
-def _boolean(name: str, value: Any) -> bool:
+def _boolean(name: str, value: Any, default: bool = True) -> bool:
     from ansible.module_utils.parsing.convert_bool import boolean
 
     if value is None:
-        return True
+        return default
     try:
         return boolean(value, strict=True)
     except TypeError:
@@ -127,18 +136,25 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
 
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
     variant = get_option("attestation_variant") or choose.DEFAULT_VARIANT
     if variant not in choose.VARIANT_NAMES:
         raise SettingsError("attestation_variant: expected one of %s, got %r" % (", ".join(choose.VARIANT_NAMES),
                                                                                  variant))
+    insecure_trust_any_ak = _boolean("insecure_trust_any_ak", get_option("insecure_trust_any_ak"), default=False)
+    try:  # the one rule (attestation/choose.py): dummy only in tests, qemu-vtpm only acknowledged
+        choose.check_variant_allowed(variant, insecure_trust_any_ak, "attestation_variant")
+    except InputError as err:
+        raise SettingsError("%s (variable constellation_%s)" % (err, err.field)) from None
     ek_ca_path = get_option("ek_ca_path") or None
     if choose.spec(variant).needs_ek_ca:
         if not ek_ca_path:
-            raise SettingsError("ek_ca_path: expected the PEM file of the CA(s) that TPMs' EK certificates chain to "
-                                "(constellation_ek_ca_path), for variant %s" % variant)
+            raise SettingsError("ek_ca_path: expected the PEM file (or folder of PEM files) of the CA(s) that TPMs' "
+                                "EK certificates chain to (constellation_ek_ca_path), for variant %s" % variant)
         ek_ca_path = os.path.abspath(os.path.expanduser(str(ek_ca_path)))
-        if not os.path.isfile(ek_ca_path):
-            raise SettingsError("ek_ca_path: expected a readable PEM file, got %s" % ek_ca_path)
+        if not (os.path.isfile(ek_ca_path) or os.path.isdir(ek_ca_path)):
+            raise SettingsError("ek_ca_path: expected a readable PEM file or a folder of them, got %s" % ek_ca_path)
     else:
         ek_ca_path = None
     inline, path = get_option("measurements"), get_option("measurements_path")
@@ -156,7 +172,7 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         if not measurements:
             raise SettingsError("measurements: expected a measurements policy (measurements or measurements_path) "
                                 "for variant %s; an empty policy would accept any TPM" % variant)
-        validate_policy(measurements)  # validate now: a typo must not surface as "unreachable" later
+        validate_policy(measurements, path or "inline measurements")  # validate now: a typo must not surface as "unreachable" later
 
     key_file = get_option("admin_priv_key_file")
     if not key_file:
@@ -185,10 +201,11 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         ek_ca_path=ek_ca_path,
         fresh_proof=_boolean("fresh_proof", get_option("fresh_proof")),
         prestart=_boolean("prestart", get_option("prestart")),
+        insecure_trust_any_ak=insecure_trust_any_ak,
     )
 
 
-def validate_policy(measurements: Dict[str, Any]):
+def validate_policy(measurements: Dict[str, Any], source: str = "inline measurements"):
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 
@@ -198,4 +215,10 @@ def validate_policy(measurements: Dict[str, Any]):
         raise SettingsError("measurements: %s" % err) from None
     if not policy.pcrs:
         raise SettingsError("measurements: expected at least one PCR: an empty policy would accept any TPM")
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import require_enforced_pcr
+
+    try:
+        require_enforced_pcr(policy, source, "measurements")
+    except ConstellationError as err:
+        raise SettingsError(str(err)) from None
     return policy

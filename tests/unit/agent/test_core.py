@@ -104,9 +104,10 @@ def test_bad_input_is_refused_before_the_point_of_no_return(swtpm, make_core, se
     assert c.tpm.pcr15() == bytes(32)
 
 
-def _node_params(cluster_id, salt, coordinator_pub, admin):
+def _node_params(cluster_id, salt, coordinator_pub, admin, secret=None):
+    signing_key = kms.coordinator_pub_key(kms.ClusterKMS(secret or kms.MasterSecret.generate()))
     return {"node_vpn_ip": "10.118.0.11", "coordinator_vpn_ip": "10.118.0.1", "cluster_id": base64.b64encode(cluster_id).decode(),
-            "measurement_salt": base64.b64encode(salt).decode(), "admin_pub_key": admin,
+            "measurement_salt": base64.b64encode(salt).decode(), "admin_pub_key": admin, "coordinator_pub_key": signing_key,
             "peers": [{"vpn_ip": "10.118.0.1", "vpn_pub_key": coordinator_pub, "public_ip": "10.42.0.11",
                        "role": "coordinator"}]}
 
@@ -229,8 +230,11 @@ def test_join_ticket_with_inconsistent_cluster_id_is_refused_before_lock(swtpm, 
     salt = os.urandom(32)
     ticket = core.JoinTicket(os.urandom(32), salt, os.urandom(32), os.urandom(32), "10.118.0.12", (), "10.118.0.1",
                              admin_pem())
+    signer = core.signing.Signer(kms.ClusterKMS(secret))  # signed by the Coordinators' key the node pins
+    c.join_coordinator_pub_key = signer.pub_key
+    ticket = ticket.signed(signer.sign_ticket(core.signing.CONTEXT_JOIN_TICKET, ticket.to_dict(), b"binding"))
     with pytest.raises(StateError, match="cluster ID"):
-        c.join(ticket)
+        c.join(ticket, b"binding")
     assert c.tpm.pcr15() == bytes(32) and c.state == State.ACCEPTING_INIT
 
 
@@ -243,9 +247,10 @@ def test_join_then_update(swtpm, swtpm_factory, make_core, secret):
     node_dir_tpm = swtpm_factory()
     node, vpn = make_core(node_dir_tpm)
     node.load()
-    ticket = coord.issue_join_ticket(node.disk_uuid, ip)
+    ticket = coord.signed_join_ticket(coord.issue_join_ticket(node.disk_uuid, ip), b"binding")
     assert "secrets" in repr(ticket) and base64.b64encode(ticket.state_disk_key).decode() not in repr(ticket)
-    node.join(core.JoinTicket.from_dict(ticket.to_dict()))
+    node.join_coordinator_pub_key = kms.coordinator_pub_key(kms.ClusterKMS(secret))  # agent config
+    node.join(core.JoinTicket.from_dict(ticket.to_dict()), b"binding")
     assert node.state == State.IS_NODE
     assert node.tpm.pcr15() == expected_pcr15(coord.cluster_id)
     assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)

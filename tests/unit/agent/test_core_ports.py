@@ -20,9 +20,10 @@ from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes impo
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
-from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
+from ansible_collections.constellation.cluster.plugins.module_utils.core import ports, signing
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    AccessDenied,
     AttestationError,
     ConnectionLost,
     ConstellationError,
@@ -163,8 +164,17 @@ class FakeNodeClient(ports.NodeClient):
     def attested_pcrs(self):
         return {15: self.node.tpm.pcr15()}
 
+    authenticated = False
+
+    def coordinator_auth(self, sign_auth):
+        """As the node's admin channel does (AdminAuth role coordinator): its pinned key must verify."""
+        challenge, spki = os.urandom(32), os.urandom(32)
+        if not signing.verify_auth(self.node.pinned_coordinator_pub_key(), sign_auth(challenge, spki), challenge, spki):
+            raise AccessDenied("AdminAuth (role coordinator): refused")
+        self.authenticated = True
+
     def get_state(self):
-        return self.node.get_state()
+        return self.node.get_state() if self.authenticated else self.node.public_state()
 
     def activate_as_node(self, params, disk_key_for):
         step = self.node.activate_as_node_begin(params)
@@ -218,7 +228,7 @@ class FakeJoinChannel(ports.JoinChannel):
         return self.issuer.oid, self.issuer.issue(self.user_data(self.node_vpn_pub_key, self.disk_uuid), nonce)
 
     def deliver(self, ticket):
-        self.on_ticket(ticket.to_dict())
+        self.on_ticket(ticket.to_dict(), self.user_data(self.node_vpn_pub_key, self.disk_uuid))
         if not self.confirm:
             raise ConnectionClosed("the node went away")
 
@@ -227,6 +237,7 @@ def test_join_through_ports(make_core, secret):
     coord, coord_vpn = coordinator(make_core, secret)
     node, _vpn = make_core(MemoryTPM())
     node.load()
+    node.join_coordinator_pub_key = coord.coordinator_pub_key()  # the agent config's coordinator_pub_key
 
     def request_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
         channel = FakeJoinChannel(DummyIssuer(), on_ticket)
@@ -247,7 +258,7 @@ def test_join_refuses_an_unbound_attestation_and_releases_the_ip(make_core, secr
         coord.serve_join(core.new_disk_uuid(), os.urandom(32), channel, DummyValidator())
     # A node that takes the ticket but never confirms: its IP goes back to the pool.
     node_pub, disk_uuid = os.urandom(32), core.new_disk_uuid()
-    channel = FakeJoinChannel(DummyIssuer(), lambda ticket: None, confirm=False)
+    channel = FakeJoinChannel(DummyIssuer(), lambda ticket, binding: None, confirm=False)
     channel.node_vpn_pub_key, channel.disk_uuid = node_pub, disk_uuid
     with pytest.raises(ConnectionLost):
         coord.serve_join(disk_uuid, node_pub, channel, DummyValidator())
@@ -258,9 +269,10 @@ def test_join_whose_confirmation_is_lost_says_so(make_core, secret):
     coord, _vpn = coordinator(make_core, secret)
     node, _vpn2 = make_core(MemoryTPM())
     node.load()
+    node.join_coordinator_pub_key = coord.coordinator_pub_key()
 
     def lost_after_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
-        on_ticket(coord.issue_join_ticket(disk_uuid, coord.reserve_node_ip()).to_dict())
+        on_ticket(coord.signed_join_ticket(coord.issue_join_ticket(disk_uuid, coord.reserve_node_ip()), b"b").to_dict(), b"b")
         raise ConnectionClosed("closed")
 
     with pytest.raises(ConstellationError, match="joined, but the Coordinator did not confirm"):

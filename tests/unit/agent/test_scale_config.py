@@ -22,7 +22,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.activat
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 
-BASE = {"state_dir": "/nonexistent", "public_endpoint": "10.0.0.1:9000", "variant": "dummy"}
+BASE = {"state_dir": "/nonexistent", "public_endpoint": "10.0.0.1:9000", "variant": "dummy",
+        "insecure_unauthenticated_activation": True}  # these tests are about other keys
 
 
 def test_defaults_keep_rsa_and_sixteen_workers():

@@ -120,7 +120,12 @@ class FakeClient:
     def attested_pcrs(self):
         return {15: self.pcr15}
 
+    def coordinator_auth(self, sign_auth):  # the peer's details need AdminAuth role coordinator (rpc/admin.py)
+        sign_auth(os.urandom(32), os.urandom(32))
+        self.authenticated = True
+
     def get_state(self):
+        assert getattr(self, "authenticated", False), "GetState's details before AdminAuth"
         return dict(self.state)
 
 
@@ -280,7 +285,7 @@ def test_rejoin_ticket_goes_only_to_a_recorded_peer_and_holds_only_what_it_needs
         c.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"x" * 32), FakeValidator())
     c.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
     ticket = good.delivered.to_dict()
-    assert set(ticket) == {"state_disk_key", "measurement_secret", "peers", "resource_version"}
+    assert set(ticket) == {"state_disk_key", "measurement_secret", "peers", "resource_version", "signature"}
     assert base64.b64decode(ticket["state_disk_key"]) == kms.ClusterKMS(secret).state_disk_key(uuid)
     assert secret.to_uri() not in repr(good.delivered) and secret.to_uri() not in str(ticket)
     c.evict_peer(vpn_ip, "test")
@@ -310,7 +315,7 @@ def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
     def request_ticket(vpn_ip, pub_key, disk_uuid, on_ticket):
         channel = FakeRejoinChannel(b"")
         channel._user_data = channel.user_data(vpn_ip, pub_key, disk_uuid)
-        channel.deliver = lambda ticket: on_ticket(ticket.to_dict())
+        channel.deliver = lambda ticket: on_ticket(ticket.to_dict(), channel._user_data)
         return coordinator.serve_rejoin(vpn_ip, pub_key, disk_uuid, channel, FakeValidator())
 
     assert rebooted.rejoin(request_ticket)["state"] == "IsNode"

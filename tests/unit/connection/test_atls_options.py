@@ -30,7 +30,9 @@ def options(key_file, **changes):
             "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
             "netns": None, "warm_interpreter": True, "ek_ca_path": None, "fresh_proof": True,
-            "measurements_public_key_path": None, "prestart": True}
+            "measurements_public_key_path": None, "prestart": True,
+            # These tests use qemu-vtpm on purpose (no EK CA needed): acknowledged, as the plugin requires.
+            "insecure_trust_any_ak": True}
     opts.update(changes)
     return opts.__getitem__
 
@@ -122,7 +124,9 @@ def _adhoc(tmp_path, *extra):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "local"), CONSTELLATION_ATLS_CONTROL_PATH_DIR=str(tmp_path / "cp"))
     argv = [os.path.join(REPO, ".venv", "bin", "ansible"), "all", "-i", "node0,", "-m", "ansible.builtin.command",
-            "-a", "/bin/true", "-e", "ansible_connection=constellation.cluster.atls"]
+            "-a", "/bin/true", "-e", "ansible_connection=constellation.cluster.atls",
+            # qemu-vtpm on purpose (no EK CA needed), acknowledged as the plugin requires.
+            "-e", "constellation_attestation_variant=qemu-vtpm", "-e", "constellation_insecure_trust_any_ak=true"]
     for item in extra:
         argv += ["-e", item]
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
@@ -235,7 +239,7 @@ def test_task_workers_import_no_atls_and_no_more_cryptography():
 def test_ek_variant_needs_an_ek_ca_file(key_file, tmp_path):
     with pytest.raises(SettingsError, match="ek_ca_path: expected the PEM file"):
         settings_from_options(options(key_file, attestation_variant="qemu-vtpm-ek"))
-    with pytest.raises(SettingsError, match="ek_ca_path: expected a readable PEM file"):
+    with pytest.raises(SettingsError, match="ek_ca_path: expected a readable PEM file or a folder"):
         settings_from_options(options(key_file, attestation_variant="qemu-vtpm-ek", ek_ca_path=str(tmp_path / "no")))
     (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
     s = settings_from_options(options(key_file, attestation_variant="qemu-vtpm-ek", ek_ca_path=str(tmp_path / "ca.pem")))
@@ -275,3 +279,45 @@ def test_signed_policy_file_is_used_only_when_its_signature_verifies(key_file, t
         settings_from_options(signed)
     with pytest.raises(SettingsError, match="needs a signed measurements_path"):
         settings_from_options(options(key_file, measurements_public_key_path=str(pub_path)))
+
+
+# ------------------------------------------------------------------ secure by default (issue 25)
+
+
+def test_default_variant_is_qemu_vtpm_ek_and_needs_the_ek_ca(key_file, tmp_path):
+    with pytest.raises(SettingsError, match="ek_ca_path: expected the PEM file .*constellation_ek_ca_path"):
+        settings_from_options(options(key_file, attestation_variant=None, insecure_trust_any_ak=None))
+    (tmp_path / "ca").mkdir()  # a folder of PEM files is accepted as well
+    s = settings_from_options(options(key_file, attestation_variant=None, insecure_trust_any_ak=None,
+                                      ek_ca_path=str(tmp_path / "ca")))
+    assert s.variant == "qemu-vtpm-ek" and s.insecure_trust_any_ak is False
+
+
+@pytest.mark.parametrize("ack", [None, False, "false", "no"])
+def test_qemu_vtpm_without_the_acknowledgement_is_refused_naming_it(key_file, ack):
+    with pytest.raises(SettingsError, match="insecure_trust_any_ak: expected true to use variant qemu-vtpm, which "
+                                            "trusts ANY attestation key.*constellation_insecure_trust_any_ak"):
+        settings_from_options(options(key_file, insecure_trust_any_ak=ack))
+
+
+def test_qemu_vtpm_with_the_acknowledgement_is_its_own_relay(key_file):
+    s = settings_from_options(options(key_file, insecure_trust_any_ak="yes"))
+    assert s.variant == "qemu-vtpm" and s.insecure_trust_any_ak is True
+    assert Settings.from_json(s.to_json()) == s
+
+
+def test_dummy_is_refused_outside_the_test_suite(key_file, monkeypatch):
+    monkeypatch.delenv("CONSTELLATION_TEST_SUITE")
+    with pytest.raises(SettingsError, match="attestation_variant: expected a variant with security .*dummy proves "
+                                            "nothing.*CONSTELLATION_TEST_SUITE=1"):
+        settings_from_options(options(key_file, attestation_variant="dummy", measurements=None))
+
+
+def test_a_policy_that_enforces_nothing_is_refused_naming_it(key_file, tmp_path):
+    for policy in ({"4": {"expected": "aa" * 32, "warnOnly": True}}, {"15": {"expected": "00" * 32}}):
+        with pytest.raises(SettingsError, match="enforces at least one PCR other than 15.*inline measurements"):
+            settings_from_options(options(key_file, measurements=policy))
+        path = tmp_path / "warn-only.json"
+        path.write_text(json.dumps(policy))
+        with pytest.raises(SettingsError, match="enforces at least one PCR.*%s" % path):
+            settings_from_options(options(key_file, measurements=None, measurements_path=str(path)))

@@ -73,3 +73,16 @@ def test_derive_key_errors(uri, key_id, length, name):
     with pytest.raises(AnsibleFilterError) as err:
         derive_key(uri, key_id, length)
     assert str(err.value).startswith("derive_key: %s" % name)
+
+
+def test_coordinator_pub_key_is_the_ed25519_key_of_the_derived_seed():
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    coordinator_pub_key = FILTERS["coordinator_pub_key"]
+    seed = bytes.fromhex(derive_key(EXPECTED_URI, "coordinator_signing_key"))
+    raw = ed25519.Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    assert coordinator_pub_key(EXPECTED_URI) == b64(raw)
+    with pytest.raises(AnsibleFilterError, match="coordinator_pub_key"):
+        coordinator_pub_key("kms://cluster-kms?key=&salt=")

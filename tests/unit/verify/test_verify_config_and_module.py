@@ -20,7 +20,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.modules import constellation_verify
 
-BASE = {"state_dir": "/nonexistent", "public_endpoint": "10.0.0.1:9000", "variant": "dummy"}
+BASE = {"state_dir": "/nonexistent", "public_endpoint": "10.0.0.1:9000", "variant": "dummy",
+        "insecure_unauthenticated_activation": True}  # these tests are about other keys
 
 
 # --------------------------------------------------------------------------- agent settings
@@ -31,6 +32,19 @@ def test_every_agent_serves_it_on_constellations_ports_by_default():
     assert (config.verify_grpc_endpoint, config.verify_http_endpoint) == ("10.0.0.1:9090", "10.0.0.1:8080")
     config = AgentConfig.from_mapping(dict(BASE, public_endpoint="[fd00::1]:9000"))
     assert (config.verify_grpc_endpoint, config.verify_http_endpoint) == ("[fd00::1]:9090", "[fd00::1]:8080")
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0:9000", "[::]:9000"])
+def test_it_binds_the_public_address_not_all_addresses_by_default(wildcard):
+    """Issue 25, finding 9: with public_endpoint on all addresses, the verification service listens on
+    public_ip only (it was 0.0.0.0); an explicit endpoint is taken as it is."""
+    config = AgentConfig.from_mapping(dict(BASE, public_endpoint=wildcard, public_ip="192.0.2.7"))
+    assert (config.verify_grpc_endpoint, config.verify_http_endpoint) == ("192.0.2.7:9090", "192.0.2.7:8080")
+    config = AgentConfig.from_mapping(dict(BASE, public_endpoint=wildcard, public_ip="fd00::7"))
+    assert (config.verify_grpc_endpoint, config.verify_http_endpoint) == ("[fd00::7]:9090", "[fd00::7]:8080")
+    config = AgentConfig.from_mapping(dict(BASE, public_endpoint=wildcard, public_ip="192.0.2.7",
+                                           verify_http_endpoint="0.0.0.0:8080"))
+    assert config.verify_http_endpoint == "0.0.0.0:8080"
 
 
 def test_empty_turns_one_transport_off():
@@ -72,7 +86,9 @@ def test_a_taken_port_is_named_and_nothing_stays_open():
 
 
 def run_module(capsys, args):
-    """Runs the module's main; returns its JSON result (exit_json and fail_json both end the process)."""
+    """Runs the module's main; returns its JSON result (exit_json and fail_json both end the process).
+    Variant qemu-vtpm unless ``args`` says otherwise (the module serves Constellation's), acknowledged."""
+    args = {k: v for k, v in dict({"variant": "qemu-vtpm", "insecure_trust_any_ak": True}, **args).items() if v is not None}
     with patch_module_args(args), pytest.raises(SystemExit) as done:
         constellation_verify.main()
     result = json.loads(capsys.readouterr().out)
@@ -135,6 +151,7 @@ def test_module_warns_for_a_warn_only_mismatch(node, capsys, monkeypatch):
                                  "measurements": _policy(pcrs, **{"14": {"expected": "cd" * 32, "warnOnly": True}})})
     assert not result.get("failed")
     assert "PCR 14: expected %s, found %s (warn-only)" % ("cd" * 32, pcrs[14].hex()) in json.dumps(result["warnings"])
+    assert "variant qemu-vtpm trusts ANY attestation key" in json.dumps(result["warnings"])  # acknowledged, warned
 
 
 @pytest.mark.parametrize("transport", vs.TRANSPORTS)
@@ -154,8 +171,13 @@ def test_module_refuses_a_replayed_answer(node, capsys, transport):
 
 def test_module_refuses_qemu_vtpm_ek_and_bad_input_clearly(capsys):
     result = run_module(capsys, {"endpoint": "127.0.0.1:9090", "variant": "qemu-vtpm-ek", "ek_ca_path": "/x.pem"})
-    assert result["failed"] and result["msg"].startswith("variant: expected qemu-vtpm or dummy")
+    assert result["failed"] and result["msg"].startswith("variant: expected qemu-vtpm (with insecure_trust_any_ak: true) or dummy")
     result = run_module(capsys, {"endpoint": "127.0.0.1", "variant": "dummy"})
     assert result["failed"] and result["msg"] == "endpoint: expected host:port, got '127.0.0.1'"
     result = run_module(capsys, {"endpoint": "127.0.0.1:9090"})
     assert result["failed"] and "measurements" in result["msg"]
+    # Its default (the collection's, qemu-vtpm-ek) is refused, saying what to set; qemu-vtpm needs the acknowledgement.
+    result = run_module(capsys, {"endpoint": "127.0.0.1:9090", "variant": None, "insecure_trust_any_ak": None})
+    assert result["failed"] and "qemu-vtpm (with insecure_trust_any_ak: true)" in result["msg"]
+    result = run_module(capsys, {"endpoint": "127.0.0.1:9090", "insecure_trust_any_ak": False})
+    assert result["failed"] and result["msg"].startswith("insecure_trust_any_ak: expected true to use variant qemu-vtpm")

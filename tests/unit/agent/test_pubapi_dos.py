@@ -1,0 +1,275 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Issue 25, finding 11: idle connections must not fill a Node's pubapi, and a Node that cannot be
+reached (a handshake that times out, is reset or ends) is unreachable, never a failed attestation.
+Real servers on loopback (the pubapi FrameServer with aTLS, the Core's re-attestation with the real
+aTLS client); every loop is bounded and timeouts only detect a hang."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+import time
+
+import pytest
+
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import server as rpc_server
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
+
+# The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes).
+from ansible_collections.constellation.cluster.tests.unit.agent.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
+
+
+@pytest.fixture
+def pubapi(swtpm, make_core):
+    """A Node's pubapi + admin listener as the agent builds it (default limits)."""
+    c, _vpn = make_core(swtpm)
+    c.load()
+    admin = AdminHandlers(c)
+    handlers = dict(PubAPI(c, DummyValidator(), admin=admin).handlers())
+    handlers.update(admin.handlers())
+    tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
+    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
+    yield server
+    server.stop()
+    tls.close()
+
+
+def endpoint_of(server) -> str:
+    return "127.0.0.1:%d" % server.address[1]
+
+
+def idle_tcp(server, count, source="127.0.0.1"):
+    """``count`` TCP connections from ``source`` that never send a byte."""
+    socks = []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind((source, 0))
+        s.settimeout(10)
+        s.connect(("127.0.0.1", server.address[1]))
+        socks.append(s)
+    return socks
+
+
+def idle_tls(server, count, source):
+    """``count`` aTLS connections from ``source``: handshake done (each cost the server a quote),
+    then never a request."""
+    socks = []
+    for _ in range(count):
+        raw = socket.socket()
+        raw.bind((source, 0))
+        raw.settimeout(10)
+        raw.connect(("127.0.0.1", server.address[1]))
+        try:
+            socks.append(atls.client_handshake(raw, [DummyValidator()]).sock)
+        except Exception:  # pylint: disable=broad-except
+            pass  # replaced by a newer connection of ours before its handshake ended
+    return socks
+
+
+def closed_by_server(sock) -> bool:
+    """True when the server ended the connection (EOF or reset); False when it still holds it open."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except socket.timeout:
+        return False
+    except (ssl.SSLError, OSError):
+        return True
+
+
+def reattest_like_a_coordinator(server):
+    """The Coordinator's re-attestation path (agent.py connect_peer): aTLS with its timeouts, GetState."""
+    with AgentClient.connect(endpoint_of(server), [DummyValidator()], timeout=10) as client:
+        return client.get_state()
+
+
+def close_all(socks):
+    for s in socks:
+        try:
+            s.close()
+        except OSError:
+            pass
+
+
+def test_idle_connections_of_one_source_do_not_lock_out_the_coordinator(pubapi):
+    """Attack (a): 64 idle aTLS connections (handshake done, never a request) and 6 idle TCP ones from
+    one source. Today's main: the pool of 64 is full for 300 s and the Coordinator's handshake times
+    out. Now: the source holds at most 8, each new connection replacing its longest idle one, and the
+    Coordinator gets through."""
+    attacker = idle_tls(pubapi, rpc_server.MAX_CONNECTIONS, "127.0.0.1")
+    attacker += idle_tcp(pubapi, 6)
+    try:
+        assert reattest_like_a_coordinator(pubapi)["state"] == "AcceptingInit"
+        assert pubapi.connection_count <= rpc_server.MAX_CONNECTIONS_PER_SOURCE + 1
+        assert all(closed_by_server(s) for s in attacker[:50])  # replaced, not kept
+    finally:
+        close_all(attacker)
+
+
+def test_idle_tls_connections_of_many_sources_do_not_fill_the_pool(pubapi):
+    """Attack (a), spread over 8 source addresses x 8 attested-but-idle TLS connections (the pool's 64),
+    then 8 idle TCP ones from a ninth: the pool never holds more than its 64 (the longest idle go), and
+    the Coordinator still gets through."""
+    attacker = []
+    try:
+        for octet in range(2, 10):
+            attacker += idle_tls(pubapi, rpc_server.MAX_CONNECTIONS_PER_SOURCE, "127.0.0.%d" % octet)
+        attacker += idle_tcp(pubapi, 8, "127.0.0.10")
+        assert pubapi.connection_count <= rpc_server.MAX_CONNECTIONS
+        state = reattest_like_a_coordinator(pubapi)
+        assert state["state"] == "AcceptingInit"
+        assert pubapi.connection_count <= rpc_server.MAX_CONNECTIONS
+    finally:
+        close_all(attacker)
+
+
+def test_a_connection_that_sends_no_request_or_idles_unauthenticated_is_closed(swtpm, make_core):
+    """The deadlines themselves (short here so the test ends quickly): no request after the handshake,
+    or an unauthenticated connection idle after its request, is closed by the server."""
+    c, _vpn = make_core(swtpm)
+    c.load()
+    tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
+    server = FrameServer("pubapi", ("127.0.0.1", 0), dict(PubAPI(c, DummyValidator()).handlers()), tls=tls,
+                         first_request_timeout=0.5, unauthenticated_idle_timeout=0.5).start()
+    try:
+        silent = idle_tcp(server, 1)[0]
+        client = AgentClient.connect(endpoint_of(server), [DummyValidator()], timeout=10)
+        assert client.get_state()["state"] == "AcceptingInit"
+        assert closed_by_server(silent)
+        assert closed_by_server(client.sock)
+        deadline = time.monotonic() + 10
+        while server.connection_count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.connection_count == 0
+    finally:
+        server.stop()
+        tls.close()
+
+
+def test_the_accept_loop_never_waits_for_a_slot_while_every_connection_is_busy(swtpm, make_core):
+    """A pool of 2 whose both connections are busy in a request: a third connection is closed at once
+    (the client learns it), not held in the accept loop while the loop waits for a slot."""
+    c, _vpn = make_core(swtpm)
+    c.load()
+    entered, release = threading.Semaphore(0), threading.Event()
+
+    def slow(conn, params):
+        entered.release()
+        release.wait(10)
+        conn.stream.send_result({})
+
+    server = FrameServer("pubapi", ("127.0.0.1", 0), {"Slow": slow}, max_connections=2).start()
+    busy = [AgentClient.connect_plain(endpoint_of(server), timeout=10) for _ in range(2)]
+    threads = [threading.Thread(target=b.call, args=("Slow",), daemon=True) for b in busy]
+    try:
+        for t in threads:
+            t.start()
+        assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+        third = idle_tcp(server, 1)[0]
+        assert closed_by_server(third)
+        release.set()
+        for t in threads:
+            t.join(10)
+        assert AgentClient.connect_plain(endpoint_of(server), timeout=10).call("Slow") == {}
+    finally:
+        release.set()
+        server.stop()
+
+
+# ------------------------------------------------- attack (b): unreachable is not a failed attestation
+
+
+class BlackHole:
+    """Accepts TCP and never answers the handshake (or, ``reset``, closes each connection at once)."""
+
+    def __init__(self, reset=False):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.endpoint = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.held = []
+        self.reset = reset
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                sock, _addr = self.listener.accept()
+            except OSError:
+                continue
+            if self.reset:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                sock.close()
+            else:
+                self.held.append(sock)
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        close_all(self.held + [self.listener])
+
+
+def connect_to(endpoint, validators, timeout=1.0):
+    """The re-attestation connect (AgentClient over the real aTLS client), with a short handshake timeout."""
+    def connect_peer(_public_ip):
+        conn = atls.connect(endpoint, validators, timeout=timeout)
+        return AgentClient(conn.sock, atls.spki_hash(conn_cert_key(conn)), conn)
+    return connect_peer
+
+
+def conn_cert_key(conn):
+    from cryptography import x509
+    return x509.load_der_x509_certificate(conn.peer_certificate).public_key()
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["silent", "reset"])
+def test_a_node_whose_handshake_times_out_or_resets_is_unreachable_not_evicted(cluster, reset):  # noqa: F811
+    """Attack (b): a Node's pubapi that accepts TCP but never answers the handshake (a full pool on
+    today's main looks exactly like this), or resets it. Today's main: AttestationError, evicted on the
+    first round. Now: unreachable, evicted only after ``unreachable_limit`` rounds."""
+    c, _vpn, nodes = cluster
+    hole = BlackHole(reset=reset)
+    try:
+        connect_peer = connect_to(hole.endpoint, [DummyValidator()])
+        for round_ in (1, 2):
+            rows = c.reattest_peers(connect_peer, unreachable_limit=3)
+            assert {r["outcome"] for r in rows} == {"unreachable"}, rows
+            assert all("attestation failed" not in r["error"] for r in rows)
+        for node in nodes.values():
+            assert not c.is_evicted(node["vpn_ip"]) and c.is_known_peer_ip(node["vpn_ip"])
+        assert c.get_state()["evicted"] == []
+        rows = c.reattest_peers(connect_peer, unreachable_limit=3)  # the limit is still the limit
+        assert {r["outcome"] for r in rows} == {"evicted"}
+        assert all("unreachable for 3 consecutive" in r["error"] for r in rows)
+    finally:
+        hole.close()
+
+
+def test_a_document_that_arrives_and_fails_verification_still_evicts_at_once(cluster):  # noqa: F811
+    """The other side of (b): a real server whose attestation arrives and is refused is evicted on the
+    first round (AttestationError), as before."""
+    c, _vpn, _nodes = cluster
+
+    class Refusing(DummyValidator):
+        def validate(self, document, nonce):
+            raise AttestationError("measurements mismatch: PCR 4: expected aa, found bb")
+
+    tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
+    server = FrameServer("pubapi", ("127.0.0.1", 0), {}, tls=tls).start()
+    try:
+        rows = c.reattest_peers(connect_to(endpoint_of(server), [Refusing()], timeout=10))
+        assert {r["outcome"] for r in rows} == {"evicted"}
+        assert all("PCR 4" in r["error"] and r["error"].startswith("attestation failed") for r in rows)
+    finally:
+        server.stop()
+        tls.close()

@@ -1,0 +1,96 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node_agent role's defaults as Ansible renders them (issue 25, items 1, 3 and 9): the agent
+configuration it writes for a host, checked with the agent's own loader as the role's first task does
+(filter agent_config_error). By default: variant qemu-vtpm-ek with the controller's EK CA file, this
+host's init secret hash derived from the cluster's init secret, the verification service on the public
+IP (the public endpoint binds 0.0.0.0); without an init secret the role's check names the variable."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import init_secret_hash
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  vars_files:
+    - {repo}/roles/node_agent/defaults/main.yml
+    - {repo}/roles/node_agent/vars/main.yml
+  vars:
+    role_path: {repo}/roles/node_agent
+  tasks:
+    - ansible.builtin.copy:
+        dest: "{{{{ out }}}}"
+        content: "{{{{ {{'config': node_agent_config,
+                       'error': node_agent_config | constellation.cluster.agent_config_error(node_agent_config_names)}}
+                     | to_json }}}}"
+"""
+
+
+def render(tmp_path, **extra):
+    play = tmp_path / "play.yml"
+    play.write_text(PLAY.format(repo=REPO))
+    out = tmp_path / "out.json"
+    args = [os.path.join(REPO, ".venv", "bin", "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play),
+            "-e", json.dumps(dict({"out": str(out), "constellation_public_ip": "192.0.2.10",
+                                   "ansible_python_interpreter": sys.executable}, **extra))]
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.fixture
+def ek_ca_file(tmp_path):
+    from ansible_collections.constellation.cluster.tests.unit.attestation.test_ek_trust_bundle import Vendor, pem
+
+    vendor = Vendor("Vendor A")
+    path = tmp_path / "ek_ca.pem"
+    path.write_bytes(pem(vendor.root, vendor.inter))
+    return str(path)
+
+
+def test_the_role_defaults_are_secure(tmp_path, ek_ca_file):
+    secret = base64.b64encode(os.urandom(32)).decode()
+    (tmp_path / "init_secret").write_text(secret + "\n")
+    result = render(tmp_path, constellation_init_secret_file=str(tmp_path / "init_secret"),
+                    constellation_ek_ca_path=ek_ca_file, node_agent_measurements={"4": {"expected": "aa" * 32}})
+    config = result["config"]
+    assert config["variant"] == "qemu-vtpm-ek" and config["ek_ca"].endswith("/ek_ca.pem")
+    assert config["init_secret_hash"] == init_secret_hash(secret, "192.0.2.10")
+    assert "insecure_trust_any_ak" not in config and "insecure_unauthenticated_activation" not in config
+    assert config["public_endpoint"] == "0.0.0.0:9000"
+    assert (config["verify_grpc_endpoint"], config["verify_http_endpoint"]) == ("192.0.2.10:9090", "192.0.2.10:8080")
+    assert result["error"] == ""
+
+
+def test_without_an_init_secret_the_role_check_names_the_variable(tmp_path, ek_ca_file):
+    result = render(tmp_path, constellation_ek_ca_path=ek_ca_file,
+                    node_agent_measurements={"4": {"expected": "aa" * 32}})
+    assert "init_secret_hash" not in result["config"]
+    assert result["error"].startswith("node_agent_init_secret_hash")
+    assert "insecure_unauthenticated_activation: true" in result["error"]
+    # The explicit opt-out, and qemu-vtpm with its acknowledgement: accepted, and written so the agent warns.
+    result = render(tmp_path, node_agent_insecure_unauthenticated_activation=True,
+                    constellation_attestation_variant="qemu-vtpm", constellation_insecure_trust_any_ak=True,
+                    node_agent_measurements={"4": {"expected": "aa" * 32}})
+    assert result["error"] == ""
+    assert result["config"]["insecure_unauthenticated_activation"] is True
+    assert result["config"]["insecure_trust_any_ak"] is True and result["config"]["variant"] == "qemu-vtpm"
+
+
+def test_qemu_vtpm_without_the_acknowledgement_is_refused_naming_the_role_variable(tmp_path):
+    result = render(tmp_path, node_agent_insecure_unauthenticated_activation=True, node_agent_variant="qemu-vtpm",
+                    node_agent_measurements={"4": {"expected": "aa" * 32}})
+    assert result["error"].startswith("node_agent_insecure_trust_any_ak: expected true to use variant qemu-vtpm")

@@ -1,0 +1,194 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The EK trust anchor of qemu-vtpm-ek as real hosts need it (issue 25, item 1): a bundle of several
+vendors' CAs in one PEM file or a folder of PEM files, RSA and ECC EK certificates, intermediates
+given beside the roots or stored in the TPM's NV (TCG EK Credential Profile 2.5). Only a self-signed
+CA of the bundle is a trust anchor; an intermediate is a link, never an anchor. Certificates are made
+with ``cryptography``; the end-to-end case manufactures an ECC EK certificate and its intermediate
+into a real swtpm's NV."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+from tpm2_pytss import ESAPI, ESYS_TR, TPM2_ALG, TPM2B_NV_PUBLIC, TPMA_NV, TPMS_NV_PUBLIC
+from tpm2_pytss.internal.templates import ek_template
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import (
+    EK_CERT_NV_INDEX_ECC,
+    EK_CHAIN_NV_FIRST,
+    CertifiedAK,
+    VTPMEKIssuer,
+    VTPMEKValidator,
+    check_trust_anchors,
+    ek_public_from_cert,
+    enroll,
+    load_ca_certs,
+    verify_ek_cert,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+    Measurement,
+    Measurements,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import read_pcrs
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
+
+NONCE = b"b" * 32
+_NOW = datetime.datetime.now(datetime.timezone.utc)
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def make_cert(subject: str, pub_key, issuer_name: str, issuer_key, ca: bool) -> x509.Certificate:
+    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer_name))
+               .public_key(pub_key).serial_number(x509.random_serial_number())
+               .not_valid_before(_NOW - datetime.timedelta(days=1)).not_valid_after(_NOW + datetime.timedelta(days=30))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+class Vendor:
+    """A TPM vendor's PKI: a self-signed root and an intermediate that signs EK certificates."""
+
+    def __init__(self, name: str, ecc: bool = False):
+        self.root_key = ec.generate_private_key(ec.SECP384R1()) if ecc else rsa.generate_private_key(65537, 2048)
+        self.root = make_cert(name + " root", self.root_key.public_key(), name + " root", self.root_key, True)
+        self.inter_key = ec.generate_private_key(ec.SECP256R1()) if ecc else rsa.generate_private_key(65537, 2048)
+        self.inter = make_cert(name + " EK CA", self.inter_key.public_key(), name + " root", self.root_key, True)
+        self.name = name
+
+    def ek_cert(self, pub_key) -> x509.Certificate:
+        return make_cert(self.name + " EK", pub_key, self.name + " EK CA", self.inter_key, False)
+
+
+def pem(*certs) -> bytes:
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs)
+
+
+def der(cert) -> bytes:
+    return cert.public_bytes(serialization.Encoding.DER)
+
+
+@pytest.fixture(scope="module")
+def vendors():
+    return Vendor("Vendor A"), Vendor("Vendor B", ecc=True)
+
+
+def test_a_bundle_of_several_vendors_trusts_rsa_and_ecc_ek_certificates(vendors, tmp_path):
+    a, b = vendors
+    bundle = tmp_path / "ek-roots.pem"
+    bundle.write_bytes(pem(a.root, a.inter, b.root, b.inter))
+    certs = load_ca_certs([str(bundle)], "ek_ca")
+    check_trust_anchors(certs)
+    rsa_ek = a.ek_cert(rsa.generate_private_key(65537, 2048).public_key())
+    ecc_ek = b.ek_cert(ec.generate_private_key(ec.SECP256R1()).public_key())
+    assert verify_ek_cert(der(rsa_ek), certs) == rsa_ek
+    assert verify_ek_cert(der(ecc_ek), certs) == ecc_ek
+    public = ek_public_from_cert(ecc_ek)  # what MakeCredential encrypts to: the TCG EK-ECC256 template
+    assert int(public.type) == TPM2_ALG.ECC and bytes(public.unique.ecc.x) == ecc_ek.public_key().public_numbers(
+    ).x.to_bytes(32, "big")
+
+
+def test_a_folder_of_pem_files_is_a_bundle(vendors, tmp_path):
+    a, b = vendors
+    folder = tmp_path / "ek-cas"
+    folder.mkdir()
+    for i, cert in enumerate((a.root, a.inter, b.root, b.inter)):
+        (folder / ("%d.pem" % i)).write_bytes(pem(cert))
+    (folder / "README.txt").write_text("not a certificate")  # other files are ignored
+    trust = choose.load_trust("qemu-vtpm-ek", str(folder))
+    assert len(trust.ek_ca_certs) == 4
+    ek = b.ek_cert(ec.generate_private_key(ec.SECP256R1()).public_key())
+    assert verify_ek_cert(der(ek), trust.ek_ca_certs) == ek
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="^ek_ca_path: expected a folder holding CA certificates"):
+        choose.load_trust("qemu-vtpm-ek", str(empty))
+
+
+def test_an_intermediate_is_never_a_trust_anchor(vendors, tmp_path):
+    """Only the intermediate pinned: refused at load (no root), and an EK chaining to it alone is not
+    trusted; its chain must end at a self-signed root of the bundle."""
+    a, _b = vendors
+    only_inter = tmp_path / "inter.pem"
+    only_inter.write_bytes(pem(a.inter))
+    with pytest.raises(InputError, match="^ek_ca_path: expected at least one self-signed CA"):
+        choose.load_trust("qemu-vtpm-ek", str(only_inter))
+    ek = a.ek_cert(rsa.generate_private_key(65537, 2048).public_key())
+    with pytest.raises(AttestationError, match="does not chain to the trusted CAs"):
+        verify_ek_cert(der(ek), [a.inter])
+
+
+def test_intermediates_from_the_tpm_nv_are_links_only(vendors):
+    a, b = vendors
+    ek = a.ek_cert(rsa.generate_private_key(65537, 2048).public_key())
+    # The root pinned, the intermediate offered by the TPM (NV): trusted.
+    assert verify_ek_cert(der(ek), [a.root], [der(a.inter)]) == ek
+    # An attacker's own PKI offered whole (its root in the "NV chain"): refused, whatever it offers.
+    mallory = Vendor("Vendor A")  # same names, other keys
+    forged = mallory.ek_cert(rsa.generate_private_key(65537, 2048).public_key())
+    with pytest.raises(AttestationError, match="not among the trusted CAs|does not chain"):
+        verify_ek_cert(der(forged), [a.root, b.root], [der(mallory.inter), der(mallory.root)])
+    # A record keeps the offered chain, so that the trust check at every attestation can walk it again.
+    record = CertifiedAK(b"ak", der(ek), (der(a.inter),))
+    assert CertifiedAK.from_dict(record.to_dict()) == record
+
+
+# ------------------------------------------------------------------ a real TPM with an ECC EK and its chain in NV
+
+
+def _nv_write(esapi: ESAPI, index: int, data: bytes) -> None:
+    public = TPM2B_NV_PUBLIC(nvPublic=TPMS_NV_PUBLIC(
+        nvIndex=index, nameAlg=TPM2_ALG.SHA256, dataSize=len(data),
+        attributes=TPMA_NV.OWNERWRITE | TPMA_NV.OWNERREAD | TPMA_NV.AUTHREAD | TPMA_NV.AUTHWRITE | TPMA_NV.NO_DA))
+    handle = esapi.nv_define_space(b"", public, ESYS_TR.OWNER)
+    for offset in range(0, len(data), 512):
+        esapi.nv_write(handle, data[offset:offset + 512], offset)
+
+
+def test_a_tpm_with_an_ecc_ek_and_its_intermediate_in_nv_enrolls_and_attests(vendors, fresh_swtpm):
+    """Manufactured like a vendor's TPM: the EK-ECC256 key's certificate at 0x01c0000a, the vendor's
+    intermediate at 0x01c00100; the verifier pins the vendor's root only."""
+    _a, b = vendors
+    with ESAPI(fresh_swtpm.tcti) as esapi:
+        template = ek_template.lookup("EK-ECC256").template  # the TCG default, as the issuer recreates it
+        ek, public, _cd, _ch, _ct = esapi.create_primary(None, template, ESYS_TR.ENDORSEMENT)
+        esapi.flush_context(ek)
+        point = public.publicArea.unique.ecc
+        ek_pub = ec.EllipticCurvePublicNumbers(int.from_bytes(bytes(point.x), "big"),
+                                               int.from_bytes(bytes(point.y), "big"), ec.SECP256R1()).public_key()
+        _nv_write(esapi, EK_CERT_NV_INDEX_ECC, der(b.ek_cert(ek_pub)))
+        _nv_write(esapi, EK_CHAIN_NV_FIRST, der(b.inter))
+    with VTPMEKIssuer(fresh_swtpm.tcti, event_log_path=None) as issuer:
+        request = issuer.enrollment_request()
+        assert len(request["ek_chain"]) == 1
+        record = enroll(issuer, [b.root])  # credential activation with the ECC EK
+        assert record.ek_chain == (der(b.inter),)
+        pcrs = read_pcrs(fresh_swtpm.tcti)
+        validator = VTPMEKValidator(Measurements({i: Measurement(pcrs[i]) for i in (0, 4)}), [b.root], [record])
+        assert validator.validate(issuer.issue(b"u", NONCE), NONCE).user_data == b"u"
+        # Without the enrollment the same TPM is not trusted; with another vendor's root pinned it never enrolls.
+        with pytest.raises(AttestationError, match="AK is not certified"):
+            VTPMEKValidator(Measurements({0: Measurement(pcrs[0])}), [b.root]).validate(issuer.issue(b"u", NONCE),
+                                                                                       NONCE)
+        with pytest.raises(AttestationError, match="does not chain|not among the trusted CAs"):
+            enroll(issuer, [vendors[0].root])
+
+
+def test_the_lab_bundle_of_swtpm_root_and_intermediate_still_works(swtpm_ek, tmp_path):
+    path = tmp_path / "ek_ca.pem"
+    path.write_bytes(b"".join(Path(p).read_bytes() for p in swtpm_ek.ca_cert_paths()))
+    trust = choose.load_trust(choose.DEFAULT_VARIANT, str(path))
+    with VTPMEKIssuer(swtpm_ek.tcti, event_log_path=None) as issuer:
+        trust.certified_aks.add(enroll(issuer, [str(path)]))
+        assert len(trust.certified_aks) == 1
