@@ -140,8 +140,7 @@ class PeerTrust(NodeActivation):
             row.update(outcome=UNREACHABLE, error=error)
             self._log("reattest_unreachable", level="warning", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip,
                       failures=count, limit=unreachable_limit, error=error[:MAX_REASON])
-            # A Coordinator is evicted for a failed attestation only: one that is down (or rebooted and waits
-            # for recover.yml) leaves through remove_coordinator.yml, never behind the admin's back.
+            # A Coordinator is evicted only for a failed attestation (a dead one: remove_coordinator.yml).
             if count >= unreachable_limit and peer.role != ROLE_COORDINATOR:
                 row.update(outcome=EVICTED, error="unreachable for %d consecutive re-attestation rounds: %s"
                            % (count, error))

@@ -109,7 +109,8 @@ def test_kubelet_cert_days_is_configurable_and_bounded(initialised, control_plan
     for bad in (0, 366, "7", True):
         with pytest.raises(InputError, match="kubelet_cert_days"):
             JoinProvider(KUBEADM_DOUBLE, control_plane_dir, kubelet_cert_days=bad)
-    base = {"state_dir": "/tmp/x", "public_endpoint": "127.0.0.1:9000", "variant": "dummy"}
+    base = {"state_dir": "/tmp/x", "public_endpoint": "127.0.0.1:9000", "variant": "dummy",
+            "insecure_unauthenticated_activation": True}
     with pytest.raises(InputError, match="kubelet_cert_days"):
         AgentConfig.from_mapping(dict(base, kubelet_cert_days=0))
     from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm import join_provider
