@@ -42,7 +42,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.encoding imp
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
 from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import require_init_secret_hash
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
+    KUBELET_CERT_DAYS, JoinProvider, validate_kubelet_cert_days)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, ask_in_turn, connect_enrolling
@@ -76,7 +77,7 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "vpn_cidr", "wg_listen_port", "log_level", "measurements_public_key", "init_secret_hash",
                 "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg",
                 "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
-                "coordinator_pub_key",
+                "kubelet_cert_days", "coordinator_pub_key",
                 "insecure_trust_any_ak", "insecure_unauthenticated_activation"}  # explicit insecure choices
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
@@ -168,6 +169,7 @@ class AgentConfig:
     ak_alg: str = "rsa"  # the AK of the vTPM variants: rsa (as Constellation's issuer) or ecc (P-256, faster)
     kubeadm_path: Optional[str] = None  # Coordinator: kubeadm for join arguments (None: looked up on PATH)
     kubernetes_dir: str = "/etc/kubernetes"  # Coordinator: where its control plane is (admin.conf, pki/)
+    kubelet_cert_days: int = KUBELET_CERT_DAYS  # Coordinator: lifetime of the kubelet certificates it signs
     verify_grpc_endpoint: Optional[str] = None  # None: public_endpoint's host, port 9090; "": off
     verify_http_endpoint: Optional[str] = None  # None: public_endpoint's host, port 8080; "": off
     insecure_trust_any_ak: bool = False  # accept variant qemu-vtpm (it trusts any AK); warned on every start
@@ -222,6 +224,7 @@ class AgentConfig:
             value = getattr(config, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise InputError(name, "an integer between %d and %d" % (low, high), value)
+        validate_kubelet_cert_days(config.kubelet_cert_days)
         if config.ak_alg not in AK_ALGS:
             raise InputError("ak_alg", "one of %s" % ", ".join(AK_ALGS), config.ak_alg)
         config.init_secret_hash = require_init_secret_hash(config.init_secret_hash, config.insecure_unauthenticated_activation)
@@ -290,7 +293,8 @@ class Agent:
                                    variant_oid=self.issuer.oid)
         self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator)
-        self.vpnapi = VPNAPI(self.core, kubeadm=JoinProvider(config.kubeadm_path, config.kubernetes_dir), log=self.log)
+        self.vpnapi = VPNAPI(self.core, kubeadm=JoinProvider(config.kubeadm_path, config.kubernetes_dir,
+                                                                  kubelet_cert_days=config.kubelet_cert_days), log=self.log)
         self.core.activation_workers = config.activation_workers
         self.core.etcd_member = (EtcdMember.from_config(config.etcd_member, config.state_dir)
                                  if config.etcd_member is not None else None)

@@ -64,6 +64,10 @@ KEY_INIT_SECRET = "initSecret"
 # Peers evicted after a failed re-attestation, by VPN IP (core/trust.py): JSON {vpn_ip, vpn_pub_key,
 # public_ip, reason, ts}; public values only.
 KEY_EVICTED_PREFIX = "evictedPeer"
+# Bumped in the same transaction as every change of the evictions: every Coordinator sharing the store
+# compares it with the version it holds and reloads the evictions only when it differs (core/trust.py).
+# Not under KEY_EVICTED_PREFIX (a prefix scan of the evictions must not see it).
+KEY_EVICTIONS_VERSION = "evictionsVersion"
 
 # What a peer keeps for itself (its local store) when its Coordinators share the cluster's state in an
 # etcd cluster (docs/store.md): its own node state, and the KMS settings and init secret it needs to
@@ -365,19 +369,55 @@ def load_init_secret(store) -> Optional[bytes]:
         raise StoreError("the stored init secret is invalid") from None
 
 
-def save_eviction(store, vpn_ip: str, record: Mapping) -> None:
-    store.put(KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip)),
-              json.dumps(dict(record), sort_keys=True, separators=(",", ":")).encode("utf-8"))
+def _bump_evictions_version(tx: Txn) -> int:
+    raw = tx.get_default(KEY_EVICTIONS_VERSION)
+    try:
+        version = int(raw) + 1 if raw else 1
+    except ValueError:
+        version = 1
+    tx.put(KEY_EVICTIONS_VERSION, str(version).encode("ascii"))
+    return version
 
 
-def delete_eviction(store, vpn_ip: str) -> None:
-    ip = str(ipaddress.ip_address(vpn_ip))
-    store.update(lambda tx: tx.delete(KEY_EVICTED_PREFIX + ip) if tx.get_default(KEY_EVICTED_PREFIX + ip) is not None
-                 else None)
+def save_eviction(store, vpn_ip: str, record: Mapping) -> int:
+    """Records one eviction and bumps ``KEY_EVICTIONS_VERSION`` in one transaction; returns the new version."""
+    key = KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip))
+    value = json.dumps(dict(record), sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    def write(tx: Txn) -> int:
+        tx.put(key, value)
+        return _bump_evictions_version(tx)
+
+    return store.update(write)
 
 
-def load_evictions(store) -> Dict[str, dict]:
-    def read(tx: Txn) -> Dict[str, dict]:
+def delete_eviction(store, vpn_ip: str) -> Optional[int]:
+    """Forgets one eviction (re-admission); the new evictions version, or None if there was none."""
+    key = KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip))
+
+    def forget(tx: Txn) -> Optional[int]:
+        if tx.get_default(key) is None:
+            return None
+        tx.delete(key)
+        return _bump_evictions_version(tx)
+
+    return store.update(forget)
+
+
+def peek_evictions_version(store) -> Optional[int]:
+    """The evictions version as the store's nearest copy has it (``Store.peek``: no majority needed);
+    None if no eviction was ever recorded. StoreError if the store cannot answer."""
+    raw = store.peek(KEY_EVICTIONS_VERSION)
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        raise StoreError("the stored evictions version is invalid") from None
+
+
+def load_evictions(store, with_version: bool = False):
+    """The evictions by VPN IP (``with_version``: and the evictions version they belong to, one
+    transaction)."""
+    def read(tx: Txn):
         out = {}
         for key, value in tx.items(KEY_EVICTED_PREFIX):
             try:
@@ -385,7 +425,13 @@ def load_evictions(store) -> Dict[str, dict]:
             except (ValueError, TypeError) as err:
                 raise StoreError("the stored eviction of %s is invalid: %s" % (key[len(KEY_EVICTED_PREFIX):], err)) \
                     from None
-        return out
+        if not with_version:
+            return out
+        raw = tx.get_default(KEY_EVICTIONS_VERSION)
+        try:
+            return out, int(raw) if raw else None
+        except ValueError:
+            raise StoreError("the stored evictions version is invalid") from None
 
     return store.update(read)
 

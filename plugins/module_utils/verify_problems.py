@@ -4,8 +4,9 @@
 """The verdict on one peer of site.yml's step 6 and verify.yml (playbooks/tasks/verify_peer.yml): every
 problem one line "<peer>: <what is wrong>", none when the peer passed every check. Public values only.
 
-Inputs are what the playbook has: the peer's attested state (agent_state's result), whether the Coordinator
-evicted it, and the output of the one command the playbook runs on the peer for its WireGuard interface
+Inputs are what the playbook has: the peer's attested state (agent_state's result), whether the Coordinators
+evicted it (a Node, or a Coordinator evicted by the leader), and the output of the one command the playbook
+runs on the peer for its WireGuard interface
 (lines "allowed KEY IPS", "address ADDR/PREFIX", "noip", "ping IP ok|failed", "noping", "now EPOCH",
 "handshake KEY EPOCH"; a failed `wg show` exits with its status and stderr). Lines it does not know are
 ignored; a value that is not a number counts as 0, as it did in the Jinja template this replaces.
@@ -140,7 +141,16 @@ def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending
     identity ({} when it takes no part in the mesh: not attested, pending or evicted); ``mesh_result``:
     the mesh command's registered result (None or skipped: it did not run)."""
     problems = []
-    if eviction:
+    if eviction and eviction.get("role") == "coordinator":
+        # A Coordinator evicted by the leader (docs/store.md, "Evicting a Coordinator"): no re-admission.
+        reason = _text(eviction.get("reason"), "failed re-attestation")
+        if eviction.get("etcd_member") == "kept":
+            problems.append("%s: evicted Coordinator (%s), but still an etcd member and in the registry: %s" % (
+                me, reason, _text(eviction.get("held"), "no live majority without it")))
+        else:
+            problems.append("%s: evicted Coordinator (%s): out of the registry and the etcd cluster; it comes back "
+                            "only reset and added again as a new Coordinator" % (me, reason))
+    elif eviction:
         problems.append("%s: evicted by the Coordinator (%s): it is re-admitted only by add_nodes.yml, once it passes "
                         "attestation again" % (me, _text(eviction.get("reason"), "failed re-attestation")))
     if not attested:

@@ -9,6 +9,8 @@ HTTP boundary, with the real ``kubernetes`` Python client on the other side. It 
 read-only part of the API as the real one answers it:
 
 * ``GET /api/v1/nodes`` (a ``v1`` ``NodeList``), ``GET /api/v1/nodes/<name>`` and ``GET /version``;
+  ``DELETE /api/v1/nodes/<name>`` (the Coordinator deletes an evicted Node: the node leaves the
+  double's state, a success ``Status``; only ``system:masters`` and ``kubeadm:cluster-admins`` may);
   any other path is a 404 ``Status``, any other method a 405.
 * the nodes are those the kubeadm TEST DOUBLE (tests/doubles/kubeadm) registered in its "cluster"
   (``<cluster>/.kubeadm-double/state.json``: ``init`` registers its node, a ``join`` with
@@ -30,6 +32,7 @@ and returns once it listens; ``--stop --pid-file P`` stops it. The first line it
 
 import argparse
 import datetime
+import fcntl
 import ipaddress
 import json
 import os
@@ -54,6 +57,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 MAX_LIFETIME = 3600
 READ_GROUPS = ("system:masters", "kubeadm:cluster-admins", "system:nodes")
+DELETE_GROUPS = ("system:masters", "kubeadm:cluster-admins")
 NOT_READY_REASON = "KubeletNotReady"
 NOT_READY_MESSAGE = ("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
                      "message:Network plugin returns error: cni plugin not initialized")
@@ -74,6 +78,23 @@ def load_cluster(cluster_dir):
             return json.load(handle)
     except FileNotFoundError:
         return {}
+
+
+def delete_node(cluster_dir, name):
+    """Removes ``name`` from the kubeadm double's cluster (under its lock); True if it was there."""
+    state_dir = os.path.join(cluster_dir, ".kubeadm-double")
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    with open(os.path.join(state_dir, "lock"), "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster = load_cluster(cluster_dir)
+        if name not in (cluster.get("nodes") or {}):
+            return False
+        del cluster["nodes"][name]
+        path = os.path.join(state_dir, "state.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(cluster, handle)
+        os.replace(path + ".tmp", path)
+        return True
 
 
 def not_ready_names(path):
@@ -250,10 +271,40 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._send(404, status_object(404, "NotFound", "the server could not find the requested resource"))
 
-    def _not_allowed(self):
-        self._send(405, status_object(405, "MethodNotAllowed", "this STAND-IN serves GET only"))
+    def do_DELETE(self):  # noqa: N802  (http.server's name)
+        path = urlsplit(self.path).path.rstrip("/")
+        self._drain()
+        user, groups = self._user()
+        if user is None:
+            self._send(401, status_object(401, "Unauthorized", "Unauthorized"))
+            return
+        if not path.startswith("/api/v1/nodes/"):
+            self._not_allowed()
+            return
+        name = path[len("/api/v1/nodes/"):]
+        if not set(groups) & set(DELETE_GROUPS):
+            self._send(403, status_object(
+                403, "Forbidden", 'nodes "%s" is forbidden: User "%s" cannot delete resource "nodes" in API group "" '
+                'at the cluster scope' % (name, user), {"name": name, "kind": "nodes"}))
+            return
+        if not delete_node(self.server.cluster_dir, name):
+            self._send(404, status_object(404, "NotFound", 'nodes "%s" not found' % name,
+                                          {"name": name, "kind": "nodes"}))
+            return
+        self.log_message("DELETE node %s by %s", name, user)
+        self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                         "details": {"name": name, "kind": "nodes",
+                                     "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "node/" + name))}})
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = _not_allowed  # noqa: N815
+    def _drain(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= 65536:
+            self.rfile.read(length)
+
+    def _not_allowed(self):
+        self._send(405, status_object(405, "MethodNotAllowed", "this STAND-IN serves GET and DELETE of a node only"))
+
+    do_POST = do_PUT = do_PATCH = _not_allowed  # noqa: N815
 
 
 class StandInServer(ThreadingHTTPServer):

@@ -46,11 +46,42 @@ class KubeadmProvider(Protocol):
         """The node name of the Coordinator's own kubelet."""
 
     def kubelet_cert(self, csr_data: bytes, node_vpn_ip: str) -> Dict[str, Any]:
-        """``{node_name, kubelet_cert}`` for a checked CSR, signed by the cluster CA."""
+        """``{node_name, kubelet_cert}`` for a checked CSR, signed by the cluster CA, valid for the
+        provider's ``kubelet_cert_days`` (short: a renewal is a new request, refused to an evicted peer)."""
+
+    def delete_node(self, name: str) -> bool:
+        """Deletes the Kubernetes Node object ``name`` (an evicted peer's); True if it existed."""
 
 
 class KubernetesJoin(PeerAccess):
     kubeadm_provider: Optional[KubeadmProvider] = None
+
+    def require_not_evicted(self, vpn_ip: str, method: str) -> None:
+        """Overridden by core/trust.py: AccessDenied for an evicted peer."""
+
+    def delete_kubernetes_node(self, vpn_ip: str) -> None:
+        """An evicted Node's Kubernetes Node object goes (its pods are rescheduled elsewhere), where this
+        Coordinator manages Kubernetes and knows the node's name (from the kubelet certificate it issued).
+        Failures are logged, never raised: the eviction stands."""
+        provider = self.kubeadm_provider
+        names = self.kubernetes_node_names(vpn_ip)
+        if provider is None or not names:
+            self._log("kubernetes_node_kept", vpn_ip=vpn_ip,
+                      reason="no kubeadm provider" if provider is None else "no node name known for it")
+            return
+        for name in names:
+            try:
+                deleted = provider.delete_node(name)
+            except ConstellationError as err:
+                self._log("kubernetes_node_delete_failed", level="error", vpn_ip=vpn_ip, node_name=name,
+                          error=str(err)[:300])
+                continue
+            self._log("kubernetes_node_deleted", vpn_ip=vpn_ip, node_name=name, existed=bool(deleted))
+
+    def kubernetes_node_names(self, vpn_ip: str) -> list:
+        """The node names certified for the peer at ``vpn_ip`` (its kubelet certificates), sorted."""
+        return sorted(key[len(KEY_KUBELET_NODE_NAME_PREFIX):] for key, value in
+                      self.store.items(KEY_KUBELET_NODE_NAME_PREFIX) if value.decode("ascii", "replace") == vpn_ip)
 
     def _provider(self, method: str) -> KubeadmProvider:
         provider = self.kubeadm_provider
@@ -83,7 +114,10 @@ class KubernetesJoin(PeerAccess):
 
     def kubelet_cert_for(self, csr_data: bytes, vpn_ip: str, method: str) -> Dict[str, Any]:
         """The kubelet serving certificate for the node at ``vpn_ip``: the CSR checked (its name and the
-        node's own VPN IP only), the name bound to that node, then signed with the cluster CA."""
+        node's own VPN IP only), the name bound to that node, then signed with the cluster CA. Short-lived
+        (the provider's ``kubelet_cert_days``): a Node renews it with a new request (GetJoinArgs with a
+        CSR), and only while it is in good standing: never for an evicted peer, whichever Coordinator it asks."""
+        self.require_not_evicted(vpn_ip, method)
         provider = self._provider(method)
         from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
             check_kubelet_csr,

@@ -4,15 +4,19 @@
 """Trust that stays true after activation, the Coordinator's side (docs/agent.md, "Re-attestation
 and eviction", "Rejoin after a reboot"):
 
-* re-attestation: every ``reattest_interval`` the Coordinator connects to each Node over aTLS (a fresh
-  nonce per connection, its policy without PCR 15), checks PCR 15 = our cluster ID and that the Node
-  still is the peer it recorded (VPN IP and WireGuard key from its attested GetState);
+* re-attestation: every ``reattest_interval`` the Coordinator (with several, the leader) connects to each
+  peer over aTLS, the Nodes and the other Coordinators (not itself), with a fresh nonce per connection
+  and its policy without PCR 15, checks PCR 15 = our cluster ID and that the peer still is the one it
+  recorded (VPN IP and WireGuard key from its attested GetState);
 * eviction: a Node that fails attestation is evicted at once; a Node that cannot be reached is evicted
   only after ``unreachable_limit`` consecutive failed rounds (a network blip is not tampering); an
   evicted Node is removed from the peer set (a new version, so every other peer drops it on its next
   update), its eviction is recorded (store, GetState ``evicted``, the log ``peer_evicted``), and the
   vpnapi refuses it; it comes back only through ActivateAdditionalNodes (add_nodes.yml) after it
-  passes attestation again, with the VPN IP and key it had;
+  passes attestation again, with the VPN IP and key it had; the Kubernetes Node object of an evicted
+  Node is deleted (``KubeadmProvider.delete_node``) where this Coordinator manages Kubernetes;
+* a Coordinator that fails is evicted too (``_evict_coordinator``, etcd member first; held without a live
+  majority); evictions are shared state (core/evictions.py): every Coordinator refuses an evicted peer;
 * rejoin tickets (IssueRejoinTicket): a rebooted Node (PCR 15 reset) attests itself in-band and gets
   only its disk key, the measurement secret and its peers; the KMS URI never leaves the Coordinator.
 
@@ -28,6 +32,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import NodeActivation
+from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
+    MEMBER_KEPT, MEMBER_REMOVED, EvictionCache, remove_coordinator_member)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import RejoinTicket
@@ -44,27 +50,36 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 PASSED = "passed"
 UNREACHABLE = "unreachable"
 EVICTED = "evicted"
+HELD = "eviction_held"  # a failed Coordinator whose etcd member must stay (no live majority without it)
 MAX_REASON = 300
 
 
 class PeerTrust(NodeActivation):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._evicted: Dict[str, dict] = {}  # by VPN IP; replaced, never changed in place (readers take no lock)
+        self._eviction_cache: Optional[EvictionCache] = None  # of the current store (``_evictions``)
         self._unreachable: Dict[str, int] = {}  # consecutive unreachable rounds by VPN IP
 
+    def _evictions(self) -> EvictionCache:
+        """The evictions of the store this Core uses now (a new cache when it moved its state to etcd)."""
+        cache = self._eviction_cache
+        if cache is None or cache.store is not self.store:
+            store = self.store  # the cluster's store is shared once it is not this peer's own (etcd)
+            cache = EvictionCache(store, shared=store is not self.local_store or bool(self.peer_registry.shared))
+            self._eviction_cache = cache
+        return cache
+
     def _load_evictions(self) -> None:
-        evicted = state_store.load_evictions(self.store)
-        with self._mutex:
-            self._evicted = evicted
+        self._evictions().reload()
 
     @property
     def evicted(self) -> Dict[str, dict]:
-        return dict(self._evicted)
+        return dict(self._evictions().current())
 
     def is_evicted(self, vpn_ip: str) -> bool:
-        """O(1): the vpnapi asks this for every request."""
-        return vpn_ip in self._evicted
+        """O(1) from memory (with several Coordinators, plus one version read of the shared store at most
+        every ``FOLLOW_INTERVAL``): the vpnapi and the pubapi ask this for every request."""
+        return vpn_ip in self._evictions().current()
 
     def require_not_evicted(self, vpn_ip: str, method: str) -> None:
         if self.is_evicted(vpn_ip):
@@ -81,20 +96,23 @@ class PeerTrust(NodeActivation):
     # -- re-attestation
     def reattest_peers(self, connect_peer: Callable[[str], Any], workers: int = 4,
                        unreachable_limit: int = 3) -> List[Dict[str, Any]]:
-        """One round: re-attests every Node of the peer set, ``workers`` at a time; evicts those that
-        fail. ``connect_peer(public_ip)`` opens an aTLS connection validated with the policy without
-        PCR 15 (a fresh nonce each time). One row per Node: vpn_ip, outcome, error."""
+        """One round: re-attests every peer of the peer set but this Coordinator (the Nodes and the other
+        Coordinators), ``workers`` at a time; evicts those that fail. ``connect_peer(public_ip)`` opens an
+        aTLS connection validated with the policy without PCR 15 (a fresh nonce each time). One row per
+        peer: vpn_ip, public_ip, role, outcome, error."""
         self.require_coordinator("re-attestation")
         registry = self.peer_registry.current()
+        own = self.vpn_ip
         peers = [p for p in (registry.peers.peers.values() if registry is not None else ())
-                 if p.role == "node" and p.public_ip]
+                 if p.role in ("node", ROLE_COORDINATOR) and p.public_ip and p.vpn_ip != own]
         if not peers:
             return []
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(peers))), thread_name_prefix="reattest") as pool:
             return list(pool.map(lambda p: self._reattest_one(p, connect_peer, unreachable_limit), peers))
 
     def _reattest_one(self, peer, connect_peer, unreachable_limit: int) -> Dict[str, Any]:
-        row: Dict[str, Any] = {"vpn_ip": peer.vpn_ip, "public_ip": peer.public_ip, "outcome": PASSED, "error": None}
+        row: Dict[str, Any] = {"vpn_ip": peer.vpn_ip, "public_ip": peer.public_ip, "role": peer.role,
+                               "outcome": PASSED, "error": None}
         try:
             with connect_peer(peer.public_ip) as client:
                 membership = self._membership(client)
@@ -106,6 +124,9 @@ class PeerTrust(NodeActivation):
                     raise AttestationError("PCR 15 does not hold this cluster's ID")
                 self.authenticate_as_coordinator(client)  # GetState's details are for the Coordinators only
                 state = client.get_state()
+                if peer.role == ROLE_COORDINATOR and state.get("state") == State.ACCEPTING_INIT.wire_name:
+                    # Recorded, locked to us, its activation as Coordinator still under way (no VPN IP yet).
+                    raise ConnectionError("its activation as Coordinator is not finished yet")
                 if state.get("vpn_ip") != peer.vpn_ip or state.get("vpn_pub_key") != peer.vpn_pub_key:
                     raise AttestationError("the attested peer at %s is not the one recorded at %s (another VPN IP or "
                                            "WireGuard key)" % (peer.public_ip, peer.vpn_ip))
@@ -119,32 +140,43 @@ class PeerTrust(NodeActivation):
             row.update(outcome=UNREACHABLE, error=error)
             self._log("reattest_unreachable", level="warning", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip,
                       failures=count, limit=unreachable_limit, error=error[:MAX_REASON])
-            if count >= unreachable_limit:
+            # A Coordinator is evicted only for a failed attestation (a dead one: remove_coordinator.yml).
+            if count >= unreachable_limit and peer.role != ROLE_COORDINATOR:
                 row.update(outcome=EVICTED, error="unreachable for %d consecutive re-attestation rounds: %s"
                            % (count, error))
         else:
             with self._mutex:
                 self._unreachable.pop(peer.vpn_ip, None)
         if row["outcome"] == EVICTED:
-            self.evict_peer(peer.vpn_ip, row["error"])
+            if self.evict_peer(peer.vpn_ip, row["error"]) is None and peer.role == ROLE_COORDINATOR:
+                row["outcome"] = HELD
         return row
 
     def evict_peer(self, vpn_ip: str, reason: str) -> Optional[int]:
         """Removes a peer from the peer set (new version; its VPN IP stays reserved for it) and records
-        why. Returns the new resource version (None if it was no peer)."""
+        why; a Node's Kubernetes Node object goes too, a Coordinator's etcd member first
+        (``_evict_coordinator``). Returns the new resource version (None if it was no peer, this
+        Coordinator itself, or a Coordinator whose eviction is held)."""
         self.require_coordinator("evict peer")
         registry = self.peer_registry.current()
         record = registry.peers.get(vpn_ip) if registry is not None else None
-        if record is None or record.role == ROLE_COORDINATOR:
-            return None
+        if record is None or record.vpn_ip == self.vpn_ip:
+            return None  # the leader never evicts itself
         eviction = {"vpn_ip": record.vpn_ip, "vpn_pub_key": record.vpn_pub_key, "public_ip": record.public_ip,
-                    "reason": str(reason)[:MAX_REASON], "ts": round(time.time(), 3)}
-        # Recorded first: a crash before the removal leaves a peer that the vpnapi already refuses.
-        state_store.save_eviction(self.store, vpn_ip, eviction)
+                    "role": record.role, "reason": str(reason)[:MAX_REASON], "ts": round(time.time(), 3)}
+        if record.role == ROLE_COORDINATOR:
+            return self._evict_coordinator(record, eviction)
+        # Recorded first: a crash before the removal leaves a peer that every Coordinator already refuses.
+        self._evictions().record(vpn_ip, eviction)
         with self._mutex:
-            self._evicted = dict(self.evicted, **{vpn_ip: eviction})
             self._unreachable.pop(vpn_ip, None)
+        version = self._remove_evicted(vpn_ip)
+        self._log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, role=record.role,
+                  reason=eviction["reason"], resource_version=version)
+        self.delete_kubernetes_node(vpn_ip)
+        return version
 
+    def _remove_evicted(self, vpn_ip: str) -> int:
         def remove(reg):
             # The peer goes, its address stays allocated: re-admission gives it back its VPN IP.
             if reg.peers.get(vpn_ip) is not None:
@@ -153,8 +185,32 @@ class PeerTrust(NodeActivation):
 
         version = self.peer_registry.update(remove)
         self.apply_registry_peers()
-        self._log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, reason=eviction["reason"],
-                  resource_version=version)
+        return version
+
+    def _evict_coordinator(self, record, eviction: Dict[str, Any]) -> Optional[int]:
+        """A Coordinator that failed: its etcd member leaves first, then its registry entry. Held when the
+        members that remain would not hold a live majority (``coordinator_members.evict_member``) or the
+        removal fails: recorded with ``etcd_member: kept`` (every Coordinator refuses it), the member and
+        the entry stay (cutting its tunnel would make it a dead member that still votes), an error is
+        logged and the next round tries again."""
+        vpn_ip = record.vpn_ip
+        try:
+            held = remove_coordinator_member(self, vpn_ip)
+        except ConstellationError as err:
+            held = "removing its etcd member failed: %s" % err
+        if held:
+            eviction.update(etcd_member=MEMBER_KEPT, held=str(held)[:MAX_REASON])
+            self._evictions().record(vpn_ip, eviction)
+            self._log("coordinator_eviction_held", level="error", vpn_ip=vpn_ip, public_ip=record.public_ip,
+                      reason=eviction["reason"], held=eviction["held"])
+            return None
+        eviction["etcd_member"] = MEMBER_REMOVED
+        self._evictions().record(vpn_ip, eviction)
+        with self._mutex:
+            self._unreachable.pop(vpn_ip, None)
+        version = self._remove_evicted(vpn_ip)
+        self._log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, role=ROLE_COORDINATOR,
+                  reason=eviction["reason"], resource_version=version)
         return version
 
     def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:
@@ -169,11 +225,7 @@ class PeerTrust(NodeActivation):
 
     def clear_eviction(self, vpn_ip: str) -> None:
         """The Node passed attestation again and is a peer again (ActivateAdditionalNodes)."""
-        state_store.delete_eviction(self.store, vpn_ip)
-        with self._mutex:
-            evicted = self.evicted
-            evicted.pop(vpn_ip, None)
-            self._evicted = evicted
+        self._evictions().forget(vpn_ip)
         self._log("peer_readmitted", vpn_ip=vpn_ip)
 
     # -- rejoin tickets (IssueRejoinTicket)

@@ -109,12 +109,14 @@ def csr_subject_alt_names(csr) -> list:
 
 
 def sign_kubelet_csr(csr_data: bytes, ca_cert_pem: bytes, ca_key_pem: bytes,
-                     now: Optional[datetime.datetime] = None, sans: Optional[Sequence] = None) -> bytes:
+                     now: Optional[datetime.datetime] = None, sans: Optional[Sequence] = None,
+                     validity: Optional[datetime.timedelta] = None) -> bytes:
     """The kubelet certificate for a CSR, signed by the cluster CA, as Constellation's JoinService signs it:
     the CSR's signature must hold, its subject must be exactly one O ``system:nodes`` and a CN
     ``system:node:<name>``; the certificate carries the CSR's subject and SANs, digitalSignature and
     keyEncipherment, clientAuth and serverAuth, valid from 2 hours ago for one year. Returns PEM.
-    ``sans`` (x509 general names), when given, replace the CSR's: the signer names the node as it knows it."""
+    ``sans`` (x509 general names), when given, replace the CSR's: the signer names the node as it knows it.
+    ``validity``, when given, replaces the year (the Coordinator's kubelet certificates: days)."""
     csr, _name = load_kubelet_csr(csr_data)
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, None)
@@ -122,7 +124,7 @@ def sign_kubelet_csr(csr_data: bytes, ca_cert_pem: bytes, ca_key_pem: bytes,
     builder = (x509.CertificateBuilder()
                .subject_name(csr.subject).issuer_name(ca_cert.subject).public_key(csr.public_key())
                .serial_number(x509.random_serial_number())
-               .not_valid_before(now - KUBELET_CERT_BACKDATE).not_valid_after(now + KUBELET_CERT_VALIDITY)
+               .not_valid_before(now - KUBELET_CERT_BACKDATE).not_valid_after(now + (validity or KUBELET_CERT_VALIDITY))
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=True, content_commitment=False,
                                             data_encipherment=False, key_agreement=False, key_cert_sign=False,

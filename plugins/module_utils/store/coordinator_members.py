@@ -21,6 +21,11 @@ them) and stays in every peer's WireGuard mesh and in the Nodes' list of Coordin
 * is idempotent: a second run finds nothing and changes nothing; a run interrupted between the two
   steps (member gone, entry left) is finished by the next.
 
+``evict_member(store, vpn_ip, own_vpn_ip)`` is the leader's side of evicting a Coordinator that failed
+re-attestation (core/trust.py): the same removal of the member, but refused (held, with the reason) when
+the members that remain would not hold a live majority: a tampered member still votes, and removing it
+while another member is down would stop the cluster.
+
 ``open_local_member(state_dir)`` opens the store on this host's own member, as the agent configured it
 (``etcd_member``: data in ``<data_dir>/data``, TLS files in ``<data_dir>/tls``).
 """
@@ -150,6 +155,63 @@ def remove_coordinator(store: EtcdStore, vpn_ip: str, check: bool = False, force
         removed, result["peer_version"] = _retried(lambda: state_store.update_peer_registry(store, _remove_entry(ip)))
         result["peer"] = removed or result["peer"]
     return result
+
+
+EVICT_PROBE_TIMEOUT = 1.0
+EVICT_RECONFIG_WAIT = 10.0
+
+
+def evict_member(store: EtcdStore, vpn_ip: str, own_vpn_ip: Optional[str], timeout: float = EVICT_PROBE_TIMEOUT,
+                 wait: float = EVICT_RECONFIG_WAIT) -> Dict[str, Any]:
+    """Removes the etcd member whose peer URL is on ``vpn_ip`` (a Coordinator evicted by the leader at
+    ``own_vpn_ip``), unless the members that remain would not hold a live majority: a member counts as live
+    when it is the leader's own or takes a TCP connection on a client URL within ``timeout``. Returns
+    ``{"removed": member view or None, "held": None or why not, "members": remaining count, "live": count}``.
+    A failed removal raises StoreError (the caller holds the eviction and tries again)."""
+    ip = check_vpn_ip(vpn_ip)
+    if own_vpn_ip is not None and ip == check_vpn_ip(own_vpn_ip):
+        raise InputError("vpn_ip", "another Coordinator than the leader itself", ip)
+    members = store.member_list()
+    target = [m for m in members if any(_url_host(url) == ip for url in m["peer_urls"])]
+    if not target:
+        return {"removed": None, "held": None, "members": len(members), "live": None}
+    remaining = [m for m in members if all(m["id"] != t["id"] for t in target)]
+    if not remaining:
+        return {"removed": None, "held": "it is the etcd cluster's last member", "members": 0, "live": 0}
+    live = 0
+    for member in remaining:
+        own = own_vpn_ip is not None and any(_url_host(url) == own_vpn_ip for url in member["peer_urls"])
+        if own or member_reachable(member, timeout):
+            live += 1
+    needed = len(remaining) // 2 + 1
+    if live < needed:
+        return {"removed": None, "members": len(remaining), "live": live,
+                "held": "only %d of the %d etcd members that would remain answer (a majority needs %d): removing it "
+                        "would stop the cluster's writes; remove the dead members first (remove_coordinator.yml)"
+                        % (live, len(remaining), needed)}
+    for member in target:
+        try:
+            EtcdStore.retry(lambda m=member: store.member_remove(m["id"], wait=wait), TRANSIENT, wait)
+        except StoreError as err:
+            # A removed leader steps down: the answer may time out in the election although the removal
+            # was committed (as in _remove_member): only a member still listed is a failure.
+            if "member not found" not in str(err) and any(
+                    m["id"] == member["id"] for m in EtcdStore.retry(store.member_list, TRANSIENT, wait)):
+                raise StoreError("removing the etcd member %s (%s) failed: %s" % (
+                    member["name"] or "unnamed", _member_id(member["id"]), err)) from None
+    return {"removed": _member_view(target[0]), "held": None, "members": len(remaining), "live": live}
+
+
+def member_reachable(member: Mapping[str, Any], timeout: float = EVICT_PROBE_TIMEOUT) -> bool:
+    """Whether anything takes a TCP connection on one of the member's client URLs within ``timeout``."""
+    for url in member.get("client_urls") or ():
+        parts = urlsplit(url)
+        try:
+            with socket.create_connection((parts.hostname, parts.port or 2379), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def probe_member(member: Mapping[str, Any], tls: Optional[Mapping[str, str]] = None,

@@ -57,6 +57,21 @@ def test_state_problems(changes, problems):
     assert node(**changes) == problems
 
 
+def test_an_evicted_coordinator_is_named_with_its_etcd_membership():
+    """Issue 25, finding 7: the leader evicted a Coordinator that failed re-attestation."""
+    removed = {"reason": "attestation failed: PCR 4", "public_ip": "10.42.0.12", "role": "coordinator",
+               "etcd_member": "removed"}
+    assert verify_problems("h2", peer=COORDINATOR, attested=True, coordinator=True, cluster_id="c2V0",
+                           eviction=removed) == [
+        "h2: evicted Coordinator (attestation failed: PCR 4): out of the registry and the etcd cluster; it comes back "
+        "only reset and added again as a new Coordinator"]
+    kept = dict(removed, etcd_member="kept", held="only 1 of the 2 etcd members that would remain answer")
+    assert verify_problems("h2", peer=COORDINATOR, attested=True, coordinator=True, cluster_id="c2V0",
+                           eviction=kept) == [
+        "h2: evicted Coordinator (attestation failed: PCR 4), but still an etcd member and in the registry: only 1 of "
+        "the 2 etcd members that would remain answer"]
+
+
 def test_a_coordinator_needs_its_state_and_etcd_member():
     stopped = dict(COORDINATOR, etcd_member="stopped")
     assert verify_problems("h1", peer=stopped, attested=True, coordinator=True, cluster_id="c2V0") == [

@@ -1,0 +1,121 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Evictions as the cluster's shared state (docs/agent.md, "Re-attestation and eviction"; docs/store.md,
+"Several Coordinators"): the evicted peers every Coordinator refuses (``EvictionCache``), and the etcd
+side of evicting a Coordinator (``remove_coordinator_member``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+
+# An evicted Coordinator's etcd member: removed, or kept (no live majority would remain without it);
+# the ``etcd_member`` field of its eviction (GetState ``evicted``).
+MEMBER_KEPT = "kept"
+MEMBER_REMOVED = "removed"
+
+
+def remove_coordinator_member(core: Any, vpn_ip: str) -> Optional[str]:
+    """The leader evicts the Coordinator at ``vpn_ip``: its etcd member leaves the cluster
+    (``coordinator_members.evict_member``). None when it left (or there was none: a Coordinator without a
+    shared store); why not when the members that remain would not hold a live majority."""
+    shares = getattr(core, "_shares_state", None)
+    if shares is None or not shares():
+        return None
+    from ansible_collections.constellation.cluster.plugins.module_utils.store.coordinator_members import (
+        evict_member,
+    )
+
+    result = evict_member(core.store, vpn_ip, core.vpn_ip)
+    if result["removed"] is not None:
+        core._log("coordinator_member_removed", coordinator_vpn_ip=vpn_ip,  # pylint: disable=protected-access
+                  member=result["removed"]["name"], members=result["members"])
+    return result["held"]
+
+
+class EvictionCache:
+    """The evicted peers in memory, written through the store (``state_store.save_eviction``): reads take
+    no lock and one reference to a dict that is never changed after it is published. With several
+    Coordinators on one store (``shared``), a read first compares the store's evictions version (one key,
+    ``Store.peek``: the member's own copy, no majority needed) with the one in memory, at most once per
+    ``follow_interval`` (a burst of requests shares one read), and reloads the evictions when they
+    differ; if the store cannot answer, the evictions in memory are served. ``peeks`` and ``reloads``
+    count the store reads (for the cost measurement in docs/store.md)."""
+
+    def __init__(self, store: Any, shared: bool, follow_interval: float = FOLLOW_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic):
+        self.store = store
+        self.shared = shared
+        self.follow_interval = follow_interval
+        self._clock = clock
+        self._checked_at = float("-inf")
+        self._lock = threading.Lock()
+        self._current: Dict[str, dict] = {}
+        self._version: Optional[int] = None
+        self._loaded = False
+        self.peeks = 0
+        self.reloads = 0
+
+    def current(self) -> Dict[str, dict]:
+        """The evictions by VPN IP. Do not change the dict: it is shared."""
+        if not self._loaded:
+            with self._lock:
+                if not self._loaded:
+                    self._load()
+        elif self.shared:
+            self._follow()
+        return self._current
+
+    def _load(self) -> None:
+        self._current, self._version = state_store.load_evictions(self.store, with_version=True)
+        self._loaded = True
+        self.reloads += 1
+
+    def reload(self) -> Dict[str, dict]:
+        with self._lock:
+            self._load()
+            return self._current
+
+    def _follow(self) -> None:
+        now = self._clock()
+        if now - self._checked_at < self.follow_interval:
+            return
+        self._checked_at = now
+        try:
+            self.peeks += 1
+            stored = state_store.peek_evictions_version(self.store)
+        except ConstellationError:
+            return  # the store cannot say: serve what is in memory
+        if stored != self._version:
+            with self._lock:
+                try:
+                    self._load()
+                except ConstellationError:
+                    pass
+
+    def record(self, vpn_ip: str, eviction: Mapping[str, Any]) -> None:
+        """Writes one eviction, then publishes the evictions as the store holds them (another Coordinator
+        may have written since our last read); if that read fails, ours is added to what we had."""
+        with self._lock:
+            state_store.save_eviction(self.store, vpn_ip, eviction)
+            try:
+                self._load()
+            except ConstellationError:
+                self._current = dict(self._current, **{vpn_ip: dict(eviction)})
+                self._version = None  # the next read in a shared store reloads
+
+    def forget(self, vpn_ip: str) -> None:
+        with self._lock:
+            state_store.delete_eviction(self.store, vpn_ip)
+            try:
+                self._load()
+            except ConstellationError:
+                current = dict(self._current)
+                current.pop(vpn_ip, None)
+                self._current, self._version = current, None

@@ -1,0 +1,118 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Issue 25, finding 8 (Kubernetes side): an eviction must reach Kubernetes. A real Core (Coordinator)
+with its kubeadm provider on a control plane made by the kubeadm TEST DOUBLE and the STAND-IN for the
+Kubernetes API server (tests/doubles/kube_apiserver.py, not Kubernetes): the evicted Node's Node object
+is deleted (the stand-in sees the DELETE), its kubelet certificate is short-lived and a renewal by the
+evicted Node gets nothing."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from ansible_collections.constellation.cluster.plugins.module_utils import core as core_mod
+from ansible_collections.constellation.cluster.plugins.module_utils import kms
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
+from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
+from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import kubeconfig_for
+from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import make_csr
+
+KUBELET_CERT_DAYS = 7  # kubeadm/join_provider.py's default (checked below)
+
+
+def _coordinator(tmp_path, provider):
+    state_dir = tmp_path / "coordinator"
+    state_dir.mkdir()
+    coordinator = core_mod.Core(MemoryStore(), MemoryTPM(), RecordingVPN(), str(state_dir), "10.42.0.10",
+                                core_mod.new_disk_uuid())
+    coordinator.load()
+    admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin)
+    coordinator.kubeadm_provider = provider
+    return coordinator
+
+
+def _node(coordinator, name):
+    vpn_ip = coordinator.reserve_node_ip()
+    coordinator.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.%d" % (20 + int(name[-1])),
+                            core_mod.new_disk_uuid())
+    csr, _key = make_csr(cn="system:node:" + name, sans=(name, vpn_ip))
+    return vpn_ip, csr
+
+
+def _node_names(apiserver):
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=apiserver.kubeconfig, client_configuration=configuration)
+    with client.ApiClient(configuration) as api_client:
+        return sorted(n.metadata.name for n in client.CoreV1Api(api_client).list_node().items)
+
+
+def test_eviction_deletes_the_node_object_and_a_renewal_gets_no_certificate(apiserver, control_plane_dir, tmp_path):
+    provider = JoinProvider(KUBEADM_DOUBLE, control_plane_dir)
+    provider.kubeconfig = apiserver.kubeconfig  # the stand-in's address instead of admin.conf's
+    coordinator = _coordinator(tmp_path, provider)
+    evicted_ip, csr = _node(coordinator, "worker-0")
+    kept_ip, kept_csr = _node(coordinator, "worker-1")
+    issued = coordinator.kubelet_cert_for(csr, evicted_ip, "GetJoinArgs")
+    coordinator.kubelet_cert_for(kept_csr, kept_ip, "GetJoinArgs")
+    assert _node_names(apiserver) == ["control-plane-0", "worker-0", "worker-1"]
+
+    coordinator.evict_peer(evicted_ip, "attestation failed: PCR 4 (test)")
+
+    # The API server no longer has its Node object; the other Node keeps its own.
+    assert _node_names(apiserver) == ["control-plane-0", "worker-1"]
+    # Its certificate runs out within days, and it cannot get another one (a renewal is a new CSR).
+    cert = x509.load_pem_x509_certificate(issued["kubelet_cert"])
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= datetime.timedelta(days=KUBELET_CERT_DAYS, hours=2)
+    with pytest.raises(AccessDenied) as err:
+        coordinator.kubelet_cert_for(csr, evicted_ip, "GetJoinArgs")
+    assert err.value.reason == "evicted"
+    with pytest.raises(AccessDenied):
+        coordinator.kubernetes_join_for(evicted_ip, "GetJoinArgs", csr)
+    # The Node in good standing renews.
+    assert coordinator.kubelet_cert_for(kept_csr, kept_ip, "GetJoinArgs")["node_name"] == "worker-1"
+
+
+def test_delete_node_is_refused_to_a_kubeconfig_that_may_not_delete(apiserver, control_plane_dir, tmp_path):
+    reader = kubeconfig_for(apiserver.admin_conf, apiserver.url, str(tmp_path / "reader.conf"),
+                            client_groups=["system:nodes"])
+    provider = JoinProvider(KUBEADM_DOUBLE, control_plane_dir, kubeconfig=reader)
+    with pytest.raises(StateError, match="delete node worker-0: the API server answered 403"):
+        provider.delete_node("worker-0")
+    admin = JoinProvider(KUBEADM_DOUBLE, control_plane_dir, kubeconfig=apiserver.kubeconfig)
+    assert admin.delete_node("worker-0") is True
+    assert admin.delete_node("worker-0") is False  # already gone: not an error
+    with pytest.raises(InputError):
+        admin.delete_node("Not_A_Name")
+
+
+def test_kubelet_cert_days_is_configurable_and_bounded(initialised, control_plane_dir):
+    provider = JoinProvider(KUBEADM_DOUBLE, control_plane_dir, kubelet_cert_days=2)
+    csr, _key = make_csr(sans=("worker-0", "10.118.0.11"))
+    cert = x509.load_pem_x509_certificate(provider.kubelet_cert(csr, "10.118.0.11")["kubelet_cert"])
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= datetime.timedelta(days=2, hours=2)
+    for bad in (0, 366, "7", True):
+        with pytest.raises(InputError, match="kubelet_cert_days"):
+            JoinProvider(KUBEADM_DOUBLE, control_plane_dir, kubelet_cert_days=bad)
+    base = {"state_dir": "/tmp/x", "public_endpoint": "127.0.0.1:9000", "variant": "dummy",
+            "insecure_unauthenticated_activation": True}
+    with pytest.raises(InputError, match="kubelet_cert_days"):
+        AgentConfig.from_mapping(dict(base, kubelet_cert_days=0))
+    from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm import join_provider
+
+    assert AgentConfig.from_mapping(base).kubelet_cert_days == join_provider.KUBELET_CERT_DAYS == KUBELET_CERT_DAYS
