@@ -160,7 +160,11 @@ def test_coordinator_restart_with_file_store_then_add_node(cluster):
         state = c.get_state()
         assert {k: state[k] for k in ("state", "state_code", "role")} == {
             "state": "ActivatingNodes", "state_code": 2, "role": "coordinator"}
-        # GetState also reports the VPN identity (the controller no longer reads it from wg/ip output).
+        # After AdminAuth, GetState also reports the VPN identity (the controller no longer reads it from wg/ip
+        # output); before it, anyone gets state and role only (least disclosure).
+        assert "vpn_pub_key" not in state or state["vpn_pub_key"] is None
+        c.admin_auth(cluster.admin_key)
+        state = c.get_state()
         assert state["vpn_ip"] == "10.118.0.1" and state["vpn_pub_key"] == cluster.wg_pub_key("h1")
     with cluster.admin_client() as c:
         result = c.activate_additional_nodes([cluster.hosts["h5"].public_endpoint])
