@@ -26,7 +26,7 @@ from ansible.parsing.vault import VaultLib, VaultSecret
 
 from lab.lab import REPO_ROOT, Lab
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import load_priv_key
+from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import MasterSecret
 

@@ -18,8 +18,9 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils import rpc as apis
+from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key, sign_admin  # noqa: F401
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.peer_auth_client import PeerAuthClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDERR,
@@ -60,30 +61,6 @@ def rejoin_user_data(server_spki_hash: bytes, vpn_ip: str, node_vpn_pub_key: byt
     identity the Node claims (its VPN IP, WireGuard key and disk)."""
     return hashlib.sha256(REJOIN_CONTEXT + server_spki_hash + vpn_ip.encode("ascii") + b"\x00" + node_vpn_pub_key
                           + disk_uuid.encode("utf-8")).digest()
-
-
-def sign_admin(priv_key, message: bytes) -> bytes:
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-
-    if isinstance(priv_key, ed25519.Ed25519PrivateKey):
-        return priv_key.sign(message)
-    if isinstance(priv_key, ec.EllipticCurvePrivateKey) and isinstance(priv_key.curve, ec.SECP256R1):
-        return priv_key.sign(message, ec.ECDSA(hashes.SHA256()))
-    raise InputError("admin_priv_key", "an Ed25519 or ECDSA P-256 private key", type(priv_key).__name__)
-
-
-def load_priv_key(data: bytes):
-    """An admin private key from PEM (PKCS#8/traditional) or OpenSSH format, unencrypted."""
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import serialization
-
-    for loader in (serialization.load_pem_private_key, serialization.load_ssh_private_key):
-        try:
-            return loader(data, password=None)
-        except (ValueError, TypeError, UnsupportedAlgorithm):
-            continue
-    raise InputError("admin_priv_key", "an unencrypted PEM or OpenSSH private key")
 
 
 def _no_delay(sock: socket.socket) -> None:

@@ -1,0 +1,197 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node agent's configuration (docs/agent.md, "Configuration"): its keys, their types and defaults, and
+every check made before anything starts, so that a bad or missing option is an ``InputError`` naming it. The
+secure defaults are decided here and in the Core functions it calls (``choose.check_variant_allowed``,
+``init_secret.require_init_secret_hash``); an insecure choice is an explicit key named for what it does
+(docs/security.md)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils import atls, x509compat
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import AK_ALGS
+from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import ACTIVATION_WORKERS, MAX_ACTIVATION_WORKERS
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
+from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import require_init_secret_hash
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
+    KUBELET_CERT_DAYS,
+    validate_kubelet_cert_days,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI_PORT
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
+from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR
+
+DEFAULT_PUBLIC_PORT = 9000
+DEFAULT_UPDATE_INTERVAL = 10.0
+# Re-attestation of every Node by the Coordinator (docs/agent.md, "Re-attestation and eviction").
+DEFAULT_REATTEST_INTERVAL = 60.0
+DEFAULT_REATTEST_UNREACHABLE_LIMIT = 3
+DEFAULT_REATTEST_WORKERS = 4
+# Renamed keys (DESIGN.md 6); the old names work, with a warning in the log, until 2.0.0.
+_DEPRECATED_KEYS = {"wg_interface": "vpn_interface"}
+_CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",
+                "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
+                "vpn_cidr", "wg_listen_port", "log_level", "measurements_public_key", "init_secret_hash",
+                "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg",
+                "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
+                "kubelet_cert_days", "coordinator_pub_key",
+                "insecure_trust_any_ak", "insecure_unauthenticated_activation"}  # explicit insecure choices
+_CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
+# The types of the keys whose values are used as they are (the others are checked below, by value).
+_CONFIG_TYPES = {
+    "public_endpoint": ((str,), "host:port"),
+    "coordinator_public_endpoint": ((str,), "host:port"),
+    "coordinator_pub_key": ((str,), "the Coordinators' Ed25519 signing key (standard base64 of 32 bytes)"),
+    "public_ip": ((str,), "an IP address"),
+    "tcti": ((str,), "a TCTI string such as swtpm:host=127.0.0.1,port=2321"),
+    "variant": ((str,), "a variant name"),
+    "measurements": ((str,), "the path of a measurements policy (JSON)"),
+    "measurements_public_key": ((str,), "the path of the pinned ECDSA P-256 public key (PEM) the policy is signed with"),
+    "init_secret_hash": ((str,), "hex SHA-256 of this node's init secret (64 hex digits)"),
+    "ek_ca": ((str, list), "a PEM file path or a list of them"),
+    "store": ((Mapping,), "a mapping (docs/store.md)"),
+    "etcd_member": ((Mapping,), "a mapping (docs/store.md, several Coordinators)"),
+    "vpn_interface": ((str,), "an interface name"),
+    "vpn_cidr": ((str,), "an IP network such as 10.118.0.0/16"),
+    "disk_uuid_file": ((str,), "a file path"),
+    "log_level": ((str,), "a log level name"),
+    "ak_alg": ((str,), "rsa or ecc"),
+    "kubeadm_path": ((str,), "the path of the kubeadm executable"),
+    "kubernetes_dir": ((str,), "an absolute path (kubeadm's directory, /etc/kubernetes)"),
+    "insecure_trust_any_ak": ((bool,), "true or false"), "insecure_unauthenticated_activation": ((bool,), "true or false"),
+}
+
+
+@dataclass
+class AgentConfig:
+    state_dir: str
+    public_endpoint: str = "0.0.0.0:%d" % DEFAULT_PUBLIC_PORT
+    public_ip: Optional[str] = None
+    tcti: Optional[str] = None
+    variant: str = choose.DEFAULT_VARIANT
+    measurements: Optional[str] = None
+    ek_ca: Optional[Any] = None  # qemu-vtpm-ek: PEM file(s) of the CA(s) that TPMs' EK certificates chain to
+    store: Dict[str, Any] = field(default_factory=dict)
+    etcd_member: Optional[Dict[str, Any]] = None  # a Coordinator shares the cluster's state in etcd (docs/store.md)
+    vpn_interface: str = "wg0"
+    wg_listen_port: int = 51820
+    vpn_api_port: int = VPNAPI_PORT
+    vpn_cidr: str = VPN_CIDR
+    update_interval: float = DEFAULT_UPDATE_INTERVAL
+    disk_uuid_file: Optional[str] = None
+    coordinator_public_endpoint: Optional[str] = None
+    # Join mode: the Coordinators' signing key (core/signing.py); join tickets must be signed with it.
+    coordinator_pub_key: Optional[str] = None
+    join_interval: float = 5.0
+    measurements_public_key: Optional[str] = None  # pinned key: the policy file must be signed (FILE.sig)
+    init_secret_hash: Optional[str] = None  # hex SHA-256 of this node's init secret: activation needs its proof
+    reattest_interval: float = DEFAULT_REATTEST_INTERVAL  # Coordinator: seconds between re-attestation rounds
+    reattest_unreachable_limit: int = DEFAULT_REATTEST_UNREACHABLE_LIMIT  # consecutive unreachable rounds -> evicted
+    reattest_workers: int = DEFAULT_REATTEST_WORKERS  # peers re-attested at once
+    activation_workers: int = ACTIVATION_WORKERS  # Coordinator: Nodes activated at once
+    ak_alg: str = "rsa"  # the AK of the vTPM variants: rsa (as Constellation's issuer) or ecc (P-256, faster)
+    kubeadm_path: Optional[str] = None  # Coordinator: kubeadm for join arguments (None: looked up on PATH)
+    kubernetes_dir: str = "/etc/kubernetes"  # Coordinator: where its control plane is (admin.conf, pki/)
+    kubelet_cert_days: int = KUBELET_CERT_DAYS  # Coordinator: lifetime of the kubelet certificates it signs
+    verify_grpc_endpoint: Optional[str] = None  # None: public_endpoint's host, port 9090; "": off
+    verify_http_endpoint: Optional[str] = None  # None: public_endpoint's host, port 8080; "": off
+    insecure_trust_any_ak: bool = False  # accept variant qemu-vtpm (it trusts any AK); warned on every start
+    insecure_unauthenticated_activation: bool = False  # start without init_secret_hash; warned on every start
+    deprecations: List[str] = field(default_factory=list)  # old key names found in the file
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "AgentConfig":
+        if not isinstance(data, Mapping):
+            raise InputError("config", "a mapping", type(data).__name__)
+        deprecations = []
+        for old, new in _DEPRECATED_KEYS.items():
+            if old in data:
+                if new in data:
+                    raise InputError(old, "either %s or its deprecated name %s, not both" % (new, old))
+                data = dict(data)
+                data[new] = data.pop(old)
+                deprecations.append("%s is deprecated (removed in 2.0.0): use %s" % (old, new))
+        unknown = set(data) - _CONFIG_KEYS
+        if unknown:
+            raise InputError("config", "only the keys %s" % ", ".join(sorted(_CONFIG_KEYS)), sorted(str(k) for k in unknown))
+        if not isinstance(data.get("state_dir"), str) or not data.get("state_dir"):
+            raise InputError("state_dir", "a directory path", data.get("state_dir"))
+        for name, (types, expected) in _CONFIG_TYPES.items():
+            value = data.get(name)
+            if value is not None and (isinstance(value, bool) != (bool in types) or not isinstance(value, types)):
+                raise InputError(name, expected, type(value).__name__)
+        if isinstance(data.get("ek_ca"), list) and not all(isinstance(item, str) for item in data["ek_ca"]):
+            raise InputError("ek_ca", "a PEM file path or a list of them", "a list with a %s"
+                             % next(type(i).__name__ for i in data["ek_ca"] if not isinstance(i, str)))
+        kwargs = {k: v for k, v in data.items() if k != "log_level"}
+        config = cls(**kwargs)
+        atls.parse_endpoint(config.public_endpoint, "public_endpoint")
+        if config.coordinator_public_endpoint:
+            atls.parse_endpoint(config.coordinator_public_endpoint, "coordinator_public_endpoint")
+            if not config.coordinator_pub_key:
+                # Every Node of the cluster passes the policy a joining node checks the Coordinator with: only
+                # the Coordinators' key tells a Coordinator's join ticket from a forged one.
+                raise InputError("coordinator_pub_key", "the Coordinators' signing key (role variable "
+                                 "node_agent_coordinator_pub_key) when coordinator_public_endpoint is set (join mode)")
+        if config.coordinator_pub_key is not None:
+            config.coordinator_pub_key = parse_coordinator_pub_key(config.coordinator_pub_key)
+        for name in ("update_interval", "join_interval"):
+            value = getattr(config, name)
+            if not isinstance(value, (int, float)) or not 0.05 <= value <= 3600:
+                raise InputError(name, "seconds between 0.05 and 3600", value)
+        value = config.reattest_interval
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 0.2 <= value <= 86400):
+            raise InputError("reattest_interval", "seconds between 0.2 and 86400, or 0 (no re-attestation)", value)
+        for name, low, high in (("reattest_unreachable_limit", 1, 1000), ("reattest_workers", 1, 64),
+                                ("activation_workers", 1, MAX_ACTIVATION_WORKERS)):
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InputError(name, "an integer between %d and %d" % (low, high), value)
+        validate_kubelet_cert_days(config.kubelet_cert_days)
+        if config.ak_alg not in AK_ALGS:
+            raise InputError("ak_alg", "one of %s" % ", ".join(AK_ALGS), config.ak_alg)
+        config.init_secret_hash = require_init_secret_hash(config.init_secret_hash, config.insecure_unauthenticated_activation)
+        for name in ("wg_listen_port", "vpn_api_port"):
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+                raise InputError(name, "a port number between 1 and 65535", value)
+        try:
+            ipaddress.ip_network(config.vpn_cidr, strict=True)
+        except (TypeError, ValueError):
+            raise InputError("vpn_cidr", "an IP network such as 10.118.0.0/16", config.vpn_cidr) from None
+        if not isinstance(config.store, Mapping):
+            raise InputError("store", "a mapping (docs/store.md)", config.store)
+        if config.etcd_member is not None:
+            EtcdMember.from_config(config.etcd_member, config.state_dir)  # names a bad key before anything starts
+        variant = choose.check_variant_allowed(config.variant, config.insecure_trust_any_ak)  # the one rule
+        problem = x509compat.oid_problem(variant.variant.oid)
+        if problem:
+            raise InputError("variant", "a variant this host can attest with (%s: %s)" % (variant.name, problem))
+        if variant.needs_policy and not config.measurements:
+            raise InputError("measurements", "the path of a measurements policy (JSON)")
+        if variant.needs_ek_ca and not config.ek_ca:
+            raise InputError("ek_ca", "the PEM file or folder of the CAs that TPMs' EK certificates chain to (variant %s)"
+                             % variant.name)
+        host = atls.parse_endpoint(config.public_endpoint)[0]
+        if not config.public_ip:
+            if host in ("0.0.0.0", "::"):
+                raise InputError("public_ip", "this node's public IP (public_endpoint binds to all addresses)")
+            config.public_ip = host
+        config.verify_grpc_endpoint, config.verify_http_endpoint = verify_service.config_endpoints(
+            config.verify_grpc_endpoint, config.verify_http_endpoint, config.public_endpoint, config.public_ip)
+        config.deprecations = deprecations
+        return config
+
+    @classmethod
+    def load(cls, path: str) -> "AgentConfig":
+        # JSON is YAML: one bounded loader for both (encoding.load_yaml), UTF-8 only, string keys.
+        return cls.from_mapping(load_yaml(read_text(path, "config", expected="a readable file"), "config"))
