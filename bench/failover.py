@@ -168,6 +168,7 @@ class Poller(threading.Thread):
         if self.answered_by in eps:
             start = eps.index(self.answered_by)
             eps = eps[start:] + eps[:start]
+
         def call(client):  # PeerAuth first, as the agent's update loop
             client.peer_auth(self.pair_keys)
             return client.get_update(self.version)

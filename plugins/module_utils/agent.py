@@ -52,14 +52,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
 from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import NodePeerAuth
-from ansible_collections.constellation.cluster.plugins.module_utils.agent_config import (  # noqa: F401 (re-exported)
-    DEFAULT_PUBLIC_PORT,
-    DEFAULT_REATTEST_INTERVAL,
-    DEFAULT_REATTEST_UNREACHABLE_LIMIT,
-    DEFAULT_REATTEST_WORKERS,
-    DEFAULT_UPDATE_INTERVAL,
-    AgentConfig,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.agent_config import AgentConfig
 
 MAX_BACKOFF = 30.0
 KILL_AFTER_EVENT_ENV = "CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT"
@@ -124,8 +117,8 @@ class Agent:
                                    variant_oid=self.issuer.oid)
         self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator)
-        self.vpnapi = VPNAPI(self.core, kubeadm=JoinProvider(config.kubeadm_path, config.kubernetes_dir,
-                                                                  kubelet_cert_days=config.kubelet_cert_days), log=self.log)
+        provider = JoinProvider(config.kubeadm_path, config.kubernetes_dir, kubelet_cert_days=config.kubelet_cert_days)
+        self.vpnapi = VPNAPI(self.core, kubeadm=provider, log=self.log)
         self.core.activation_workers = config.activation_workers
         self.core.etcd_member = (EtcdMember.from_config(config.etcd_member, config.state_dir)
                                  if config.etcd_member is not None else None)

@@ -222,9 +222,10 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
                            % (endpoint, status.state, status.role, status.membership))
         rows.append(row)
     # Nodes the Coordinator evicted (failed re-attestation) come back only this way, once they pass again.
-    evicted = ({e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id,
-                                                                admin_priv_key)}
-               if node_public_endpoints else set())
+    evicted = set()
+    if node_public_endpoints:
+        evicted = {e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id,
+                                                                  admin_priv_key)}
     for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
         status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
         row = {"endpoint": endpoint, "role": "node", "state_before": status.state, "node_vpn_ip": status.vpn_ip}

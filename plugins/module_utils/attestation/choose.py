@@ -216,5 +216,5 @@ def load_trust(name: str, ek_ca_path: Optional[Any], basedir: Optional[str] = No
         resolved.append(path)
     ek = importlib.import_module(_PKG + "ek")
     certs = ek.load_ca_certs(resolved, field)
-    ek.check_trust_anchors(certs, field)
+    importlib.import_module(_PKG + "ek_certs").check_trust_anchors(certs, field)
     return Trust(tuple(certs), ek.CertifiedAKs(certs))

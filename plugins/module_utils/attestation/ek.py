@@ -40,10 +40,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek_certs import (  # noqa: F401
     _MAX_NV_CHAIN_CERTS,
-    CA_FILE_SUFFIXES,
     _split_der,
-    check_trust_anchors,
-    is_self_signed,
     load_ca_certs,
     verify_ek_cert,
 )

@@ -33,7 +33,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.activat
     MAX_NODES_PER_CALL,
     NodeActivation,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import RESERVED_DATA_KEY_IDS
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import RESERVED_DATA_KEY_IDS
 from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinators import CoordinatorCluster
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ADMIN_PUB_KEY_MAX,

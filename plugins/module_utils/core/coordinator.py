@@ -14,10 +14,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import kms a
 from ansible_collections.constellation.cluster.plugins.module_utils import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KubernetesJoin
 from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import CoordinatorSigning
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import (  # noqa: F401
-    RESERVED_DATA_KEY_IDS,
-    refuse_control_plane_join,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import refuse_control_plane_join
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     b64,
     normalize_disk_uuid,
@@ -53,6 +50,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
     generate_priv_key,
     pub_key_from_priv_key,
 )
+
 
 class CoordinatorSide(KubernetesJoin, CoordinatorSigning):
     # -- activation as Coordinator

@@ -203,6 +203,6 @@ def coordinator_pub_key(kms) -> str:
     """Standard base64 of the raw 32-byte Ed25519 public key of ``coordinator_signing_priv_key``."""
     from cryptography.hazmat.primitives import serialization
 
-    raw = coordinator_signing_priv_key(kms).public_key().public_bytes(serialization.Encoding.Raw,
-                                                                     serialization.PublicFormat.Raw)
+    pub_key = coordinator_signing_priv_key(kms).public_key()
+    raw = pub_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return base64.b64encode(raw).decode("ascii")

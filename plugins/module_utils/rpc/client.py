@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils import rpc as apis
-from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key, sign_admin  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import sign_admin
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.peer_auth_client import PeerAuthClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDERR,

@@ -95,8 +95,10 @@ class RateLimit:
             bucket = self._buckets.get(source)
             if bucket is None:
                 if len(self._buckets) >= self.max_sources:
-                    for key in sorted(self._buckets, key=lambda k: -self._refill(self._buckets[k], self.per_source,
-                                                                                  now))[:self.max_sources // 4 or 1]:
+                    def fullest(k):
+                        return -self._refill(self._buckets[k], self.per_source, now)
+
+                    for key in sorted(self._buckets, key=fullest)[:self.max_sources // 4 or 1]:
                         del self._buckets[key]
                 bucket = self._buckets[source] = [self.per_source[0], now]
             if self._refill(bucket, self.per_source, now) < 1:

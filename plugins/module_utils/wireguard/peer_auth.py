@@ -124,8 +124,9 @@ class PairKeys:
         InputError for a malformed message or a server key other than ``expected_server_pub_key``."""
         challenge = b64decode(step.get("challenge"), "challenge", CHALLENGE_SIZE)
         announced = normalize_pub_key(step.get("server_vpn_pub_key"), "server_vpn_pub_key")
-        if expected_server_pub_key is not None and announced != normalize_pub_key(expected_server_pub_key,
-                                                                                   "server_vpn_pub_key"):
+        expected = (normalize_pub_key(expected_server_pub_key, "server_vpn_pub_key")
+                    if expected_server_pub_key is not None else None)
+        if expected is not None and announced != expected:
             raise InputError("server_vpn_pub_key", "the WireGuard key this peer knows for the server")
         return self.proof(announced, challenge, client_vpn_ip, server_vpn_ip)
 

@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
+from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied, AttestationError, ConstellationError)

@@ -50,7 +50,7 @@ def endpoint_of(server) -> str:
 def idle_tcp(server, count, source="127.0.0.1"):
     """``count`` TCP connections from ``source`` that never send a byte."""
     socks = []
-    for _ in range(count):
+    for _i in range(count):
         s = socket.socket()
         s.bind((source, 0))
         s.settimeout(10)
@@ -63,7 +63,7 @@ def idle_tls(server, count, source):
     """``count`` aTLS connections from ``source``: handshake done (each cost the server a quote),
     then never a request."""
     socks = []
-    for _ in range(count):
+    for _i in range(count):
         raw = socket.socket()
         raw.bind((source, 0))
         raw.settimeout(10)
@@ -168,7 +168,7 @@ def test_the_accept_loop_never_waits_for_a_slot_while_every_connection_is_busy(s
         conn.stream.send_result({})
 
     server = FrameServer("pubapi", ("127.0.0.1", 0), {"Slow": slow}, max_connections=2).start()
-    busy = [AgentClient.connect_plain(endpoint_of(server), timeout=10) for _ in range(2)]
+    busy = [AgentClient.connect_plain(endpoint_of(server), timeout=10) for _i in range(2)]
     threads = [threading.Thread(target=b.call, args=("Slow",), daemon=True) for b in busy]
     try:
         for t in threads:

@@ -22,13 +22,13 @@ from tpm2_pytss import ESAPI, ESYS_TR, TPM2_ALG, TPM2B_NV_PUBLIC, TPMA_NV, TPMS_
 from tpm2_pytss.internal.templates import ek_template
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek_certs import check_trust_anchors
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import (
     EK_CERT_NV_INDEX_ECC,
     EK_CHAIN_NV_FIRST,
     CertifiedAK,
     VTPMEKIssuer,
     VTPMEKValidator,
-    check_trust_anchors,
     ek_public_from_cert,
     enroll,
     load_ca_certs,
@@ -179,8 +179,8 @@ def test_a_tpm_with_an_ecc_ek_and_its_intermediate_in_nv_enrolls_and_attests(ven
         assert validator.validate(issuer.issue(b"u", NONCE), NONCE).user_data == b"u"
         # Without the enrollment the same TPM is not trusted; with another vendor's root pinned it never enrolls.
         with pytest.raises(AttestationError, match="AK is not certified"):
-            VTPMEKValidator(Measurements({0: Measurement(pcrs[0])}), [b.root]).validate(issuer.issue(b"u", NONCE),
-                                                                                       NONCE)
+            validator = VTPMEKValidator(Measurements({0: Measurement(pcrs[0])}), [b.root])
+            validator.validate(issuer.issue(b"u", NONCE), NONCE)
         with pytest.raises(AttestationError, match="does not chain|not among the trusted CAs"):
             enroll(issuer, [vendors[0].root])
 

@@ -60,7 +60,7 @@ def test_a_client_sitting_in_enroll_ak_blocks_no_quote_and_loses_its_connection(
     answer timeout (shortened here) instead of holding their slots for the 300 s idle timeout."""
     server, api, issuer, ca_certs = ek_node
     api.ENROLL_AK_ANSWER_TIMEOUT = 1.0
-    sitting = [connect(server, "127.0.0.2") for _ in range(6)]
+    sitting = [connect(server, "127.0.0.2") for _i in range(6)]
     try:
         requests = [start_enrollment(c) for c in sitting]
         assert all(r.get("ak_pub") and r.get("ek_cert") for r in requests)
@@ -111,4 +111,3 @@ def test_an_enroll_ak_flood_is_refused_before_any_tpm_work(ek_node):
         assert "EnrollAK: rate limited for 127.0.0.1" in refused[0]["message"]
     with connect(server, "127.0.0.4") as other:
         assert enroll_over(other, ca_certs).ak_pub == issuer.ak_pub
-

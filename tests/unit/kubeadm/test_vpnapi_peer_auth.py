@@ -18,7 +18,6 @@ import socket
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms, state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     KIND_END,
     FrameStream,
@@ -83,8 +82,8 @@ def secrets_of(cluster, node_ip):
     disk_key = cluster.core.state_disk_key(disk_uuid)
     found += [disk_key, base64.b64encode(disk_key)]
     master = kms.open_kms(state_store.load_kms_data(cluster.core.local_store)["kms_uri"])
-    foo = master.derive_key("foo", 32)
-    found += [foo, base64.b64encode(foo)]
+    any_key = master.derive_key("foo", 32)
+    found += [any_key, base64.b64encode(any_key)]
     return found
 
 
