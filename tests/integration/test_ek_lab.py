@@ -94,7 +94,7 @@ def test_chain_of_trust_with_ek_enrollment_at_every_step(ek_lab):
     assert '"ak_enrolled"' in log
     # h3 joins: the Coordinator enrolls it in-band, inside IssueJoinTicket.
     procs["h3"] = start_agent(lab, lab.host("h3"), coordinator_public_endpoint=lab.host("h1").public_endpoint,
-                             coordinator_pub_key=kms.coordinator_pub_key(kms.ClusterKMS(secret)))
+                              coordinator_pub_key=kms.coordinator_pub_key(kms.ClusterKMS(secret)))
     h3 = lab.host("h3")
 
     def h3_vpn_address():
@@ -104,7 +104,7 @@ def test_chain_of_trust_with_ek_enrollment_at_every_step(ek_lab):
     assert '"via": "join"' in tail_log(lab.host("h1"), 300)
     # A joining node with a foreign TPM is refused by the join service, before any lock.
     procs["h5"] = start_agent(lab, lab.host("h5"), coordinator_public_endpoint=lab.host("h1").public_endpoint,
-                             coordinator_pub_key=kms.coordinator_pub_key(kms.ClusterKMS(secret)))
+                              coordinator_pub_key=kms.coordinator_pub_key(kms.ClusterKMS(secret)))
 
     def h5_refused():
         return [line for line in tail_log(lab.host("h1"), 300).splitlines()
