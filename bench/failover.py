@@ -67,10 +67,8 @@ from peer_updates import _coordinator, _NullVPN, _poll_ms, measure_server  # noq
 from lab.etcd import Etcd, EtcdCluster, free_ports, tmpfs_dir  # noqa: E402
 from lab.swtpm import SwTPM, free_port  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils import core  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.agent import (  # noqa: E402
-    DEFAULT_UPDATE_INTERVAL,
-    JSONLog,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import JSONLog  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.agent_config import DEFAULT_UPDATE_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerUpdate  # noqa: E402

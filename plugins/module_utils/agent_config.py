@@ -159,7 +159,6 @@ class AgentConfig:
         validate_kubelet_cert_days(config.kubelet_cert_days)
         if config.ak_alg not in AK_ALGS:
             raise InputError("ak_alg", "one of %s" % ", ".join(AK_ALGS), config.ak_alg)
-        config.init_secret_hash = require_init_secret_hash(config.init_secret_hash, config.insecure_unauthenticated_activation)
         for name in ("wg_listen_port", "vpn_api_port"):
             value = getattr(config, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
@@ -186,6 +185,8 @@ class AgentConfig:
             if host in ("0.0.0.0", "::"):
                 raise InputError("public_ip", "this node's public IP (public_endpoint binds to all addresses)")
             config.public_ip = host
+        # After the settings it is derived from (the role hashes the init secret with public_ip).
+        config.init_secret_hash = require_init_secret_hash(config.init_secret_hash, config.insecure_unauthenticated_activation)
         config.verify_grpc_endpoint, config.verify_http_endpoint = verify_service.config_endpoints(
             config.verify_grpc_endpoint, config.verify_http_endpoint, config.public_endpoint, config.public_ip)
         config.deprecations = deprecations
