@@ -59,8 +59,10 @@ def test_a_tampered_coordinator_is_evicted_by_the_leader(cluster):
     (eviction,) = until(evicted, timeout=60, what="the leader evicted h3", why=lambda: tail_log(cluster.hosts["h1"]))
     assert eviction["role"] == "coordinator" and eviction["etcd_member"] == "removed", eviction
     assert "PCR" in eviction["reason"], eviction
-    logged = [e for e in cluster.events("h1", "peer_evicted") if e["vpn_ip"] == h3["vpn_ip"]]
-    assert logged and logged[0]["role"] == "coordinator"
+    # The record comes first (every Coordinator refuses h3 from then on), the log line once the peer is removed.
+    logged = until(lambda: [e for e in cluster.events("h1", "peer_evicted") if e["vpn_ip"] == h3["vpn_ip"]],
+                   timeout=30, what="h1 logged the eviction", why=lambda: tail_log(cluster.hosts["h1"]))
+    assert logged[0]["role"] == "coordinator"
     assert cluster.events("h1", "coordinator_member_removed")
     # Out of every peer's mesh (the registry entry went), named by the other Coordinator as well.
     for name in ("h1", "h2", "h4"):
