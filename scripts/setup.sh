@@ -5,7 +5,7 @@ set -eu
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-DEB_PACKAGES="iputils-ping swtpm swtpm-tools tpm2-tools shellcheck libtss2-dev pkg-config python3-apt python3-cryptography python3-yaml python3-tpm2-pytss python3-grpcio python3-protobuf wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git"
+DEB_PACKAGES="iputils-ping swtpm swtpm-tools tpm2-tools shellcheck libtss2-dev pkg-config python3-apt python3-cryptography python3-yaml python3-tpm2-pytss python3-grpcio python3-protobuf wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git cryptsetup-bin"
 
 missing=""
 for p in $DEB_PACKAGES; do
