@@ -22,7 +22,16 @@ from typing import Any, List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
+    AgentMeasurement,
+    measure,
+    with_agent_pcr,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.signature import load_public_key_file
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage
 from ansible_collections.constellation.cluster.plugins.module_utils.core import (
     ROLE_NODE,
     Core,
@@ -48,7 +57,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi i
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
-from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
+from ansible_collections.constellation.cluster.plugins.module_utils.store import FileStore, open_store
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
 from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import NodePeerAuth
@@ -104,13 +113,21 @@ class Agent:
         self._node_auth = NodePeerAuth()  # the vpnapi's PeerAuth with this node's WireGuard key
         self.vpnapi_server: Optional[FrameServer] = None
         self._vpnapi_lock = threading.Lock()
+        self.measurement: Optional[AgentMeasurement] = None  # PCR 13 (attestation/agent_measurement.py)
+        self._sealed_pcrs: List[int] = []  # the PCRs the storage key is sealed to
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
-        store_spec = config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")}
-        self.store = open_store(store_spec)
-        self.vpn = WireGuardVPN(config.vpn_interface, os.path.join(config.state_dir, "%s.key" % config.vpn_interface),
-                                listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
+        # Before anything is served or read: the agent measures itself, then unseals its storage key.
+        self.at_rest = self._measure_and_unseal()
+        if config.store:
+            self.store = open_store(config.store)
+        else:  # the default file store, sealed as a whole (core/at_rest.py)
+            self.store = FileStore(os.path.join(config.state_dir, "store.json"), cipher=self.at_rest)
+        with contextlib.suppress(FileNotFoundError):  # an agent before issue 26 kept the WireGuard key in plain form
+            os.unlink(os.path.join(config.state_dir, "%s.key" % config.vpn_interface))
+        self.vpn = WireGuardVPN(config.vpn_interface, listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
-                         self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash)
+                         self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash,
+                         at_rest=self.at_rest)
         self.core.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
         self._reattest_started = False
         self.admin = AdminHandlers(self.core, self.log, issue=self._issue_for_connection,
@@ -135,10 +152,36 @@ class Agent:
         if choose.spec(variant).needs_policy:
             # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
             policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_public_key)
+            # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
+            self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs, self._measurements_pub_key())
+            self._sealed_pcrs = sorted({index for index, m in policy.pcrs.items()
+                                        if not m.warn_only and index != PCR_INDEX_CLUSTER_ID} | {PCR_INDEX_AGENT})
+            policy = with_agent_pcr(policy, self.measurement.value)
         issuer_options = {"ak_alg": self.config.ak_alg} if variant != "dummy" else {}
         return (choose.issuer(variant, self.config.tcti, **issuer_options),
                 choose.validator(variant, fresh_node_policy(policy) if policy else None, trust),
                 choose.validator(variant, coordinator_policy(policy) if policy else None, trust))
+
+    def _measurements_pub_key(self):
+        if not self.config.measurements_public_key:
+            return None
+        return load_public_key_file(self.config.measurements_public_key, "measurements_public_key")
+
+    def _measure_and_unseal(self) -> SealedStorage:
+        """PCR 13 <- the agent's code and trust configuration; then the storage key, sealed to the policy's
+        enforced boot PCRs and PCR 13, is unsealed (or made and sealed on the first start)."""
+        if self.measurement is None:  # the test suite's dummy variant: no TPM, nothing sealed
+            return PlainStorage()
+        with open_tpm(self.config.tcti) as dev:
+            outcome = measure(dev, self.measurement)
+        fields = dict(pcr=PCR_INDEX_AGENT, value=self.measurement.value.hex(),
+                      **{name: digest.hex() for name, digest in self.measurement.events})
+        if outcome == "conflict":
+            self.log("agent_measured", level="error", outcome=outcome, message="PCR %d held another agent's "
+                     "measurement since the boot: no policy accepts this host until it reboots" % PCR_INDEX_AGENT, **fields)
+        else:
+            self.log("agent_measured", outcome=outcome, **fields)
+        return SealedStorage.open(self.config.state_dir, lambda: open_tpm(self.config.tcti), self._sealed_pcrs, log=self.log)
 
     def _issue_for_connection(self, user_data: bytes, nonce: bytes) -> bytes:
         """Attest (admin channel): a quote as the aTLS server context issues it (with its deadline)."""

@@ -8,6 +8,11 @@ from __future__ import annotations
 # TPM PCRs.
 PCR_COUNT = 24
 PCR_INDEX_CLUSTER_ID = 15  # the node lock: extended with the cluster ID at activation
+# The measured agent (attestation/agent_measurement.py): extended with the agent's code and configuration before
+# it serves anything. PCRs 0-15 cannot be reset without a reboot (16 and 23 can be, from locality 0, so software
+# could replay them); of those, 13 is the one no firmware, grub, shim or kernel extends on a typical node and
+# systemd-stub only for system-extension add-ons next to a UKI (Constellation's images expect it to be zero).
+PCR_INDEX_AGENT = 13
 
 # Peer states on the wire (SPEC 6.4: values and names as Constellation's Coordinator).
 STATE_UNINITIALIZED = "Uninitialized"

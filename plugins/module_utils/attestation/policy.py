@@ -143,8 +143,12 @@ class AttestationSettings:
         return [choose.validator(self.variant, self.policy, self.trust)]
 
 
-def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None) -> AttestationSettings:
-    """``args``: validated parameters holding the ATTESTATION_ARGUMENT_SPEC options."""
+def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None, agent_pcr: bool = True) -> AttestationSettings:
+    """``args``: validated parameters holding the ATTESTATION_ARGUMENT_SPEC options. ``agent_pcr``: the policy
+    enforces the agent's PCR 13 as this collection's agent with this trust configuration measures it
+    (attestation/agent_measurement.py); only code that cannot read the collection's files (a module packed
+    by Ansible) may turn it off. ``pinned_public_key_path`` in ``args``: the key a policy document given
+    inline was already checked against (the atls connection plugin), measured as the agents measure theirs."""
     variant = args.get("variant") or choose.DEFAULT_VARIANT
     insecure_trust_any_ak = args.get("insecure_trust_any_ak") is True
     chosen = choose.check_variant_allowed(variant, insecure_trust_any_ak)
@@ -157,6 +161,14 @@ def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None) -
         value = args.get(name)
         if value is None or not 0 < float(value) <= 86400:
             raise InputError(name, "seconds in (0, 86400]", value)
+    if policy is not None and agent_pcr:
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.signature import load_public_key_file
+
+        key_path = args.get("measurements_public_key_path") or args.get("pinned_public_key_path")
+        pub_key = load_public_key_file(_resolve(key_path, basedir), "measurements_public_key_path") if key_path else None
+        measured = agent_measurement.AgentMeasurement.of(variant, trust.ek_ca_certs, pub_key)
+        policy = agent_measurement.with_agent_pcr(policy, measured.value)
     warning = choose.insecure_warning(variant)
     return AttestationSettings(variant, policy, check_netns_name(args.get("netns")),
                                float(args.get("timeout")), float(args.get("attestation_timeout")), trust,

@@ -20,6 +20,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
     normalize_disk_uuid,
     parse_admin_pub_key,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage
 from ansible_collections.constellation.cluster.plugins.module_utils.core.lock import NodeLock
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import PeerRegistryCache
@@ -42,8 +43,10 @@ class CoreBase(StateMachine):
     def __init__(self, store: Store, tpm: TPM, vpn: VPN, state_dir: str, public_ip: str,
                  disk_uuid: str, log: Optional[Callable[..., None]] = None,
                  kubeadm_join_args: Optional[Callable[[], Dict[str, Any]]] = None,
-                 init_secret_hash: Optional[str] = None):
+                 init_secret_hash: Optional[str] = None, at_rest: Optional[SealedStorage] = None):
         super().__init__(log)
+        # The secrets this peer keeps in files (core/at_rest.py): sealed to its TPM by the agent.
+        self.at_rest = at_rest if at_rest is not None else PlainStorage()
         # hex SHA-256 of this node's init secret (init_secret.py): activation needs its proof. None: any caller
         # may activate this node (as before; the agent logs a warning).
         self.init_secret_hash = init_secret_hash
@@ -223,12 +226,8 @@ class CoreBase(StateMachine):
             raise StateError("%s: the node lock is already taken (another activation is running or done)" % method)
 
     def _write_disk_key(self, key: bytes) -> None:
-        # The simulated state disk's passphrase: a 0600 file in the agent's directory.
-        kms_mod.write_secret_file(os.path.join(self.state_dir, STATE_DISK_KEY_FILE), key)
+        # The state disk's key, from the attested activation, join or rejoin: kept only sealed (core/at_rest.py).
+        self.at_rest.write_file(os.path.join(self.state_dir, STATE_DISK_KEY_FILE), key)
 
     def read_disk_key(self) -> Optional[bytes]:
-        try:
-            with open(os.path.join(self.state_dir, STATE_DISK_KEY_FILE), "rb") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
+        return self.at_rest.read_file(os.path.join(self.state_dir, STATE_DISK_KEY_FILE))

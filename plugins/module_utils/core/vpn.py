@@ -9,7 +9,6 @@ import ipaddress
 import threading
 from typing import List, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
@@ -27,22 +26,21 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 class WireGuardVPN:
     """One interface, a full peer list. Implements ``ports.VPN``."""
 
-    def __init__(self, interface: str = "wg0", key_file: str = "wg0.key", runner: Optional[CommandRunner] = None,
+    def __init__(self, interface: str = "wg0", runner: Optional[CommandRunner] = None,
                  listen_port: int = LISTEN_PORT, vpn_cidr: str = VPN_CIDR):
         self.interface = interface
-        self.key_file = key_file
         self.listen_port = listen_port
         self.vpn_cidr = vpn_cidr
         self.wg = WireGuard(runner or CommandRunner())
         self._lock = threading.Lock()
 
     def setup(self, vpn_ip: str, priv_key: str) -> None:
-        kms_mod.write_secret_file(self.key_file, priv_key.encode("ascii") + b"\n")
+        # The private key reaches wg on its standard input, never a file: at rest it is only in the sealed store.
         prefix = ipaddress.ip_network(self.vpn_cidr).prefixlen
         spec = parse_interface_spec(self.interface, "%s/%d" % (vpn_ip, prefix), self.listen_port,
                                     vpn_cidr=self.vpn_cidr)
         with self._lock:
-            self.wg.ensure_interface(spec, self.key_file, pub_key_from_priv_key(priv_key))
+            self.wg.ensure_interface(spec, None, pub_key_from_priv_key(priv_key), priv_key=priv_key)
 
     def set_peers(self, records: List[PeerRecord], own_pub_key: str) -> bool:
         """Makes the interface's peers exactly ``records`` (minus ourselves), changing in place."""

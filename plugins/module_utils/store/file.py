@@ -33,9 +33,12 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store.base i
 class FileStore(_BaseStore):
     """One JSON file ``{"format": ..., "items": {key: base64(value)}}``, replaced atomically."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, cipher=None):
+        """``cipher``: the agent's secrets at rest (core/at_rest.py, ``encrypt``/``decrypt``): the whole file is
+        sealed with it; without one the file is plain JSON (the controller's and tests' stores)."""
         if not isinstance(path, str) or not path:
             raise InputError("path", "a file path", path)
+        self.cipher = cipher
         self.path = os.path.abspath(path)
         self.lock_path = self.path + ".lock"
         self._dir = os.path.dirname(self.path)
@@ -93,6 +96,8 @@ class FileStore(_BaseStore):
                 raw = handle.read()
         except OSError as err:
             raise StoreError("cannot read the store file %s: %s" % (self.path, err.strerror)) from None
+        if self.cipher is not None:
+            raw = self.cipher.decrypt(raw, os.path.basename(self.path))
         data = self._parse(raw)
         self._cache = (stamp, data)
         return dict(data)
@@ -122,6 +127,8 @@ class FileStore(_BaseStore):
         doc = {"format": FILE_FORMAT,
                "items": {k: base64.b64encode(v).decode("ascii") for k, v in sorted(data.items())}}
         raw = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8") + b"\n"
+        if self.cipher is not None:
+            raw = self.cipher.encrypt(raw, os.path.basename(self.path))
         try:
             atomic_write(self.path, raw, 0o600)
         except OSError as err:

@@ -108,9 +108,12 @@ class WireGuard:
     def delete(self, name: str) -> None:
         self.runner.run(["ip", "link", "delete", "dev", name])
 
-    def set_private_key(self, name: str, key_file: str) -> None:
-        # A file path, never the key on a command line.
-        self.runner.run(["wg", "set", name, "private-key", key_file])
+    def set_private_key(self, name: str, key_file: str | None, priv_key: str | None = None) -> None:
+        # A file path, or the key on wg's standard input; never the key on a command line.
+        if priv_key is not None:
+            self.runner.run(["wg", "set", name, "private-key", "/dev/stdin"], stdin=priv_key + "\n")
+        else:
+            self.runner.run(["wg", "set", name, "private-key", key_file])
 
     def set_listen_port(self, name: str, port: int) -> None:
         self.runner.run(["wg", "set", name, "listen-port", str(port)])
@@ -128,8 +131,10 @@ class WireGuard:
     def set_up(self, name: str) -> None:
         self.runner.run(["ip", "link", "set", "dev", name, "up"])
 
-    def ensure_interface(self, spec: InterfaceSpec, key_file: str, pub_key: str | None) -> list[str]:
-        """Bring the interface to ``spec``; returns the steps taken (empty: already right)."""
+    def ensure_interface(self, spec: InterfaceSpec, key_file: str | None, pub_key: str | None,
+                         priv_key: str | None = None) -> list[str]:
+        """Bring the interface to ``spec``; returns the steps taken (empty: already right). The private key
+        comes from ``key_file`` or, kept in no file, ``priv_key`` (passed on wg's standard input)."""
         link = self.link(spec.name)
         live = self.show(spec.name) if link.exists else None
         if link.exists and live is None:
@@ -139,7 +144,7 @@ class WireGuard:
             self.create(spec.name)
             link = self.link(spec.name)
         if "private_key" in changes:
-            self.set_private_key(spec.name, key_file)
+            self.set_private_key(spec.name, key_file, priv_key)
         if "listen_port" in changes:
             self.set_listen_port(spec.name, spec.listen_port)
         if "address" in changes:

@@ -63,7 +63,7 @@ def coordinator(make_core, secret):
 def test_real_adapters_and_fakes_implement_the_ports(tmp_path):
     assert isinstance(core.TPMDevice("swtpm:host=127.0.0.1,port=1"), ports.TPM)
     assert isinstance(MemoryTPM(), ports.TPM)
-    assert isinstance(core.WireGuardVPN("wg9", str(tmp_path / "wg9.key")), ports.VPN)
+    assert isinstance(core.WireGuardVPN("wg9"), ports.VPN)
     assert isinstance(RecordingVPN(), ports.VPN)
     assert isinstance(MemoryStore(), ports.Store)
     assert isinstance(FileStore(str(tmp_path / "store.json")), ports.Store)
