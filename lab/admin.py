@@ -16,7 +16,7 @@ from typing import Dict, Optional
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from lab.agent import agent_dir, start_agent, stop_agent
+from lab.agent import agent_dir, read_sealed, start_agent, stop_agent
 from lab.lab import Lab
 from lab.netns import NetNS
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
@@ -126,8 +126,7 @@ class LabCluster:
         return set(self.hosts[name].run(["wg", "show", "wg0", "peers"], check=False).stdout.split())
 
     def disk_key(self, name: str) -> Optional[bytes]:
-        path = agent_dir(self.hosts[name]) / "state" / "state_disk.key"
-        return path.read_bytes() if path.exists() else None
+        return read_sealed(self.lab, self.hosts[name], "state_disk.key")
 
     def expected_disk_key(self, name: str) -> bytes:
         """The disk key the cluster's KMS derives for the disk UUID this host reports."""

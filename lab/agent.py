@@ -7,6 +7,7 @@ Its JSON log goes to ``<host dir>/agent/agent.log``.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -20,6 +21,21 @@ from lab.lab import AGENT_PORT, REPO_ROOT, Host, Lab, lab_measurements
 
 def agent_dir(host: Host) -> Path:
     return Path(host.dir) / "agent"
+
+
+def read_sealed(lab: Lab, host: Host, name: str) -> Optional[bytes]:
+    """A file of the agent's sealed state (core/at_rest.py: ``store.json``, ``state_disk.key``), unsealed with the
+    host's TPM in its current state: what root on the genuine host can do, and a copy elsewhere cannot."""
+    path = agent_dir(host) / "state" / name
+    if not path.exists():
+        return None
+    return base64.b64decode(lab.host_cmd(host, ["--tcti", host.tcti, "--unseal-file", str(path)]).strip())
+
+
+def agent_vpn_priv_key(lab: Lab, host: Host) -> str:
+    """The agent's WireGuard private key, from its sealed store (it is kept in no other file)."""
+    store = json.loads(read_sealed(lab, host, "store.json"))
+    return json.loads(base64.b64decode(store["items"]["nodeState"]))["vpn_priv_key"]
 
 
 def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: Any) -> Path:

@@ -2,11 +2,15 @@
 
 python -m lab.hostcmd --tcti T --extend 4=<hex> ...   simulated measured boot
 python -m lab.hostcmd --tcti T --attest <nonce hex>   prints a qemu-vtpm attestation document
+python -m lab.hostcmd --tcti T --unseal-file PATH     prints (base64) a file of an agent's sealed state, unsealed
+                                                      with this host's TPM in its current state (root on the host)
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import os
 import sys
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm
@@ -18,6 +22,7 @@ def main(argv=None) -> int:
     p.add_argument("--extend", action="append", default=[], metavar="PCR=HEX")
     p.add_argument("--attest", metavar="NONCE_HEX")
     p.add_argument("--user-data", default="lab-proof")
+    p.add_argument("--unseal-file", metavar="PATH")
     args = p.parse_args(argv)
     for item in args.extend:
         pcr, digest = item.split("=", 1)
@@ -27,6 +32,15 @@ def main(argv=None) -> int:
 
         issuer = vtpm.VTPMIssuer(tcti=args.tcti)
         sys.stdout.write(issuer.issue(args.user_data.encode(), bytes.fromhex(args.attest)).decode())
+    if args.unseal_file:
+        from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SEALED_KEY_FILE, SealedStorage
+
+        folder = os.path.dirname(os.path.abspath(args.unseal_file))
+        if not os.path.exists(os.path.join(folder, SEALED_KEY_FILE)):
+            sys.stderr.write("%s: no sealed storage key in %s\n" % (args.unseal_file, folder))
+            return 1
+        storage = SealedStorage.open(folder, lambda: tpm.open_tpm(args.tcti), [])
+        sys.stdout.write(base64.b64encode(storage.read_file(args.unseal_file) or b"").decode() + "\n")
     return 0
 
 

@@ -26,6 +26,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurements, expected_pcr15)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import coordinator_policy, fresh_node_policy
@@ -191,12 +193,14 @@ def test_coordinator_restart_with_etcd_store_then_join(cluster):
         h1ns = NetNS(h1.netns)
         try:
             def migrate():
+                # The agent's file store is sealed to h1's TPM (core/at_rest.py): unsealed there, in h1's state.
+                sealed = SealedStorage.open(str(agent_dir(h1) / "state"), lambda: open_tpm(h1.tcti), [])
                 for _attempt in range(100):
                     try:
-                        return transfer(FileStore(str(agent_dir(h1) / "state" / "store.json")), open_store(spec))
+                        return transfer(FileStore(str(agent_dir(h1) / "state" / "store.json"), cipher=sealed), open_store(spec))
                     except Exception:  # pylint: disable=broad-except  # etcd still starting
                         time.sleep(0.1)
-                return transfer(FileStore(str(agent_dir(h1) / "state" / "store.json")), open_store(spec))
+                return transfer(FileStore(str(agent_dir(h1) / "state" / "store.json"), cipher=sealed), open_store(spec))
 
             assert h1ns.run(migrate) > 0
         finally:

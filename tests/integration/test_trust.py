@@ -27,7 +27,7 @@ import time
 
 import pytest
 from lab.admin import LabCluster
-from lab.agent import agent_dir, start_agent, tail_log
+from lab.agent import agent_dir, agent_vpn_priv_key, start_agent, tail_log
 from lab.agent import wait_until as until
 from lab.lab import Lab, lab_measurements
 from lab.netns import NetNS
@@ -74,7 +74,7 @@ class Trust(LabCluster):
         with NetNS(self.hosts[name].netns) as ns:
             sock = ns.connect((coordinator_vpn_ip, 9027), timeout=3)
         with AgentClient.connect_plain("%s:9027" % coordinator_vpn_ip, sock=sock, timeout=5) as c:
-            c.peer_auth((agent_dir(self.hosts[name]) / "state" / "wg0.key").read_text().strip())
+            c.peer_auth(agent_vpn_priv_key(self.lab, self.hosts[name]))
             return c.invoke(method, **fields)
 
 

@@ -15,7 +15,7 @@ import json
 
 import pytest
 from lab.admin import LabCluster
-from lab.agent import REPO_ROOT, agent_dir, tail_log
+from lab.agent import REPO_ROOT, agent_dir, agent_vpn_priv_key, tail_log
 from lab.agent import wait_until as until
 from lab.lab import Lab
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
@@ -70,7 +70,7 @@ def cluster():
 def test_an_unprivileged_process_on_a_node_gets_nothing_from_the_vpnapi(cluster):
     node = cluster.hosts["h2"]
     coordinator_vpn_ip = cluster.state("h1")["vpn_ip"]
-    key_file = agent_dir(node) / "state" / "wg0.key"
+    key_file = agent_dir(node) / "state" / "store.json"  # the sealed store: the agent keeps its key nowhere else
     proc = node.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] + cluster.lab.host_python()
                     + ["-c", ATTACKER, str(REPO_ROOT), coordinator_vpn_ip, json.dumps(ATTACKS), str(key_file)],
                     check=False, timeout=60)
@@ -86,9 +86,9 @@ def test_an_unprivileged_process_on_a_node_gets_nothing_from_the_vpnapi(cluster)
     for secret in (disk_key, master.derive_key("app", 32),
                    master.derive_key("peer/%s/app" % cluster.state("h2")["vpn_pub_key"], 32)):
         assert base64.b64encode(secret).decode() not in proc.stdout
-    assert key_file.read_text().strip() not in proc.stdout
+    key = agent_vpn_priv_key(cluster.lab, node)
+    assert key not in proc.stdout
     # Nor from the interface: only root reads it there (kubeadm_join's way to the key without vpn_priv_key_file).
-    key = key_file.read_text().strip()
     assert node.run(["wg", "show", "wg0", "private-key"]).stdout.strip() == key
     denied = node.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "wg", "show", "wg0",
                        "private-key"], check=False)
@@ -104,4 +104,4 @@ def test_the_nodes_agents_prove_their_key_and_converge(cluster):
         errors = [e for e in cluster.events(name, "loop_error") if "PeerAuth" in e.get("error", "")]
         assert errors == [], errors
     text = (agent_dir(cluster.hosts["h1"]) / "agent.log").read_text(errors="replace")
-    assert (agent_dir(cluster.hosts["h2"]) / "state" / "wg0.key").read_text().strip() not in text
+    assert agent_vpn_priv_key(cluster.lab, cluster.hosts["h2"]) not in text
