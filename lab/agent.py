@@ -84,9 +84,11 @@ def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: A
 
 
 def start_agent(lab: Lab, host: Host, wait: bool = True, kill_after_event: Optional[str] = None,
-                trust: Optional[bool] = None, **config: Any) -> subprocess.Popen:
+                trust: Optional[bool] = None, agent_root: Optional[Path] = None, **config: Any) -> subprocess.Popen:
     """Starts the agent on host (config keys as docs/agent.md); waits until its port answers.
-    ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it."""
+    ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it.
+    ``agent_root``: run another copy of the agent (``bin/constellation-agent`` and ``collections/``
+    under it, as ``copy_agent`` makes) instead of the checkout's."""
     path = write_config(lab, host, trust, **config)
     log = open(agent_dir(host) / "agent.log", "ab")
     # GOMAXPROCS=1 for the host's wireguard-go (started by the agent, which passes its environment
@@ -96,12 +98,26 @@ def start_agent(lab: Lab, host: Host, wait: bool = True, kill_after_event: Optio
     env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT), "TSS2_LOG=all+none", "GOMAXPROCS=1"]
     if kill_after_event:
         env.append("CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT=%s" % kill_after_event)
-    proc = host.popen(env + lab.host_python() + [str(REPO_ROOT / "bin" / "constellation-agent"), "--config", str(path)],
+    program = Path(agent_root or REPO_ROOT) / "bin" / "constellation-agent"
+    proc = host.popen(env + lab.host_python() + [str(program), "--config", str(path)],
                       stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     log.close()
     if wait:
         wait_listening(host, proc)
     return proc
+
+
+def copy_agent(dest: Path) -> Path:
+    """A copy of the checkout's agent (its program and the collection's module_utils) at ``dest``, for a test
+    that changes it; ``start_agent(agent_root=dest)`` runs it."""
+    import shutil
+
+    (dest / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(str(REPO_ROOT / "bin" / "constellation-agent"), str(dest / "bin" / "constellation-agent"))
+    shutil.copytree(str(REPO_ROOT / "plugins" / "module_utils"),
+                    str(dest / "collections" / "ansible_collections" / "constellation" / "cluster" / "plugins" / "module_utils"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
 
 
 def wait_listening(host: Host, proc: Optional[subprocess.Popen] = None, timeout: float = 20.0) -> None:

@@ -174,6 +174,11 @@ class SwTPM:
         pid, self._pid = self._pid, None
         if pid is None:
             return
+        # An orderly shutdown first, as an operating system does before a reboot: without TPM2_Shutdown the
+        # next start counts a failed authorization (the dictionary-attack protection of an unorderly power
+        # loss), and a few reboots would lock the TPM's AK out.
+        subprocess.run(self._wrap(["tpm2_shutdown", "-T", self.tcti]), capture_output=True, check=False,
+                       timeout=_READY_TIMEOUT, env=dict(os.environ, TSS2_LOG="all+none"))
         # CMD_SHUTDOWN on the control channel ends swtpm at once; SIGTERM takes it ~1-2 s.
         subprocess.run(self._wrap(["swtpm_ioctl", "--tcp", "%s:%d" % (self.bindaddr, self.port + 1), "-s"]),
                        capture_output=True, check=False, timeout=_READY_TIMEOUT)

@@ -1,0 +1,134 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a node runs and keeps (docs/security.md, "At rest"), on a lab of three hosts: h1 the Coordinator, h2 and
+h3 Nodes. A changed agent file and a changed agent configuration are refused at activation (PCR 13); an agent
+changed after activation cannot unseal its secrets and is evicted; a state folder copied to another host and a
+tampered boot cannot unseal, and say so; a Node rebooted into its measured state comes back."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+
+import pytest
+
+from lab.admin import LabCluster
+from lab.agent import agent_dir, copy_agent, read_sealed, start_agent, tail_log
+from lab.agent import wait_until as until
+from lab.lab import Lab
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    lab = Lab("magent", inventory_dir=None)
+    lab.up(hosts=3, tpm=True, variant="qemu-vtpm")
+    made = LabCluster(lab)
+    try:
+        made.start("h1", trust=True)
+        with made.client("h1") as c:
+            c.activate_as_coordinator(made.secret.to_uri(), made.salt, made.admin_pem,
+                                      init_secret=base64.b64decode(lab.init_secret()))
+        yield made
+    finally:
+        made.close()
+        lab.down()
+
+
+@pytest.fixture(scope="module")
+def changed_agent(tmp_path_factory):
+    """The checkout's agent with one byte more in one file (a comment: it behaves the same)."""
+    root = copy_agent(tmp_path_factory.mktemp("changed-agent"))
+    path = root / "collections" / "ansible_collections" / "constellation" / "cluster" / "plugins" / "module_utils" / "agent.py"
+    path.write_text(path.read_text() + "# changed\n")
+    return root
+
+
+def _measured(cluster, name):
+    return cluster.events(name, "agent_measured")[-1]
+
+
+def _fresh(cluster, name):
+    """A new machine: its agent stopped, its state folder gone, its TPM rebooted into the lab image."""
+    if name in cluster.procs:
+        cluster.stop(name)
+    shutil.rmtree(str(agent_dir(cluster.hosts[name]) / "state"), ignore_errors=True)
+    cluster.lab.reboot_tpm(name)
+
+
+def _exits(cluster, name, **config):
+    proc = start_agent(cluster.lab, cluster.hosts[name], wait=False, **config)
+    proc.wait(timeout=30)
+    assert proc.returncode == 2, tail_log(cluster.hosts[name])
+    return [e for e in cluster.events(name, "agent_failed")][-1]["error"]
+
+
+def test_a_changed_agent_file_is_refused_at_activation(cluster, changed_agent):
+    cluster.start("h2", trust=True, agent_root=changed_agent)
+    genuine, changed = _measured(cluster, "h1"), _measured(cluster, "h2")
+    assert changed["agent_code"] != genuine["agent_code"] and changed["agent_config"] == genuine["agent_config"]
+    rows = cluster.activate("h1", nodes=("h2",))["nodes"]
+    assert [r["ok"] for r in rows] == [False], rows
+    assert "PCR 13: expected %s, found %s" % (genuine["value"], changed["value"]) in rows[0]["error"], rows
+    assert cluster.state("h2")["state"] == "AcceptingInit"
+
+
+def test_a_changed_agent_configuration_is_refused_at_activation(cluster):
+    _fresh(cluster, "h2")
+    # The trust configuration measured: here no pinned measurements key (an unsigned policy would be taken).
+    cluster.start("h2", trust=False)
+    genuine, changed = _measured(cluster, "h1"), _measured(cluster, "h2")
+    assert changed["agent_code"] == genuine["agent_code"] and changed["agent_config"] != genuine["agent_config"]
+    rows = cluster.activate("h1", nodes=("h2",))["nodes"]
+    assert [r["ok"] for r in rows] == [False] and "PCR 13: expected %s" % genuine["value"] in rows[0]["error"], rows
+
+
+def test_a_state_folder_copied_to_another_host_cannot_be_unsealed(cluster):
+    _fresh(cluster, "h2")
+    h1_state, h2_state = agent_dir(cluster.hosts["h1"]) / "state", agent_dir(cluster.hosts["h2"]) / "state"
+    unsealed = json.loads(read_sealed(cluster.lab, cluster.hosts["h1"], "store.json"))  # h1's own TPM can
+    kms_data = unsealed["items"]["KMSData"]
+    assert cluster.secret.to_uri().encode() in base64.b64decode(kms_data)
+    store = (h1_state / "store.json").read_bytes()
+    assert store.startswith(b"CSEALED1") and kms_data.encode() not in store and b"KMSData" not in store
+    shutil.copytree(str(h1_state), str(h2_state), ignore=shutil.ignore_patterns("etcd", "*.lock"))
+    error = _exits(cluster, "h2", trust=True)
+    assert "cannot be read here" in error and "sealed on another TPM" in error, error
+
+
+def test_a_tampered_boot_cannot_unseal_and_the_measured_boot_comes_back(cluster):
+    _fresh(cluster, "h2")
+    cluster.start("h2", trust=True)
+    rows = cluster.activate("h1", nodes=("h2",))["nodes"]
+    assert [r["ok"] for r in rows] == [True], rows
+    before = cluster.state("h2")
+    cluster.stop("h2")
+    cluster.lab.reboot_tpm("h2")
+    cluster.lab.tamper("h2", 9)
+    error = _exits(cluster, "h2", trust=True)
+    assert "PCRs 4, 9, 11, 13 differ" in error, error
+    cluster.lab.reboot_tpm("h2")  # booted as measured again: it unseals, rejoins and keeps its VPN IP and key
+    cluster.start("h2", trust=True)
+    until(lambda: cluster.state("h2")["state"] == "IsNode", timeout=30, what="h2 rejoined",
+          why=lambda: tail_log(cluster.hosts["h2"]))
+    after = cluster.state("h2")
+    assert (after["vpn_ip"], after["vpn_pub_key"]) == (before["vpn_ip"], before["vpn_pub_key"])
+    assert cluster.disk_key("h2") == cluster.expected_disk_key("h2")
+
+
+def test_an_agent_changed_after_activation_cannot_unseal_and_is_evicted(cluster, changed_agent):
+    cluster.stop("h1")  # restarted (no reboot) to re-attest every second: a peer missing twice is evicted
+    cluster.start("h1", trust=True, reattest_interval=1, reattest_unreachable_limit=2)
+    cluster.start("h3", trust=True)
+    rows = cluster.activate("h1", nodes=("h3",))["nodes"]
+    assert [r["ok"] for r in rows] == [True], rows
+    cluster.stop("h3")
+    error = _exits(cluster, "h3", trust=True, agent_root=changed_agent)  # replaced, no reboot
+    assert "cannot be read here" in error and "PCRs 4, 9, 11, 13 differ from when it was sealed" in error, error
+    assert _measured(cluster, "h3")["outcome"] == "conflict"
+    evicted = until(lambda: [e for e in cluster.events("h1", "peer_evicted") if e.get("public_ip") == cluster.hosts["h3"].public_ip],
+                    timeout=30, what="h3 evicted", why=lambda: tail_log(cluster.hosts["h1"]))
+    assert evicted

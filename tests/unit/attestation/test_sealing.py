@@ -1,0 +1,115 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Secrets sealed to a TPM (attestation/sealing.py, core/at_rest.py) on real swtpm instances: the state folder
+copied to another TPM, a tampered boot PCR and a changed agent (PCR 13) each cannot unseal, and say so."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sealing, tpm
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SEALED_KEY_FILE, SealedStorage
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.store import FileStore
+from ansible_collections.constellation.cluster.tests.unit.attestation.conftest import _start
+
+PCRS = [4, 9, 11, 13]
+SECRET = b"kms://cluster-kms?key=c2VjcmV0&salt=c2FsdA"
+
+
+def _boot(tcti, image=b"image"):
+    """A measured boot and agent: PCRs 4, 9, 11 from the image, 13 from the agent."""
+    with tpm.open_tpm(tcti) as dev:
+        for pcr in PCRS:
+            dev.pcr_extend(pcr, hashlib.sha256(image + b"/%d" % pcr).digest())
+
+
+def _storage(folder, tcti):
+    return SealedStorage.open(str(folder), lambda: tpm.open_tpm(tcti), PCRS)
+
+
+def _write_state(folder, tcti):
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = _storage(folder, tcti)
+    store = FileStore(str(folder / "store.json"), cipher=storage)
+    store.put("kmsData", SECRET)
+    storage.write_file(str(folder / "state_disk.key"), b"\x42" * 32)
+    return storage
+
+
+def test_the_state_folder_holds_no_secret_in_plain_form_and_reopens_on_the_same_tpm(fresh_swtpm, tmp_path):
+    tmp_path = tmp_path / "state"
+    _boot(fresh_swtpm.tcti)
+    _write_state(tmp_path, fresh_swtpm.tcti)
+    for path in tmp_path.iterdir():
+        data = path.read_bytes()
+        assert SECRET not in data and b"c2VjcmV0" not in data and b"\x42" * 32 not in data, path.name
+    blob = json.loads((tmp_path / SEALED_KEY_FILE).read_text())
+    assert blob["pcrs"] == PCRS and blob["hash"] == "sha256"
+    again = _storage(tmp_path, fresh_swtpm.tcti)  # the agent restarted (same boot)
+    assert FileStore(str(tmp_path / "store.json"), cipher=again).get("kmsData") == SECRET
+    assert again.read_file(str(tmp_path / "state_disk.key")) == b"\x42" * 32
+
+
+def test_a_state_folder_copied_to_another_tpm_cannot_be_unsealed(fresh_swtpm, tmp_path):
+    _boot(fresh_swtpm.tcti)
+    _write_state(tmp_path / "h1", fresh_swtpm.tcti)
+    other = _start(tmp_path / "other-tpm")
+    try:
+        _boot(other.tcti)  # the same image and agent: identical PCR values
+        shutil.copytree(str(tmp_path / "h1"), str(tmp_path / "copy"))
+        with pytest.raises(StateError, match="sealed on another TPM") as err:
+            _storage(tmp_path / "copy", other.tcti)
+        assert "state folder copied from another host" in str(err.value)
+    finally:
+        other.stop()
+
+
+def test_a_tampered_boot_pcr_cannot_unseal(fresh_swtpm, tmp_path):
+    tmp_path = tmp_path / "state"
+    _boot(fresh_swtpm.tcti)
+    _write_state(tmp_path, fresh_swtpm.tcti)
+    fresh_swtpm.stop()
+    fresh_swtpm.start()  # a reboot: PCRs reset, keys kept
+    _boot(fresh_swtpm.tcti, image=b"tampered image")
+    with pytest.raises(StateError, match="PCRs 4, 9, 11, 13 differ from when it was sealed"):
+        _storage(tmp_path, fresh_swtpm.tcti)
+
+
+def test_a_changed_agent_cannot_unseal_and_the_genuine_one_can_after_a_reboot(fresh_swtpm, tmp_path):
+    tmp_path = tmp_path / "state"
+    _boot(fresh_swtpm.tcti)
+    _write_state(tmp_path, fresh_swtpm.tcti)
+    with tpm.open_tpm(fresh_swtpm.tcti) as dev:  # another agent (or configuration) measured itself too
+        dev.pcr_extend(13, hashlib.sha256(b"modified agent").digest())
+    with pytest.raises(StateError, match="another agent or agent configuration"):
+        _storage(tmp_path, fresh_swtpm.tcti)
+    fresh_swtpm.stop()
+    fresh_swtpm.start()
+    _boot(fresh_swtpm.tcti)  # rebooted into the measured state: the secrets come back
+    assert FileStore(str(tmp_path / "store.json"), cipher=_storage(tmp_path, fresh_swtpm.tcti)).get("kmsData") == SECRET
+
+
+def test_a_ciphertext_is_bound_to_its_file_and_plain_files_are_refused(fresh_swtpm, tmp_path):
+    tmp_path = tmp_path / "state"
+    _boot(fresh_swtpm.tcti)
+    storage = _write_state(tmp_path, fresh_swtpm.tcti)
+    shutil.copy(str(tmp_path / "state_disk.key"), str(tmp_path / "other.key"))
+    with pytest.raises(StateError, match="does not decrypt"):
+        storage.read_file(str(tmp_path / "other.key"))
+    (tmp_path / "plain.key").write_bytes(b"\x42" * 32)
+    with pytest.raises(StateError, match="is not sealed"):
+        storage.read_file(str(tmp_path / "plain.key"))
+
+
+def test_sealing_refuses_oversized_data_and_a_foreign_blob(fresh_swtpm):
+    with tpm.open_tpm(fresh_swtpm.tcti) as dev:
+        with pytest.raises(sealing.SealError, match="1 to 128 bytes"):
+            sealing.seal(dev, b"x" * 129, [13])
+        with pytest.raises(sealing.SealError, match="not one this agent wrote"):
+            sealing.unseal(dev, b'{"version": 9}')
