@@ -26,7 +26,7 @@ if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
     pytest.skip("swtpm is not installed", allow_module_level=True)
 
 vtpm = pytest.importorskip("ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm")
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement, tpm  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (  # noqa: E402
     Measurements, extend_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer  # noqa: E402
@@ -100,6 +100,8 @@ def _start_tpm(path, digest):
     else:
         raise last
     tpm.extend_pcr(swtpm.tcti, 4, digest)
+    with tpm.open_tpm(swtpm.tcti) as dev:  # as this collection's agent measures itself (qemu-vtpm, no pinned key)
+        agent_measurement.measure(dev, agent_measurement.AgentMeasurement.of("qemu-vtpm"))
     return swtpm
 
 
@@ -179,13 +181,13 @@ def test_attestation_info_and_verify_attestation(hosts, tmp_path):
     verified = json.loads((tmp_path / "verified.json").read_text())
     assert verified["changed"] is False and verified["oid"] == "1.3.9900.5.1"
     assert [(r["index"], r["ok"], r["warn_only"]) for r in verified["pcrs"]] == [
-        (4, True, False), (8, True, False), (14, False, True)]
+        (4, True, False), (8, True, False), (13, True, False), (14, False, True)]  # 13: the agent's, always enforced
     assert verified["pcrs"][0]["found"] == PCR4.hex()
     assert verified["measurements"]["4"] == PCR4.hex()
     assert any("PCR 14" in w for w in verified["warnings"])
     assert "[WARNING]" in proc.stderr and "PCR 14" in proc.stderr  # shown as a warning
     inline = json.loads((tmp_path / "inline.json").read_text())
-    assert [r["index"] for r in inline["pcrs"]] == [4]
+    assert [r["index"] for r in inline["pcrs"]] == [4, 13]
     # verify_attestation sends nothing over the channel
     assert hosts["good"].received and all(data == b"" for data in hosts["good"].received)
 
@@ -242,7 +244,8 @@ def test_check_mode_and_bad_input(hosts, tmp_path):
     b64 = json.loads((tmp_path / "b64.json").read_text())
     assert b64["nonce"] == bytes(range(32)).hex()
     assert json.loads(b64["document"])["Nonce"] == "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
-    assert [r["ok"] for r in json.loads((tmp_path / "yaml_policy.json").read_text())["pcrs"]] == [True]
+    assert [(r["index"], r["ok"]) for r in json.loads((tmp_path / "yaml_policy.json").read_text())["pcrs"]] == [
+        (4, True), (13, True)]
     dummy = json.loads((tmp_path / "dummy.json").read_text())
     assert dummy["oid"] == "1.3.9900.1.1" and dummy["pcrs"] == [] and not dummy.get("failed")
     refused = json.loads((tmp_path / "dummy_refused.json").read_text())
