@@ -31,7 +31,7 @@ class AgentStateDisk:
         self.disk = disk
         self.store = store
         self.read_key = read_key
-        self.log = log or (lambda *_a, **_k: None)
+        self.log = log or (lambda *_args, **_fields: None)
         self.store_path = os.path.join(disk.mount_dir, STORE_NAME)
         self.mounted = False
 
