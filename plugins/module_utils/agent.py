@@ -113,14 +113,16 @@ class Agent:
         # The encrypted state disk (disk/attach.py): opened at start, set up when the disk key arrives.
         self.state_disk = (AgentStateDisk(StateDisk(config.state_disk_device, config.state_disk_mapper_name,
                                                     os.path.join(config.state_dir, "disk")),
-                                          self.store, lambda: self.core.read_disk_key(), self.log)
+                                          self.store, log=self.log)
                            if config.state_disk_device else None)
         self.vpn = WireGuardVPN(config.vpn_interface, os.path.join(config.state_dir, "%s.key" % config.vpn_interface),
                                 listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash)
         self.core.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
-        self.core.state_disk = self.state_disk
+        if self.state_disk is not None:
+            self.state_disk.read_key = self.core.read_disk_key  # the key at rest, through the Core's seam
+            self.core.state_disk = self.state_disk
         self._reattest_started = False
         self.admin = AdminHandlers(self.core, self.log, issue=self._issue_for_connection,
                                    variant_oid=self.issuer.oid)

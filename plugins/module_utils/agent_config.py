@@ -231,4 +231,3 @@ def require_dm_crypt(config: AgentConfig, available: Callable[[], Tuple[bool, st
     if not usable:
         raise InputError("state_disk_device", "a host whose kernel has dm-crypt to open %s (%s)"
                          % (config.state_disk_device, reason))
-

@@ -26,11 +26,11 @@ class AgentStateDisk:
     """``store``: the agent's FileStore (moved with ``relocate``); ``read_key``: the Core's ``read_disk_key``;
     ``log``: the agent's JSON log."""
 
-    def __init__(self, disk: StateDisk, store: Any, read_key: Callable[[], Optional[bytes]],
+    def __init__(self, disk: StateDisk, store: Any, read_key: Optional[Callable[[], Optional[bytes]]] = None,
                  log: Optional[Callable[..., None]] = None):
         self.disk = disk
         self.store = store
-        self.read_key = read_key
+        self.read_key = read_key or (lambda: None)
         self.log = log or (lambda *_args, **_fields: None)
         self.store_path = os.path.join(disk.mount_dir, STORE_NAME)
         self.mounted = False

@@ -111,4 +111,3 @@ def test_the_state_disk_device_reaches_the_agent_config_with_its_packages(tmp_pa
     assert "cryptsetup-bin" in json.loads((tmp_path / "out.json.packages").read_text())
     result = render(tmp_path, node_agent_state_disk_device="vdb", **base)
     assert result["error"].startswith("node_agent_state_disk_device: expected the absolute path")
-

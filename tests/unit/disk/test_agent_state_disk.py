@@ -43,10 +43,10 @@ class Node:
         self.events = []
         disk = StateDisk(image, "test-state", os.path.join(self.state_dir, "disk"), runner=self.runner,
                          integrity=False, params=FAST)
-        self.port = AgentStateDisk(disk, self.store, lambda: self.core.read_disk_key(),
-                                   lambda event, **fields: self.events.append((event, fields)))
+        self.port = AgentStateDisk(disk, self.store, log=lambda event, **fields: self.events.append((event, fields)))
         uuid = self.port.header_uuid() or disk_uuid or core.new_disk_uuid()
         self.core = core.Core(self.store, tpm, RecordingVPN(), self.state_dir, "10.42.0.10", uuid)
+        self.port.read_key = self.core.read_disk_key
         self.core.state_disk = self.port
 
 

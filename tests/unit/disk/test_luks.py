@@ -155,7 +155,7 @@ def test_an_open_mapping_is_not_opened_again(image, tmp_path):
     runner = RecordingRunner(real=True, status_rc=0)
     runner.run = _with_blkid_found(runner.run)
     _disk(image, tmp_path, runner).unlock(KEY, UUID, first=False)
-    assert [argv for argv, _ in runner.calls if argv[:2] == ["cryptsetup", "open"] and "--test-passphrase" not in argv] == []
+    assert [argv for argv, _stdin in runner.calls if argv[:2] == ["cryptsetup", "open"] and "--test-passphrase" not in argv] == []
 
 
 def _with_blkid_found(run):
