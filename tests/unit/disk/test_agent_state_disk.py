@@ -164,3 +164,16 @@ def test_the_agent_refuses_a_state_disk_without_dm_crypt_naming_the_key():
     assert err.value.field == "state_disk_device" and reason in str(err.value) and "/dev/vdb" in str(err.value)
     require_dm_crypt(config, available=lambda: (True, "device-mapper is available"))
     require_dm_crypt(AgentConfig.from_mapping(BASE), available=lambda: (False, reason))  # no disk: no check
+
+
+def test_the_agent_itself_refuses_to_start_without_dm_crypt(tmp_path):
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent import Agent
+    from ansible_collections.constellation.cluster.plugins.module_utils.disk.luks import dm_crypt_available
+
+    usable, _reason = dm_crypt_available()
+    if usable:
+        pytest.skip("this kernel has device-mapper: the refusal cannot happen here")
+    config = AgentConfig.from_mapping(dict(BASE, state_dir=str(tmp_path / "state"), state_disk_device="/dev/vdb"))
+    with pytest.raises(InputError) as err:
+        Agent(config)
+    assert err.value.field == "state_disk_device" and "no device-mapper in this kernel" in str(err.value)
