@@ -61,7 +61,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
 from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import NodePeerAuth
-from ansible_collections.constellation.cluster.plugins.module_utils.agent_config import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent_config import AgentConfig, require_dm_crypt
+from ansible_collections.constellation.cluster.plugins.module_utils.disk.attach import AgentStateDisk
+from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import StateDisk
 
 MAX_BACKOFF = 30.0
 KILL_AFTER_EVENT_ENV = "CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT"
@@ -113,6 +115,7 @@ class Agent:
         self._node_auth = NodePeerAuth()  # the vpnapi's PeerAuth with this node's WireGuard key
         self.vpnapi_server: Optional[FrameServer] = None
         self._vpnapi_lock = threading.Lock()
+        require_dm_crypt(config)  # state_disk_device: refused here without dm-crypt, naming the key
         self.measurement: Optional[AgentMeasurement] = None  # PCR 13 (attestation/agent_measurement.py)
         self._sealed_pcrs: List[int] = []  # the PCRs the storage key is sealed to
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
@@ -122,6 +125,11 @@ class Agent:
             self.store = open_store(config.store)
         else:  # the default file store, sealed as a whole (core/at_rest.py)
             self.store = FileStore(os.path.join(config.state_dir, "store.json"), cipher=self.at_rest)
+        # The encrypted state disk (disk/attach.py): opened at start, set up when the disk key arrives.
+        self.state_disk = (AgentStateDisk(StateDisk(config.state_disk_device, config.state_disk_mapper_name,
+                                                    os.path.join(config.state_dir, "disk")),
+                                          self.store, log=self.log)
+                           if config.state_disk_device else None)
         with contextlib.suppress(FileNotFoundError):  # an agent before issue 26 kept the WireGuard key in plain form
             os.unlink(os.path.join(config.state_dir, "%s.key" % config.vpn_interface))
         self.vpn = WireGuardVPN(config.vpn_interface, listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
@@ -129,6 +137,9 @@ class Agent:
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash,
                          at_rest=self.at_rest)
         self.core.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
+        if self.state_disk is not None:
+            self.state_disk.read_key = self.core.read_disk_key  # the key at rest, through the Core's seam
+            self.core.state_disk = self.state_disk
         self._reattest_started = False
         self.admin = AdminHandlers(self.core, self.log, issue=self._issue_for_connection,
                                    variant_oid=self.issuer.oid)
@@ -188,6 +199,10 @@ class Agent:
         return self.tls.issue(user_data, nonce)
 
     def _disk_uuid(self) -> str:
+        # A formatted state disk's LUKS2 UUID is the disk UUID (the Coordinator derives the disk key for it).
+        header_uuid = self.state_disk.header_uuid() if self.state_disk is not None else None
+        if header_uuid:
+            return normalize_disk_uuid(header_uuid)
         path = self.config.disk_uuid_file or os.path.join(self.config.state_dir, "disk_uuid")
         try:
             with open(path, encoding="ascii") as handle:
@@ -200,7 +215,11 @@ class Agent:
 
     # -- life cycle
     def start(self) -> "Agent":
+        if self.state_disk is not None:
+            self.state_disk.at_boot()  # before the store is read: the store is on the disk
         state = self.core.load()
+        if self.state_disk is not None:
+            self.state_disk.after_load(bool(self.core.node_state), self.core.disk_uuid)
         for deprecation in self.config.deprecations:
             self.log("config_deprecated", level="warning", message=deprecation)
         self.log("agent_started", state=state.wire_name, role=self.core.role, disk_uuid=self.core.disk_uuid,

@@ -10,13 +10,16 @@ secure defaults are decided here and in the Core functions it calls (``choose.ch
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, x509compat
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import AK_ALGS
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import ACTIVATION_WORKERS, MAX_ACTIVATION_WORKERS
+from ansible_collections.constellation.cluster.plugins.module_utils.disk.luks import dm_crypt_available
+from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import DEFAULT_MAPPER_NAME
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
@@ -44,6 +47,7 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg",
                 "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
                 "kubelet_cert_days", "coordinator_pub_key",
+                "state_disk_device", "state_disk_mapper_name",  # the encrypted state disk: disk/
                 "insecure_trust_any_ak", "insecure_unauthenticated_activation"}  # explicit insecure choices
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
@@ -67,6 +71,8 @@ _CONFIG_TYPES = {
     "ak_alg": ((str,), "rsa or ecc"),
     "kubeadm_path": ((str,), "the path of the kubeadm executable"),
     "kubernetes_dir": ((str,), "an absolute path (kubeadm's directory, /etc/kubernetes)"),
+    "state_disk_device": ((str,), "the absolute path of the state disk's block device"),
+    "state_disk_mapper_name": ((str,), "a device-mapper name such as constellation-state"),
     "insecure_trust_any_ak": ((bool,), "true or false"), "insecure_unauthenticated_activation": ((bool,), "true or false"),
 }
 
@@ -104,6 +110,8 @@ class AgentConfig:
     kubelet_cert_days: int = KUBELET_CERT_DAYS  # Coordinator: lifetime of the kubelet certificates it signs
     verify_grpc_endpoint: Optional[str] = None  # None: public_endpoint's host, port 9090; "": off
     verify_http_endpoint: Optional[str] = None  # None: public_endpoint's host, port 8080; "": off
+    state_disk_device: Optional[str] = None  # the LUKS2 state disk (docs/agent.md, "State disk"); None: not encrypted
+    state_disk_mapper_name: str = DEFAULT_MAPPER_NAME  # opened at /dev/mapper/<name>, mounted at <state_dir>/disk
     insecure_trust_any_ak: bool = False  # accept variant qemu-vtpm (it trusts any AK); warned on every start
     insecure_unauthenticated_activation: bool = False  # start without init_secret_hash; warned on every start
     deprecations: List[str] = field(default_factory=list)  # old key names found in the file
@@ -157,6 +165,7 @@ class AgentConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise InputError(name, "an integer between %d and %d" % (low, high), value)
         validate_kubelet_cert_days(config.kubelet_cert_days)
+        _check_state_disk_keys(config)
         if config.ak_alg not in AK_ALGS:
             raise InputError("ak_alg", "one of %s" % ", ".join(AK_ALGS), config.ak_alg)
         for name in ("wg_listen_port", "vpn_api_port"):
@@ -196,3 +205,29 @@ class AgentConfig:
     def load(cls, path: str) -> "AgentConfig":
         # JSON is YAML: one bounded loader for both (encoding.load_yaml), UTF-8 only, string keys.
         return cls.from_mapping(load_yaml(read_text(path, "config", expected="a readable file"), "config"))
+
+
+_MAPPER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+
+
+def _check_state_disk_keys(config: AgentConfig) -> None:
+    """The values of the state disk's keys (no device is touched: this runs on the controller too)."""
+    device = config.state_disk_device
+    if device is not None and (not device.startswith("/") or "\0" in device):
+        raise InputError("state_disk_device", "the absolute path of the state disk's block device", device)
+    if not _MAPPER_NAME.match(config.state_disk_mapper_name or ""):
+        raise InputError("state_disk_mapper_name", "a device-mapper name (letters, digits, _ . + -, at most 64)",
+                         config.state_disk_mapper_name)
+    if device is not None and config.store:
+        raise InputError("store", "no store setting with state_disk_device (the agent keeps its file store on the "
+                         "state disk, at <state_dir>/disk/store.json)", dict(config.store))
+
+
+def require_dm_crypt(config: AgentConfig, available: Callable[[], Tuple[bool, str]] = dm_crypt_available) -> None:
+    """At the agent's start, on the node: with ``state_disk_device`` this kernel must be able to open it."""
+    if config.state_disk_device is None:
+        return
+    usable, reason = available()
+    if not usable:
+        raise InputError("state_disk_device", "a host whose kernel has dm-crypt to open %s (%s)"
+                         % (config.state_disk_device, reason))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence, Tuple, Union
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ExternalCommandError
 
@@ -35,25 +35,30 @@ class CommandRunner:
         self.timeout = timeout
 
     def run(self, argv: Sequence[str], check: bool = True, env: Optional[Mapping[str, str]] = None,
-            stdin: Optional[str] = None, new_session: bool = False, timeout: Optional[float] = None) -> CommandResult:
+            stdin: Optional[Union[str, bytes]] = None, new_session: bool = False, timeout: Optional[float] = None) -> CommandResult:
         """Runs argv (after the prefix). ``check``: a non-zero exit raises ExternalCommandError.
         ``new_session``: start it in its own session, so a daemon it leaves behind is not killed
-        with the caller's process group (Ansible's worker kills its group when it is terminated)."""
+        with the caller's process group (Ansible's worker kills its group when it is terminated).
+        ``stdin`` as bytes is passed as it is (a binary key: never on argv); the output is then decoded."""
         full = self.prefix + list(argv)
         run_env = dict(os.environ)
         run_env.update(self.env)
         run_env.update(env or {})
         limit = self.timeout if timeout is None else timeout
+        binary = isinstance(stdin, bytes)
         try:
-            proc = subprocess.run(full, input=stdin, capture_output=True, text=True, env=run_env,
+            proc = subprocess.run(full, input=stdin, capture_output=True, text=not binary, env=run_env,
                                   timeout=limit, check=False, start_new_session=new_session)
         except FileNotFoundError as err:
             raise ExternalCommandError(list(argv), 127, str(err)) from None
         except subprocess.TimeoutExpired:
             raise ExternalCommandError(list(argv), -1, "timed out after %ss" % limit) from None
-        result = CommandResult(proc.returncode, proc.stdout, proc.stderr, tuple(argv))
+        stdout, stderr = proc.stdout, proc.stderr
+        if binary:
+            stdout, stderr = stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
+        result = CommandResult(proc.returncode, stdout, stderr, tuple(argv))
         if check and proc.returncode != 0:
-            raise ExternalCommandError(list(argv), proc.returncode, proc.stderr)
+            raise ExternalCommandError(list(argv), proc.returncode, stderr)
         return result
 
 

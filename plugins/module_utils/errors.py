@@ -89,3 +89,8 @@ class ExternalCommandError(ConstellationError):
 
 class ConnectionLost(ConstellationError):
     """The peer went away in the middle of an exchange (the transports raise a subclass of it)."""
+
+
+class StateDiskError(ConstellationError):
+    """The encrypted state disk (disk/state_disk.py) cannot be formatted, opened or mounted as expected:
+    the message names the device and what was expected (its LUKS2 UUID, the key, a free device)."""

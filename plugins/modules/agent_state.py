@@ -108,6 +108,15 @@ etcd_member:
   returned: success
   type: str
   sample: running
+state_disk:
+  description:
+    - Whether the peer's state is on its encrypted state disk (only with O(admin_priv_key_file), once activated).
+    - C(encrypted) is V(false) when the agent has no C(state_disk_device), or its disk is not open yet; C(message)
+      says which in a sentence.
+  returned: success
+  type: dict
+  sample: {"encrypted": true, "device": "/dev/vdb", "luks_uuid": "0f3e1c2a-1111-4222-8333-444455556666",
+           "open": true, "message": "the state is on the encrypted disk /dev/vdb (LUKS2, opened with the disk key)"}
 """
 
 from ansible.module_utils.basic import AnsibleModule

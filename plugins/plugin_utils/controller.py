@@ -53,12 +53,14 @@ class PeerStatus:
     evicted: List[Dict[str, Any]] = field(default_factory=list)
     # A Coordinator sharing the state in etcd: its member is "running" or "stopped" (one member less).
     etcd_member: Optional[str] = None
+    # Whether the peer's state is on its encrypted state disk: {encrypted, device, luks_uuid, open, message}.
+    state_disk: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
                 "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings),
                 "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted),
-                "etcd_member": self.etcd_member}
+                "etcd_member": self.etcd_member, "state_disk": self.state_disk}
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -111,7 +113,8 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
                       vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
                       evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)],
-                      etcd_member=_opt_str(state.get("etcd_member")))
+                      etcd_member=_opt_str(state.get("etcd_member")),
+                      state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None)
 
 
 def _opt_str(value: Any) -> Optional[str]:

@@ -15,6 +15,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import state
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     expected_pcr15,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import NOT_ENCRYPTED
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ip,
     normalize_disk_uuid,
@@ -79,6 +80,9 @@ class CoreBase(StateMachine):
         # The WireGuard key a joining node announces (node.py): one per Core, generated on first use.
         self._join_key_lock = threading.Lock()
         self._join_priv_key_value: Optional[str] = None
+        # The encrypted state disk (ports.StateDiskPort, set by the agent with state_disk_device); None: the state
+        # is not on an encrypted disk, and GetState says so.
+        self.state_disk: Optional[Any] = None
 
     # -- start-up
     def load(self) -> State:
@@ -194,6 +198,7 @@ class CoreBase(StateMachine):
         answer["vpn_pub_key"] = self.vpn_pub_key if active and node is not None and node.vpn_priv_key else None
         # The disk UUID reported at activation (what the Coordinator derives this node's disk key for).
         answer["state_disk_uuid"] = (node.disk_uuid or self.disk_uuid) if active and node is not None else None
+        answer["state_disk"] = self.state_disk.status() if self.state_disk is not None else dict(NOT_ENCRYPTED)
         return answer
 
     @property
@@ -220,6 +225,14 @@ class CoreBase(StateMachine):
                 node = self._stored_node().replace(**changes)
             state_store.save_node_state(self.local_store, node.to_dict())
             self._node = node
+
+    def _keep_disk_key(self, key: bytes, first: bool = True) -> None:
+        """The disk key arrived (activation, join: ``first``; rejoin: not): kept at rest (``_write_disk_key``),
+        then, with a state disk, the disk is formatted (first only), opened and mounted and the store moved onto
+        it (disk/attach.py). A refusal raises: the activation fails, naming the disk."""
+        self._write_disk_key(key)
+        if self.state_disk is not None:
+            self.state_disk.key_arrived(key, self.disk_uuid, first)
 
     def _take_lock(self, cluster_id: bytes, method: str, before_extend: Optional[Callable[[], None]] = None) -> None:
         if not self.lock.try_lock_once(cluster_id, before_extend):

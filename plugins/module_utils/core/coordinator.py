@@ -106,7 +106,7 @@ class CoordinatorSide(KubernetesJoin, CoordinatorSigning):
                                       cluster_id=cluster_id, measurement_salt=salt, admin_pub_key=admin_pub_key,
                                       coordinator_vpn_ip=record.vpn_ip, cluster_name=str(config.get("cluster_name", "")),
                                       disk_uuid=self.disk_uuid, state=int(State.ACTIVATING_NODES)))
-            self._write_disk_key(kms.state_disk_key(self.disk_uuid))
+            self._keep_disk_key(kms.state_disk_key(self.disk_uuid))
             self._advance(State.ACTIVATING_NODES)
         except BaseException as err:
             self._fail(method, err)

@@ -269,7 +269,7 @@ class CoordinatorCluster(NodeActivation):
             admin_pub_key=request.admin_pub_key, coordinator_vpn_ip=request.node_vpn_ip, disk_uuid=self.disk_uuid,
             peers=tuple(p for p in records if p.role == ROLE_COORDINATOR and p.vpn_ip != request.node_vpn_ip),
             state=int(State.ACTIVATING_NODES)))
-        self._write_disk_key(self._kms.state_disk_key(self.disk_uuid))
+        self._keep_disk_key(self._kms.state_disk_key(self.disk_uuid))
         self._pending_coordinator = None
         self._advance(State.ACTIVATING_NODES)
         self._log("coordinator_joined", coordinator_vpn_ip=request.node_vpn_ip)

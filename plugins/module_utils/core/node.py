@@ -81,7 +81,7 @@ class NodeSide(CoreBase):
                 return {"state": self._state.wire_name, "node_vpn_ip": self.vpn_ip}
             self.require_state(method + " (second step)", State.NODE_WAITING_FOR_CLUSTER_JOIN)
             try:
-                self._write_disk_key(state_disk_key)
+                self._keep_disk_key(state_disk_key)
                 self._save_node(state=int(State.IS_NODE))
                 self._advance(State.IS_NODE)
             except BaseException as err:
@@ -147,7 +147,7 @@ class NodeSide(CoreBase):
                 self._role = ROLE_NODE
             self.vpn.setup(ticket.node_vpn_ip, priv_key)
             self.vpn.set_peers(list(ticket.peers), pub_key_from_priv_key(priv_key))
-            self._write_disk_key(ticket.state_disk_key)
+            self._keep_disk_key(ticket.state_disk_key)
             self._save_node(self._new_node_state(ticket.activation_request(), priv_key, State.IS_NODE).replace(
                 coordinator_pub_key=pinned))
             self._advance(State.NODE_WAITING_FOR_CLUSTER_JOIN)

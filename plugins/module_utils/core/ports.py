@@ -169,3 +169,15 @@ TicketRequest = Callable[[str, bytes, Callable[[Mapping[str, Any], bytes], None]
 answer``; it attests the node, calls ``on_ticket(ticket, binding)`` (``binding``: the user data its attestation
 was bound to, which the Coordinators' signature covers; it locks and configures the node; raising
 aborts the join), confirms, and raises ``errors.ConnectionLost`` if the Coordinator goes away."""
+
+
+@runtime_checkable
+class StateDiskPort(Protocol):
+    """The encrypted state disk (disk/attach.py): the Core hands it the disk key when the key arrives (first
+    activation, join, rejoin) and reports its status in GetState's details."""
+
+    def key_arrived(self, key: bytes, disk_uuid: str, first: bool) -> None:
+        """Formats (``first``, no header yet), opens and mounts the disk with ``key``; StateDiskError if refused."""
+
+    def status(self) -> Dict[str, Any]:
+        """``{"encrypted": bool, "device", "luks_uuid", "open": bool, "message"}``."""

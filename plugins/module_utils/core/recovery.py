@@ -125,7 +125,7 @@ class Recovery(CoreBase):
             try:
                 self.recovery_pending = False
                 if held is None:
-                    self._write_disk_key(ticket.state_disk_key)
+                    self._keep_disk_key(ticket.state_disk_key, first=False)
                 self._save_node(peers=tuple(ticket.peers), resource_version=ticket.resource_version)
                 self._resume()
             except BaseException as err:

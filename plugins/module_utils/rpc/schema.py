@@ -134,6 +134,8 @@ class StateAnswer(Record):
     state_disk_uuid: Optional[str] = wire("str")
     evicted: Optional[list] = wire("list", doc="the Coordinator's evicted peers")
     etcd_member: Optional[str] = wire("str", doc="running or stopped: a Coordinator's etcd member (several Coordinators)")
+    state_disk: Optional[dict] = wire("object", doc="whether the state is on the encrypted state disk: {encrypted, device, "
+                                      "luks_uuid, open, message} (details only)")
 
 
 @dataclass(frozen=True)
@@ -405,8 +407,8 @@ def unregister(name: str) -> None:
 
 for _method in (
         Method("GetState", PUBAPI, Empty, StateAnswer, STREAMS_NONE,
-               "the peer's state and role; after AdminAuth also its VPN IP and key, disk UUID (and a Coordinator's "
-               "evicted peers); any state"),
+               "the peer's state and role; after AdminAuth also its VPN IP and key, disk UUID, whether its state is on "
+               "an encrypted disk (and a Coordinator's evicted peers); any state"),
         Method("ActivateAsCoordinator", PUBAPI, ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer, STREAMS_LOG,
                "the admin makes this peer the Coordinator (node lock, KMS, WireGuard); AcceptingInit only"),
         Method("ActivateAsNode", PUBAPI, ActivateAsNodeRequest, ActivateAsNodeAnswer, STREAMS_EXCHANGE,

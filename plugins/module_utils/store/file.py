@@ -165,3 +165,34 @@ class FileStore(_BaseStore):
                     changed = True
             if changed:
                 self._write(data)
+
+    def relocate(self, path: str) -> bool:
+        """Moves the store to ``path`` (e.g. onto the mounted state disk), atomically for its readers: the data is
+        written there whole (temp file, fsync, rename), then this object uses it and the old file is removed. A file
+        already at ``path`` wins (an earlier move that ended before the old file was removed). Returns whether the
+        data was copied now."""
+        target = os.path.abspath(path)
+        if target == self.path:
+            return False
+        with self._locked():
+            old = (self.path, self.lock_path, self._dir)
+            data = None if os.path.exists(target) else self._load()
+            self.path, self.lock_path, self._dir = target, target + ".lock", os.path.dirname(target)
+            self._cache = None
+            try:
+                os.makedirs(self._dir, mode=0o700, exist_ok=True)
+                self._remove_stale_temp_files()
+                if data is not None:
+                    self._write(data)
+                else:
+                    self._load()  # refuse a corrupt file now, and keep the old one
+            except (OSError, StoreError) as err:
+                self.path, self.lock_path, self._dir = old
+                self._cache = None
+                if isinstance(err, StoreError):
+                    raise
+                raise StoreError("cannot move the store to %s: %s" % (target, err.strerror)) from None
+            for leftover in old[:2]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
+        return data is not None

@@ -34,6 +34,9 @@ PLAY = """
         content: "{{{{ {{'config': node_agent_config,
                        'error': node_agent_config | constellation.cluster.agent_config_error(node_agent_config_names)}}
                      | to_json }}}}"
+    - ansible.builtin.copy:
+        dest: "{{{{ out }}}}.packages"
+        content: "{{{{ node_agent_all_packages | to_json }}}}"
 """
 
 
@@ -94,3 +97,17 @@ def test_qemu_vtpm_without_the_acknowledgement_is_refused_naming_the_role_variab
     result = render(tmp_path, node_agent_insecure_unauthenticated_activation=True, node_agent_variant="qemu-vtpm",
                     node_agent_measurements={"4": {"expected": "aa" * 32}})
     assert result["error"].startswith("node_agent_insecure_trust_any_ak: expected true to use variant qemu-vtpm")
+
+
+def test_the_state_disk_device_reaches_the_agent_config_with_its_packages(tmp_path, ek_ca_file):
+    """Issue 26: empty by default (no key, no cryptsetup); set, it is in the config and cryptsetup-bin installed."""
+    base = dict(constellation_ek_ca_path=ek_ca_file, node_agent_measurements={"4": {"expected": "aa" * 32}},
+                node_agent_insecure_unauthenticated_activation=True)
+    result = render(tmp_path, **base)
+    assert "state_disk_device" not in result["config"]
+    assert "cryptsetup-bin" not in json.loads((tmp_path / "out.json.packages").read_text())
+    result = render(tmp_path, node_agent_state_disk_device="/dev/vdb", **base)
+    assert result["config"]["state_disk_device"] == "/dev/vdb" and result["error"] == ""
+    assert "cryptsetup-bin" in json.loads((tmp_path / "out.json.packages").read_text())
+    result = render(tmp_path, node_agent_state_disk_device="vdb", **base)
+    assert result["error"].startswith("node_agent_state_disk_device: expected the absolute path")

@@ -162,3 +162,33 @@ def test_open_store_file_and_memory(tmp_path):
     store.put("k", b"v")
     assert open_store({"type": "file", "path": str(tmp_path / "s.json")}).get("k") == b"v"
     assert open_store({"type": "memory"}).items("") == []
+
+
+def test_relocate_moves_the_data_and_removes_the_old_file(tmp_path):
+    store = FileStore(str(tmp_path / "store.json"))
+    store.put("a", b"1")
+    assert store.relocate(str(tmp_path / "disk" / "store.json")) is True
+    assert store.path == str(tmp_path / "disk" / "store.json") and store.get("a") == b"1"
+    assert not (tmp_path / "store.json").exists() and not (tmp_path / "store.json.lock").exists()
+    store.put("b", b"2")
+    assert FileStore(str(tmp_path / "disk" / "store.json")).get("b") == b"2"
+    assert oct((tmp_path / "disk" / "store.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_relocate_onto_an_existing_file_uses_it(tmp_path):
+    """A move that ended before the old file was removed: the file at the new place wins."""
+    FileStore(str(tmp_path / "disk" / "store.json")).put("a", b"on disk")
+    store = FileStore(str(tmp_path / "store.json"))
+    store.put("a", b"old")
+    assert store.relocate(str(tmp_path / "disk" / "store.json")) is False
+    assert store.get("a") == b"on disk" and not (tmp_path / "store.json").exists()
+
+
+def test_relocate_to_a_corrupt_file_is_refused_and_keeps_the_old_one(tmp_path):
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "disk" / "store.json").write_text("not json")
+    store = FileStore(str(tmp_path / "store.json"))
+    store.put("a", b"1")
+    with pytest.raises(StoreError, match="corrupt"):
+        store.relocate(str(tmp_path / "disk" / "store.json"))
+    assert store.path == str(tmp_path / "store.json") and store.get("a") == b"1"
