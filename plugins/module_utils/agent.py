@@ -137,6 +137,7 @@ class Agent:
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash,
                          at_rest=self.at_rest)
         self.core.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
+        self.core.agent_measurement = self.measurement.to_dict() if self.measurement is not None else None
         if self.state_disk is not None:
             self.state_disk.read_key = self.core.read_disk_key  # the key at rest, through the Core's seam
             self.core.state_disk = self.state_disk

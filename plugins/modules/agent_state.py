@@ -117,6 +117,22 @@ state_disk:
   type: dict
   sample: {"encrypted": true, "device": "/dev/vdb", "luks_uuid": "0f3e1c2a-1111-4222-8333-444455556666",
            "open": true, "message": "the state is on the encrypted disk /dev/vdb (LUKS2, opened with the disk key)"}
+agent_measurement:
+  description:
+    - What the peer's agent extended into PCR 13 before it served anything (only with O(admin_priv_key_file), once
+      activated) - the SHA-256 of its code and of its trust configuration, in this order; C(value) is PCR 13 after
+      both, and the C(pcrs) row of index 13 shows whether it is the value this collection expects.
+  returned: success
+  type: dict
+  sample: {"pcr": 13, "value": "b0d08c7a...", "events": [{"event": "agent_code", "digest": "e5a27ba1..."},
+           {"event": "agent_config", "digest": "503bdfce..."}]}
+secrets_at_rest:
+  description:
+    - Whether the peer's secrets at rest (its store, its state disk key) are encrypted with a key sealed to its TPM,
+      and to which PCRs (only with O(admin_priv_key_file), once activated).
+  returned: success
+  type: dict
+  sample: {"sealed": true, "pcrs": [4, 9, 11, 13]}
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -55,12 +55,16 @@ class PeerStatus:
     etcd_member: Optional[str] = None
     # Whether the peer's state is on its encrypted state disk: {encrypted, device, luks_uuid, open, message}.
     state_disk: Optional[Dict[str, Any]] = None
+    # PCR 13's events (the agent's code and trust configuration) and whether its secrets at rest are sealed.
+    agent_measurement: Optional[Dict[str, Any]] = None
+    secrets_at_rest: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
                 "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings),
                 "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted),
-                "etcd_member": self.etcd_member, "state_disk": self.state_disk}
+                "etcd_member": self.etcd_member, "state_disk": self.state_disk,
+                "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest}
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -114,7 +118,13 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
                       evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)],
                       etcd_member=_opt_str(state.get("etcd_member")),
-                      state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None)
+                      state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None,
+                      agent_measurement=_opt_dict(state.get("agent_measurement")),
+                      secrets_at_rest=_opt_dict(state.get("secrets_at_rest")))
+
+
+def _opt_dict(value: Any) -> Optional[Dict[str, Any]]:
+    return dict(value) if isinstance(value, dict) else None
 
 
 def _opt_str(value: Any) -> Optional[str]:

@@ -48,6 +48,7 @@ class CoreBase(StateMachine):
         super().__init__(log)
         # The secrets this peer keeps in files (core/at_rest.py): sealed to its TPM by the agent.
         self.at_rest = at_rest if at_rest is not None else PlainStorage()
+        self.agent_measurement: Optional[Dict[str, Any]] = None  # attestation/agent_measurement.py, set by the agent
         # hex SHA-256 of this node's init secret (init_secret.py): activation needs its proof. None: any caller
         # may activate this node (as before; the agent logs a warning).
         self.init_secret_hash = init_secret_hash
@@ -199,6 +200,9 @@ class CoreBase(StateMachine):
         # The disk UUID reported at activation (what the Coordinator derives this node's disk key for).
         answer["state_disk_uuid"] = (node.disk_uuid or self.disk_uuid) if active and node is not None else None
         answer["state_disk"] = self.state_disk.status() if self.state_disk is not None else dict(NOT_ENCRYPTED)
+        # What this peer runs (PCR 13's two events, replayable) and whether its secrets at rest are sealed.
+        answer["agent_measurement"] = self.agent_measurement
+        answer["secrets_at_rest"] = {"sealed": self.at_rest.sealed, "pcrs": list(self.at_rest.pcrs)}
         return answer
 
     @property

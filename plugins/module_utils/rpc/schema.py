@@ -136,6 +136,10 @@ class StateAnswer(Record):
     etcd_member: Optional[str] = wire("str", doc="running or stopped: a Coordinator's etcd member (several Coordinators)")
     state_disk: Optional[dict] = wire("object", doc="whether the state is on the encrypted state disk: {encrypted, device, "
                                       "luks_uuid, open, message} (details only)")
+    agent_measurement: Optional[dict] = wire("object", doc="PCR 13: {pcr, value, events: [{event, digest}]}, the "
+                                             "agent's code and trust configuration (details only)")
+    secrets_at_rest: Optional[dict] = wire("object", doc="{sealed, pcrs}: the secrets at rest are encrypted with a "
+                                           "key sealed to these PCRs of the TPM (details only)")
 
 
 @dataclass(frozen=True)
