@@ -63,7 +63,7 @@ def _exits(cluster, name, **config):
     proc = start_agent(cluster.lab, cluster.hosts[name], wait=False, **config)
     proc.wait(timeout=30)
     assert proc.returncode == 2, tail_log(cluster.hosts[name])
-    return [e for e in cluster.events(name, "agent_failed")][-1]["error"]
+    return cluster.events(name, "agent_failed")[-1]["error"]
 
 
 def test_a_changed_agent_file_is_refused_at_activation(cluster, changed_agent):

@@ -54,8 +54,8 @@ def test_the_trust_configuration_is_measured_and_host_settings_are_not():
     assert base.config != am.AgentMeasurement.of("qemu-vtpm", (), None).config
     assert base.config != am.AgentMeasurement.of("qemu-vtpm-ek", (), key).config
     assert base.code == am.AgentMeasurement.of("qemu-vtpm-ek", (), key).code
-    assert set(am.measured_config("qemu-vtpm", (), key)) == {"version", "variant", "ek_ca_sha256",
-                                                            "measurements_pub_key_sha256"}
+    measured_keys = {"version", "variant", "ek_ca_sha256", "measurements_pub_key_sha256"}
+    assert set(am.measured_config("qemu-vtpm", (), key)) == measured_keys
 
 
 def test_the_value_replays_from_the_two_events():
