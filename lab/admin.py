@@ -34,6 +34,7 @@ class LabCluster:
         self.secret = kms.MasterSecret.generate()
         self.salt = os.urandom(32)
         self.cluster_id = kms.ClusterKMS(self.secret).cluster_id(self.salt)
+        self._ek_trust = None
 
     def start(self, name: str, **config):
         """Starts the agent on ``name`` (config keys as docs/agent.md, and start_agent's options)."""
@@ -45,18 +46,25 @@ class LabCluster:
 
     def client(self, name: str):
         """An AgentClient to ``name`` from the admin machine, attested against the lab image's policy
-        without PCR 15 (fresh or activated alike; callers read PCR 15 from ``attested_pcrs()``).
-        qemu-vtpm labs only (this validator trusts the AK as Constellation does)."""
+        without PCR 15 (fresh or activated alike; callers read PCR 15 from ``attested_pcrs()``). A lab of
+        ``qemu-vtpm-ek`` trusts the AK through the lab CA (enrolled once per host), one of ``qemu-vtpm`` any AK."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
             Measurements)
-        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
-        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import coordinator_policy
         from lab.lab import lab_measurements
 
         h = self.hosts[name]
-        validator = VTPMValidator(coordinator_policy(Measurements.from_dict(lab_measurements())))
-        return AgentClient.connect(h.public_endpoint, [validator], sock=self.admin.connect((h.public_ip, 9000)))
+        policy = coordinator_policy(Measurements.from_dict(lab_measurements()))
+        if self.lab.variant == "qemu-vtpm-ek":
+            if self._ek_trust is None:  # one registry of enrolled AKs for this admin
+                self._ek_trust = choose.load_trust("qemu-vtpm-ek", str(self.lab.ek_ca_path))
+            validator = choose.validator("qemu-vtpm-ek", policy, self._ek_trust)
+        else:
+            validator = choose.validator("qemu-vtpm", policy, insecure_trust_any_ak=True)
+        return connect_enrolling(lambda v: AgentClient.connect(h.public_endpoint, v, sock=self.admin.connect((h.public_ip, 9000))),
+                                 [validator])
 
     def state(self, name: str) -> dict:
         """GetState; on an activated peer after AdminAuth (before it, anyone gets only state and role)."""

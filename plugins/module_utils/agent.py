@@ -28,7 +28,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     with_agent_pcr,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.signature import load_public_key_file
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage
@@ -165,7 +164,7 @@ class Agent:
             # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
             policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_public_key)
             # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
-            self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs, self._measurements_pub_key())
+            self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
             self._sealed_pcrs = sorted({index for index, m in policy.pcrs.items()
                                         if not m.warn_only and index != PCR_INDEX_CLUSTER_ID} | {PCR_INDEX_AGENT})
             policy = with_agent_pcr(policy, self.measurement.value)
@@ -173,11 +172,6 @@ class Agent:
         return (choose.issuer(variant, self.config.tcti, **issuer_options),
                 choose.validator(variant, fresh_node_policy(policy) if policy else None, trust),
                 choose.validator(variant, coordinator_policy(policy) if policy else None, trust))
-
-    def _measurements_pub_key(self):
-        if not self.config.measurements_public_key:
-            return None
-        return load_public_key_file(self.config.measurements_public_key, "measurements_public_key")
 
     def _measure_and_unseal(self) -> SealedStorage:
         """PCR 13 <- the agent's code and trust configuration; then the storage key, sealed to the policy's

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.lab
 @pytest.fixture(scope="module")
 def cluster():
     lab = Lab("magent", inventory_dir=None)
-    lab.up(hosts=3, tpm=True, variant="qemu-vtpm")
+    lab.up(hosts=3, tpm=True)  # the default variant, qemu-vtpm-ek
     made = LabCluster(lab)
     try:
         made.start("h1", trust=True)
@@ -76,10 +76,30 @@ def test_a_changed_agent_file_is_refused_at_activation(cluster, changed_agent):
     assert cluster.state("h2")["state"] == "AcceptingInit"
 
 
-def test_a_changed_agent_configuration_is_refused_at_activation(cluster):
+def _another_ca(path):
+    """A second EK root (a CA certificate of another 'vendor', PEM)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "another TPM vendor")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key()).serial_number(7)
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+def test_a_changed_agent_configuration_is_refused_at_activation(cluster, tmp_path):
     _fresh(cluster, "h2")
-    # The trust configuration measured: here no pinned measurements key (an unsigned policy would be taken).
-    cluster.start("h2", trust=False)
+    # The trust configuration is measured: here the agent also trusts the EK certificates of another CA.
+    cluster.start("h2", trust=True, ek_ca=[str(cluster.lab.ek_ca_path), str(_another_ca(tmp_path / "other-ca.pem"))])
     genuine, changed = _measured(cluster, "h1"), _measured(cluster, "h2")
     assert changed["agent_code"] == genuine["agent_code"] and changed["agent_config"] != genuine["agent_config"]
     rows = cluster.activate("h1", nodes=("h2",))["nodes"]

@@ -8,15 +8,15 @@ Two events, in this order, each a SHA-256 digest extended into the SHA-256 bank 
 
 1. ``agent_code``: SHA-256 of the agent's code, the lines ``<relative path> <sha256 hex>\\n`` of every ``*.py``
    file under the collection's ``plugins/module_utils`` (what the node_agent role's archive holds), sorted by path;
-2. ``agent_config``: SHA-256 of the canonical JSON of the agent's *trust configuration*: the attestation variant,
-   the EK trust anchors it accepts (SHA-256 of each CA certificate, sorted; none for variants without EK roots) and
-   the pinned key its measurements policy must be signed with (SHA-256 of its SubjectPublicKeyInfo, or none).
+2. ``agent_config``: SHA-256 of the canonical JSON of the agent's *trust configuration*, what decides which
+   attestation keys it accepts: the attestation variant and the EK trust anchors (SHA-256 of each CA certificate,
+   sorted; none for variants without EK roots).
 
 PCR 13 = SHA-256(SHA-256(0^32 || code) || config), replayable from the two events the agent logs
 (``agent_measured``) and reports in GetState. Host-specific settings (addresses, ports, paths, intervals, the
 per-host init secret hash) are not measured: the same value holds on every peer of a cluster, so one policy entry
-covers all of them. The measurements policy itself is not measured (it holds PCR 13's expected value); its
-pinned signing key is.
+covers all of them. The measurements policy is not measured: it holds PCR 13's expected value, and its signature is
+checked against the pinned key when it is loaded (a host may hold a signed or an unsigned copy of one policy).
 
 Every validator computes the expected value itself from the code it runs and the trust configuration it was
 given - a Coordinator from its own, the controller from the collection and the inventory - and enforces it on
@@ -68,18 +68,13 @@ def code_digest(root: Optional[str] = None) -> bytes:
     return digest
 
 
-def measured_config(variant: str, ek_ca_certs: Sequence[Any] = (), measurements_pub_key: Any = None) -> Dict[str, Any]:
+def measured_config(variant: str, ek_ca_certs: Sequence[Any] = ()) -> Dict[str, Any]:
     """The trust configuration that is measured: ``ek_ca_certs`` (cryptography certificates, the Trust's
-    ``ek_ca_certs``), ``measurements_pub_key`` (a cryptography public key or None)."""
+    ``ek_ca_certs``: the self-signed anchors and the intermediates beside them)."""
     from cryptography.hazmat.primitives import serialization
 
     anchors = sorted(hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest() for cert in ek_ca_certs)
-    pub_key = None
-    if measurements_pub_key is not None:
-        pub_key = hashlib.sha256(measurements_pub_key.public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
-    return {"version": MEASURED_CONFIG_VERSION, "variant": variant, "ek_ca_sha256": anchors,
-            "measurements_pub_key_sha256": pub_key}
+    return {"version": MEASURED_CONFIG_VERSION, "variant": variant, "ek_ca_sha256": anchors}
 
 
 def config_digest(config: Dict[str, Any]) -> bytes:
@@ -99,9 +94,8 @@ class AgentMeasurement:
     config: bytes
 
     @classmethod
-    def of(cls, variant: str, ek_ca_certs: Sequence[Any] = (), measurements_pub_key: Any = None,
-           root: Optional[str] = None) -> "AgentMeasurement":
-        return cls(code_digest(root), config_digest(measured_config(variant, ek_ca_certs, measurements_pub_key)))
+    def of(cls, variant: str, ek_ca_certs: Sequence[Any] = (), root: Optional[str] = None) -> "AgentMeasurement":
+        return cls(code_digest(root), config_digest(measured_config(variant, ek_ca_certs)))
 
     @property
     def events(self) -> List[Tuple[str, bytes]]:

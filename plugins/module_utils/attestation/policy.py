@@ -147,8 +147,7 @@ def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None, a
     """``args``: validated parameters holding the ATTESTATION_ARGUMENT_SPEC options. ``agent_pcr``: the policy
     enforces the agent's PCR 13 as this collection's agent with this trust configuration measures it
     (attestation/agent_measurement.py); only code that cannot read the collection's files (a module packed
-    by Ansible) may turn it off. ``pinned_public_key_path`` in ``args``: the key a policy document given
-    inline was already checked against (the atls connection plugin), measured as the agents measure theirs."""
+    by Ansible) may turn it off."""
     variant = args.get("variant") or choose.DEFAULT_VARIANT
     insecure_trust_any_ak = args.get("insecure_trust_any_ak") is True
     chosen = choose.check_variant_allowed(variant, insecure_trust_any_ak)
@@ -163,11 +162,8 @@ def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None, a
             raise InputError(name, "seconds in (0, 86400]", value)
     if policy is not None and agent_pcr:
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement
-        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.signature import load_public_key_file
 
-        key_path = args.get("measurements_public_key_path") or args.get("pinned_public_key_path")
-        pub_key = load_public_key_file(_resolve(key_path, basedir), "measurements_public_key_path") if key_path else None
-        measured = agent_measurement.AgentMeasurement.of(variant, trust.ek_ca_certs, pub_key)
+        measured = agent_measurement.AgentMeasurement.of(variant, trust.ek_ca_certs)
         policy = agent_measurement.with_agent_pcr(policy, measured.value)
     warning = choose.insecure_warning(variant)
     return AttestationSettings(variant, policy, check_netns_name(args.get("netns")),

@@ -43,7 +43,6 @@ def validators_for(settings: Settings, playbook_pid=None) -> list:
         attestation = settings_from_args({"variant": settings.variant, "measurements": settings.measurements,
                                           "ek_ca_path": settings.ek_ca_path, "netns": settings.netns,
                                           "insecure_trust_any_ak": getattr(settings, "insecure_trust_any_ak", False),
-                                          "pinned_public_key_path": settings.measurements_public_key_path,
                                           "timeout": settings.timeout,
                                           "attestation_timeout": settings.attestation_timeout})
         if playbook_pid is not None:

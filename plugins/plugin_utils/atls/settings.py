@@ -36,8 +36,6 @@ class Settings:
     fresh_proof: bool = True
     prestart: bool = True
     insecure_trust_any_ak: bool = False  # the acknowledgement variant qemu-vtpm needs
-    # The pinned key the policy document was checked against; agents measure theirs into PCR 13.
-    measurements_public_key_path: Optional[str] = None
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -56,9 +54,7 @@ class Settings:
             key_digest = ""
         material = json.dumps([playbook_pid, self.endpoint, self.variant, self.measurements, key_digest,
                                self.netns, _file_digest(self.ek_ca_path), self.fresh_proof]
-                              + ([True] if self.insecure_trust_any_ak else [])
-                              + ([_file_digest(self.measurements_public_key_path)] if self.measurements_public_key_path else []),
-                              sort_keys=True)
+                              + ([True] if self.insecure_trust_any_ak else []), sort_keys=True)
         return os.path.join(self.control_path_dir, "atls-%s.sock" % hashlib.sha256(material.encode()).hexdigest()[:20])
 
 
@@ -206,7 +202,6 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         fresh_proof=_boolean("fresh_proof", get_option("fresh_proof")),
         prestart=_boolean("prestart", get_option("prestart")),
         insecure_trust_any_ak=insecure_trust_any_ak,
-        measurements_public_key_path=os.path.abspath(os.path.expanduser(str(public_key_path))) if public_key_path else None,
     )
 
 

@@ -43,19 +43,32 @@ def test_the_running_code_is_measured_from_this_collection():
     assert am.code_digest() == am.code_digest(am.code_root())
 
 
-def test_the_trust_configuration_is_measured_and_host_settings_are_not():
-    from cryptography.hazmat.primitives.asymmetric import ec
+def test_the_trust_configuration_is_measured_and_host_settings_are_not(tmp_path):
+    import datetime
 
-    key = ec.generate_private_key(ec.SECP256R1()).public_key()
-    other = ec.generate_private_key(ec.SECP256R1()).public_key()
-    base = am.AgentMeasurement.of("qemu-vtpm", (), key)
-    assert base == am.AgentMeasurement.of("qemu-vtpm", (), key)
-    assert base.config != am.AgentMeasurement.of("qemu-vtpm", (), other).config
-    assert base.config != am.AgentMeasurement.of("qemu-vtpm", (), None).config
-    assert base.config != am.AgentMeasurement.of("qemu-vtpm-ek", (), key).config
-    assert base.code == am.AgentMeasurement.of("qemu-vtpm-ek", (), key).code
-    measured_keys = {"version", "variant", "ek_ca_sha256", "measurements_pub_key_sha256"}
-    assert set(am.measured_config("qemu-vtpm", (), key)) == measured_keys
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def ca(name):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+                .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+                .sign(key, hashes.SHA256()))
+
+    vendor, other = ca("vendor"), ca("other")
+    base = am.AgentMeasurement.of("qemu-vtpm-ek", (vendor,))
+    assert base == am.AgentMeasurement.of("qemu-vtpm-ek", (vendor,))
+    assert base.config == am.AgentMeasurement.of("qemu-vtpm-ek", (vendor,), root=am.code_root()).config
+    assert base.config != am.AgentMeasurement.of("qemu-vtpm-ek", (vendor, other)).config  # one more EK root
+    assert base.config != am.AgentMeasurement.of("qemu-vtpm-ek", (other,)).config
+    assert base.config != am.AgentMeasurement.of("qemu-vtpm", ()).config
+    assert base.code == am.AgentMeasurement.of("qemu-vtpm", ()).code
+    assert am.measured_config("qemu-vtpm-ek", (other, vendor)) == am.measured_config("qemu-vtpm-ek", (vendor, other))
+    assert set(am.measured_config("qemu-vtpm-ek", (vendor,))) == {"version", "variant", "ek_ca_sha256"}
 
 
 def test_the_value_replays_from_the_two_events():
