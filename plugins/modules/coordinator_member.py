@@ -48,8 +48,8 @@ options:
     default: false
   agent_state_dir:
     description:
-      - The node agent's state directory (agent config C(state_dir)); its C(store.json) names this Coordinator's
-        VPN IP.
+      - The node agent's state directory (agent config C(state_dir)). This Coordinator's VPN IP is read from its etcd
+        member's certificate (the agent's store is sealed to the TPM).
     type: path
     default: /var/lib/constellation-agent
   etcd_data_dir:

@@ -45,7 +45,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.peers import ROLE_COORDINATOR
 from ansible_collections.constellation.cluster.plugins.module_utils.store.base import StoreError
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd import EtcdStore
-from ansible_collections.constellation.cluster.plugins.module_utils.store.file import FileStore
 
 PROBE_TIMEOUT = 2.0
 # etcd refuses a membership change for a while after a member (re)connected ("unhealthy cluster").
@@ -65,10 +64,26 @@ class LocalMember:
         self.store.close()
 
 
+def _member_vpn_ip(cert_path: str) -> str:
+    """The VPN IP an etcd member certificate (store/etcd_pki.py) is issued for: its IP address SAN."""
+    from cryptography import x509
+
+    try:
+        with open(cert_path, "rb") as handle:
+            cert = x509.load_pem_x509_certificate(handle.read())
+        addresses = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.IPAddress)
+    except (OSError, ValueError, x509.ExtensionNotFound) as err:
+        raise StateError("etcd_data_dir: %s is not an etcd member certificate of this agent: %s" % (cert_path, err)) from None
+    if len(addresses) != 1:
+        raise StateError("etcd_data_dir: %s names %d IP addresses, expected the member's VPN IP" % (cert_path, len(addresses)))
+    return str(addresses[0])
+
+
 def open_local_member(state_dir: str, data_dir: Optional[str] = None, client_port: int = 2379,
                       timeout: float = 5, wait: float = 10) -> LocalMember:
-    """The agent's own member: the VPN IP from its local store (``<state_dir>/store.json``), the TLS files
-    in ``<data_dir>/tls`` (``data_dir``: ``<state_dir>/etcd``), the store on ``https://<vpn_ip>:<client_port>``.
+    """The agent's own member: the TLS files in ``<data_dir>/tls`` (``data_dir``: ``<state_dir>/etcd``; only a
+    Coordinator runs a member), its VPN IP from the member's certificate, the store on ``https://<vpn_ip>:<client_port>``.
     Creates nothing: a missing file is a StateError naming it. A member that does not serve a read is
     asked again for ``wait`` seconds (an election after a member died)."""
     if not isinstance(state_dir, str) or not state_dir:
@@ -76,19 +91,8 @@ def open_local_member(state_dir: str, data_dir: Optional[str] = None, client_por
     if isinstance(client_port, bool) or not isinstance(client_port, int) or not 1 <= client_port <= 65535:
         raise InputError("etcd_client_port", "a port number between 1 and 65535", client_port)
     data_dir = data_dir or os.path.join(state_dir, "etcd")
-    path = os.path.join(state_dir, "store.json")
-    if not os.path.isfile(path):
-        raise StateError("agent_state_dir: %s does not exist: no node agent keeps its state in %s" % (path, state_dir))
-    local = FileStore(path)
-    try:
-        node = state_store.load_node_state(local)
-    finally:
-        local.close()
-    if node is None:
-        raise StateError("agent_state_dir: %s holds no node state: this host is not activated" % path)
-    if node["role"] != ROLE_COORDINATOR:
-        raise StateError("agent_state_dir: this host is a %s, not a Coordinator: run this on a live Coordinator"
-                         % node["role"])
+    if not os.path.isdir(state_dir):
+        raise StateError("agent_state_dir: %s does not exist: no node agent keeps its state there" % state_dir)
     tls_dir = os.path.join(data_dir, "tls")
     tls = {"ca_cert": os.path.join(tls_dir, "ca.pem"), "cert": os.path.join(tls_dir, "member.pem"),
            "key": os.path.join(tls_dir, "member.key")}
@@ -96,12 +100,14 @@ def open_local_member(state_dir: str, data_dir: Optional[str] = None, client_por
         if not os.path.isfile(file_path):
             raise StateError("etcd_data_dir: %s (the member's %s) does not exist: this Coordinator runs no etcd "
                              "member there (agent config etcd_member.data_dir)" % (file_path, name))
-    host = node["vpn_ip"] if ":" not in node["vpn_ip"] else "[%s]" % node["vpn_ip"]
+    # The member's VPN IP from its certificate (the agent's store is sealed to the TPM: not read here).
+    vpn_ip = _member_vpn_ip(tls["cert"])
+    host = vpn_ip if ":" not in vpn_ip else "[%s]" % vpn_ip
     url = "https://%s:%d" % (host, client_port)
     deadline = time.monotonic() + wait
     while True:
         try:
-            return LocalMember(node["vpn_ip"], tls, EtcdStore([url], timeout=timeout, tls=tls))
+            return LocalMember(vpn_ip, tls, EtcdStore([url], timeout=timeout, tls=tls))
         except StoreError as err:
             # Right after a member died the others elect a leader ("leader changed"): retried, bounded.
             if time.monotonic() >= deadline:

@@ -269,18 +269,22 @@ def test_open_local_member_reads_the_agents_state(cluster, tmp_path):
 
 
 def test_open_local_member_refuses_what_is_not_a_coordinators_member(tmp_path):
-    with pytest.raises(StateError, match="agent_state_dir: .*store.json does not exist"):
+    with pytest.raises(StateError, match="agent_state_dir: .*/none does not exist"):
         open_local_member(str(tmp_path / "none"))
     assert not (tmp_path / "none").exists()  # nothing created
+    # A Node runs no etcd member: it has no member files (its sealed store is not read).
     node_dir = _agent_state(tmp_path, NODE_IP, role="node")
-    with pytest.raises(StateError, match="agent_state_dir: this host is a node, not a Coordinator"):
-        open_local_member(node_dir)
-    (tmp_path / "agent" / "store.json").unlink()
-    coordinator_dir = _agent_state(tmp_path, HOSTS[0])
     with pytest.raises(StateError, match=r"etcd_data_dir: .*/etcd/tls/ca.pem \(the member's ca_cert\) does not exist"):
-        open_local_member(coordinator_dir)
+        open_local_member(node_dir)
     with pytest.raises(InputError, match="etcd_client_port: expected a port number"):
-        open_local_member(coordinator_dir, client_port=0)
+        open_local_member(node_dir, client_port=0)
+    tls = tmp_path / "agent" / "etcd" / "tls"
+    tls.mkdir(parents=True)
+    for name in ("ca.pem", "member.key"):
+        (tls / name).write_text("x")
+    (tls / "member.pem").write_text("not a certificate")
+    with pytest.raises(StateError, match="member.pem is not an etcd member certificate of this agent"):
+        open_local_member(node_dir)
 
 
 # --------------------------------------------------------------------------- the module
@@ -317,7 +321,7 @@ def test_module_removes_once_and_reports_in_check_mode(cluster, tmp_path, capsys
 @pytest.mark.parametrize("args, message", [
     ({"vpn_ip": "10.118.0.x"}, "vpn_ip: expected the VPN IP of the dead Coordinator"),
     ({"vpn_ip": "10.118.0.2", "state": "present"}, "value of state must be one of: absent, query"),
-    ({"vpn_ip": "10.118.0.2"}, "agent_state_dir: /nonexistent/agent/store.json does not exist"),
+    ({"vpn_ip": "10.118.0.2"}, "agent_state_dir: /nonexistent/agent does not exist"),
 ])
 def test_module_bad_input_names_the_field(capsys, args, message):
     result = _run_module(capsys, dict({"agent_state_dir": "/nonexistent/agent"}, **args))
