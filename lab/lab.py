@@ -588,7 +588,8 @@ class Lab:
     def foreign_tpm(self, name: str) -> None:
         """Stands for a host whose TPM is not from our vendor: its swtpm is replaced by one whose EK
         certificate comes from another CA, with the lab image measured as usual (so only the EK
-        chain can tell). A running agent is restarted on the new TPM."""
+        chain can tell). Another TPM is another machine: the agent's state folder (sealed to the old
+        TPM) goes with the old one, and a running agent is restarted fresh on the new TPM."""
         from lab.swtpm import SwTPM
 
         h = self.host(name)
@@ -601,6 +602,7 @@ class Lab:
         foreign_ca.mkdir(parents=True, exist_ok=True)
         SwTPM(str(h.dir / "tpm"), port=TPM_PORT, ek_cert=True, ca_dir=str(foreign_ca), netns=h.netns).start()
         self.measure(h, {pcr: image_digest(self._state().get("image", LAB_IMAGE), pcr) for pcr in MEASURED_PCRS})
+        shutil.rmtree(str(h.dir / "agent" / "state"), ignore_errors=True)  # lab/agent.py's agent_dir(h) / "state"
         if agent_pids:
             self._start_agents([h])
 

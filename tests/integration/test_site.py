@@ -25,6 +25,8 @@ import pytest
 from ansible.parsing.vault import VaultLib, VaultSecret
 
 from lab.lab import REPO_ROOT, Lab
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
@@ -430,8 +432,8 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     peers = ("h1", "h2", "h3", "h4", "h6")
     for name in peers:
-        for pcr in ("4", "9", "11"):
-            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr),
+        for pcr in ("4", "9", "11", "13"):  # 13: the agent's (docs/attestation.md)
+            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr),
                              proc.stdout), (name, pcr)
     assert "every peer passed: attested, in its role's state, PCR 15 ours, the mesh complete" in proc.stdout
     # Every check ran on every peer: the mesh (WireGuard peers and allowed IPs, a ping and a recent
@@ -447,6 +449,8 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     records = {r["name"]: r for r in report["peers"]}
     assert set(records) == set(peers)
     policy = json.loads((site.inv / "measurements.json").read_text())
+    trust = choose.load_trust(site.lab.variant, str(site.lab.ek_ca_path), insecure_trust_any_ak=True)
+    agent_pcr = AgentMeasurement.of(site.lab.variant, trust.ek_ca_certs).value
     for name, record in records.items():
         assert record["endpoint"] == site.lab.host(name).public_endpoint
         assert record["attested"] is True and record["error"] is None
@@ -454,9 +458,11 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
         assert record["vpn_ip"] == vpn_ip(site.lab, name)
         assert record["membership"] == "ours"
         assert record["state"] == ("ActivatingNodes" if name == "h1" else "IsNode")
-        assert {str(p["index"]) for p in record["pcrs"]} == set(policy)
+        # The image's PCRs as the policy file says, and the agent's PCR 13 as this collection measures it.
+        assert {str(p["index"]) for p in record["pcrs"]} == set(policy) | {"13"}
         for pcr in record["pcrs"]:
-            assert pcr["ok"] is True and pcr["expected"] == pcr["found"] == policy[str(pcr["index"])]["expected"]
+            expected = agent_pcr.hex() if pcr["index"] == 13 else policy[str(pcr["index"])]["expected"]
+            assert pcr["ok"] is True and pcr["expected"] == pcr["found"] == expected
 
     # JUnit: one testcase per peer, no failure.
     assert report_junit.stat().st_mode & 0o777 == 0o644
@@ -518,7 +524,7 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
         for name, line in expected.items():
             assert any(problem.startswith(line) for problem in lines), (name, lines)
             assert re.search(r"^\s*%s\s.*\sFAIL\s" % name, proc.stdout, re.M), name
-        assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+refused$" % re.escape(h4.public_endpoint), proc.stdout, re.M)
+        assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+refused$" % re.escape(h4.public_endpoint), proc.stdout, re.M)
         # Each broken peer fails, naming itself and what is wrong; the others pass.
         rows = recap(proc.stdout)
         assert {name: rows[name]["failed"] for name in rows} == {"h1": 0, "h2": 1, "h3": 1, "h4": 1, "h6": 0}

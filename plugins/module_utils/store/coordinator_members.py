@@ -75,8 +75,10 @@ def _member_vpn_ip(cert_path: str) -> str:
             x509.IPAddress)
     except (OSError, ValueError, x509.ExtensionNotFound) as err:
         raise StateError("etcd_data_dir: %s is not an etcd member certificate of this agent: %s" % (cert_path, err)) from None
+    addresses = [a for a in addresses if not a.is_loopback]  # etcd_pki adds loopback for local clients
     if len(addresses) != 1:
-        raise StateError("etcd_data_dir: %s names %d IP addresses, expected the member's VPN IP" % (cert_path, len(addresses)))
+        raise StateError("etcd_data_dir: %s names %d addresses besides loopback, expected the member's VPN IP"
+                         % (cert_path, len(addresses)))
     return str(addresses[0])
 
 
