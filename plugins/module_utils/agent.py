@@ -56,7 +56,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi i
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
-from ansible_collections.constellation.cluster.plugins.module_utils.store import FileStore, open_store
+from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
 from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import NodePeerAuth
@@ -120,10 +120,9 @@ class Agent:
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
         # Before anything is served or read: the agent measures itself, then unseals its storage key.
         self.at_rest = self._measure_and_unseal()
-        if config.store:
-            self.store = open_store(config.store)
-        else:  # the default file store, sealed as a whole (core/at_rest.py)
-            self.store = FileStore(os.path.join(config.state_dir, "store.json"), cipher=self.at_rest)
+        # A file store is sealed as a whole (core/at_rest.py); the default one is <state_dir>/store.json.
+        self.store = open_store(config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")},
+                                cipher=self.at_rest)
         # The encrypted state disk (disk/attach.py): opened at start, set up when the disk key arrives.
         self.state_disk = (AgentStateDisk(StateDisk(config.state_disk_device, config.state_disk_mapper_name,
                                                     os.path.join(config.state_dir, "disk")),
@@ -223,6 +222,9 @@ class Agent:
             self.log("init_secret_not_configured", level="warning", message="no init_secret_hash: anyone can activate this node")
         if choose.insecure_warning(self.config.variant):  # insecure_trust_any_ak: said on every start
             self.log("insecure_variant", level="warning", message=choose.insecure_warning(self.config.variant))
+        if (self.config.store or {}).get("type") == "etcd":  # said on every start
+            self.log("secrets_not_sealed", level="warning", message="store type etcd: this peer's secrets are kept "
+                     "in that etcd cluster, not sealed to this TPM")
         if self.config.measurements_public_key is None and self.config.measurements:
             self.log("measurements_unsigned", level="warning",
                      message="no measurements_public_key: the policy file is used without a signature check")

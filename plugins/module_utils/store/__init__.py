@@ -64,9 +64,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd i
 # --------------------------------------------------------------------------- helpers
 
 
-def open_store(spec: Mapping[str, Any]) -> _BaseStore:
+def open_store(spec: Mapping[str, Any], cipher: Any = None) -> _BaseStore:
     """``{"type": "memory"}``, ``{"type": "file", "path": ...}`` or
-    ``{"type": "etcd", "endpoints": [...], "prefix": ..., "timeout": ..., "tls": {...}}``."""
+    ``{"type": "etcd", "endpoints": [...], "prefix": ..., "timeout": ..., "tls": {...}}``. ``cipher``: what a
+    file store is sealed with (the agent's secrets at rest, core/at_rest.py)."""
     if not isinstance(spec, Mapping):
         raise InputError("store", "a mapping with a type", type(spec).__name__)
     kind = spec.get("type")
@@ -83,7 +84,7 @@ def open_store(spec: Mapping[str, Any]) -> _BaseStore:
     if kind == "file":
         if not isinstance(spec.get("path"), str) or not spec.get("path"):
             raise InputError("store.path", "a file path", spec.get("path"))
-        return FileStore(spec["path"])
+        return FileStore(spec["path"], cipher=cipher)
     kwargs = {k: spec[k] for k in ("prefix", "timeout", "tls") if k in spec}
     return EtcdStore(spec.get("endpoints"), **kwargs)
 

@@ -65,21 +65,26 @@ class LocalMember:
 
 
 def _member_vpn_ip(cert_path: str) -> str:
-    """The VPN IP an etcd member certificate (store/etcd_pki.py) is issued for: its IP address SAN."""
+    """The VPN IP an etcd member certificate (store/etcd_pki.py) is issued for: the IP address SAN that its common
+    name, the member name (``coordinator-<VPN IP>``), was made from."""
     from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import member_name
 
     try:
         with open(cert_path, "rb") as handle:
             cert = x509.load_pem_x509_certificate(handle.read())
         addresses = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
             x509.IPAddress)
+        names = [attr.value for attr in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
     except (OSError, ValueError, x509.ExtensionNotFound) as err:
         raise StateError("etcd_data_dir: %s is not an etcd member certificate of this agent: %s" % (cert_path, err)) from None
-    addresses = [a for a in addresses if not a.is_loopback]  # etcd_pki adds loopback for local clients
-    if len(addresses) != 1:
-        raise StateError("etcd_data_dir: %s names %d addresses besides loopback, expected the member's VPN IP"
-                         % (cert_path, len(addresses)))
-    return str(addresses[0])
+    matching = [str(a) for a in addresses if [member_name(str(a))] == names]
+    if len(matching) != 1:
+        raise StateError("etcd_data_dir: %s is not an etcd member certificate of this agent: no address of it "
+                         "makes its name %s" % (cert_path, ", ".join(str(n) for n in names) or "(none)"))
+    return matching[0]
 
 
 def open_local_member(state_dir: str, data_dir: Optional[str] = None, client_port: int = 2379,
