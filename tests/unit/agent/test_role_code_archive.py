@@ -172,7 +172,6 @@ def test_an_archive_changed_after_its_digest_was_taken_is_refused_on_the_node(la
     assert not os.path.exists(os.path.dirname(built["path"]))  # removed although the run failed
 
 
-@pytest.mark.slow
 def test_the_archive_is_private_reproducible_and_checked_in_check_mode_too(lab):
     node_archive = lab / "node" / "opt" / "agent-code.tar.gz"
     code = lab / "node/opt/collections/ansible_collections/constellation/cluster/plugins/module_utils"
