@@ -57,7 +57,9 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="bench-sealing-")
     swtpm = SwTPM(os.path.join(work, "tpm"), free_port()).start()
     try:
-        factory = lambda: tpm.open_tpm(swtpm.tcti)  # noqa: E731
+        def factory():
+            return tpm.open_tpm(swtpm.tcti)
+
         state = os.path.join(work, "state")
         os.makedirs(state)
         SealedStorage.open(state, factory, PCRS)  # the first start seals the key

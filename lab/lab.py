@@ -497,7 +497,7 @@ class Lab:
         h = self.host(name)
         tpm = SwTPM(str(h.dir / "tpm"), port=TPM_PORT, ek_cert=True, ca_dir=str(self.ca_dir), netns=h.netns)
         tpm.adopt()
-        tpm.stop()
+        tpm.stop(orderly=True)  # a reboot: the OS shuts the TPM down first
         tpm.start()
         self.measure(h, {pcr: image_digest(self._state().get("image", LAB_IMAGE), pcr) for pcr in MEASURED_PCRS})
 

@@ -169,16 +169,17 @@ class SwTPM:
             raise StateError("swtpm on port %d wrote no pid file within %.0f s" % (self.port, _READY_TIMEOUT))
         return self
 
-    def stop(self) -> None:
-        """Stops the daemon (by its pid) and waits for it to exit; the state dir stays."""
+    def stop(self, orderly: bool = False) -> None:
+        """Stops the daemon (by its pid) and waits for it to exit; the state dir stays. ``orderly``: for a TPM
+        that starts again (a reboot), TPM2_Shutdown first, as an operating system does: without it the next
+        start counts a failed authorization (the dictionary-attack protection of an unorderly power loss),
+        and a few reboots would lock the TPM's AK out."""
         pid, self._pid = self._pid, None
         if pid is None:
             return
-        # An orderly shutdown first, as an operating system does before a reboot: without TPM2_Shutdown the
-        # next start counts a failed authorization (the dictionary-attack protection of an unorderly power
-        # loss), and a few reboots would lock the TPM's AK out.
-        subprocess.run(self._wrap(["tpm2_shutdown", "-T", self.tcti]), capture_output=True, check=False,
-                       timeout=_READY_TIMEOUT, env=dict(os.environ, TSS2_LOG="all+none"))
+        if orderly:
+            subprocess.run(self._wrap(["tpm2_shutdown", "-T", self.tcti]), capture_output=True, check=False,
+                           timeout=_READY_TIMEOUT, env=dict(os.environ, TSS2_LOG="all+none"))
         # CMD_SHUTDOWN on the control channel ends swtpm at once; SIGTERM takes it ~1-2 s.
         subprocess.run(self._wrap(["swtpm_ioctl", "--tcp", "%s:%d" % (self.bindaddr, self.port + 1), "-s"]),
                        capture_output=True, check=False, timeout=_READY_TIMEOUT)

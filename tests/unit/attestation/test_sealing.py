@@ -74,7 +74,7 @@ def test_a_tampered_boot_pcr_cannot_unseal(fresh_swtpm, tmp_path):
     tmp_path = tmp_path / "state"
     _boot(fresh_swtpm.tcti)
     _write_state(tmp_path, fresh_swtpm.tcti)
-    fresh_swtpm.stop()
+    fresh_swtpm.stop(orderly=True)
     fresh_swtpm.start()  # a reboot: PCRs reset, keys kept
     _boot(fresh_swtpm.tcti, image=b"tampered image")
     with pytest.raises(StateError, match="PCRs 4, 9, 11, 13 differ from when it was sealed"):
@@ -89,7 +89,7 @@ def test_a_changed_agent_cannot_unseal_and_the_genuine_one_can_after_a_reboot(fr
         dev.pcr_extend(13, hashlib.sha256(b"modified agent").digest())
     with pytest.raises(StateError, match="another agent or agent configuration"):
         _storage(tmp_path, fresh_swtpm.tcti)
-    fresh_swtpm.stop()
+    fresh_swtpm.stop(orderly=True)
     fresh_swtpm.start()
     _boot(fresh_swtpm.tcti)  # rebooted into the measured state: the secrets come back
     assert FileStore(str(tmp_path / "store.json"), cipher=_storage(tmp_path, fresh_swtpm.tcti)).get("kmsData") == SECRET
