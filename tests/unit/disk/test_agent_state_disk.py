@@ -50,14 +50,6 @@ class Node:
         self.core.state_disk = self.port
 
 
-@pytest.fixture
-def image(tmp_path):
-    path = tmp_path / "state.img"
-    with open(path, "wb") as handle:
-        handle.truncate(32 * 1024 * 1024)
-    return str(path)
-
-
 @needs_cryptsetup
 def test_first_activation_formats_the_disk_with_the_disk_uuid_and_a_restart_opens_it(tmp_path, image):
     tpm, secret = MemoryTPM(), kms.MasterSecret.generate()

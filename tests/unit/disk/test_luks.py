@@ -22,14 +22,6 @@ KEY = bytes(range(32))
 WRONG_KEY = bytes(range(1, 33))
 
 
-@pytest.fixture
-def image(tmp_path):
-    path = tmp_path / "state.img"
-    with open(path, "wb") as handle:
-        handle.truncate(32 * 1024 * 1024)
-    return str(path)
-
-
 def _dump(path: str) -> str:
     return subprocess.run(["cryptsetup", "luksDump", path], capture_output=True, text=True, check=True).stdout
 
