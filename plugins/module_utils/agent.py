@@ -29,8 +29,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
-from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID
-from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage, sealed_pcrs
 from ansible_collections.constellation.cluster.plugins.module_utils.core import (
     ROLE_NODE,
     Core,
@@ -164,8 +164,7 @@ class Agent:
             policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_public_key)
             # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
             self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
-            self._sealed_pcrs = sorted({index for index, m in policy.pcrs.items()
-                                        if not m.warn_only and index != PCR_INDEX_CLUSTER_ID} | {PCR_INDEX_AGENT})
+            self._sealed_pcrs = sealed_pcrs(policy)
             policy = with_agent_pcr(policy, self.measurement.value)
         issuer_options = {"ak_alg": self.config.ak_alg} if variant != "dummy" else {}
         return (choose.issuer(variant, self.config.tcti, **issuer_options),

@@ -22,14 +22,21 @@ key, and ``open`` says which of these it is.
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
 SEALED_KEY_FILE = "sealed_storage_key.json"
 MAGIC = b"CSEALED1"  # sealed-file format, version 1: MAGIC || nonce (12) || AES-256-GCM ciphertext+tag
 _NONCE = 12
+
+
+def sealed_pcrs(policy) -> List[int]:
+    """The PCRs the storage key is sealed to: the enforced ones of ``policy`` (a Measurements) but 15, and 13."""
+    return sorted({index for index, m in policy.pcrs.items() if not m.warn_only and index != PCR_INDEX_CLUSTER_ID}
+                  | {PCR_INDEX_AGENT})
 
 
 class SealedStorage:

@@ -113,3 +113,13 @@ def test_sealing_refuses_oversized_data_and_a_foreign_blob(fresh_swtpm):
             sealing.seal(dev, b"x" * 129, [13])
         with pytest.raises(sealing.SealError, match="not one this agent wrote"):
             sealing.unseal(dev, b'{"version": 9}')
+
+
+def test_the_seal_covers_the_enforced_boot_pcrs_and_the_agents_not_15_nor_warn_only():
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import sealed_pcrs
+
+    policy = Measurements.from_dict({"4": {"expected": "11" * 32, "warnOnly": False}, "9": "22" * 32,
+                                     "14": {"expected": "00" * 32, "warnOnly": True},
+                                     "15": {"expected": "00" * 32, "warnOnly": False}})
+    assert sealed_pcrs(policy) == [4, 9, 13]
