@@ -40,7 +40,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import kms  
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import (  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import (  # noqa: E402
     coordinator_policy, fresh_node_policy)
 
 MAX_NODES = MAX_HOSTS - 1

@@ -37,8 +37,8 @@ sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "
                 os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
 os.environ.setdefault("TSS2_LOG", "all+none")
 
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord, VersionedPeerSet  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord, VersionedPeerSet  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (  # noqa: E402
     generate_priv_key,
     pub_key_from_priv_key,
@@ -198,10 +198,10 @@ def _poll_ms(endpoint, source_ip: str, version: int, polls: int, pair_keys=None,
 
 
 def measure_server(store, tpm, n: int, polls: int) -> dict:
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent import JSONLog
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import JSONLog
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
-    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
     from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
 
     class UnauthenticatedVPNAPI(VPNAPI):

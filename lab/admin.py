@@ -52,7 +52,7 @@ class LabCluster:
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
             Measurements)
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
-        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import coordinator_policy
+        from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy
         from lab.lab import lab_measurements
 
         h = self.hosts[name]

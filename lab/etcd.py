@@ -25,7 +25,7 @@ from typing import List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
-from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import ETCD, member_argv
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_argv import ETCD, member_argv
 
 _READY_TIMEOUT = 10.0
 _STOP_TIMEOUT = 5.0

@@ -36,7 +36,7 @@ class ActionModule(ClusterAction):
         """An activated peer's admin channel is open: the atls connection (its option prestart)
         starts its relay now, in the background, for the tasks that come. Nothing else is sent, and
         whatever goes wrong is the first such task's to report."""
-        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import ACTIVATED
+        from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ACTIVATED
 
         start = getattr(self._connection, "start_in_background", None)
         if start is None or state not in [activated.wire_name for activated in ACTIVATED]:

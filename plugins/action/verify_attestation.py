@@ -22,7 +22,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
-from ansible_collections.constellation.cluster.plugins.plugin_utils import run_aks
+from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import control_path_dir
 
 ARGUMENT_SPEC = dict(ATTESTATION_ARGUMENT_SPEC, endpoint=dict(type="str", required=True))
@@ -45,7 +45,7 @@ class ActionModule(ActionBase):
         try:
             address = atls.parse_endpoint(args["endpoint"])
             settings = settings_from_args(args, self._loader.get_basedir())
-            settings.trust = run_aks.share(settings.trust, control_path_dir(self._templar, task_vars), os.getppid())
+            settings.trust = certified_aks.share(settings.trust, control_path_dir(self._templar, task_vars), os.getppid())
             result.setdefault("warnings", []).extend(settings.warnings)  # an insecure variant, acknowledged
 
             def connect(validators):

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filter agent_config_error: the node agent's own configuration check (module_utils/agent.py),
+"""Filter agent_config_error: the node agent's own configuration check (module_utils/agent/daemon.py),
 run on the controller before anything is installed. Its documentation is in agent_config_error.yml."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 def agent_config_error(config, names=None):
     """config | agent_config_error(names) -> '' when the agent would start with it, else the error,
     naming the field by names[field] (e.g. the role variable that sets it) when given."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
 
     if names is not None and not isinstance(names, Mapping):
         raise AnsibleFilterError("agent_config_error: names: expected a mapping of config key to variable name")

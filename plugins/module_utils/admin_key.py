@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The admin key on the controller's side: loading it (PEM or OpenSSH, unencrypted) and signing the
 ``AdminAuth`` message with it (Ed25519, or ECDSA P-256 with SHA-256). The agent pins its public half at
-activation (``core.inputs.parse_admin_pub_key``) and checks the signature (``rpc/admin.py``)."""
+activation (``core.inputs.parse_admin_pub_key``) and checks the signature (``agent/admin.py``)."""
 
 from __future__ import annotations
 

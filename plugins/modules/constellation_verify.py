@@ -191,7 +191,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.constellation.cluster.plugins.module_utils import netns, verify_service
+from ansible_collections.constellation.cluster.plugins.module_utils import netns
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import QEMU_VTPM_EK_NAME
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE, pcr_rows, settings_from_args)

@@ -19,7 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError)
-from ansible_collections.constellation.cluster.plugins.plugin_utils import run_aks
+from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
 
 # Imported here, once, by the playbook process: its strategy loads an action's class before it forks
 # a worker per host and task, so the workers inherit these modules (the aTLS client, the RPC client,
@@ -36,14 +36,14 @@ display = Display()
 
 def control_path_dir(templar, task_vars) -> str:
     """The atls connection's private folder (its option control_path_dir) as a task sees it
-    (variable, environment, default): the run's certified AKs are kept there (run_aks.py)."""
+    (variable, environment, default): the run's certified AKs are kept there (certified_aks.py)."""
     value = (task_vars or {}).get("constellation_atls_control_path_dir")
     if value is not None:
         try:
             value = templar.template(value)
         except Exception:  # pylint: disable=broad-except
             value = None
-    return str(value or os.environ.get("CONSTELLATION_ATLS_CONTROL_PATH_DIR") or run_aks.DEFAULT_DIR)
+    return str(value or os.environ.get("CONSTELLATION_ATLS_CONTROL_PATH_DIR") or certified_aks.DEFAULT_DIR)
 
 
 def valid_args(spec: dict) -> frozenset:
@@ -78,8 +78,8 @@ class ClusterAction(ActionBase):
         try:
             settings = settings_from_args(args, self._loader.get_basedir())
             # A peer enrolled once in this run (qemu-vtpm-ek) is not enrolled again; every connection
-            # is still attested in full (run_aks.py).
-            settings.trust = run_aks.share(settings.trust, control_path_dir(self._templar, task_vars), os.getppid())
+            # is still attested in full (certified_aks.py).
+            settings.trust = certified_aks.share(settings.trust, control_path_dir(self._templar, task_vars), os.getppid())
             result.update(self.act(args, settings))
             if settings.warnings:  # an insecure variant, acknowledged: said on every run
                 result["warnings"] = list(settings.warnings) + list(result.get("warnings") or [])

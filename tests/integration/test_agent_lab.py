@@ -30,7 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import coordinator_policy, fresh_node_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy, fresh_node_policy
 
 pytestmark = pytest.mark.lab
 

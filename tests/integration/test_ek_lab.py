@@ -25,7 +25,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurements, expected_pcr15)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import coordinator_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy
 
 pytestmark = pytest.mark.lab
 

@@ -207,7 +207,7 @@ def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
     from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
-    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
     from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
     from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
 

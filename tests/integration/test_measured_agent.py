@@ -42,7 +42,7 @@ def cluster():
 def changed_agent(tmp_path_factory):
     """The checkout's agent with one byte more in one file (a comment: it behaves the same)."""
     root = copy_agent(tmp_path_factory.mktemp("changed-agent"))
-    path = root / "collections" / "ansible_collections" / "constellation" / "cluster" / "plugins" / "module_utils" / "agent.py"
+    path = root / "collections" / "ansible_collections" / "constellation" / "cluster" / "plugins" / "module_utils" / "agent" / "daemon.py"
     path.write_text(path.read_text() + "# changed\n")
     return root
 

@@ -21,7 +21,7 @@ import pytest
 from lab.agent import start_agent, stop_agent, tail_log, wait_until
 from lab.lab import REPO_ROOT, Lab, lab_measurements
 from lab.netns import NetNS
-from ansible_collections.constellation.cluster.plugins.module_utils import verify_service as vs
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service as vs
 
 pytestmark = pytest.mark.lab
 
@@ -32,7 +32,7 @@ REPLAY_GRPC_PORT, REPLAY_HTTP_PORT = 9190, 8180
 # A compromised process on h1: answers every request with one recorded, genuine answer.
 REPLAYER = """
 import sys, time
-from ansible_collections.constellation.cluster.plugins.module_utils import verify_service as vs
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service as vs
 recorded = open(sys.argv[1], "rb").read()
 servers = [vs.GRPCVerifyServer(("0.0.0.0", %d), lambda user_data, nonce: recorded).start(),
            vs.HTTPVerifyServer(("0.0.0.0", %d), lambda user_data, nonce: recorded).start()]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import ACTIVATE_NODES_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 

@@ -34,7 +34,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.activat
     NodeActivation,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import RESERVED_DATA_KEY_IDS
-from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinators import CoordinatorCluster
+from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator_cluster import CoordinatorCluster
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ADMIN_PUB_KEY_MAX,
     CLUSTER_ID_LENGTH,

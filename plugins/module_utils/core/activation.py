@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import (
     PCR_INDEX_CLUSTER_ID,
@@ -30,7 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     InputError,
     StateError,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
 
 MAX_NODES_PER_CALL = 256
 # Nodes activated at once (each: one aTLS connection, the node's quote, one validation, two store writes).

@@ -11,7 +11,7 @@ import threading
 from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     expected_pcr15,
 )
@@ -57,7 +57,7 @@ class CoreBase(StateMachine):
         # join tickets must verify with it. Activated Nodes pin theirs in their node state.
         self.join_coordinator_pub_key: Optional[str] = None
         # ``store`` holds everything while the cluster's state is local; a Coordinator that runs an etcd
-        # member (``etcd_member``, core/coordinators.py) moves the cluster's keys there and ``store``
+        # member (``etcd_member``, core/coordinator_cluster.py) moves the cluster's keys there and ``store``
         # becomes that cluster; ``local_store`` keeps what is this peer's own (state_store.LOCAL_KEYS).
         self.store = store
         self.local_store = store
@@ -152,10 +152,10 @@ class CoreBase(StateMachine):
         """The Coordinator's evicted peers (core/trust.py); nothing on other roles."""
 
     def _open_cluster_store(self, node: NodeState) -> None:
-        """A restarted Coordinator with an etcd member rejoins its cluster (core/coordinators.py)."""
+        """A restarted Coordinator with an etcd member rejoins its cluster (core/coordinator_cluster.py)."""
 
     def _start_cluster_store(self, vpn_ip: str, kms: KMS) -> None:
-        """The first Coordinator with an etcd member starts it (core/coordinators.py)."""
+        """The first Coordinator with an etcd member starts it (core/coordinator_cluster.py)."""
 
     # -- accessors for servers
     @property
@@ -176,7 +176,7 @@ class CoreBase(StateMachine):
 
     def public_state(self) -> Dict[str, Any]:
         """What GetState tells anyone: state and role only (least disclosure). The details (``get_state``)
-        go only to an authenticated admin or Coordinator (rpc/admin.py AdminAuth)."""
+        go only to an authenticated admin or Coordinator (agent/admin.py AdminAuth)."""
         return super().get_state()
 
     def pinned_coordinator_pub_key(self) -> Optional[str]:

@@ -11,7 +11,7 @@ import secrets
 from typing import Any, Dict, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KubernetesJoin
 from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import CoordinatorSigning
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import refuse_control_plane_join
@@ -44,7 +44,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     InputError,
     StateError,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     VPN_CIDR,
     generate_priv_key,

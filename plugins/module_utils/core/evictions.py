@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 

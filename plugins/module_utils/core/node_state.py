@@ -25,7 +25,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_NODE, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
 
 _KNOWN = ("role", "vpn_ip", "vpn_priv_key", "cluster_id", "measurement_salt", "admin_pub_key", "coordinator_vpn_ip",
           "disk_uuid", "state", "cluster_name", "coordinator_vpn_pub_key", "peers", "resource_version",

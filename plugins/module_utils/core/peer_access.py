@@ -12,11 +12,11 @@ import hmac
 from typing import Any, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.base import CoreBase
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import peer_auth
 
 # GetDataKey never hands out these: they are given only to whom they belong, at activation.

@@ -21,7 +21,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
 
 
 def parse_peers(raw: Any, field: str) -> List[PeerRecord]:

@@ -42,6 +42,8 @@ _STATE_NAMES = {
     State.IS_NODE: constants.STATE_IS_NODE,
     State.FAILED: constants.STATE_FAILED,
 }
+# The states in which a peer is activated: its admin channel is open.
+ACTIVATED = (State.ACTIVATING_NODES, State.IS_NODE)
 
 
 class StateMachine:

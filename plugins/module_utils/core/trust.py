@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import NodeActivation
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
     MEMBER_KEPT, MEMBER_REMOVED, EvictionCache, remove_coordinator_member)

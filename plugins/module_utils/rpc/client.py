@@ -192,7 +192,7 @@ class PubAPIClient(Channel):
         return uuid, b64e(b64d(step.get("node_vpn_pub_key"), "node_vpn_pub_key", 32))
 
     def activate_as_additional_coordinator(self, params: Dict[str, Any], secrets_for, promote) -> Dict[str, Any]:
-        """The activating Coordinator's side (core/coordinators.py, ports.NodeClient)."""
+        """The activating Coordinator's side (core/coordinator_cluster.py, ports.NodeClient)."""
         self.stream.send_msg(secrets_for(*self._first_step("ActivateAsAdditionalCoordinator", params)))
         if self.stream.recv_msg("the start of its etcd member").get("etcd_member") != "started":
             raise ProtocolError("ActivateAsAdditionalCoordinator: the peer did not start its etcd member")

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import ROLE_COORDINATOR
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import ROLE_COORDINATOR
 from ansible_collections.constellation.cluster.plugins.module_utils.store.base import StoreError
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd import EtcdStore
 
@@ -70,7 +70,7 @@ def _member_vpn_ip(cert_path: str) -> str:
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
-    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import member_name
+    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import member_name
 
     try:
         with open(cert_path, "rb") as handle:

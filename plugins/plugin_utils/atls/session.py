@@ -33,11 +33,11 @@ def tcp_socket(settings: Settings) -> socket.socket:
 def validators_for(settings: Settings, playbook_pid=None) -> list:
     """The validators of the host's policy, from the one chooser, through the same settings as the
     cluster actions. Raises AnsibleConnectionFailure naming the reason. With ``playbook_pid``
-    (qemu-vtpm-ek) they share the run's certified AKs (run_aks.py): a peer the run enrolled once is
+    (qemu-vtpm-ek) they share the run's certified AKs (certified_aks.py): a peer the run enrolled once is
     attested without enrolling again."""
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
-    from ansible_collections.constellation.cluster.plugins.plugin_utils import run_aks
+    from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
 
     try:
         attestation = settings_from_args({"variant": settings.variant, "measurements": settings.measurements,
@@ -46,7 +46,7 @@ def validators_for(settings: Settings, playbook_pid=None) -> list:
                                           "timeout": settings.timeout,
                                           "attestation_timeout": settings.attestation_timeout})
         if playbook_pid is not None:
-            attestation.trust = run_aks.share(attestation.trust, settings.control_path_dir, playbook_pid)
+            attestation.trust = certified_aks.share(attestation.trust, settings.control_path_dir, playbook_pid)
         return attestation.validators()
     except ConstellationError as err:
         raise AnsibleConnectionFailure("%s: %s" % (settings.endpoint, err)) from None

@@ -19,12 +19,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.execution.warm import WarmUnavailable, content_digest
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.execution.warm import WarmUnavailable, content_digest
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
 
@@ -255,7 +255,7 @@ def test_exec_module_a_rebuilt_zip_of_the_same_content_finds_its_server_warm(adm
 
 def test_exec_module_reads_a_zip_once_per_distinct_bytes(admin_agent, monkeypatch):
     # Every task of a run sends the same bytes: the zip is read (for its content digest) once.
-    from ansible_collections.constellation.cluster.plugins.module_utils.execution import warm as warm_module
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.execution import warm as warm_module
 
     client, _admin, _events = admin_agent
     reads = []

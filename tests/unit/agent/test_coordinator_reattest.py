@@ -18,7 +18,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied, AttestationError, ConstellationError)
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM

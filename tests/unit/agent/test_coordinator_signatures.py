@@ -19,16 +19,16 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import JoinTicket, RejoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64e
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import join_cluster, rejoin_cluster
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import join_cluster, rejoin_cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key

@@ -14,7 +14,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, state_store
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
@@ -113,7 +114,7 @@ def _node_params(cluster_id, salt, coordinator_pub, admin, secret=None):
 
 
 def test_a_node_asks_its_coordinator_first_then_every_other_one_it_knows(swtpm, make_core, secret):
-    """Several Coordinators (#18): the Node's update loop tries them in this order (agent.py)."""
+    """Several Coordinators (#18): the Node's update loop tries them in this order (agent/daemon.py)."""
     c, _vpn = make_core(swtpm)
     c.load()
     assert c.coordinator_vpn_ips() == []

@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, state_store
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, ConnectionLost
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore

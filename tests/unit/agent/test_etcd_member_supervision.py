@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A Coordinator's etcd member that dies while its agent lives (core/coordinators.py,
+"""A Coordinator's etcd member that dies while its agent lives (core/coordinator_cluster.py,
 ``supervise_etcd_member``; docs/store.md, "Losing Coordinators"): the agent's loop starts it again from
 its data, and GetState reports it (``etcd_member``), so verify.yml can tell. The member here is a
 stand-in for the port ``ClusterStoreMember`` whose process the test ends; the real etcd member, killed

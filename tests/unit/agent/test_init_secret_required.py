@@ -5,7 +5,7 @@
 ``init_secret_hash`` it does not start at all (unless ``insecure_unauthenticated_activation: true``,
 which it then warns about on every start); with the hash the role derives from the cluster's init
 secret, a stranger's activation with his own admin key is refused before the node lock, and he gets
-no admin channel, so no Exec. The agent is the real one (agent.py's wiring, real pubapi on loopback,
+no admin channel, so no Exec. The agent is the real one (agent/daemon.py's wiring, real pubapi on loopback,
 real swtpm), with the test suite's dummy attestation so that the stranger attests nothing special."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from lab.swtpm import free_port
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent import Agent, AgentConfig, JSONLog, main
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent, AgentConfig, JSONLog, main
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import read_pcrs
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError

@@ -18,10 +18,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
 

@@ -19,9 +19,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import server as rpc_server
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
 # The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes).
@@ -87,7 +87,7 @@ def closed_by_server(sock) -> bool:
 
 
 def reattest_like_a_coordinator(server):
-    """The Coordinator's re-attestation path (agent.py connect_peer): aTLS with its timeouts, GetState."""
+    """The Coordinator's re-attestation path (agent/daemon.py connect_peer): aTLS with its timeouts, GetState."""
     with AgentClient.connect(endpoint_of(server), [DummyValidator()], timeout=10) as client:
         return client.get_state()
 

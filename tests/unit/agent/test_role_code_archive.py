@@ -184,7 +184,7 @@ def test_the_archive_is_private_and_checked_in_check_mode_too(lab):
     assert os.path.basename(first["path"]).startswith("constellation-agent-") and first["path"].endswith(".tar.gz")
     assert not os.path.exists(os.path.dirname(first["path"]))
     assert sha256(node_archive) == first["sha256"] == hashlib.sha256(bytes.fromhex(first["bytes"])).hexdigest()
-    assert (code / "agent.py").read_bytes() == (lab / "source/plugins/module_utils/agent.py").read_bytes()
+    assert (code / "agent" / "daemon.py").read_bytes() == (lab / "source/plugins/module_utils/agent/daemon.py").read_bytes()
     installed = code_tree(lab)
 
     # Changed code: check mode predicts the change and writes nothing on the node.

@@ -14,16 +14,16 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (
     AgentClient,
     PubAPIClient,
     VPNAPIClient,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls import relay
 
 ROOT = Path(__file__).resolve().parents[3]

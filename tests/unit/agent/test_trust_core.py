@@ -24,7 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     load_policy, read_policy_document)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied, AttestationError, ConstellationError, InputError, StateError)
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
@@ -120,7 +120,7 @@ class FakeClient:
     def attested_pcrs(self):
         return {15: self.pcr15}
 
-    def coordinator_auth(self, sign_auth):  # the peer's details need AdminAuth role coordinator (rpc/admin.py)
+    def coordinator_auth(self, sign_auth):  # the peer's details need AdminAuth role coordinator (agent/admin.py)
         sign_auth(os.urandom(32), os.urandom(32))
         self.authenticated = True
 
@@ -216,7 +216,7 @@ def test_a_peer_with_another_identity_or_cluster_is_evicted_and_readmission_need
 
 
 def state_disk_uuid(c, vpn_ip):
-    from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+    from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 
     return state_store.load_node_disk_uuid(c.store, vpn_ip)
 

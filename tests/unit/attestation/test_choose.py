@@ -30,7 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Validation
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -18,7 +18,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError, b64d
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
 

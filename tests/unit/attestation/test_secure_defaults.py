@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import EnrollmentValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
@@ -33,7 +33,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import PubAPI, fresh_node_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI, fresh_node_policy
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
@@ -215,7 +215,7 @@ def test_a_policy_that_enforces_no_pcr_is_refused_naming_the_file(tmp_path, ek_c
     """Finding 4: with such a policy every TPM that booted anything would pass (PCR 15 is the cluster
     ID, set by the agent itself, not a measurement of what booted). The agent refuses to start with it
     and every controller loader refuses it, naming the file."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent import Agent
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 
     path = tmp_path / "measurements.json"

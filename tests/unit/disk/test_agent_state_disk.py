@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent_config import AgentConfig, require_dm_crypt
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig, require_dm_crypt
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.attach import AgentStateDisk
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.luks import Cryptsetup
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import NOT_ENCRYPTED, StateDisk
@@ -33,7 +33,7 @@ def admin_pem() -> str:
 
 
 class Node:
-    """What the agent wires (agent.py): a FileStore in the state directory, the StateDisk, the Core."""
+    """What the agent wires (agent/daemon.py): a FileStore in the state directory, the StateDisk, the Core."""
 
     def __init__(self, tmp_path, image, tpm, disk_uuid=None):
         self.state_dir = str(tmp_path / "state")
@@ -159,7 +159,7 @@ def test_the_agent_refuses_a_state_disk_without_dm_crypt_naming_the_key():
 
 
 def test_the_agent_itself_refuses_to_start_without_dm_crypt(tmp_path):
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent import Agent
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent
     from ansible_collections.constellation.cluster.plugins.module_utils.disk.luks import dm_crypt_available
 
     usable, _reason = dm_crypt_available()

@@ -15,7 +15,7 @@ import socket
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import encoding, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig, JSONLog
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig, JSONLog
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError

@@ -23,7 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc import s
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN

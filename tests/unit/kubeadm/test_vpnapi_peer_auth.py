@@ -17,7 +17,8 @@ import socket
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kms, state_store
+from ansible_collections.constellation.cluster.plugins.module_utils import kms
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     KIND_END,
     FrameStream,

@@ -18,7 +18,7 @@ import time
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
@@ -27,9 +27,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store.coordi
     open_local_member,
     remove_coordinator,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import initial_cluster
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_argv import initial_cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_pki import etcd_ca, member_credentials
-from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import member_name
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import member_name
 from ansible_collections.constellation.cluster.plugins.modules import coordinator_member
 from lab.etcd import Etcd, free_ports, tmpfs_dir
 

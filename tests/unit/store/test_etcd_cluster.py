@@ -21,7 +21,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import C
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_pki import (
     ETCD_CA_INFO, etcd_ca, member_credentials)
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore, MemoryStore, StoreError
-from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import initial_cluster
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_argv import initial_cluster
 from lab.etcd import Etcd, EtcdCluster, free_ports, tmpfs_dir
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/etcd"), reason="/usr/bin/etcd is missing")
@@ -266,7 +266,7 @@ def test_coordinators_join_one_by_one_and_a_dead_one_is_replaced(tmp_path):
 ])
 def test_the_agents_etcd_member_config_names_a_bad_field(config, field):
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
+    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import EtcdMember
 
     with pytest.raises(InputError) as info:
         EtcdMember.from_config(config, "/var/lib/agent")
@@ -276,10 +276,10 @@ def test_the_agents_etcd_member_config_names_a_bad_field(config, field):
 
 
 def test_the_agents_etcd_member_starts_a_cluster_and_a_learner_joins_it():
-    """store/etcd_runner.py on loopback: a member of a new cluster (TLS from the KMS), a second one added
+    """store/etcd_member.py on loopback: a member of a new cluster (TLS from the KMS), a second one added
     as a learner that serves no reads until promoted, then both serve the same data; a killed agent's
     member is ended by the next start (pid file)."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
+    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import EtcdMember
 
     kms = ClusterKMS(MasterSecret.generate())
     base = tempfile.mkdtemp(prefix="store-etcd-member-", dir=tmpfs_dir())
@@ -329,7 +329,7 @@ def test_a_member_removal_survives_a_crash_right_after_it():
     """etcd 3.4 forgets a removal when the member is killed before its next write (etcd-io/etcd#19571):
     the survivor then counts the removed member again and, alone, cannot elect itself. member_remove writes
     once after the removal, so a SIGKILL right after it changes nothing."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
+    from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import EtcdMember
 
     kms = ClusterKMS(MasterSecret.generate())
     base = tempfile.mkdtemp(prefix="store-etcd-remove-", dir=tmpfs_dir())

@@ -24,14 +24,15 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.constellation.cluster.plugins.module_utils import core, kms, state_store
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
-from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import member_name
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import member_name
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.unit.store.test_coordinator_members import HOSTS, Coordinators

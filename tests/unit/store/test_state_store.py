@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import PeerRecord, PeerRegistry
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord, PeerRegistry
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore, StoreError, transfer
 
 

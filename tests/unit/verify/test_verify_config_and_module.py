@@ -14,8 +14,8 @@ import socket
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.constellation.cluster.plugins.module_utils import verify_service as vs
-from ansible_collections.constellation.cluster.plugins.module_utils.agent import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service as vs
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.modules import constellation_verify

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Constellation's verification service (module_utils/verify_service.py), both sides, over real
+"""Constellation's verification service (module_utils/agent/verify_service.py), both sides, over real
 gRPC and HTTP on loopback; the TPM is a real swtpm. Attacks: a replayed answer, an answer for other
 user data, hostile requests (bad nonces, oversized requests)."""
 
@@ -16,7 +16,7 @@ import socket
 import grpc
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils import verify_service as vs
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service as vs
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurement, Measurements, MeasurementsMismatch)

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.constellation.cluster.plugins.module_utils import wireguard as wgmod
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import (
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import (
     PeerRecord,
     PeerRegistry,
     PeerUpdate,

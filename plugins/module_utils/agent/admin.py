@@ -27,7 +27,7 @@ except ImportError:  # ansible-test's import sanity runs without third-party pac
 else:
     HAS_CRYPTOGRAPHY = True
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import State
+from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ACTIVATED, State
 from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_writer
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
@@ -43,8 +43,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     b64d,
     b64e,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.execution import warm
-from ansible_collections.constellation.cluster.plugins.module_utils.execution.process import (
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.execution import warm
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.execution.process import (
     kill_group,
     pump,
     start_process,
@@ -53,7 +53,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.execution.pr
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
 
-ACTIVATED = (State.ACTIVATING_NODES, State.IS_NODE)
 MAX_ARGV = 4096
 MAX_BUFFERED_OUTPUT = 256 * 1024 * 1024
 MAX_MODULE_PAYLOAD = 64 * 1024 * 1024
@@ -195,7 +194,7 @@ class AdminHandlers:
 
     def exec_module(self, conn: Connection, request: schema.ExecModuleRequest) -> None:
         """A pipelined Ansible module: like Exec (``cmd`` runs the interpreter, the payload is stdin),
-        but the payload may run in a pre-warmed interpreter (execution/warm.py). Anything the warm path
+        but the payload may run in a pre-warmed interpreter (agent/execution/warm.py). Anything the warm path
         does not know runs exactly as Exec would run it."""
         argv, cwd, env, timeout, interpreter = self._exec_params(conn, "ExecModule", request)
         chunks = []

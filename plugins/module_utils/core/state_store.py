@@ -27,7 +27,7 @@ import json
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.peers import (
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import (
     ROLES,
     STORE_PEER_PREFIX,
     STORE_RESOURCE_VERSION,

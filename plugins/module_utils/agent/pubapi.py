@@ -96,7 +96,7 @@ class PubAPI:
         conn.stream.send_result(self.core.activate_as_node_finish(key))
 
     def activate_as_additional_coordinator(self, conn: Connection, request: schema.ActivateAsNodeRequest) -> None:
-        """core/coordinators.py: our disk UUID and VPN key out, the KMS URI and etcd cluster in, our etcd
+        """core/coordinator_cluster.py: our disk UUID and VPN key out, the KMS URI and etcd cluster in, our etcd
         member starts, the activating Coordinator promotes it, we open the shared state."""
         step = self.core.activate_as_additional_coordinator_begin(request.encode())
         voting = False

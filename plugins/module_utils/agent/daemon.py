@@ -45,9 +45,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.leaders
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin import AdminHandlers
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, ask_in_turn, connect_enrolling
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi import (
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import (
     PubAPI,
     coordinator_policy,
     fresh_node_policy,
@@ -55,12 +55,12 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.pubapi i
     rejoin_cluster,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
-from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
-from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import EtcdMember
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import NodePeerAuth
-from ansible_collections.constellation.cluster.plugins.module_utils.agent_config import AgentConfig, require_dm_crypt
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig, require_dm_crypt
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.attach import AgentStateDisk
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import StateDisk
 

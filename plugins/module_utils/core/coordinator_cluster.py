@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import NodeActivation
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, b64d, normalize_disk_uuid, open_kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
@@ -46,7 +46,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.init_secret 
     check_node_proof,
     parse_init_secret,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import initial_cluster
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_argv import initial_cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     generate_priv_key,
     pub_key_from_priv_key,

@@ -28,9 +28,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join
     KUBELET_CERT_DAYS,
     validate_kubelet_cert_days,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.vpnapi import VPNAPI_PORT
-from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_runner import EtcdMember
-from ansible_collections.constellation.cluster.plugins.module_utils import verify_service
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI_PORT
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import EtcdMember
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR
 
 DEFAULT_PUBLIC_PORT = 9000

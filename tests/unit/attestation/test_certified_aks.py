@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The AKs certified in one playbook run, shared by its processes (plugin_utils/run_aks.py), with a
+"""The AKs certified in one playbook run, shared by its processes (plugin_utils/certified_aks.py), with a
 real swtpm: a later process of the same run trusts the AK without enrolling it again, yet still
 validates every quote against the policy; another run, a record file others could write, or a
 record that does not chain to the CAs gets nothing."""
@@ -22,7 +22,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurement, Measurements)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import read_pcrs
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
-from ansible_collections.constellation.cluster.plugins.plugin_utils import run_aks
+from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
 
 NONCE = b"r" * 32
 
@@ -50,7 +50,7 @@ def _validate(tpm, issuer, trust, policy=None):
 
 def test_an_ak_enrolled_once_in_a_run_is_trusted_by_its_other_processes(ek_issuer, swtpm_ek, tmp_path):
     folder = str(tmp_path / "cp")
-    first = run_aks.share(_trust(swtpm_ek), folder, os.getpid())
+    first = certified_aks.share(_trust(swtpm_ek), folder, os.getpid())
     with pytest.raises(EnrollmentRequired):
         _validate(swtpm_ek, ek_issuer, first)
     first.certified_aks.add(enroll(ek_issuer, swtpm_ek.ca_cert_paths()))  # as connect_enrolling does
@@ -59,7 +59,7 @@ def test_an_ak_enrolled_once_in_a_run_is_trusted_by_its_other_processes(ek_issue
     assert os.stat(folder).st_mode & 0o777 == 0o700
 
     # A later process of the same run (a task worker, the connection's relay) builds its own Trust.
-    later = run_aks.share(_trust(swtpm_ek), folder, os.getpid())
+    later = certified_aks.share(_trust(swtpm_ek), folder, os.getpid())
     result = _validate(swtpm_ek, ek_issuer, later)
     assert result.user_data == b"spki" and all(check.ok for check in result.checks)
     # Only the enrollment is shared: a measurement that differs from the policy is still refused.
@@ -69,32 +69,32 @@ def test_an_ak_enrolled_once_in_a_run_is_trusted_by_its_other_processes(ek_issue
     assert [check.index for check in refused.value.checks if not check.ok] == [4]
     # Another run (another playbook process) enrolls again.
     with pytest.raises(EnrollmentRequired):
-        _validate(swtpm_ek, ek_issuer, run_aks.share(_trust(swtpm_ek), folder, os.getppid()))
+        _validate(swtpm_ek, ek_issuer, certified_aks.share(_trust(swtpm_ek), folder, os.getppid()))
 
 
 def test_records_others_could_write_or_that_do_not_chain_are_not_taken(ek_issuer, swtpm_ek, swtpm_other_ca,
                                                                        tmp_path):
     folder = str(tmp_path / "cp")
-    path = run_aks.records_path(folder, os.getpid())
+    path = certified_aks.records_path(folder, os.getpid())
     with VTPMEKIssuer(swtpm_other_ca.tcti, event_log_path=None) as other:
         foreign = enroll(other, swtpm_other_ca.ca_cert_paths())  # certified by a verifier trusting another CA
     genuine = enroll(ek_issuer, swtpm_ek.ca_cert_paths())
     with open(path, "w", encoding="ascii") as handle:
         handle.write(json.dumps(foreign.to_dict()) + "\n" + "not json\n" + json.dumps(genuine.to_dict()) + "\n")
     os.chmod(path, 0o600)
-    shared = run_aks.share(_trust(swtpm_ek), folder, os.getpid())
+    shared = certified_aks.share(_trust(swtpm_ek), folder, os.getpid())
     assert shared.certified_aks.get(foreign.ak_pub) is None
     assert shared.certified_aks.get(genuine.ak_pub) == genuine
 
     os.chmod(path, 0o644)  # readable (and so perhaps written) by others: ignored, and not written to
-    shared = run_aks.share(_trust(swtpm_ek), folder, os.getpid())
+    shared = certified_aks.share(_trust(swtpm_ek), folder, os.getpid())
     assert len(shared.certified_aks) == 0
     shared.certified_aks.add(genuine)
     assert open(path, encoding="ascii").read().count("\n") == 3
 
     os.chmod(folder, 0o755)  # a folder others may enter: nothing is shared at all
     trust = _trust(swtpm_ek)
-    assert run_aks.share(trust, folder, os.getpid()) is trust
+    assert certified_aks.share(trust, folder, os.getpid()) is trust
 
 
 def test_records_of_ended_runs_are_removed_and_other_variants_share_nothing(ek_issuer, swtpm_ek, tmp_path):
@@ -105,10 +105,10 @@ def test_records_of_ended_runs_are_removed_and_other_variants_share_nothing(ek_i
     stale = os.path.join(folder, "aks-%s-1.jsonl" % ended.stdout.strip())
     with open(stale, "w", encoding="ascii") as handle:
         handle.write("{}\n")
-    shared = run_aks.share(_trust(swtpm_ek), folder, os.getpid())
+    shared = certified_aks.share(_trust(swtpm_ek), folder, os.getpid())
     shared.certified_aks.add(enroll(ek_issuer, swtpm_ek.ca_cert_paths()))
     assert not os.path.exists(stale)
-    assert os.path.exists(run_aks.records_path(folder, os.getpid()))
+    assert os.path.exists(certified_aks.records_path(folder, os.getpid()))
 
     plain = choose.load_trust("qemu-vtpm", None, insecure_trust_any_ak=True)
-    assert run_aks.share(plain, folder, os.getpid()) is plain
+    assert certified_aks.share(plain, folder, os.getpid()) is plain
