@@ -16,7 +16,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 def agent_config_error(config, names=None):
     """config | agent_config_error(names) -> '' when the agent would start with it, else the error,
     naming the field by names[field] (e.g. the role variable that sets it) when given."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 
     if names is not None and not isinstance(names, Mapping):
         raise AnsibleFilterError("agent_config_error: names: expected a mapping of config key to variable name")
