@@ -16,14 +16,11 @@ demo: setup
 	HOSTS=$(HOSTS) COORDINATORS=$(COORDINATORS) sh scripts/demo.sh
 
 # Unit tests run through ansible-test units (as collection users run them), integration tests
-# through pytest.
+# through pytest, then ansible-lint, and ansible-test sanity and the build while Molecule runs.
 test: setup
 	sh scripts/ansible-test.sh units
 	$(VENV)/pytest -q -p no:cacheprovider tests/integration
-	sh scripts/sanity.sh
-	$(MAKE) --no-print-directory lint
-	sh scripts/molecule.sh
-	$(MAKE) --no-print-directory build
+	sh scripts/checks-and-molecule.sh
 
 pytest: setup
 	$(VENV)/pytest -q -p no:cacheprovider || [ $$? -eq 5 ]  # 5: no test collected
