@@ -76,7 +76,7 @@ options:
     vars:
       - name: constellation_measurements_path
         deprecated:
-          why: renamed (one suffix for files, pub_key for public keys)
+          why: renamed to follow the collection's naming convention
           version: "2.0.0"
           collection_name: constellation.cluster
           alternatives: constellation_measurements_file
@@ -91,7 +91,7 @@ options:
     vars:
       - name: constellation_measurements_public_key_path
         deprecated:
-          why: renamed (one suffix for files, pub_key for public keys)
+          why: renamed to follow the collection's naming convention
           version: "2.0.0"
           collection_name: constellation.cluster
           alternatives: constellation_measurements_pub_key_file
