@@ -63,24 +63,39 @@ options:
   measurements:
     description:
       - Measurements policy, inline, in Constellation's JSON shape
-        (a mapping of PCR index to C(expected) hex and C(warnOnly)). Mutually exclusive with O(measurements_path).
+        (a mapping of PCR index to C(expected) hex and C(warnOnly)). Mutually exclusive with O(measurements_file).
       - Required for every variant but C(dummy). An empty policy is refused.
     type: dict
     vars:
       - name: constellation_measurements
-  measurements_path:
-    description: A JSON or YAML file holding the measurements policy. Mutually exclusive with O(measurements).
+  measurements_file:
+    description:
+      - A JSON or YAML file holding the measurements policy. Mutually exclusive with O(measurements).
+      - The variable's old name C(constellation_measurements_path) is deprecated and will be removed in 2.0.0.
     type: path
     vars:
       - name: constellation_measurements_path
-  measurements_public_key_path:
+        deprecated:
+          why: renamed to follow the collection's naming convention
+          version: "2.0.0"
+          collection_name: constellation.cluster
+          alternatives: constellation_measurements_file
+      - name: constellation_measurements_file
+  measurements_pub_key_file:
     description:
-      - A pinned ECDSA P-256 public key (PEM, as C(cosign.pub)). The policy file O(measurements_path) is used only
+      - A pinned ECDSA P-256 public key (PEM, as C(cosign.pub)). The policy file O(measurements_file) is used only
         if its detached signature C(<file>.sig) (C(cosign sign-blob) form) verifies with it; an unsigned or altered
         file makes the host unreachable, naming the file. Inline O(measurements) are then refused.
+      - The variable's old name C(constellation_measurements_public_key_path) is deprecated and will be removed in 2.0.0.
     type: path
     vars:
       - name: constellation_measurements_public_key_path
+        deprecated:
+          why: renamed to follow the collection's naming convention
+          version: "2.0.0"
+          collection_name: constellation.cluster
+          alternatives: constellation_measurements_pub_key_file
+      - name: constellation_measurements_pub_key_file
   attestation_variant:
     description:
       - Attestation variant the node must present (the chooser in C(module_utils/attestation/choose.py)).
@@ -222,7 +237,7 @@ EXAMPLES = r"""
 #   vars:
 #     ansible_connection: constellation.cluster.atls
 #     ansible_pipelining: true
-#     constellation_measurements_path: "{{ inventory_dir }}/measurements.json"
+#     constellation_measurements_file: "{{ inventory_dir }}/measurements.json"
 #     constellation_admin_priv_key_file: ~/.constellation/admin.key
 #   hosts:
 #     coordinator-0:

@@ -15,19 +15,24 @@ options:
   measurements:
     description:
       - The measurements policy inline, in Constellation's JSON shape (PCR index to C(expected) hex and
-        C(warnOnly)). Mutually exclusive with O(measurements_path). Must name at least one PCR.
+        C(warnOnly)). Mutually exclusive with O(measurements_file). Must name at least one PCR.
     type: dict
-  measurements_path:
-    description: A JSON or YAML file on the controller with the policy; relative to the playbook's folder.
-    type: path
-  measurements_public_key_path:
+  measurements_file:
     description:
-      - A pinned ECDSA P-256 public key (PEM, as C(cosign.pub)) that O(measurements_path) must be signed with.
-        The detached signature C(<measurements_path>.sig) (the form C(cosign sign-blob --key) prints) is checked
+      - A JSON or YAML file on the controller with the policy; relative to the playbook's folder.
+      - The old name C(measurements_path) is deprecated and will be removed in 2.0.0.
+    type: path
+    aliases: [measurements_path]
+  measurements_pub_key_file:
+    description:
+      - A pinned ECDSA P-256 public key (PEM, as C(cosign.pub)) that O(measurements_file) must be signed with.
+        The detached signature C(<measurements_file>.sig) (the form C(cosign sign-blob --key) prints) is checked
         against the file's exact bytes before the policy is used; an unsigned or altered file is refused, naming it.
       - When set, inline O(measurements) are refused (they carry no signature). When unset, unsigned files are used
         as before. Relative to the playbook's folder.
+      - The old name C(measurements_public_key_path) is deprecated and will be removed in 2.0.0.
     type: path
+    aliases: [measurements_public_key_path]
   variant:
     description:
       - The attestation variant peers must present (the chooser in C(module_utils/attestation/choose.py)).

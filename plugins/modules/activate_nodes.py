@@ -91,7 +91,7 @@ EXAMPLES = r"""
     node_public_endpoints: [192.0.2.11:9000, 192.0.2.12:9000]
     admin_priv_key_file: ~/.constellation/admin.key
     cluster_id: "{{ activation.cluster_id }}"
-    measurements_path: measurements.json
+    measurements_file: measurements.json
   run_once: true
 
 - name: The Coordinator activates two further Coordinators, then the fresh nodes
@@ -101,7 +101,7 @@ EXAMPLES = r"""
     node_public_endpoints: [192.0.2.11:9000]
     admin_priv_key_file: ~/.constellation/admin.key
     cluster_id: "{{ activation.cluster_id }}"
-    measurements_path: measurements.json
+    measurements_file: measurements.json
   run_once: true
 """
 

@@ -45,10 +45,12 @@ options:
         uses C(VerifyService)).
     type: str
     default: ""
-  event_log_path:
+  event_log_file:
     description:
       - The raw TCG event log put into the document. A missing file (as with swtpm) means no event log.
+      - The old name C(event_log_path) is deprecated and will be removed in 2.0.0.
     type: path
+    aliases: [event_log_path]
     default: /sys/kernel/security/tpm0/binary_bios_measurements
 attributes:
   check_mode:
@@ -153,7 +155,9 @@ def main():
             variant=dict(type="str", choices=list(choose.VARIANT_NAMES), default=choose.DEFAULT_VARIANT),
             nonce=dict(type="str"),
             user_data=dict(type="str", default=""),
-            event_log_path=dict(type="path", default="/sys/kernel/security/tpm0/binary_bios_measurements"),
+            # Renamed (DESIGN.md 6: one suffix for files); the old name works until 2.0.0.
+            event_log_file=dict(type="path", default="/sys/kernel/security/tpm0/binary_bios_measurements", aliases=["event_log_path"],
+                                deprecated_aliases=[dict(name="event_log_path", version="2.0.0", collection_name="constellation.cluster")]),
         ),
         supports_check_mode=True,
     )
@@ -171,7 +175,7 @@ def main():
         )
         if p["nonce"] is not None:
             nonce = _decode_nonce(p["nonce"])
-            issuer = choose.issuer(variant.name, p["tcti"], event_log_path=p["event_log_path"])
+            issuer = choose.issuer(variant.name, p["tcti"], event_log_path=p["event_log_file"])
             try:
                 document = issuer.issue(p["user_data"].encode("utf-8"), nonce)
             finally:

@@ -46,17 +46,22 @@ options:
   measurements:
     description:
       - The measurements policy inline, in Constellation's JSON shape (PCR index to C(expected) hex and
-        C(warnOnly)). Mutually exclusive with O(measurements_path). Must name at least one PCR.
+        C(warnOnly)). Mutually exclusive with O(measurements_file). Must name at least one PCR.
     type: dict
-  measurements_path:
-    description: A JSON or YAML file with the policy, on the host the task runs on.
-    type: path
-  measurements_public_key_path:
+  measurements_file:
     description:
-      - A pinned ECDSA P-256 public key (PEM, as C(cosign.pub)) that O(measurements_path) must be signed with
-        (C(<measurements_path>.sig), the form C(cosign sign-blob --key) prints); an unsigned or altered file is
-        refused. When set, inline O(measurements) are refused.
+      - A JSON or YAML file with the policy, on the host the task runs on.
+      - The old name C(measurements_path) is deprecated and will be removed in 2.0.0.
     type: path
+    aliases: [measurements_path]
+  measurements_pub_key_file:
+    description:
+      - A pinned ECDSA P-256 public key (PEM, as C(cosign.pub)) that O(measurements_file) must be signed with
+        (C(<measurements_file>.sig), the form C(cosign sign-blob --key) prints); an unsigned or altered file is
+        refused. When set, inline O(measurements) are refused.
+      - The old name C(measurements_public_key_path) is deprecated and will be removed in 2.0.0.
+    type: path
+    aliases: [measurements_public_key_path]
   variant:
     description:
       - The attestation variant the document must be (the chooser in C(module_utils/attestation/choose.py)).
@@ -110,7 +115,7 @@ EXAMPLES = r"""
 - name: Verify a node through Constellation's verification service, from the controller
   constellation.cluster.constellation_verify:
     endpoint: "{{ ansible_host }}:9090"
-    measurements_path: "{{ inventory_dir }}/measurements.json"
+    measurements_file: "{{ inventory_dir }}/measurements.json"
   delegate_to: localhost
   register: verified
 

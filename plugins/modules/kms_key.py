@@ -24,23 +24,27 @@ requirements:
 options:
   kms_uri:
     description:
-      - The C(kms://cluster-kms?key=...&salt=...) URI. Mutually exclusive with O(master_secret_path).
+      - The C(kms://cluster-kms?key=...&salt=...) URI. Mutually exclusive with O(master_secret_file).
     type: str
-  master_secret_path:
+  master_secret_file:
     description:
       - Path on the host of a C(constellation-mastersecret.json) file (with the fields C(key) and C(salt), both base64).
       - Mutually exclusive with O(kms_uri).
+      - The old name C(master_secret_path) is deprecated and will be removed in 2.0.0.
     type: path
+    aliases: [master_secret_path]
   key_id:
     description:
       - The key ID without the C(key-) prefix, for example C(measurementSecret) or C(ca_emergency_ssh).
-        Case-sensitive. Mutually exclusive with O(disk_uuid).
+        Case-sensitive. Mutually exclusive with O(state_disk_uuid).
     type: str
-  disk_uuid:
+  state_disk_uuid:
     description:
       - The LUKS2 UUID of a state disk; the key is the disk's passphrase. The UUID is lower-cased before
         derivation, as Constellation does. Mutually exclusive with O(key_id).
+      - The old name C(disk_uuid) is deprecated and will be removed in 2.0.0.
     type: str
+    aliases: [disk_uuid]
   length:
     description: Key length in bytes (1 to 8160). A state disk key is always 32 bytes.
     type: int
@@ -82,8 +86,8 @@ seealso:
 EXAMPLES = r"""
 - name: Write the state disk passphrase of a node
   constellation.cluster.kms_key:
-    master_secret_path: /etc/constellation/constellation-mastersecret.json
-    disk_uuid: "{{ node_disk_uuid }}"
+    master_secret_file: /etc/constellation/constellation-mastersecret.json
+    state_disk_uuid: "{{ node_state_disk_uuid }}"
     dest: /run/cryptsetup-keys.d/state.key
 
 - name: Get the measurement secret into a variable
@@ -151,20 +155,26 @@ def _describe(state):
         "matches" if state.get("content_matches") else "differs")
 
 
+def _deprecated(alias):
+    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             kms_uri=dict(type="str", no_log=True),
-            master_secret_path=dict(type="path"),
+            # Renamed (DESIGN.md 6: one suffix for files, one name per value); the old names work until 2.0.0.
+            master_secret_file=dict(type="path", aliases=["master_secret_path"],
+                                    deprecated_aliases=[_deprecated("master_secret_path")]),
             key_id=dict(type="str"),
-            disk_uuid=dict(type="str"),
+            state_disk_uuid=dict(type="str", aliases=["disk_uuid"], deprecated_aliases=[_deprecated("disk_uuid")]),
             length=dict(type="int", default=32),
             dest=dict(type="path"),
             format=dict(type="str", choices=["raw", "hex", "base64"], default="raw"),
             return_key=dict(type="bool", default=False),
         ),
-        mutually_exclusive=[("kms_uri", "master_secret_path"), ("key_id", "disk_uuid")],
-        required_one_of=[("kms_uri", "master_secret_path"), ("key_id", "disk_uuid")],
+        mutually_exclusive=[("kms_uri", "master_secret_file"), ("key_id", "state_disk_uuid")],
+        required_one_of=[("kms_uri", "master_secret_file"), ("key_id", "state_disk_uuid")],
         supports_check_mode=True,
     )
     if not HAS_CRYPTOGRAPHY:
@@ -179,12 +189,12 @@ def main():
         if p["kms_uri"] is not None:
             kms = open_kms(p["kms_uri"], "kms_uri")
         else:
-            kms = ClusterKMS(MasterSecret.from_file(p["master_secret_path"]))
-        if p["disk_uuid"] is not None:
+            kms = ClusterKMS(MasterSecret.from_file(p["master_secret_file"]))
+        if p["state_disk_uuid"] is not None:
             if p["length"] != STATE_DISK_KEY_LENGTH:
                 module.fail_json(msg="length: expected %d for a state disk key (or leave it out), got %d"
                                      % (STATE_DISK_KEY_LENGTH, p["length"]))
-            key_id = state_disk_key_id(p["disk_uuid"])
+            key_id = state_disk_key_id(p["state_disk_uuid"])
             length = STATE_DISK_KEY_LENGTH
         else:
             key_id = p["key_id"]

@@ -149,13 +149,23 @@ ca_cert_hash:
   returned: success, unless in check mode on a new host
   type: str
   sample: sha256:0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9
-kubeconfig_path:
+kubeconfig_file:
   description: The admin kubeconfig kubeadm wrote.
   returned: always
   type: str
   sample: /etc/kubernetes/admin.conf
-admin_kubeconfig_path:
+kubeconfig_path:
+  description: The same as RV(kubeconfig_file); deprecated (its old name), will be removed in 2.0.0.
+  returned: always
+  type: str
+  sample: /etc/kubernetes/admin.conf
+admin_kubeconfig_file:
   description: The kubeconfig of C(<cluster_name>-admin) in C(system:masters) on the node (mode 0600).
+  returned: always
+  type: str
+  sample: /etc/kubernetes/constellation-admin.conf
+admin_kubeconfig_path:
+  description: The same as RV(admin_kubeconfig_file); deprecated (its old name), will be removed in 2.0.0.
   returned: always
   type: str
   sample: /etc/kubernetes/constellation-admin.conf
@@ -261,9 +271,11 @@ def main():
         module.fail_json(msg=str(err))
 
     initialised = is_initialised(params.kubernetes_dir)
-    out = dict(changed=result.changed, initialised=initialised,
-               kubeconfig_path=os.path.join(params.kubernetes_dir, "admin.conf"),
-               admin_kubeconfig_path=params.admin_kubeconfig_path, phases=result.phases)
+    kubeconfig = os.path.join(params.kubernetes_dir, "admin.conf")
+    # *_path: the old names of the *_file values (DESIGN.md 6), returned too until 2.0.0.
+    out = dict(changed=result.changed, initialised=initialised, kubeconfig_file=kubeconfig, kubeconfig_path=kubeconfig,
+               admin_kubeconfig_file=params.admin_kubeconfig_path, admin_kubeconfig_path=params.admin_kubeconfig_path,
+               phases=result.phases)
     if result.ca_cert_hash:
         out["ca_cert_hash"] = result.ca_cert_hash
     if result.config:

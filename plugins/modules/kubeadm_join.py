@@ -116,8 +116,13 @@ joined:
   description: Whether the node belongs to a cluster after this run (false only in check mode).
   returned: always
   type: bool
-kubelet_kubeconfig_path:
+kubelet_kubeconfig_file:
   description: The kubelet's kubeconfig.
+  returned: always
+  type: str
+  sample: /etc/kubernetes/kubelet.conf
+kubelet_kubeconfig_path:
+  description: The same as RV(kubelet_kubeconfig_file); deprecated (its old name), will be removed in 2.0.0.
   returned: always
   type: str
   sample: /etc/kubernetes/kubelet.conf
@@ -126,8 +131,13 @@ config:
   returned: when kubeadm join ran or would run (with O(token))
   type: list
   elements: dict
-kubelet_cert_path:
+kubelet_cert_file:
   description: The kubelet serving certificate the Coordinator signed for this node.
+  returned: with O(coordinator_vpn_endpoint)
+  type: str
+  sample: /etc/kubernetes/pki/kubelet-serving.crt
+kubelet_cert_path:
+  description: The same as RV(kubelet_cert_file); deprecated (its old name), will be removed in 2.0.0.
   returned: with O(coordinator_vpn_endpoint)
   type: str
   sample: /etc/kubernetes/pki/kubelet-serving.crt
@@ -190,11 +200,16 @@ def main():
         result = join_node(Kubeadm(p["kubeadm_path"], params.kubernetes_dir), params, check_mode=module.check_mode)
     except ConstellationError as err:
         module.fail_json(msg=str(err))
-    out = dict(changed=result.changed, joined=is_joined(params.kubernetes_dir),
-               kubelet_kubeconfig_path=os.path.join(params.kubernetes_dir, "kubelet.conf"))
+    out = dict(changed=result.changed, joined=is_joined(params.kubernetes_dir), **_kubeconfig(params.kubernetes_dir))
     if result.config:
         out["config"] = result.config
     module.exit_json(**out)
+
+
+def _kubeconfig(kubernetes_dir):
+    # kubelet_kubeconfig_path: the old name (DESIGN.md 6), returned too until 2.0.0.
+    path = os.path.join(kubernetes_dir, "kubelet.conf")
+    return {"kubelet_kubeconfig_file": path, "kubelet_kubeconfig_path": path}
 
 
 def _join_via_coordinator(module):
@@ -217,9 +232,8 @@ def _join_via_coordinator(module):
         module.fail_json(msg=str(err))
     except OSError as err:
         module.fail_json(msg="coordinator_vpn_endpoint %s: %s" % (p["coordinator_vpn_endpoint"], err))
-    out = dict(changed=result.changed, joined=is_joined(kubeadm.kubernetes_dir),
-               kubelet_kubeconfig_path=os.path.join(kubeadm.kubernetes_dir, "kubelet.conf"))
-    out["kubelet_cert_path"] = join_paths(kubeadm.kubernetes_dir)["kubelet_cert_path"]
+    out = dict(changed=result.changed, joined=is_joined(kubeadm.kubernetes_dir), **_kubeconfig(kubeadm.kubernetes_dir))
+    out["kubelet_cert_file"] = out["kubelet_cert_path"] = join_paths(kubeadm.kubernetes_dir)["kubelet_cert_path"]
     module.exit_json(**out)
 
 

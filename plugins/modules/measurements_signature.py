@@ -15,9 +15,9 @@ description:
     C(cosign sign-blob --key) prints for an ECDSA P-256 key - standard base64 of the ASN.1 DER ECDSA signature over
     SHA-256 of the file's exact bytes - in C(<path>.sig); C(cosign verify-blob --key cosign.pub --signature FILE.sig
     FILE --insecure-ignore-tlog) accepts it, and this module accepts cosign's.
-  - V(state=signed) signs O(path) with O(private_key_path) unless C(<path>.sig) already verifies against that key's
+  - V(state=signed) signs O(path) with O(priv_key_file) unless C(<path>.sig) already verifies against that key's
     public half (idempotent - ECDSA signatures are randomised, so an existing valid one is kept).
-  - V(state=verified) only checks C(<path>.sig) against O(public_key_path) and fails, naming the file, when the file
+  - V(state=verified) only checks C(<path>.sig) against O(pub_key_file) and fails, naming the file, when the file
     is unsigned or altered or was signed with another key. Every policy loader of the collection (the attestation
     actions, the atls connection, the agent) makes the same check when a public key is pinned.
 author:
@@ -34,19 +34,26 @@ options:
     type: str
     choices: [signed, verified]
     default: verified
-  private_key_path:
+  priv_key_file:
     description:
       - V(state=signed) - the ECDSA P-256 private key (PEM, PKCS#8 or SEC1). cosign's own encrypted key format is not
         read; export the key to PEM or sign with cosign.
+      - The old name C(private_key_path) is deprecated and will be removed in 2.0.0.
     type: path
-  private_key_passphrase:
-    description: The passphrase of an encrypted PEM private key.
+    aliases: [private_key_path]
+  priv_key_passphrase:
+    description:
+      - The passphrase of an encrypted PEM private key.
+      - The old name C(private_key_passphrase) is deprecated and will be removed in 2.0.0.
     type: str
-  public_key_path:
+    aliases: [private_key_passphrase]
+  pub_key_file:
     description:
       - The pinned public key (PEM SubjectPublicKeyInfo, as C(cosign.pub)). Required for V(state=verified); with
         V(state=signed) it must be the private key's public half (a guard against signing with the wrong key).
+      - The old name C(public_key_path) is deprecated and will be removed in 2.0.0.
     type: path
+    aliases: [public_key_path]
 attributes:
   check_mode:
     support: full
@@ -64,19 +71,23 @@ EXAMPLES = r"""
   constellation.cluster.measurements_signature:
     path: "{{ inventory_dir }}/measurements.json"
     state: signed
-    private_key_path: "{{ lookup('ansible.builtin.env', 'HOME') }}/keys/measurements.key"
+    priv_key_file: "{{ lookup('ansible.builtin.env', 'HOME') }}/keys/measurements.key"
   delegate_to: localhost
 
 - name: Verify it against the pinned key
   constellation.cluster.measurements_signature:
     path: "{{ inventory_dir }}/measurements.json"
-    public_key_path: "{{ inventory_dir }}/measurements.pub"
+    pub_key_file: "{{ inventory_dir }}/measurements.pub"
   delegate_to: localhost
 """
 
 RETURN = r"""
-signature_path:
+signature_file:
   description: Where the detached signature is, C(<path>.sig).
+  returned: always
+  type: str
+signature_path:
+  description: The same as RV(signature_file); deprecated (its old name), will be removed in 2.0.0.
   returned: always
   type: str
 signature:
@@ -102,21 +113,20 @@ def _run(module):
     params = module.params
     path = params["path"]
     sig_path = sig.signature_path(path)
-    result = {"changed": False, "signature_path": sig_path}
-    pinned = sig.load_public_key_file(params["public_key_path"], "public_key_path") if params["public_key_path"] \
-        else None
+    result = {"changed": False, "signature_file": sig_path, "signature_path": sig_path}
+    pinned = sig.load_public_key_file(params["pub_key_file"], "pub_key_file") if params["pub_key_file"] else None
     if params["state"] == "verified":
         if pinned is None:
-            module.fail_json(msg="public_key_path: expected the pinned public key (state=verified)", **result)
+            module.fail_json(msg="pub_key_file: expected the pinned public key (state=verified)", **result)
         sig.read_signed_file(path, pinned)
         with open(sig_path, "rb") as handle:
             result.update(verified=True, signature=handle.read().decode("ascii", "replace").strip())
         return result
-    if not params["private_key_path"]:
-        module.fail_json(msg="private_key_path: expected the signing key (state=signed)", **result)
-    with open(params["private_key_path"], "rb") as handle:
-        passphrase = params["private_key_passphrase"]
-        key = sig.load_private_key(handle.read(), "private_key_path",
+    if not params["priv_key_file"]:
+        module.fail_json(msg="priv_key_file: expected the signing key (state=signed)", **result)
+    with open(params["priv_key_file"], "rb") as handle:
+        passphrase = params["priv_key_passphrase"]
+        key = sig.load_private_key(handle.read(), "priv_key_file",
                                    passphrase.encode("utf-8") if passphrase else None)
     from cryptography.hazmat.primitives import serialization
 
@@ -124,7 +134,7 @@ def _run(module):
     if pinned is not None and pinned.public_bytes(serialization.Encoding.DER,
                                                   serialization.PublicFormat.SubjectPublicKeyInfo) != \
             own.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
-        module.fail_json(msg="private_key_path: the key is not the one public_key_path pins", **result)
+        module.fail_json(msg="priv_key_file: the key is not the one pub_key_file pins", **result)
     if os.path.exists(sig_path):
         try:
             sig.read_signed_file(path, own)
@@ -146,14 +156,20 @@ def _run(module):
     return result
 
 
+def _deprecated(alias):
+    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),
             state=dict(type="str", choices=["signed", "verified"], default="verified"),
-            private_key_path=dict(type="path"),
-            private_key_passphrase=dict(type="str", no_log=True),
-            public_key_path=dict(type="path"),
+            # Renamed (DESIGN.md 6: priv_key/pub_key, one suffix for files); the old names work until 2.0.0.
+            priv_key_file=dict(type="path", aliases=["private_key_path"], deprecated_aliases=[_deprecated("private_key_path")]),
+            priv_key_passphrase=dict(type="str", no_log=True, aliases=["private_key_passphrase"],
+                                     deprecated_aliases=[_deprecated("private_key_passphrase")]),
+            pub_key_file=dict(type="path", aliases=["public_key_path"], deprecated_aliases=[_deprecated("public_key_path")]),
         ),
         supports_check_mode=True,
     )

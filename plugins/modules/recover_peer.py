@@ -54,7 +54,7 @@ EXAMPLES = r"""
     endpoint: 192.0.2.11:9000
     kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
     measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
-    measurements_path: measurements.json
+    measurements_file: measurements.json
   no_log: true
 """
 

@@ -56,7 +56,7 @@ EXAMPLES = r"""
 - name: Attest the coordinator before anything is sent to it
   constellation.cluster.verify_attestation:
     endpoint: "{{ coordinator_public_endpoint }}"
-    measurements_path: "{{ inventory_dir }}/measurements.json"
+    measurements_file: "{{ inventory_dir }}/measurements.json"
 
 - name: Attest a node against an inline policy
   constellation.cluster.verify_attestation:

@@ -12,7 +12,7 @@ short_description: Create a WireGuard interface with a private key generated on 
 version_added: "0.1.0"
 description:
   - Creates (or removes) a WireGuard interface, with kernel WireGuard where the kernel has it, else C(wireguard-go).
-  - Generates the interface's X25519 private key on the managed host if O(private_key_file) does not exist
+  - Generates the interface's X25519 private key on the managed host if O(priv_key_file) does not exist
     (mode 0600, written atomically). The key never leaves the host; the module returns the public key.
   - Sets the private key, listen port, address and MTU and brings the interface up, each only if it differs.
     Peers are left untouched; manage them with M(constellation.cluster.wireguard_peers).
@@ -24,12 +24,14 @@ options:
     description: The interface name.
     type: str
     default: wg0
-  private_key_file:
+  priv_key_file:
     description:
       - File holding the interface's private key (base64, as C(wg genkey) writes it).
       - Created with a new key if absent; its mode is forced to 0600. An existing key is never replaced.
       - Defaults to C(/etc/wireguard/<name>.key).
+      - The old name C(private_key_file) is deprecated and will be removed in 2.0.0.
     type: path
+    aliases: [private_key_file]
   address:
     description:
       - The interface address with prefix, for example C(10.118.0.11/16) (SPEC; the VPN IP with the VPN prefix).
@@ -129,7 +131,7 @@ def run(module, wg):
     name = validate_interface_name(params["name"])
     link = wg.link(name)
     live = wg.show(name) if link.exists else None
-    key_file = params["private_key_file"] or os.path.join("/etc/wireguard", "%s.key" % name)
+    key_file = params["priv_key_file"] or os.path.join("/etc/wireguard", "%s.key" % name)
 
     if params["state"] == "absent":
         result = {"changed": link.exists, "interface": name, "actions": ["delete"] if link.exists else []}
@@ -177,7 +179,10 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             name=dict(type="str", default="wg0"),
-            private_key_file=dict(type="path", no_log=False),
+            # Renamed (DESIGN.md 6: priv_key); the old name works until 2.0.0.
+            priv_key_file=dict(type="path", no_log=False, aliases=["private_key_file"],
+                               deprecated_aliases=[dict(name="private_key_file", version="2.0.0",
+                                                        collection_name="constellation.cluster")]),
             address=dict(type="str"),
             listen_port=dict(type="int", default=51820),
             mtu=dict(type="int", default=1420),

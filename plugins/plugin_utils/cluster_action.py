@@ -49,7 +49,7 @@ def control_path_dir(templar, task_vars) -> str:
 def valid_args(spec: dict) -> frozenset:
     """Every name an action accepts: options and their (deprecated) aliases."""
     names = list(ATTESTATION_ARGUMENT_SPEC) + list(spec)
-    for option in spec.values():
+    for option in list(ATTESTATION_ARGUMENT_SPEC.values()) + list(spec.values()):
         names.extend(option.get("aliases", []))
         names.extend(alias["name"] for alias in option.get("deprecated_aliases", []))
     return frozenset(names)

@@ -155,10 +155,10 @@ def test_attestation_info_and_verify_attestation(hosts, tmp_path):
     tasks = [
         {"name": "info", "constellation.cluster.attestation_info": {
             "tcti": hosts["good_tpm"].tcti, "nonce": nonce.hex(), "user_data": "VerifyService",
-            "event_log_path": str(tmp_path / "no-event-log")}, "register": "info"},
+            "event_log_file": str(tmp_path / "no-event-log")}, "register": "info"},
         dump("info", tmp_path / "info.json"),
         {"name": "verify from file", "constellation.cluster.verify_attestation": {
-            "endpoint": hosts["good"].endpoint, "measurements_path": "measurements.json"}, "register": "verified"},
+            "endpoint": hosts["good"].endpoint, "measurements_file": "measurements.json"}, "register": "verified"},
         dump("verified", tmp_path / "verified.json"),
         {"name": "verify inline", "constellation.cluster.verify_attestation": {
             "endpoint": hosts["good"].endpoint, "measurements": {"4": PCR4.hex()}}, "register": "inline"},
@@ -228,7 +228,7 @@ def test_check_mode_and_bad_input(hosts, tmp_path):
             "variant": "dummy"}, "register": "b64"},
         dump("b64", tmp_path / "b64.json"),
         {"name": "yaml policy", "constellation.cluster.verify_attestation": {
-            "endpoint": hosts["good"].endpoint, "measurements_path": "policy.yml"}, "register": "yaml_policy"},
+            "endpoint": hosts["good"].endpoint, "measurements_file": "policy.yml"}, "register": "yaml_policy"},
         dump("yaml_policy", tmp_path / "yaml_policy.json"),
         {"name": "dummy variant", "constellation.cluster.verify_attestation": {
             "endpoint": hosts["dummy"].endpoint, "variant": "dummy"}, "register": "dummy"},

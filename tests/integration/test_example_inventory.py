@@ -131,7 +131,7 @@ def test_site_yml_from_the_example_inventory_builds_a_secure_cluster(example):
 
 
 def test_a_stranger_learns_state_and_role_only_from_the_example_cluster(example):
-    settings = settings_from_args({"measurements_path": str(example.inv / "measurements.json"),
+    settings = settings_from_args({"measurements_file": str(example.inv / "measurements.json"),
                                    "ek_ca_path": str(example.inv / "ek_ca.pem"), "netns": example.lab.bridge_netns,
                                    "timeout": 10.0, "attestation_timeout": 30.0})
     for name in ("h1", "h2"):

@@ -70,7 +70,7 @@ class Site:
                               text=True, timeout=300, check=False)
 
     def status(self, name: str, cluster_id=None):
-        settings = settings_from_args({"measurements_path": str(self.inv / "measurements.json"),
+        settings = settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
                                        "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
                                        "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
         key_file = self.inv / "admin_key"  # GetState's details (VPN IP and key) only after AdminAuth
@@ -321,7 +321,7 @@ def test_module_defaults_group_reaches_the_action_plugins(site, tmp_path):
   gather_facts: false
   module_defaults:
     group/constellation.cluster.attestation:
-      measurements_path: %(wrong)s
+      measurements_file: %(wrong)s
       variant: qemu-vtpm-ek
       ek_ca_path: %(inv)s/ek_ca.pem
       netns: %(netns)s
@@ -334,7 +334,7 @@ def test_module_defaults_group_reaches_the_action_plugins(site, tmp_path):
     - name: verify_attestation with the group's options and its own policy
       constellation.cluster.verify_attestation:
         endpoint: "{{ constellation_public_endpoint }}"
-        measurements_path: %(inv)s/measurements.json
+        measurements_file: %(inv)s/measurements.json
     - name: The group reached the action plugins
       ansible.builtin.assert:
         that:

@@ -293,7 +293,7 @@ def test_an_altered_signed_policy_is_refused_naming_the_file(trust):
         start_agent(trust.lab, h5, trust=False, measurements_public_key=str(trust.lab.measurements_pub_path))
     assert str(policy) in str(err.value) and "does not verify" in str(err.value), str(err.value)
     # The controller's loader (site.yml's actions, verify.yml) refuses it too, and an unsigned file.
-    args = {"measurements_path": str(policy), "measurements_public_key_path": str(trust.lab.measurements_pub_path),
+    args = {"measurements_file": str(policy), "measurements_pub_key_file": str(trust.lab.measurements_pub_path),
             "variant": "qemu-vtpm", "insecure_trust_any_ak": True, "timeout": 5.0, "attestation_timeout": 5.0}
     with pytest.raises(InputError, match="does not verify"):
         settings_from_args(args)

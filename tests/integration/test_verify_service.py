@@ -104,7 +104,7 @@ def test_constellation_verify_attests_real_agents_and_refuses_attacks(tvs):
         play = [{"hosts": "localhost", "gather_facts": False, "tasks": tasks,
                  # The action group's defaults reach the module (meta/runtime.yml).
                  "module_defaults": {"group/constellation.cluster.attestation": {
-                     "measurements_path": str(tmp / "measurements.json"), "variant": "qemu-vtpm",
+                     "measurements_file": str(tmp / "measurements.json"), "variant": "qemu-vtpm",
                      "insecure_trust_any_ak": True, "netns": lab.bridge_netns}}}]
         (tmp / "play.yml").write_text(json.dumps(play))
         env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", TSS2_LOG="all+none",

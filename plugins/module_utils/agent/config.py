@@ -40,10 +40,11 @@ DEFAULT_REATTEST_INTERVAL = 60.0
 DEFAULT_REATTEST_UNREACHABLE_LIMIT = 3
 DEFAULT_REATTEST_WORKERS = 4
 # Renamed keys (DESIGN.md 6); the old names work, with a warning in the log, until 2.0.0.
-_DEPRECATED_KEYS = {"wg_interface": "vpn_interface"}
+_DEPRECATED_KEYS = {"wg_interface": "vpn_interface", "wg_listen_port": "vpn_listen_port", "vpn_api_port": "vpnapi_port",
+                    "disk_uuid_file": "state_disk_uuid_file", "measurements_public_key": "measurements_pub_key"}
 _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",
-                "vpn_api_port", "update_interval", "disk_uuid_file", "coordinator_public_endpoint", "join_interval",
-                "vpn_cidr", "wg_listen_port", "log_level", "measurements_public_key", "init_secret_hash",
+                "vpnapi_port", "update_interval", "state_disk_uuid_file", "coordinator_public_endpoint", "join_interval",
+                "vpn_cidr", "vpn_listen_port", "log_level", "measurements_pub_key", "init_secret_hash",
                 "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg",
                 "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
                 "kubelet_cert_days", "coordinator_pub_key",
@@ -59,14 +60,14 @@ _CONFIG_TYPES = {
     "tcti": ((str,), "a TCTI string such as swtpm:host=127.0.0.1,port=2321"),
     "variant": ((str,), "a variant name"),
     "measurements": ((str,), "the path of a measurements policy (JSON)"),
-    "measurements_public_key": ((str,), "the path of the pinned ECDSA P-256 public key (PEM) the policy is signed with"),
+    "measurements_pub_key": ((str,), "the path of the pinned ECDSA P-256 public key (PEM) the policy is signed with"),
     "init_secret_hash": ((str,), "hex SHA-256 of this node's init secret (64 hex digits)"),
     "ek_ca": ((str, list), "a PEM file path or a list of them"),
     "store": ((Mapping,), "a mapping (docs/store.md)"),
     "etcd_member": ((Mapping,), "a mapping (docs/store.md, several Coordinators)"),
     "vpn_interface": ((str,), "an interface name"),
     "vpn_cidr": ((str,), "an IP network such as 10.118.0.0/16"),
-    "disk_uuid_file": ((str,), "a file path"),
+    "state_disk_uuid_file": ((str,), "a file path"),
     "log_level": ((str,), "a log level name"),
     "ak_alg": ((str,), "rsa or ecc"),
     "kubeadm_path": ((str,), "the path of the kubeadm executable"),
@@ -89,16 +90,16 @@ class AgentConfig:
     store: Dict[str, Any] = field(default_factory=dict)
     etcd_member: Optional[Dict[str, Any]] = None  # a Coordinator shares the cluster's state in etcd (docs/store.md)
     vpn_interface: str = "wg0"
-    wg_listen_port: int = 51820
-    vpn_api_port: int = VPNAPI_PORT
+    vpn_listen_port: int = 51820
+    vpnapi_port: int = VPNAPI_PORT
     vpn_cidr: str = VPN_CIDR
     update_interval: float = DEFAULT_UPDATE_INTERVAL
-    disk_uuid_file: Optional[str] = None
+    state_disk_uuid_file: Optional[str] = None
     coordinator_public_endpoint: Optional[str] = None
     # Join mode: the Coordinators' signing key (core/signing.py); join tickets must be signed with it.
     coordinator_pub_key: Optional[str] = None
     join_interval: float = 5.0
-    measurements_public_key: Optional[str] = None  # pinned key: the policy file must be signed (FILE.sig)
+    measurements_pub_key: Optional[str] = None  # pinned key: the policy file must be signed (FILE.sig)
     init_secret_hash: Optional[str] = None  # hex SHA-256 of this node's init secret: activation needs its proof
     reattest_interval: float = DEFAULT_REATTEST_INTERVAL  # Coordinator: seconds between re-attestation rounds
     reattest_unreachable_limit: int = DEFAULT_REATTEST_UNREACHABLE_LIMIT  # consecutive unreachable rounds -> evicted
@@ -168,7 +169,7 @@ class AgentConfig:
         _check_state_disk_keys(config)
         if config.ak_alg not in AK_ALGS:
             raise InputError("ak_alg", "one of %s" % ", ".join(AK_ALGS), config.ak_alg)
-        for name in ("wg_listen_port", "vpn_api_port"):
+        for name in ("vpn_listen_port", "vpnapi_port"):
             value = getattr(config, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
                 raise InputError(name, "a port number between 1 and 65535", value)

@@ -130,7 +130,7 @@ class Agent:
                            if config.state_disk_device else None)
         with contextlib.suppress(FileNotFoundError):  # an agent before issue 26 kept the WireGuard key in plain form
             os.unlink(os.path.join(config.state_dir, "%s.key" % config.vpn_interface))
-        self.vpn = WireGuardVPN(config.vpn_interface, listen_port=config.wg_listen_port, vpn_cidr=config.vpn_cidr)
+        self.vpn = WireGuardVPN(config.vpn_interface, listen_port=config.vpn_listen_port, vpn_cidr=config.vpn_cidr)
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash,
                          at_rest=self.at_rest)
@@ -161,7 +161,7 @@ class Agent:
         policy = None
         if choose.spec(variant).needs_policy:
             # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
-            policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_public_key)
+            policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
             # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
             self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
             self._sealed_pcrs = sealed_pcrs(policy)
@@ -196,7 +196,7 @@ class Agent:
         header_uuid = self.state_disk.header_uuid() if self.state_disk is not None else None
         if header_uuid:
             return normalize_disk_uuid(header_uuid)
-        path = self.config.disk_uuid_file or os.path.join(self.config.state_dir, "disk_uuid")
+        path = self.config.state_disk_uuid_file or os.path.join(self.config.state_dir, "disk_uuid")
         try:
             with open(path, encoding="ascii") as handle:
                 return normalize_disk_uuid(handle.read().strip())
@@ -224,9 +224,9 @@ class Agent:
         if (self.config.store or {}).get("type") == "etcd":  # said on every start
             self.log("secrets_not_sealed", level="warning", message="store type etcd: this peer's secrets are kept "
                      "in that etcd cluster, not sealed to this TPM")
-        if self.config.measurements_public_key is None and self.config.measurements:
+        if self.config.measurements_pub_key is None and self.config.measurements:
             self.log("measurements_unsigned", level="warning",
-                     message="no measurements_public_key: the policy file is used without a signature check")
+                     message="no measurements_pub_key: the policy file is used without a signature check")
         host, port = atls.parse_endpoint(self.config.public_endpoint)
         self.tls = AgentServerContext(self.issuer)
         # Constellation's verification service: plain gRPC and HTTP, quotes for user data "VerifyService".
@@ -274,7 +274,7 @@ class Agent:
         with self._vpnapi_lock:
             if self.vpnapi_server is not None or self._stop.is_set():
                 return
-            self.vpnapi_server = FrameServer("vpnapi", (self.core.vpn_ip, self.config.vpn_api_port),
+            self.vpnapi_server = FrameServer("vpnapi", (self.core.vpn_ip, self.config.vpnapi_port),
                                              self.vpnapi.handlers(), log=self.log,
                                              accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
             self.servers.append(self.vpnapi_server)
@@ -318,7 +318,7 @@ class Agent:
         if self._update_from in ips:
             start = ips.index(self._update_from)
             ips = ips[start:] + ips[:start]
-        endpoint, answer = ask_in_turn(["%s:%d" % (ip, self.config.vpn_api_port) for ip in ips],  # PeerAuth, then call
+        endpoint, answer = ask_in_turn(["%s:%d" % (ip, self.config.vpnapi_port) for ip in ips],  # PeerAuth, then call
                                        lambda c: call(self._node_auth.authenticate(c, self.core.node_state)), timeout)
         from_ip = endpoint.rsplit(":", 1)[0]
         if from_ip != (self._update_from or ips[0]):

@@ -26,20 +26,27 @@ VARIANTS = choose.VARIANT_NAMES
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_ATTESTATION_TIMEOUT = 30.0
 
+
+def _deprecated(alias: str) -> Dict[str, str]:
+    """An old option name that keeps working, with a deprecation warning, until 2.0.0 (DESIGN.md 6)."""
+    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
+
+
 # The options every attesting plugin shares (an Ansible argument spec fragment).
 ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
     measurements=dict(type="dict"),
-    measurements_path=dict(type="path"),
+    measurements_file=dict(type="path", aliases=["measurements_path"], deprecated_aliases=[_deprecated("measurements_path")]),
     variant=dict(type="str", choices=list(VARIANTS), default=choose.DEFAULT_VARIANT),
     ek_ca_path=dict(type="path"),
     # The acknowledgement variant qemu-vtpm needs (attestation/choose.py check_variant_allowed).
     insecure_trust_any_ak=dict(type="bool", default=False),
-    measurements_public_key_path=dict(type="path"),
+    measurements_pub_key_file=dict(type="path", aliases=["measurements_public_key_path"],
+                                   deprecated_aliases=[_deprecated("measurements_public_key_path")]),
     netns=dict(type="str"),
     timeout=dict(type="float", default=DEFAULT_TIMEOUT),
     attestation_timeout=dict(type="float", default=DEFAULT_ATTESTATION_TIMEOUT),
 )
-ATTESTATION_MUTUALLY_EXCLUSIVE = [("measurements", "measurements_path")]
+ATTESTATION_MUTUALLY_EXCLUSIVE = [("measurements", "measurements_file")]
 
 # What PCR 15 says about a peer (SPEC.md 2.7): never locked, locked to our cluster, or to another.
 FRESH = "fresh"
@@ -54,7 +61,7 @@ def enforced_pcrs(policy: Measurements) -> List[int]:
     return sorted(i for i, m in policy.pcrs.items() if not m.warn_only and i != PCR_INDEX_CLUSTER_ID)
 
 
-def require_enforced_pcr(policy: Measurements, source: str, field: str = "measurements_path") -> Measurements:
+def require_enforced_pcr(policy: Measurements, source: str, field: str = "measurements_file") -> Measurements:
     """Refuses a policy that enforces nothing (empty, all warnOnly, or only PCR 15): with it any TPM
     that runs anything would pass. ``source`` names the file (or "inline measurements")."""
     if not enforced_pcrs(policy):
@@ -89,38 +96,38 @@ def read_policy_document(path: str, basedir: Optional[str] = None, public_key_pa
     if public_key_path:
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
 
-        key = signature.load_public_key_file(_resolve(public_key_path, basedir), "measurements_public_key_path")
+        key = signature.load_public_key_file(_resolve(public_key_path, basedir), "measurements_pub_key_file")
         data = signature.read_signed_file(path, key)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise InputError("measurements_path", "UTF-8 text", "%s: an invalid byte at offset %d" % (path, err.start)) \
+            raise InputError("measurements_file", "UTF-8 text", "%s: an invalid byte at offset %d" % (path, err.start)) \
                 from None
     else:
-        text = read_text(path, "measurements_path", expected="a readable JSON or YAML file")
+        text = read_text(path, "measurements_file", expected="a readable JSON or YAML file")
     # JSON is YAML: one loader for both spellings of the policy; bounded, UTF-8 only, and PCR
     # indices may be YAML integers (``4:``) but no other kind of key (``true:``).
-    return load_yaml(text, "measurements_path", int_keys=True)
+    return load_yaml(text, "measurements_file", int_keys=True)
 
 
-def load_policy(measurements: Optional[Mapping] = None, measurements_path: Optional[str] = None,
+def load_policy(measurements: Optional[Mapping] = None, measurements_file: Optional[str] = None,
                 basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Measurements:
     """The policy from inline measurements or a file (exactly one); never empty. With a pinned
     ``public_key_path`` only a signed file is accepted (inline measurements carry no signature)."""
-    if measurements is not None and measurements_path:
-        raise InputError("measurements", "either measurements or measurements_path, not both", "both")
-    if public_key_path and not measurements_path:
-        raise InputError("measurements_path", "a signed measurements file: measurements_public_key_path is set, and "
+    if measurements is not None and measurements_file:
+        raise InputError("measurements", "either measurements or measurements_file, not both", "both")
+    if public_key_path and not measurements_file:
+        raise InputError("measurements_file", "a signed measurements file: measurements_pub_key_file is set, and "
                          "inline measurements carry no signature", None)
-    if measurements_path:
-        policy = load_policy_file(measurements_path, basedir, public_key_path)
+    if measurements_file:
+        policy = load_policy_file(measurements_file, basedir, public_key_path)
     elif measurements is not None:
         policy = Measurements.from_dict(measurements)
         if not policy.pcrs:
             raise InputError("measurements", "at least one PCR: an empty policy would accept any TPM", {})
         require_enforced_pcr(policy, "inline measurements", "measurements")
     else:
-        raise InputError("measurements", "a measurements policy (measurements or measurements_path)", None)
+        raise InputError("measurements", "a measurements policy (measurements or measurements_file)", None)
     return policy
 
 
@@ -153,8 +160,8 @@ def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None, a
     chosen = choose.check_variant_allowed(variant, insecure_trust_any_ak)
     policy = None
     if chosen.needs_policy:
-        policy = load_policy(args.get("measurements"), args.get("measurements_path"), basedir,
-                             args.get("measurements_public_key_path"))
+        policy = load_policy(args.get("measurements"), args.get("measurements_file"), basedir,
+                             args.get("measurements_pub_key_file"))
     trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir, insecure_trust_any_ak=insecure_trust_any_ak)
     for name in ("timeout", "attestation_timeout"):
         value = args.get(name)

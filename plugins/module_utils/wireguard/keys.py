@@ -96,7 +96,7 @@ def read_key_file(path: str) -> KeyFileState:
     try:
         pub_key = pub_key_from_priv_key(content)
     except InputError:
-        raise InputError("private_key_file", "a file holding one base64 WireGuard private key", path) from None
+        raise InputError("priv_key_file", "a file holding one base64 WireGuard private key", path) from None
     return KeyFileState(exists=True, pub_key=pub_key, mode=st.st_mode & 0o7777)
 
 

@@ -157,12 +157,12 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
             raise SettingsError("ek_ca_path: expected a readable PEM file or a folder of them, got %s" % ek_ca_path)
     else:
         ek_ca_path = None
-    inline, path = get_option("measurements"), get_option("measurements_path")
+    inline, path = get_option("measurements"), get_option("measurements_file")
     if inline is not None and path:
-        raise SettingsError("measurements and measurements_path are mutually exclusive: set one")
-    public_key_path = get_option("measurements_public_key_path") or None
+        raise SettingsError("measurements and measurements_file are mutually exclusive: set one")
+    public_key_path = get_option("measurements_pub_key_file") or None
     if public_key_path and inline is not None:
-        raise SettingsError("measurements: a pinned measurements_public_key_path needs a signed measurements_path, "
+        raise SettingsError("measurements: a pinned measurements_pub_key_file needs a signed measurements_file, "
                             "not inline measurements")
     measurements = _load_policy_file(path, public_key_path) if path else inline
     if measurements is not None and not isinstance(measurements, dict):
@@ -170,7 +170,7 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
                             % type(measurements).__name__)
     if variant != "dummy":
         if not measurements:
-            raise SettingsError("measurements: expected a measurements policy (measurements or measurements_path) "
+            raise SettingsError("measurements: expected a measurements policy (measurements or measurements_file) "
                                 "for variant %s; an empty policy would accept any TPM" % variant)
         validate_policy(measurements, path or "inline measurements")  # validate now: a typo must not surface as "unreachable" later
 

@@ -356,7 +356,7 @@ def test_openssl_signature_in_cosign_form_is_accepted(signed, tmp_path):
     der = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(pem), str(policy)], capture_output=True,
                          check=True).stdout
     (tmp_path / "measurements.json.sig").write_text(base64.b64encode(der).decode())
-    assert load_policy(measurements_path=str(policy), public_key_path=str(pub)).pcrs
+    assert load_policy(measurements_file=str(policy), public_key_path=str(pub)).pcrs
 
 
 def test_altered_unsigned_or_other_key_policies_are_refused_naming_the_file(signed, tmp_path):

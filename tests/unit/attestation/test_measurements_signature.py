@@ -41,28 +41,28 @@ def files(tmp_path):
 
 def test_sign_is_idempotent_and_verify_passes(capsys, files):
     priv, pub, policy = files
-    first = run_module(capsys, {"path": str(policy), "state": "signed", "private_key_path": str(priv),
-                                "public_key_path": str(pub)})
+    first = run_module(capsys, {"path": str(policy), "state": "signed", "priv_key_file": str(priv),
+                                "pub_key_file": str(pub)})
     assert first["changed"] and first["verified"]
     assert base64.b64decode(first["signature"])[0] == 0x30  # ASN.1 DER SEQUENCE
-    again = run_module(capsys, {"path": str(policy), "state": "signed", "private_key_path": str(priv)})
+    again = run_module(capsys, {"path": str(policy), "state": "signed", "priv_key_file": str(priv)})
     assert not again["changed"] and again["signature"] == first["signature"]
-    checked = run_module(capsys, {"path": str(policy), "public_key_path": str(pub)})
+    checked = run_module(capsys, {"path": str(policy), "pub_key_file": str(pub)})
     assert checked["verified"] and not checked["changed"]
 
 
 def test_verify_refuses_an_altered_file_and_signing_refuses_another_key(capsys, files, tmp_path):
     priv, pub, policy = files
-    run_module(capsys, {"path": str(policy), "state": "signed", "private_key_path": str(priv)})
+    run_module(capsys, {"path": str(policy), "state": "signed", "priv_key_file": str(priv)})
     policy.write_text(policy.read_text().replace("12", "13", 1))
-    out = run_module(capsys, {"path": str(policy), "public_key_path": str(pub)})
+    out = run_module(capsys, {"path": str(policy), "pub_key_file": str(pub)})
     assert out["failed"] and str(policy) in out["msg"] and "does not verify" in out["msg"]
     other = tmp_path / "other.pub"
     other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    out = run_module(capsys, {"path": str(policy), "state": "signed", "private_key_path": str(priv),
-                              "public_key_path": str(other)})
-    assert out["failed"] and "not the one public_key_path pins" in out["msg"]
+    out = run_module(capsys, {"path": str(policy), "state": "signed", "priv_key_file": str(priv),
+                              "pub_key_file": str(other)})
+    assert out["failed"] and "not the one pub_key_file pins" in out["msg"]
     assert "PRIVATE" not in out["msg"]
 
 

@@ -227,7 +227,7 @@ def test_a_policy_that_enforces_no_pcr_is_refused_naming_the_file(tmp_path, ek_c
     with pytest.raises(InputError, match="enforces at least one PCR.*%s" % path):
         Agent(config)
     with pytest.raises(InputError, match="enforces at least one PCR.*%s" % path):
-        settings_from_args({"measurements_path": str(path), "ek_ca_path": ek_ca_path, "timeout": 1.0,
+        settings_from_args({"measurements_file": str(path), "ek_ca_path": ek_ca_path, "timeout": 1.0,
                             "attestation_timeout": 1.0})
     if policy:
         with pytest.raises(InputError, match="^measurements: .*enforces at least one PCR.*inline measurements"):

@@ -26,11 +26,11 @@ def key_file(tmp_path):
 
 
 def options(key_file, **changes):
-    opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_path": None,
+    opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_file": None,
             "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
             "netns": None, "warm_interpreter": True, "ek_ca_path": None, "fresh_proof": True,
-            "measurements_public_key_path": None, "prestart": True,
+            "measurements_pub_key_file": None, "prestart": True,
             # These tests use qemu-vtpm on purpose (no EK CA needed): acknowledged, as the plugin requires.
             "insecure_trust_any_ak": True}
     opts.update(changes)
@@ -64,11 +64,11 @@ def test_bad_endpoint_is_named(key_file, endpoint, needle):
 def test_policy_from_file_json_or_yaml(key_file, tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps(POLICY))
-    s = settings_from_options(options(key_file, measurements=None, measurements_path=str(path)))
+    s = settings_from_options(options(key_file, measurements=None, measurements_file=str(path)))
     assert s.measurements == POLICY
     path = tmp_path / "m.yml"
     path.write_text("'4':\n  expected: '%s'\n  warnOnly: false\n" % ("aa" * 32))
-    assert settings_from_options(options(key_file, measurements=None, measurements_path=str(path))).measurements
+    assert settings_from_options(options(key_file, measurements=None, measurements_file=str(path))).measurements
 
 
 @pytest.mark.parametrize("changes, needle", [
@@ -77,8 +77,8 @@ def test_policy_from_file_json_or_yaml(key_file, tmp_path):
     ({"measurements": {"4": {"expected": "zz"}}}, "measurements: "),
     ({"measurements": {"99": {"expected": "aa" * 32}}}, "measurements: "),
     ({"measurements": ["4"]}, "measurements: expected a mapping"),
-    ({"measurements_path": "/nonexistent/m.json"}, "mutually exclusive"),
-    ({"measurements": None, "measurements_path": "/nonexistent/m.json"}, "measurements_path: expected a readable"),
+    ({"measurements_file": "/nonexistent/m.json"}, "mutually exclusive"),
+    ({"measurements": None, "measurements_file": "/nonexistent/m.json"}, "measurements_file: expected a readable"),
     ({"attestation_variant": "sev-snp"}, "attestation_variant: expected one of qemu-vtpm, qemu-vtpm-ek, dummy"),
     ({"admin_priv_key_file": None}, "admin_priv_key_file: expected the path"),
     ({"admin_priv_key_file": "/nonexistent/admin.key"}, "admin_priv_key_file: expected a readable"),
@@ -253,7 +253,7 @@ def test_ek_variant_needs_an_ek_ca_file(key_file, tmp_path):
 
 
 def test_signed_policy_file_is_used_only_when_its_signature_verifies(key_file, tmp_path):
-    """measurements_public_key_path pins the key: the policy file is read only after its detached
+    """measurements_pub_key_file pins the key: the policy file is read only after its detached
     signature (cosign sign-blob form) verifies; an altered or unsigned file, or inline measurements,
     are refused naming what is wrong."""
     from cryptography.hazmat.primitives import serialization
@@ -268,8 +268,8 @@ def test_signed_policy_file_is_used_only_when_its_signature_verifies(key_file, t
     policy_path = tmp_path / "measurements.json"
     policy_path.write_text(json.dumps(POLICY))
     (tmp_path / "measurements.json.sig").write_text(signature.sign_blob(priv_key, policy_path.read_bytes()))
-    signed = options(key_file, measurements=None, measurements_path=str(policy_path),
-                     measurements_public_key_path=str(pub_path))
+    signed = options(key_file, measurements=None, measurements_file=str(policy_path),
+                     measurements_pub_key_file=str(pub_path))
     assert settings_from_options(signed).measurements == json.loads(policy_path.read_text())
     policy_path.write_text(json.dumps(POLICY) + "\n")  # one byte more: altered
     with pytest.raises(SettingsError, match="measurements.json"):
@@ -277,8 +277,8 @@ def test_signed_policy_file_is_used_only_when_its_signature_verifies(key_file, t
     (tmp_path / "measurements.json.sig").unlink()
     with pytest.raises(SettingsError, match="measurements.json"):
         settings_from_options(signed)
-    with pytest.raises(SettingsError, match="needs a signed measurements_path"):
-        settings_from_options(options(key_file, measurements_public_key_path=str(pub_path)))
+    with pytest.raises(SettingsError, match="needs a signed measurements_file"):
+        settings_from_options(options(key_file, measurements_pub_key_file=str(pub_path)))
 
 
 # ------------------------------------------------------------------ secure by default (issue 25)
@@ -320,4 +320,4 @@ def test_a_policy_that_enforces_nothing_is_refused_naming_it(key_file, tmp_path)
         path = tmp_path / "warn-only.json"
         path.write_text(json.dumps(policy))
         with pytest.raises(SettingsError, match="enforces at least one PCR.*%s" % path):
-            settings_from_options(options(key_file, measurements=None, measurements_path=str(path)))
+            settings_from_options(options(key_file, measurements=None, measurements_file=str(path)))

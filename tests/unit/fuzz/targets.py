@@ -483,9 +483,9 @@ def _agent_config_seed() -> dict:
     return {"state_dir": "/var/lib/constellation", "public_endpoint": "192.0.2.10:9000", "tcti": "swtpm:host=127.0.0.1,port=2321",
             "variant": "qemu-vtpm", "measurements": "/etc/constellation/measurements.json",
             "store": {"type": "file", "path": "/var/lib/constellation/store.json"}, "vpn_interface": "wg0",
-            "vpn_api_port": 9027, "update_interval": 10, "coordinator_public_endpoint": "192.0.2.1:9000",
+            "vpnapi_port": 9027, "update_interval": 10, "coordinator_public_endpoint": "192.0.2.1:9000",
             "coordinator_pub_key": "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
-            "join_interval": 5.0, "vpn_cidr": "10.118.0.0/16", "wg_listen_port": 51820, "log_level": "info"}
+            "join_interval": 5.0, "vpn_cidr": "10.118.0.0/16", "vpn_listen_port": 51820, "log_level": "info"}
 
 
 def _validate_document(corpus: Corpus) -> Callable[[bytes], Any]:

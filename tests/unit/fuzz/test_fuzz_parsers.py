@@ -91,8 +91,8 @@ def test_measurements_from_any_structure(value):
 
 @FUZZ
 @given(value=st.dictionaries(st.sampled_from(("state_dir", "public_endpoint", "public_ip", "tcti", "variant", "measurements",
-                                              "ek_ca", "store", "vpn_interface", "vpn_api_port", "update_interval",
-                                              "vpn_cidr", "wg_listen_port", "wg_interface", "log_level")) | _KEYS,
+                                              "ek_ca", "store", "vpn_interface", "vpnapi_port", "update_interval",
+                                              "vpn_cidr", "vpn_listen_port", "wg_listen_port", "wg_interface", "log_level")) | _KEYS,
                              JSONISH, max_size=8))
 def test_agent_config_from_any_mapping(value):
     _documented_only(AgentConfig.from_mapping, value)

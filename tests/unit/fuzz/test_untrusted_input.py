@@ -87,7 +87,7 @@ def test_policy_files_refused_with_input_errors(tmp_path, content, expected):
     path.write_bytes(content)
     with pytest.raises(InputError, match=expected) as err:
         load_policy_file(str(path))
-    assert err.value.field == "measurements_path"
+    assert err.value.field == "measurements_file"
 
 
 def test_policy_yaml_with_integer_pcr_keys_still_loads(tmp_path):

@@ -91,7 +91,7 @@ def test_key_file_with_garbage_is_an_input_error(tmp_path):
     path.write_text("not a key\n")
     with pytest.raises(InputError) as err:
         wgmod.ensure_key_file(str(path))
-    assert err.value.field == "private_key_file"
+    assert err.value.field == "priv_key_file"
     assert path.read_text() == "not a key\n"
 
 
