@@ -12,7 +12,9 @@ policy and EK CA certificates, and the module that makes its issuer and validato
 module costs nothing (modules and task workers import it); ``all_variants.py`` imports every such
 module of the collection for Ansible's module packer.
 
-Adding a variant: one ``register(VariantSpec(...))`` (docs/extending.md).
+Adding a variant (docs/extending.md): its module, one ``register(VariantSpec(...))`` here, its module in
+``all_variants.py`` and its name in the literal choice lists Ansible reads without Python; the tests in
+tests/unit/attestation/test_choose.py find those lists and fail until they agree with the registrations.
 """
 
 from __future__ import annotations

@@ -35,4 +35,3 @@ def test_built_in_variants_cannot_be_unregistered():
     with pytest.raises(ValueError):
         choose.unregister("qemu-vtpm")
     assert "qemu-vtpm" in choose.names()
-
