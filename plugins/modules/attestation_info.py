@@ -125,10 +125,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
-# The chooser imports a variant's code by name; import them here too so that Ansible ships them
-# with this module (AnsiballZ packs only the module_utils it sees imported).
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (  # noqa: F401 pylint: disable=unused-import
-    dummy, ek, vtpm)
+# Ships every variant the chooser may import with this module (AnsiballZ packs what it sees imported).
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import all_variants  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 
 _HEX = re.compile(r"^(?:[0-9a-fA-F]{2})+$")

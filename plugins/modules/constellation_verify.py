@@ -201,10 +201,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent import
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import QEMU_VTPM_EK_NAME
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE, pcr_rows, settings_from_args)
-# The chooser imports a variant's code by name; import them here too so that Ansible ships them
-# with this module (AnsiballZ packs only the module_utils it sees imported).
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (  # noqa: F401 pylint: disable=unused-import
-    dummy, vtpm)
+# Ships every variant the chooser may import with this module (AnsiballZ packs what it sees imported).
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import all_variants  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError)
 

@@ -25,8 +25,7 @@ from ansible_collections.constellation.cluster.plugins.plugin_utils import certi
 # a worker per host and task, so the workers inherit these modules (the aTLS client, the RPC client,
 # the vTPM validators and tpm2-pytss) instead of importing them again for every task.
 # pylint: disable=unused-import,wrong-import-position
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import ek as _ek  # noqa: F401
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import vtpm as _vtpm  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import all_variants as _variants  # noqa: F401
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import client as _client  # noqa: F401
 from ansible_collections.constellation.cluster.plugins.plugin_utils import controller as _controller  # noqa: F401
 # pylint: enable=unused-import,wrong-import-position

@@ -1,16 +1,20 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The one attestation chooser (Constellation's ``internal/attestation/choose``).
+"""The one attestation chooser (Constellation's ``internal/attestation/choose``), the one registry
+of variants.
 
 Every place that offers a variant takes it from here: the argument specs and doc fragment
 (``VARIANT_NAMES``), the agent's configuration, the atls connection plugin and the lab. A variant
-is one ``VariantSpec``: its name and OID, whether it needs a measurements policy and EK CA
-certificates, and how to make its issuer and validator. The issuers and validators themselves
-stay in their modules (``vtpm.py``, ``ek.py``, ``dummy.py``) and are imported only when chosen,
-so importing this module costs nothing (modules and task workers import it).
+is one ``VariantSpec``: its record (name and OID, ``variant.Variant``), whether it needs a measurements
+policy and EK CA certificates, and the module that makes its issuer and validator (``vtpm.py``,
+``ek.py``, ``dummy.py``). That module is imported only when the variant is chosen, so importing this
+module costs nothing (modules and task workers import it); ``all_variants.py`` imports every such
+module of the collection for Ansible's module packer.
 
-Adding a variant: one ``register(VariantSpec(...))`` (docs/extending.md).
+Adding a variant (docs/extending.md): its module, one ``register(VariantSpec(...))`` here, its module in
+``all_variants.py`` and its name in the literal choice lists Ansible reads without Python; the tests in
+tests/unit/attestation/test_choose.py find those lists and fail until they agree with the registrations.
 """
 
 from __future__ import annotations
@@ -18,19 +22,18 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from types import ModuleType
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
     DUMMY,
     QEMU_VTPM,
     Variant,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
-    register as register_variant,
-)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 
-_PKG = "ansible_collections.constellation.cluster.plugins.module_utils.attestation."
+# The package of the collection's variant modules (VariantSpec.module).
+PACKAGE = "ansible_collections.constellation.cluster.plugins.module_utils.attestation"
 
 # Secure by default (issue 25): the AK is trusted only through the TPM's EK certificate chain.
 # qemu-vtpm (Constellation's, trusts any AK) needs the acknowledgement insecure_trust_any_ak.
@@ -39,8 +42,9 @@ DEFAULT_VARIANT = QEMU_VTPM_EK_NAME
 # dummy (no security) is accepted only where this environment variable is 1: the test suite sets it.
 TEST_SUITE_ENV = "CONSTELLATION_TEST_SUITE"
 INSECURE_TRUST_ANY_AK = "insecure_trust_any_ak"
-# Fixed here (not in ek.py) so that listing variants imports no TPM code; ek.py registers the same.
+# Fixed here (not in ek.py) so that listing variants imports no TPM code; ek.py uses this record.
 QEMU_VTPM_EK_OID = "2.25.48000548495140104094697751808415705683"
+QEMU_VTPM_EK = Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID)
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,15 @@ class Trust:
 
 @dataclass(frozen=True)
 class VariantSpec:
-    """One attestation variant. ``make_issuer(tcti, **kwargs)``; ``make_validator(policy, trust)``."""
+    """One attestation variant.
+
+    ``module`` is the dotted name of the module that makes the variant's issuer and validator with
+    ``make_issuer(tcti=None, **kwargs)`` and ``make_validator(policy, trust)`` (a ``Trust``); the
+    chooser imports it when the variant is first used."""
 
     variant: Variant
     summary: str
-    make_issuer: Callable[..., Any]
-    make_validator: Callable[[Any, Trust], Any]
+    module: str
     needs_policy: bool = True
     needs_ek_ca: bool = False
     enrolls: bool = False  # the validator trusts an AK only after EnrollAK (ek.py)
@@ -75,47 +82,29 @@ class VariantSpec:
     def oid(self) -> str:
         return self.variant.oid
 
-
-def _lazy(module: str, name: str) -> Callable[..., Any]:
-    def make(*args, **kwargs):
-        return getattr(importlib.import_module(_PKG + module), name)(*args, **kwargs)
-    return make
-
-
-def _vtpm_validator(policy, trust: Trust):
-    return _lazy("vtpm", "VTPMValidator")(policy)
-
-
-def _ek_validator(policy, trust: Trust):
-    ek = importlib.import_module(_PKG + "ek")
-    return ek.VTPMEKValidator(policy, trust.ek_ca_certs, trust.certified_aks if trust.certified_aks is not None
-                              else ek.CertifiedAKs(trust.ek_ca_certs))
-
-
-def _dummy_validator(policy, trust: Trust):
-    return _lazy("dummy", "DummyValidator")()
-
-
-def _dummy_issuer(tcti=None, **kwargs):
-    return _lazy("dummy", "DummyIssuer")()
+    def implementation(self) -> ModuleType:
+        """The module with ``make_issuer`` and ``make_validator``, imported now if it was not yet."""
+        return importlib.import_module(self.module)
 
 
 _SPECS: Dict[str, VariantSpec] = {}
 
 
 def register(spec: VariantSpec) -> VariantSpec:
-    """Adds a variant to the chooser (and its OID to variant.VARIANTS; OIDs are never reused)."""
-    register_variant(spec.variant)
+    """Adds a variant to the chooser. OIDs are never reused: ValueError if another variant has this one."""
+    for known in _SPECS.values():
+        if known.oid == spec.oid and known.name != spec.name:
+            raise ValueError("OID %s already belongs to %s" % (spec.oid, known.name))
     _SPECS[spec.name] = spec
     return spec
 
 
 register(VariantSpec(QEMU_VTPM, "vTPM quote; the AK is trusted as Constellation does (unconditionally)",
-                     _lazy("vtpm", "VTPMIssuer"), _vtpm_validator, trusts_any_ak=True))
-register(VariantSpec(Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID),
+                     PACKAGE + ".vtpm", trusts_any_ak=True))
+register(VariantSpec(QEMU_VTPM_EK,
                      "vTPM quote; the AK is trusted only after EK certificate chain + credential activation",
-                     _lazy("ek", "VTPMEKIssuer"), _ek_validator, needs_ek_ca=True, enrolls=True))
-register(VariantSpec(DUMMY, "no TPM and no security: tests only", _dummy_issuer, _dummy_validator,
+                     PACKAGE + ".ek", needs_ek_ca=True, enrolls=True))
+register(VariantSpec(DUMMY, "no TPM and no security: tests only", PACKAGE + ".dummy",
                      needs_policy=False, for_tests_only=True))
 
 # The names every argument spec, doc fragment, agent config, plugin and the lab offer.
@@ -125,6 +114,13 @@ VARIANT_NAMES: Tuple[str, ...] = tuple(_SPECS)
 def names() -> Tuple[str, ...]:
     """The variants registered now (VARIANT_NAMES plus any registered later)."""
     return tuple(_SPECS)
+
+
+def unregister(name: str) -> None:
+    """Removes a variant registered after import (a test's toy variant); the built-in ones stay."""
+    if name in VARIANT_NAMES:
+        raise ValueError("variant %s is built in" % name)
+    _SPECS.pop(name, None)
 
 
 def spec(name: Any, field: str = "variant") -> VariantSpec:
@@ -180,7 +176,7 @@ def issuer(name: str, tcti: Optional[str] = None, **kwargs):
     chosen = spec(name)
     if chosen.for_tests_only:
         check_variant_allowed(name)
-    return chosen.make_issuer(tcti, **kwargs)
+    return chosen.implementation().make_issuer(tcti, **kwargs)
 
 
 def validator(name: str, policy=None, trust: Optional[Trust] = None, insecure_trust_any_ak: bool = False):
@@ -192,7 +188,7 @@ def validator(name: str, policy=None, trust: Optional[Trust] = None, insecure_tr
         raise InputError("measurements", "a measurements policy (variant %s checks PCRs)" % chosen.name)
     if chosen.needs_ek_ca and not trust.ek_ca_certs:
         raise InputError("ek_ca_path", "the EK CA certificate(s) that variant %s trusts TPMs through" % chosen.name)
-    return chosen.make_validator(policy, trust)
+    return chosen.implementation().make_validator(policy, trust)
 
 
 def load_trust(name: str, ek_ca_path: Optional[Any], basedir: Optional[str] = None,
@@ -214,7 +210,7 @@ def load_trust(name: str, ek_ca_path: Optional[Any], basedir: Optional[str] = No
         if basedir and not os.path.isabs(path):
             path = os.path.join(basedir, path)
         resolved.append(path)
-    ek = importlib.import_module(_PKG + "ek")
+    ek = importlib.import_module(PACKAGE + ".ek")
     certs = ek.load_ca_certs(resolved, field)
-    importlib.import_module(_PKG + "ek_certs").check_trust_anchors(certs, field)
+    importlib.import_module(PACKAGE + ".ek_certs").check_trust_anchors(certs, field)
     return Trust(tuple(certs), ek.CertifiedAKs(certs))

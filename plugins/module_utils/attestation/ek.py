@@ -34,10 +34,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import (
-    QEMU_VTPM_EK_NAME,
-    QEMU_VTPM_EK_OID,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import QEMU_VTPM_EK
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek_certs import (  # noqa: F401
     _MAX_NV_CHAIN_CERTS,
     _split_der,
@@ -45,7 +42,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     verify_ek_cert,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Variant, register
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (
     ALL_PCRS,
     AKInfo,
@@ -70,8 +66,6 @@ try:
     HAS_CRYPTOGRAPHY = True
 except ImportError:
     HAS_CRYPTOGRAPHY = False
-
-QEMU_VTPM_EK = register(Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID))
 
 EK_CERT_NV_INDEX_RSA = 0x01C00002
 EK_CERT_NV_INDEX_ECC = 0x01C0000A  # TCG EK Credential Profile: the EK-ECC256 (NIST P-256) certificate
@@ -369,3 +363,18 @@ def enroll_over(client, ca_certs: Sequence) -> CertifiedAK:
     if "pending" not in box:
         raise AttestationError("EnrollAK: the node sent no enrollment request")
     return finish_enrollment(box["pending"], secret)
+
+
+# -------------------------------------------------------------------------- the chooser's factories (choose.py)
+
+
+def make_issuer(tcti: Optional[str] = None, **kwargs) -> VTPMEKIssuer:
+    """The ``qemu-vtpm-ek`` issuer on a TCTI (``None``: the default TPM device)."""
+    return VTPMEKIssuer(tcti, **kwargs)
+
+
+def make_validator(policy: Measurements, trust) -> VTPMEKValidator:
+    """The ``qemu-vtpm-ek`` validator: trusts AKs certified through ``trust.ek_ca_certs``, recorded in
+    ``trust.certified_aks`` (shared by the validators of one process) or in a registry of its own."""
+    return VTPMEKValidator(policy, trust.ek_ca_certs, trust.certified_aks if trust.certified_aks is not None
+                           else CertifiedAKs(trust.ek_ca_certs))

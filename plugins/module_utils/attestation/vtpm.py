@@ -586,3 +586,16 @@ def read_event_log(path: str = DEFAULT_EVENT_LOG_PATH) -> Optional[bytes]:
         return None
     with open(path, "rb") as handle:
         return handle.read() or None
+
+
+# -------------------------------------------------------------------------- the chooser's factories (choose.py)
+
+
+def make_issuer(tcti: Optional[str] = None, **kwargs) -> VTPMIssuer:
+    """The ``qemu-vtpm`` issuer on a TCTI (``None``: the default TPM device)."""
+    return VTPMIssuer(tcti, **kwargs)
+
+
+def make_validator(policy: Measurements, trust) -> VTPMValidator:
+    """The ``qemu-vtpm`` validator: it trusts the AK as Constellation does, so ``trust`` adds nothing."""
+    return VTPMValidator(policy)

@@ -4,7 +4,8 @@
 """kubeadm, by concern: ``validate.py`` (constants, argument specs, validation, tokens, the CA hash),
 ``config.py`` (the documents), ``pki.py`` (the kubelet serving certificate signed with the cluster CA,
 kubeconfig identities), ``command.py`` (running kubeadm through ``module_utils/command.py``)
-and ``operations.py`` (conditions and operations). This module re-exports their names.
+and ``operations.py`` (conditions and operations). This module re-exports their public names; private
+helpers (``_name``) stay in their own module and are imported from there.
 
 kubeadm: the configuration documents Constellation generates, the pinned CA hash, bootstrap tokens,
 certificate keys, and the one place that runs ``kubeadm``.
@@ -68,18 +69,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.vali
     TOKEN_GROUP,
     TOKEN_USAGES,
     V1BETA4_MIN_VERSION,
-    _CA_HASH_RE,
-    _CERT_KEY_RE,
-    _DNS1123_LABEL,
-    _DNS1123_SUBDOMAIN_RE,
-    _TOKEN_ALPHABET,
-    _TOKEN_ID_RE,
-    _TOKEN_RE,
-    _TTL_RE,
-    _VERSION_RE,
-    _load_certificate,
-    _validate_path,
-    _validate_str_list,
     ca_cert_hash,
     common_argument_spec,
     generate_certificate_key,
@@ -115,10 +104,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.pki 
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.config import (  # noqa: F401
     InitParams,
     JoinParams,
-    _extra_args,
-    _kubeadm_api,
-    _kubelet_extra_args,
-    _pki_dir,
     audit_policy,
     audit_policy_path,
     dump_documents,
@@ -131,7 +116,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.comm
     Kubeadm,
     KubeadmMissing,
     TokenInfo,
-    _json_stream,
     find_kubeadm,
     parse_token_list,
 )
@@ -141,10 +125,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.oper
     InitResult,
     JoinResult,
     TokenResult,
-    _PrivateConfig,
-    _atomic_write,
-    _require_control_plane,
-    _scrubbed,
     admin_kubeconfig_current,
     ensure_token,
     init_commands,

@@ -11,6 +11,10 @@ import ast
 import hashlib
 import hmac
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,27 +42,90 @@ ROOT = Path(__file__).resolve().parents[3]
 
 # ------------------------------------------------------------------ one list, everywhere
 
-
-def _doc_choices(path: Path, option: str):
-    tree = ast.parse(path.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DOCUMENTATION":
-            return yaml.safe_load(node.value.value)["options"][option]["choices"]
-    raise AssertionError("no DOCUMENTATION in %s" % path)
+# Option names of the variant choice; any option whose choices name a variant is checked too.
+_VARIANT_OPTION = re.compile(r"^(.*_)?variant$")
 
 
-def test_every_place_offers_the_chooser_list():
+def _options(where, options):
+    for name, option in (options or {}).items():
+        if isinstance(option, dict):
+            yield where, name, option
+            yield from _options(where, option.get("suboptions"))
+
+
+def _documented_options():
+    """(file, option name, option) of every option Ansible reads without importing Python: the
+    DOCUMENTATION of modules and plugins (and their .yml docs), doc fragments, role argument specs."""
+    for path in sorted((ROOT / "plugins").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "DOCUMENTATION" for t in node.targets)
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                yield from _options(path, (yaml.safe_load(node.value.value) or {}).get("options"))
+    for path in sorted((ROOT / "plugins").rglob("*.yml")):
+        yield from _options(path, ((yaml.safe_load(path.read_text()) or {}).get("DOCUMENTATION") or {}).get("options"))
+    for path in sorted((ROOT / "roles").glob("*/meta/argument_specs.yml")):
+        for entry in yaml.safe_load(path.read_text())["argument_specs"].values():
+            yield from _options(path, entry.get("options"))
+
+
+def test_every_literal_variant_choice_list_is_the_chooser_list():
     assert choose.VARIANT_NAMES == ("qemu-vtpm", "qemu-vtpm-ek", "dummy")
-    assert ATTESTATION_ARGUMENT_SPEC["variant"]["choices"] == list(choose.VARIANT_NAMES)
-    from ansible_collections.constellation.cluster.plugins.doc_fragments.attestation import ModuleDocFragment
+    found, wrong = [], []
+    for path, name, option in _documented_options():
+        choices = option.get("choices")
+        if not (_VARIANT_OPTION.match(name) or set(choices or ()) & set(choose.VARIANT_NAMES)):
+            continue
+        found.append("%s: %s" % (path.relative_to(ROOT), name))
+        if choices != list(choose.VARIANT_NAMES):
+            wrong.append("%s: %s has choices %r" % (path.relative_to(ROOT), name, choices))
+        if "default" in option and "{{" not in str(option["default"]) and option["default"] != choose.DEFAULT_VARIANT:
+            wrong.append("%s: %s has default %r" % (path.relative_to(ROOT), name, option["default"]))
+    assert not wrong, "literal variant choices must equal choose.VARIANT_NAMES:\n" + "\n".join(wrong)
+    # The scan must see the places that exist today (modules, the atls connection, the doc fragment, a role).
+    assert len(found) >= 5, found
 
-    fragment = yaml.safe_load(ModuleDocFragment.DOCUMENTATION)["options"]
-    assert fragment["variant"]["choices"] == list(choose.VARIANT_NAMES)
-    assert fragment["variant"]["default"] == choose.DEFAULT_VARIANT
-    # Module documentation is read without importing the module, so it is a literal: it must match.
-    assert _doc_choices(ROOT / "plugins/modules/attestation_info.py", "variant") == list(choose.VARIANT_NAMES)
-    role = yaml.safe_load((ROOT / "roles/node_agent/meta/argument_specs.yml").read_text())
-    assert role["argument_specs"]["main"]["options"]["node_agent_variant"]["choices"] == list(choose.VARIANT_NAMES)
+
+def test_python_argument_specs_take_their_choices_from_the_chooser():
+    assert ATTESTATION_ARGUMENT_SPEC["variant"]["choices"] == list(choose.VARIANT_NAMES)
+    offenders = []
+    for root in ("plugins", "lab", "bench"):
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+                    texts = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+                    if len(texts & set(choose.VARIANT_NAMES)) > 1:
+                        offenders.append("%s:%d" % (path.relative_to(ROOT), node.lineno))
+    assert not offenders, "a literal list of variants; use choose.VARIANT_NAMES: %s" % offenders
+
+
+def test_all_variants_lists_exactly_the_modules_of_the_registrations():
+    tree = ast.parse((ROOT / "plugins/module_utils/attestation/all_variants.py").read_text())
+    imported = {"%s.%s" % (node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module != "__future__" for alias in node.names}
+    assert imported == {choose.spec(name).module for name in choose.VARIANT_NAMES}
+
+
+def _imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from ("%s.%s" % (node.module, alias.name) for alias in node.names)
+
+
+def test_modules_that_choose_a_variant_on_a_host_ship_all_variants():
+    variant_modules = {choose.spec(name).module for name in choose.VARIANT_NAMES}
+    all_variants = choose.PACKAGE + ".all_variants"
+    choosing = []
+    for path in sorted((ROOT / "plugins/modules").glob("*.py")) + sorted((ROOT / "plugins/action").glob("*.py")):
+        names = set(_imports(path))
+        assert not names & variant_modules, "%s imports a variant module itself; import all_variants" % path.name
+        if path.parent.name == "modules" and re.search(r"choose\.(issuer|validator)\(|settings_from_args\(",
+                                                       path.read_text()):
+            choosing.append(path.name)
+            assert all_variants in names, "%s chooses a variant on the host without importing all_variants" % path.name
+    assert choosing  # attestation_info, constellation_verify
 
 
 def test_unknown_variant_names_the_field_and_the_choices():
@@ -78,8 +145,13 @@ def test_ek_variant_needs_its_ca(tmp_path):
     assert "ek_ca_path: expected a readable PEM file" in str(err.value)
 
 
-def test_variant_oid_is_known_without_importing_tpm_code():
-    assert choose.spec("qemu-vtpm-ek").oid == variant.from_string("qemu-vtpm-ek").oid
+def test_listing_variants_imports_no_variant_module():
+    code = ("import sys; from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose; "
+            "[(choose.spec(n).oid, choose.spec(n).needs_policy) for n in choose.names()]; "
+            "print(sorted(m for m in sys.modules if m.startswith(choose.PACKAGE + '.')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "collections"), str(ROOT)])))
+    assert proc.stdout.strip() == repr(sorted([choose.PACKAGE + ".choose", choose.PACKAGE + ".variant"]))
 
 
 # ------------------------------------------------------------------ a toy variant, through the chooser only
@@ -105,14 +177,21 @@ class _ToyValidator:
         return Validation(user_data=user_data)
 
 
+# The toy variant's module is this test module: the chooser calls its make_issuer and make_validator.
+def make_issuer(tcti=None, **kwargs):
+    return _ToyIssuer()
+
+
+def make_validator(policy, trust):
+    return _ToyValidator()
+
+
 @pytest.fixture
 def toy_variant():
-    spec = choose.register(choose.VariantSpec(variant.Variant("toy", "1.3.9900.77.1"), "a test variant",
-                                              lambda tcti=None, **kw: _ToyIssuer(),
-                                              lambda policy, trust: _ToyValidator(), needs_policy=False))
+    spec = choose.register(choose.VariantSpec(variant.Variant("toy", "1.3.9900.77.1"), "a test variant", __name__,
+                                              needs_policy=False))
     yield spec
-    choose._SPECS.pop("toy")  # pylint: disable=protected-access
-    variant.VARIANTS.pop("toy")
+    choose.unregister("toy")
 
 
 def test_toy_variant_registered_in_the_chooser_attests_over_atls(toy_variant):

@@ -11,7 +11,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import variant
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import (
     EK_CERT_NV_INDEX_RSA,
     CertifiedAK,
@@ -50,9 +50,9 @@ def _policy(tpm):
 
 
 def test_variant_is_registered_outside_constellations_branch():
-    assert variant.from_string("qemu-vtpm-ek") == QEMU_VTPM_EK
+    assert choose.spec("qemu-vtpm-ek").variant == QEMU_VTPM_EK
     assert QEMU_VTPM_EK.oid.startswith("2.25.")
-    assert QEMU_VTPM_EK.oid not in {v.oid for v in variant.VARIANTS.values() if v.name != "qemu-vtpm-ek"}
+    assert QEMU_VTPM_EK.oid not in {choose.spec(name).oid for name in choose.names() if name != "qemu-vtpm-ek"}
 
 
 def test_ek_cert_is_read_from_nv_and_chains(ek_issuer, swtpm_ek):

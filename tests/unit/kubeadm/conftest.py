@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import ApiServerStandIn
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -51,15 +51,15 @@ def init_params(control_plane_dir, tmp_path):
         values = dict(kubernetes_version="v1.31.1", node_name="control-plane-0", node_vpn_ip="10.118.0.1",
                       kubernetes_dir=control_plane_dir, patches_dir=str(tmp_path / "patches"))
         values.update(overrides)
-        return core.InitParams(**values)
+        return kubeadm.InitParams(**values)
     return make
 
 
 @pytest.fixture
 def initialised(double_log, control_plane_dir, init_params):
     """A control plane initialised by the test double; returns the InitResult."""
-    kubeadm = core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir)
-    return core.init_control_plane(kubeadm, init_params(), upload_certs=True)
+    cli = kubeadm.Kubeadm(KUBEADM_DOUBLE, control_plane_dir)
+    return kubeadm.init_control_plane(cli, init_params(), upload_certs=True)
 
 
 @pytest.fixture
@@ -69,10 +69,10 @@ def join(initialised, double_log, tmp_path, monkeypatch, control_plane_dir):
 
     def make(node_name, node_vpn_ip):
         node_dir = str(tmp_path / node_name / "kubernetes")
-        params = core.JoinParams(api_server_endpoint="10.118.0.1:6443", token=initialised.token,
-                                 ca_cert_hash=initialised.ca_cert_hash, node_name=node_name, node_vpn_ip=node_vpn_ip,
-                                 kubernetes_dir=node_dir, patches_dir=None)
-        return core.join_node(core.Kubeadm(KUBEADM_DOUBLE, node_dir), params)
+        params = kubeadm.JoinParams(api_server_endpoint="10.118.0.1:6443", token=initialised.token,
+                                    ca_cert_hash=initialised.ca_cert_hash, node_name=node_name, node_vpn_ip=node_vpn_ip,
+                                    kubernetes_dir=node_dir, patches_dir=None)
+        return kubeadm.join_node(kubeadm.Kubeadm(KUBEADM_DOUBLE, node_dir), params)
     return make
 
 

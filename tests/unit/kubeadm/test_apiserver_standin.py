@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ExternalCommandError
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import KUBE_APISERVER_STANDIN
 
@@ -34,7 +34,7 @@ def test_init_and_joins_register_their_nodes_in_the_cluster(initialised, join, c
 def test_a_join_under_a_name_the_cluster_has_is_refused(initialised, join, control_plane_dir, tmp_path):
     with pytest.raises(ExternalCommandError, match="a Node with name 'control-plane-0' .* already exists in the cluster"):
         join("control-plane-0", "10.118.0.11")
-    assert not core.is_joined(str(tmp_path / "control-plane-0" / "kubernetes"))
+    assert not kubeadm.is_joined(str(tmp_path / "control-plane-0" / "kubernetes"))
     assert sorted(_state(control_plane_dir)["nodes"]) == ["control-plane-0"]
 
 

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from ansible_collections.constellation.cluster.plugins.filter.kubeadm import FilterModule
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 
 
 def _ca_pem(key) -> bytes:
@@ -44,13 +44,13 @@ def ca_pem(request):
 
 
 def test_hash_matches_openssl(ca_pem):
-    assert core.ca_cert_hash(ca_pem) == _openssl_hash(ca_pem)
+    assert kubeadm.ca_cert_hash(ca_pem) == _openssl_hash(ca_pem)
 
 
 def test_hash_accepts_text_and_differs_per_key(ca_pem):
     other = _ca_pem(ec.generate_private_key(ec.SECP256R1()))
-    assert core.ca_cert_hash(ca_pem.decode()) == core.ca_cert_hash(ca_pem)
-    assert core.ca_cert_hash(other) != core.ca_cert_hash(ca_pem)
+    assert kubeadm.ca_cert_hash(ca_pem.decode()) == kubeadm.ca_cert_hash(ca_pem)
+    assert kubeadm.ca_cert_hash(other) != kubeadm.ca_cert_hash(ca_pem)
 
 
 def test_hash_is_over_the_public_key_not_the_certificate():
@@ -58,8 +58,8 @@ def test_hash_is_over_the_public_key_not_the_certificate():
     key = ec.generate_private_key(ec.SECP256R1())
     first, second = _ca_pem(key), _ca_pem(key)
     assert first != second
-    assert core.ca_cert_hash(first) == core.ca_cert_hash(second)
-    assert core.ca_cert_hash(first) != "sha256:" + hashlib.sha256(first).hexdigest()
+    assert kubeadm.ca_cert_hash(first) == kubeadm.ca_cert_hash(second)
+    assert kubeadm.ca_cert_hash(first) != "sha256:" + hashlib.sha256(first).hexdigest()
 
 
 def test_filter_returns_the_same_hash(ca_pem):
@@ -69,8 +69,8 @@ def test_filter_returns_the_same_hash(ca_pem):
 
 @pytest.mark.parametrize("bad", ["not a certificate", b"", 42])
 def test_bad_pem_is_an_input_error(bad):
-    with pytest.raises(core.InputError) as err:
-        core.ca_cert_hash(bad)
+    with pytest.raises(kubeadm.InputError) as err:
+        kubeadm.ca_cert_hash(bad)
     assert err.value.field == "ca_pem"
 
 
@@ -78,4 +78,4 @@ def test_kubeconfig_ca_pems(ca_pem):
     kubeconfig = (
         "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://10.118.0.1:6443\n"
         "    certificate-authority-data: %s\n" % base64.b64encode(ca_pem).decode())
-    assert core.kubeconfig_ca_pems(kubeconfig) == [ca_pem]
+    assert kubeadm.kubeconfig_ca_pems(kubeconfig) == [ca_pem]

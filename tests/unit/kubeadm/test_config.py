@@ -7,7 +7,7 @@ import yaml
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 
 TOKEN = "abcdef.0123456789abcdef"
 CERT_KEY = "0f" * 32
@@ -109,7 +109,7 @@ def _init_params(**overrides):
         kubelet_tls_key_file="/run/state/kubelet/pki/kubelet-client-key.pem",
     )
     values.update(overrides)
-    return core.InitParams(**values)
+    return kubeadm.InitParams(**values)
 
 
 def _assert_same(actual, expected):
@@ -132,11 +132,11 @@ def _assert_same(actual, expected):
 
 
 def test_init_v1beta4_matches_spec():
-    _assert_same(core.render_init(_init_params()), EXPECTED_INIT_V1BETA4)
+    _assert_same(kubeadm.render_init(_init_params()), EXPECTED_INIT_V1BETA4)
 
 
 def test_init_yaml_round_trips_with_string_flag_values():
-    text = core.dump_documents(core.render_init(_init_params()))
+    text = kubeadm.dump_documents(kubeadm.render_init(_init_params()))
     assert text.count("---") == 3
     docs = list(yaml.safe_load_all(text))
     _assert_same(docs, EXPECTED_INIT_V1BETA4)
@@ -145,7 +145,7 @@ def test_init_yaml_round_trips_with_string_flag_values():
 
 
 def test_init_v1beta3_uses_maps_for_extra_args():
-    docs = core.render_init(_init_params(api_version="v1beta3"))
+    docs = kubeadm.render_init(_init_params(api_version="v1beta3"))
     assert docs[0]["apiVersion"] == "kubeadm.k8s.io/v1beta3"
     assert docs[1]["apiVersion"] == "kubeadm.k8s.io/v1beta3"
     assert docs[0]["nodeRegistration"]["kubeletExtraArgs"] == {
@@ -164,19 +164,19 @@ def test_init_v1beta3_uses_maps_for_extra_args():
 
 
 def test_feature_gate_only_from_v1_31():
-    docs = core.render_init(_init_params(kubernetes_version="v1.30.4", api_version="v1beta3"))
+    docs = kubeadm.render_init(_init_params(kubernetes_version="v1.30.4", api_version="v1beta3"))
     assert "featureGates" not in docs[1]
 
 
 def test_v1beta4_refused_before_v1_31():
-    with pytest.raises(core.InputError) as err:
+    with pytest.raises(kubeadm.InputError) as err:
         _init_params(kubernetes_version="v1.30.4", api_version="v1beta4")
     assert err.value.field == "api_version"
 
 
 def test_defaults_endpoint_is_the_vpn_ip_and_optional_fields_absent():
-    docs = core.render_init(core.InitParams(kubernetes_version="v1.31.1", node_name="cp", node_vpn_ip="10.118.0.1",
-                                            service_cidr="10.96.0.0/16", pod_cidr="10.244.0.0/16"))
+    docs = kubeadm.render_init(kubeadm.InitParams(kubernetes_version="v1.31.1", node_name="cp", node_vpn_ip="10.118.0.1",
+                                                  service_cidr="10.96.0.0/16", pod_cidr="10.244.0.0/16"))
     assert docs[1]["controlPlaneEndpoint"] == "10.118.0.1:6443"
     assert docs[1]["apiServer"]["certSANs"] == ["127.0.0.1", "10.118.0.1"]
     assert docs[1]["networking"] == {"serviceSubnet": "10.96.0.0/16", "podSubnet": "10.244.0.0/16"}
@@ -217,11 +217,11 @@ def _join_params(**overrides):
     values = dict(api_server_endpoint="10.118.0.1:6443", token=TOKEN, ca_cert_hash=CA_HASH, node_name="worker-0",
                   node_vpn_ip="10.118.0.11", provider_id="qemu:///hostname/worker-0")
     values.update(overrides)
-    return core.JoinParams(**values)
+    return kubeadm.JoinParams(**values)
 
 
 def test_worker_join_matches_spec():
-    _assert_same(core.render_join(_join_params()), EXPECTED_WORKER_JOIN)
+    _assert_same(kubeadm.render_join(_join_params()), EXPECTED_WORKER_JOIN)
 
 
 def test_control_plane_join_without_certificate_key_skips_download_certs():
@@ -234,13 +234,13 @@ def test_control_plane_join_without_certificate_key_skips_download_certs():
     }
     expected[0]["controlPlane"] = {"localAPIEndpoint": {"advertiseAddress": "10.118.0.2", "bindPort": 6443}}
     expected[0]["skipPhases"] = ["control-plane-prepare/download-certs"]
-    actual = core.render_join(_join_params(node_name="control-plane-1", node_vpn_ip="10.118.0.2",
-                                           control_plane=True, provider_id=None))
+    actual = kubeadm.render_join(_join_params(node_name="control-plane-1", node_vpn_ip="10.118.0.2",
+                                              control_plane=True, provider_id=None))
     _assert_same(actual, expected)
 
 
 def test_control_plane_join_with_certificate_key_downloads_certs():
-    docs = core.render_join(_join_params(control_plane=True, node_vpn_ip="10.118.0.2", certificate_key=CERT_KEY))
+    docs = kubeadm.render_join(_join_params(control_plane=True, node_vpn_ip="10.118.0.2", certificate_key=CERT_KEY))
     assert docs[0]["controlPlane"] == {"localAPIEndpoint": {"advertiseAddress": "10.118.0.2", "bindPort": 6443},
                                        "certificateKey": CERT_KEY}
     assert "skipPhases" not in docs[0]
@@ -248,20 +248,20 @@ def test_control_plane_join_with_certificate_key_downloads_certs():
 
 def test_join_never_contains_unsafe_skip():
     for params in (_join_params(), _join_params(control_plane=True, certificate_key=CERT_KEY)):
-        assert "unsafeSkipCAVerification" not in core.dump_documents(core.render_join(params))
+        assert "unsafeSkipCAVerification" not in kubeadm.dump_documents(kubeadm.render_join(params))
 
 
 def test_v1beta3_join_uses_map():
-    docs = core.render_join(_join_params(api_version="v1beta3"))
+    docs = kubeadm.render_join(_join_params(api_version="v1beta3"))
     assert docs[0]["apiVersion"] == "kubeadm.k8s.io/v1beta3"
     assert docs[0]["nodeRegistration"]["kubeletExtraArgs"] == {"cloud-provider": "", "node-ip": "10.118.0.11"}
 
 
 def test_redact_hides_every_secret_and_leaves_input_untouched():
-    init_docs = core.render_init(_init_params())
-    join_docs = core.render_join(_join_params(control_plane=True, certificate_key=CERT_KEY))
+    init_docs = kubeadm.render_init(_init_params())
+    join_docs = kubeadm.render_join(_join_params(control_plane=True, certificate_key=CERT_KEY))
     for docs in (init_docs, join_docs):
-        text = core.dump_documents(core.redact(docs))
+        text = kubeadm.dump_documents(kubeadm.redact(docs))
         assert TOKEN not in text and CERT_KEY not in text
         assert "<redacted>" in text
     assert init_docs[0]["bootstrapTokens"][0]["token"] == TOKEN
@@ -269,4 +269,4 @@ def test_redact_hides_every_secret_and_leaves_input_untouched():
 
 
 def test_audit_policy_is_a_single_metadata_rule():
-    assert core.audit_policy() == {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]}
+    assert kubeadm.audit_policy() == {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]}

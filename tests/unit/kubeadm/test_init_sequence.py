@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ExternalCommandError
 
 KUBEADM_DOUBLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "doubles", "kubeadm")
@@ -58,7 +58,7 @@ def test_init_runs_constellations_sequence_in_order(initialised, double_log, con
     assert final[:2] == ["kubeconfig/admin", "kubeconfig/super-admin"] and "wait-control-plane" in final
     assert "upload-certs" in final and "bootstrap-token" in final
     # The module reports each step in order, with the command it ran.
-    assert [p["name"] for p in initialised.phases] == list(core.INIT_STEPS)
+    assert [p["name"] for p in initialised.phases] == list(kubeadm.INIT_STEPS)
     assert {p["status"] for p in initialised.phases} == {"ran"}
     assert initialised.phases[1]["command"] == "kubeadm init phase preflight"
     assert initialised.phases[5]["command"].startswith("kubeadm init --skip-phases=preflight,certs,addon/coredns,")
@@ -70,7 +70,7 @@ def test_init_writes_what_kubeadm_writes(initialised, control_plane_dir):
                  "manifests/kube-scheduler.yaml", "manifests/etcd.yaml", "pki/apiserver.crt", "pki/sa.key",
                  "pki/front-proxy-client.crt", "pki/etcd/server.crt", "pki/apiserver-etcd-client.crt"):
         assert os.path.isfile(os.path.join(control_plane_dir, name)), name
-    missing = core.missing_control_plane_pki(control_plane_dir)
+    missing = kubeadm.missing_control_plane_pki(control_plane_dir)
     assert missing == []
     # The audit policy sits where the API server's audit-policy-file flag points, and is Constellation's.
     with open(os.path.join(control_plane_dir, "manifests", "kube-apiserver.yaml"), encoding="utf-8") as handle:
@@ -114,7 +114,7 @@ def test_kubelet_serving_cert_is_signed_by_the_cluster_ca(initialised, double_lo
 
 def test_admin_kubeconfig_is_cluster_admin_in_system_masters(double_log, init_params, control_plane_dir):
     params = init_params(cluster_name="prod")
-    result = core.init_control_plane(core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), params)
+    result = kubeadm.init_control_plane(kubeadm.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), params)
     doc, cert = _client_cert(result.kubeconfig)
     assert doc["users"][0]["name"] == "prod-admin"
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "prod-admin"
@@ -134,7 +134,7 @@ def test_admin_kubeconfig_is_cluster_admin_in_system_masters(double_log, init_pa
 
 
 def test_kube_proxy_when_asked_for(double_log, init_params, control_plane_dir):
-    core.init_control_plane(core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), init_params(kube_proxy=True))
+    kubeadm.init_control_plane(kubeadm.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), init_params(kube_proxy=True))
     final = next(e for e in double_log.entries() if e["command"] == "init")
     assert "--skip-phases=preflight,certs,addon/coredns" in final["argv"]
     assert "addon/kube-proxy" in final["phases"] and "addon/coredns" not in final["phases"]
@@ -145,7 +145,7 @@ def test_initialised_control_plane_runs_nothing_again(initialised, double_log, i
     serving = os.path.join(control_plane_dir, "pki", "kubelet-serving.crt")
     with open(serving, "rb") as handle:
         serving_before = handle.read()
-    again = core.init_control_plane(core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), init_params(), upload_certs=True)
+    again = kubeadm.init_control_plane(kubeadm.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), init_params(), upload_certs=True)
     assert not again.changed
     assert len(double_log.entries()) == before
     assert {p["status"] for p in again.phases} == {"done before"}
@@ -158,7 +158,7 @@ def test_missing_admin_kubeconfig_is_made_again_and_nothing_else(initialised, do
                                                                  control_plane_dir):
     os.remove(os.path.join(control_plane_dir, "constellation-admin.conf"))
     before = len(double_log.entries())
-    again = core.init_control_plane(core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), init_params())
+    again = kubeadm.init_control_plane(kubeadm.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), init_params())
     assert again.changed and again.token is None
     assert [e["command"] for e in double_log.entries()[before:]] == ["kubeconfig user"]
     assert [p["name"] for p in again.phases if p["status"] == "ran"] == ["admin-kubeconfig"]
@@ -167,13 +167,13 @@ def test_missing_admin_kubeconfig_is_made_again_and_nothing_else(initialised, do
 
 
 def test_check_mode_reports_every_step_and_runs_none(double_log, init_params, control_plane_dir):
-    result = core.init_control_plane(core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), init_params(), check_mode=True)
-    assert result.changed and [p["status"] for p in result.phases] == ["would run"] * len(core.INIT_STEPS)
+    result = kubeadm.init_control_plane(kubeadm.Kubeadm(KUBEADM_DOUBLE, control_plane_dir), init_params(), check_mode=True)
+    assert result.changed and [p["status"] for p in result.phases] == ["would run"] * len(kubeadm.INIT_STEPS)
     assert double_log.entries() == [] and not os.path.exists(control_plane_dir)
 
 
 def test_unknown_skip_phase_is_an_input_error(init_params):
-    with pytest.raises(core.InputError) as err:
+    with pytest.raises(kubeadm.InputError) as err:
         init_params(skip_phases=["addon/kube-dns"])
     assert err.value.field == "skip_phases"
 
@@ -184,8 +184,8 @@ def test_sign_kubelet_csr_checks_the_request_as_the_join_service_does(initialise
         ca_pem = handle.read()
     with open(os.path.join(pki, "ca.key"), "rb") as handle:
         ca_key = handle.read()
-    pair = core.kubelet_csr("worker-0", ["10.118.0.11"])
-    cert = x509.load_pem_x509_certificate(core.sign_kubelet_csr(pair.csr_pem, ca_pem, ca_key))
+    pair = kubeadm.kubelet_csr("worker-0", ["10.118.0.11"])
+    cert = x509.load_pem_x509_certificate(kubeadm.sign_kubelet_csr(pair.csr_pem, ca_pem, ca_key))
     assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days == 365
     # A CSR claiming system:masters instead of system:nodes is refused.
     from cryptography.hazmat.primitives import hashes
@@ -194,8 +194,8 @@ def test_sign_kubelet_csr_checks_the_request_as_the_join_service_does(initialise
     bad = (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
         x509.NameAttribute(NameOID.COMMON_NAME, "system:node:worker-0")])).sign(key, hashes.SHA256()))
-    with pytest.raises(core.InputError, match="exactly one organization system:nodes"):
-        core.sign_kubelet_csr(bad.public_bytes(serialization.Encoding.PEM), ca_pem, ca_key)
+    with pytest.raises(kubeadm.InputError, match="exactly one organization system:nodes"):
+        kubeadm.sign_kubelet_csr(bad.public_bytes(serialization.Encoding.PEM), ca_pem, ca_key)
 
 
 # --------------------------------------------------------------------------- the double's init CLI
@@ -209,7 +209,7 @@ def _double(config_path, *argv):
 @pytest.fixture
 def config_path(init_params, tmp_path):
     path = tmp_path / "kubeadm.yaml"
-    path.write_text(core.dump_documents(core.render_init(init_params())))
+    path.write_text(kubeadm.dump_documents(kubeadm.render_init(init_params())))
     os.chmod(path, 0o600)
     return str(path)
 
@@ -252,4 +252,4 @@ def test_double_reuses_existing_certs_and_refuses_a_second_full_init(initialised
     with open(os.path.join(control_plane_dir, "pki", "ca.crt"), "rb") as handle:
         assert handle.read() == ca_before
     with pytest.raises(ExternalCommandError):
-        core.Kubeadm(KUBEADM_DOUBLE, control_plane_dir).init_phase(["preflight"], config_path)
+        kubeadm.Kubeadm(KUBEADM_DOUBLE, control_plane_dir).init_phase(["preflight"], config_path)

@@ -9,7 +9,7 @@ import os
 import pytest
 from cryptography import x509
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_client import join_via_coordinator
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
@@ -46,31 +46,31 @@ def node_dir(tmp_path, name):
 
 def test_worker_joins_with_the_coordinators_answer_once(coordinator, tmp_path, double_log, control_plane_dir):
     directory = node_dir(tmp_path, "worker-0")
-    kubeadm = core.Kubeadm(KUBEADM_DOUBLE, directory)
-    dry = join_via_coordinator(kubeadm, coordinator("10.118.0.11"), "worker-0", "10.118.0.11", directory, check_mode=True)
+    cli = kubeadm.Kubeadm(KUBEADM_DOUBLE, directory)
+    dry = join_via_coordinator(cli, coordinator("10.118.0.11"), "worker-0", "10.118.0.11", directory, check_mode=True)
     assert dry.changed and coordinator.calls == []  # check mode asks nothing (an answer makes a token)
-    result = join_via_coordinator(kubeadm, coordinator("10.118.0.11"), "worker-0", "10.118.0.11", directory,
+    result = join_via_coordinator(cli, coordinator("10.118.0.11"), "worker-0", "10.118.0.11", directory,
                                   patches_dir=None)
-    assert result.changed and core.is_joined(directory)
+    assert result.changed and kubeadm.is_joined(directory)
     join = [e for e in double_log.entries() if e["argv"][0] == "join"]
     assert len(join) == 1 and join[0]["rc"] == 0  # the double checked the token and the pinned hash
-    assert join[0]["config"][0]["discovery"]["bootstrapToken"]["caCertHashes"] == [core.read_ca_cert_hash(control_plane_dir)]
+    assert join[0]["config"][0]["discovery"]["bootstrapToken"]["caCertHashes"] == [kubeadm.read_ca_cert_hash(control_plane_dir)]
     cert = x509.load_pem_x509_certificate(open(os.path.join(directory, "pki", "kubelet-serving.crt"), "rb").read())
     assert cert.subject.rfc4514_string() == "CN=system:node:worker-0,O=system:nodes"
     assert oct(os.stat(os.path.join(directory, "pki", "kubelet-serving.key")).st_mode & 0o777) == "0o600"
-    again = join_via_coordinator(kubeadm, coordinator("10.118.0.11"), "worker-0", "10.118.0.11", directory)
+    again = join_via_coordinator(cli, coordinator("10.118.0.11"), "worker-0", "10.118.0.11", directory)
     assert not again.changed and coordinator.calls == [("10.118.0.11", False)]  # a joined node asks nothing
 
 
 def test_control_plane_joins_with_the_shipped_pki_skipping_download_certs(
         coordinator, tmp_path, double_log, control_plane_dir):
     directory = node_dir(tmp_path, "control-plane-1")
-    result = join_via_coordinator(core.Kubeadm(KUBEADM_DOUBLE, directory), coordinator("10.118.0.2"), "control-plane-1",
+    result = join_via_coordinator(kubeadm.Kubeadm(KUBEADM_DOUBLE, directory), coordinator("10.118.0.2"), "control-plane-1",
                                   "10.118.0.2", directory, control_plane=True, patches_dir=None)
     assert result.changed
     join = [e for e in double_log.entries() if e["argv"][0] == "join"][0]["config"][0]
     assert join["skipPhases"] == ["control-plane-prepare/download-certs"] and "certificateKey" not in join["controlPlane"]
-    for name in core.CONTROL_PLANE_PKI_FILES:
+    for name in kubeadm.CONTROL_PLANE_PKI_FILES:
         with open(os.path.join(control_plane_dir, "pki", name), "rb") as theirs, \
                 open(os.path.join(directory, "pki", name), "rb") as ours:
             assert theirs.read() == ours.read(), name
@@ -81,13 +81,13 @@ def test_control_plane_joins_with_the_shipped_pki_skipping_download_certs(
 def test_a_kubelet_cert_for_another_key_is_refused_before_anything_is_written(coordinator, tmp_path, double_log):
     directory = node_dir(tmp_path, "worker-1")
     honest = coordinator("10.118.0.12")
-    other = core.kubelet_csr("worker-1", ["10.118.0.12"])
+    other = kubeadm.kubelet_csr("worker-1", ["10.118.0.12"])
 
     def swapped(_csr_pem, is_control_plane):
         return honest(other.csr_pem, is_control_plane)  # a certificate for a key this node does not hold
 
     with pytest.raises(StateError, match="kubelet_cert is not for this node's key"):
-        join_via_coordinator(core.Kubeadm(KUBEADM_DOUBLE, directory), swapped, "worker-1", "10.118.0.12", directory)
+        join_via_coordinator(kubeadm.Kubeadm(KUBEADM_DOUBLE, directory), swapped, "worker-1", "10.118.0.12", directory)
     assert not os.path.exists(directory)
     assert not [e for e in double_log.entries() if e["argv"][0] == "join"]
 
@@ -102,5 +102,5 @@ def test_an_answer_without_the_pinned_hash_is_refused(coordinator, tmp_path):
         return answer
 
     with pytest.raises(StateError, match="join arguments lack discovery_token_ca_cert_hash"):
-        join_via_coordinator(core.Kubeadm(KUBEADM_DOUBLE, directory), unpinned, "worker-2", "10.118.0.13", directory)
-    assert not core.is_joined(directory)
+        join_via_coordinator(kubeadm.Kubeadm(KUBEADM_DOUBLE, directory), unpinned, "worker-2", "10.118.0.13", directory)
+    assert not kubeadm.is_joined(directory)

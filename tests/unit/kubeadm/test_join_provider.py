@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
     JoinProvider,
@@ -148,4 +148,4 @@ def test_a_tampered_csr_is_refused(provider):
 
 def test_own_node_name_is_the_control_planes_kubelet(provider):
     assert provider.own_node_name() == "control-plane-0"
-    assert core.JoinParams  # the package still re-exports its names
+    assert kubeadm.JoinParams  # the package still re-exports its names

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm as core
+from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 
 TOKEN = "abcdef.0123456789abcdef"
 CA_HASH = "sha256:" + "ab" * 32
@@ -15,14 +15,14 @@ CA_HASH = "sha256:" + "ab" * 32
 def _init(**overrides):
     values = dict(kubernetes_version="v1.31.1", node_name="control-plane-0", node_vpn_ip="10.118.0.1")
     values.update(overrides)
-    return core.InitParams(**values)
+    return kubeadm.InitParams(**values)
 
 
 def _join(**overrides):
     values = dict(api_server_endpoint="10.118.0.1:6443", token=TOKEN, ca_cert_hash=CA_HASH, node_name="worker-0",
                   node_vpn_ip="10.118.0.11")
     values.update(overrides)
-    return core.JoinParams(**values)
+    return kubeadm.JoinParams(**values)
 
 
 @pytest.mark.parametrize("field, value", [
@@ -49,7 +49,7 @@ def _join(**overrides):
     ("kubernetes_dir", "relative/dir"),
 ])
 def test_init_bad_input_names_field(field, value):
-    with pytest.raises(core.InputError) as err:
+    with pytest.raises(kubeadm.InputError) as err:
         _init(**{field: value})
     assert err.value.field == field
     assert str(err.value).startswith(field + ":")
@@ -66,31 +66,31 @@ def test_init_bad_input_names_field(field, value):
     ("node_vpn_ip", "10.118.0"),
 ])
 def test_join_bad_input_names_field(field, value):
-    with pytest.raises(core.InputError) as err:
+    with pytest.raises(kubeadm.InputError) as err:
         _join(**{field: value})
     assert err.value.field == field
 
 
 @pytest.mark.parametrize("missing", [None, ""])
 def test_join_without_ca_hash_says_verification_cannot_be_skipped(missing):
-    with pytest.raises(core.InputError) as err:
+    with pytest.raises(kubeadm.InputError) as err:
         _join(ca_cert_hash=missing)
     assert err.value.field == "ca_cert_hash"
     assert "no way to skip CA verification" in str(err.value)
 
 
 def test_certificate_key_only_for_control_planes():
-    with pytest.raises(core.InputError) as err:
+    with pytest.raises(kubeadm.InputError) as err:
         _join(certificate_key="ab" * 32)
     assert err.value.field == "certificate_key"
 
 
 def test_secret_values_are_not_echoed_in_errors():
     almost = "abcdef.0123456789ABCDEF"
-    with pytest.raises(core.InputError) as err:
+    with pytest.raises(kubeadm.InputError) as err:
         _join(token=almost)
     assert almost not in str(err.value)
-    with pytest.raises(core.InputError) as err:
+    with pytest.raises(kubeadm.InputError) as err:
         _init(certificate_key="secret-but-not-hex")
     assert "secret-but-not-hex" not in str(err.value)
 
@@ -101,7 +101,7 @@ def test_secret_values_are_not_echoed_in_errors():
     ("[fd00::1]:6443", "[fd00::1]:6443"),
 ])
 def test_endpoints_accepted(endpoint, normalised):
-    assert core.validate_endpoint(endpoint, "api_server_endpoint") == normalised
+    assert kubeadm.validate_endpoint(endpoint, "api_server_endpoint") == normalised
 
 
 def test_bare_control_plane_endpoint_gets_the_api_port():
@@ -109,25 +109,25 @@ def test_bare_control_plane_endpoint_gets_the_api_port():
 
 
 def test_generated_token_format_and_uniqueness():
-    tokens = {core.generate_token() for _i in range(200)}
+    tokens = {kubeadm.generate_token() for _i in range(200)}
     assert len(tokens) == 200
     assert all(re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", t) for t in tokens)
-    assert all(core.validate_token(t) == t for t in tokens)
+    assert all(kubeadm.validate_token(t) == t for t in tokens)
 
 
 def test_generated_certificate_key_is_32_random_bytes_in_hex():
-    keys = {core.generate_certificate_key() for _i in range(50)}
+    keys = {kubeadm.generate_certificate_key() for _i in range(50)}
     assert len(keys) == 50
     assert all(re.fullmatch(r"[0-9a-f]{64}", k) for k in keys)
 
 
 @pytest.mark.parametrize("ttl, seconds", [("15m", 900), ("1h30m", 5400), ("24h", 86400), ("0s", 0), ("90s", 90)])
 def test_ttl(ttl, seconds):
-    assert core.ttl_seconds(ttl) == seconds
+    assert kubeadm.ttl_seconds(ttl) == seconds
 
 
 @pytest.mark.parametrize("ttl", ["", "15", "m", "1d", "-5m"])
 def test_bad_ttl(ttl):
-    with pytest.raises(core.InputError) as err:
-        core.validate_ttl(ttl, "ttl")
+    with pytest.raises(kubeadm.InputError) as err:
+        kubeadm.validate_ttl(ttl, "ttl")
     assert err.value.field == "ttl"
