@@ -103,7 +103,7 @@ def _until(predicate, limit: float, what: str):
 
 def _serve(coordinator, log) -> FrameServer:
     """The Coordinator's vpnapi on loopback, as the agent starts it (agent/daemon.py)."""
-    vpnapi = VPNAPI(coordinator, log=log)
+    vpnapi = VPNAPI.for_core(coordinator, log=log)
     return FrameServer("vpnapi", (coordinator.vpn_ip, 0), vpnapi.handlers(), log=log,
                        accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
 
@@ -216,7 +216,7 @@ def _nochange_ms(coordinator, log, polls: int, node_priv_keys) -> float:
 def _restart(store, tpm, state_dir: str, disk_uuid: str):
     """The Coordinator's Core started again over ``store`` (an agent on another Coordinator host)."""
     coordinator = core.Core(store, core.TPMDevice(tpm.tcti), _NullVPN(), state_dir, "127.0.0.1", disk_uuid)
-    coordinator.load()
+    coordinator.recovery.load()
     return coordinator
 
 
@@ -233,7 +233,7 @@ def one_run(cluster: EtcdCluster, tpm, state_dir: str, disk_uuid: str, log, inte
         # It connects from 127.0.0.1, the Coordinators' (shared) VPN IP: it proves that peer's key.
         poller = Poller([_endpoint(s) for s in servers], interval, a.node_state["vpn_priv_key"])
         poller.start()
-        version = b.peer_registry.current().peers.version
+        version = b.context.peer_registry.current().peers.version
         _until(lambda: poller.version == version and poller.answered_by == _endpoint(servers[0]), READY_LIMIT,
                "the poller's first update from A")
         key = pub_key_from_priv_key(generate_priv_key())
@@ -245,8 +245,8 @@ def one_run(cluster: EtcdCluster, tpm, state_dir: str, disk_uuid: str, log, inte
             # Its accept loop ends within 0.5 s, before the poller's next poll (one interval away).
             stopping = threading.Thread(target=servers[0].stop, daemon=True)
             stopping.start()
-        new_ip = _retry(b.reserve_node_ip, WRITE_LIMIT)
-        _retry(lambda: b.add_node_peer(new_ip, key, "10.43.0.1"), WRITE_LIMIT)
+        new_ip = _retry(b.coordinator.reserve_node_ip, WRITE_LIMIT)
+        _retry(lambda: b.coordinator.add_node_peer(new_ip, key, "10.43.0.1"), WRITE_LIMIT)
         written = time.monotonic()
         _until(lambda: new_ip in poller.received, RECEIVE_LIMIT, "the new peer %s at the poller" % new_ip)
         return {"s": poller.received[new_ip] - start, "write_s": written - start,
