@@ -71,7 +71,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import DEFAULT_UPDATE_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerUpdate  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerUpdate  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (  # noqa: E402
     FAILOVER_CONNECT_TIMEOUT, ask_in_turn)

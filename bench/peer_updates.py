@@ -38,7 +38,8 @@ sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "
 os.environ.setdefault("TSS2_LOG", "all+none")
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord, VersionedPeerSet  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import VersionedPeerSet  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (  # noqa: E402
     generate_priv_key,
     pub_key_from_priv_key,

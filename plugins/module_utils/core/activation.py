@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Dict, List, Protocol, Sequence
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import (
     STATE_IS_NODE,
@@ -215,7 +215,7 @@ class NodeActivation:
         then its peer entry. True if anything changed. Refused if its VPN IP or key belongs to another peer."""
         self.context.require_coordinator("record node")
         record = PeerRecord.parse(vpn_ip, vpn_pub_key, public_ip, "node")
-        known = state_store.load_node_disk_uuid(self.context.store, record.vpn_ip)
+        known = node_records.load_node_disk_uuid(self.context.store, record.vpn_ip)
         if known is not None and known != disk_uuid:
             raise StateError("VPN IP %s belongs to another node (disk %s)" % (record.vpn_ip, known))
         registry = self.context.peer_registry.current()
@@ -224,8 +224,8 @@ class NodeActivation:
             raise StateError("VPN IP %s belongs to another peer (another WireGuard key)" % record.vpn_ip)
         self.access.claim_disk_uuid(disk_uuid, record.vpn_ip, record.vpn_pub_key, "ActivateAdditionalNodes")
         designated = False
-        if control_plane and state_store.load_control_plane(self.context.store, record.vpn_ip) != record.vpn_pub_key:
-            state_store.save_control_plane(self.context.store, record.vpn_ip, record.vpn_pub_key)
+        if control_plane and node_records.load_control_plane(self.context.store, record.vpn_ip) != record.vpn_pub_key:
+            node_records.save_control_plane(self.context.store, record.vpn_ip, record.vpn_pub_key)
             self.context.log("control_plane_designated", node_vpn_ip=record.vpn_ip)
             designated = True
         if current is not None and current.public_ip == record.public_ip:
@@ -240,7 +240,7 @@ class NodeActivation:
         kms = self.context.require_coordinator("GetStateDiskKey")
         if not self.registry.is_known_peer_ip(vpn_ip):
             raise StateError("GetStateDiskKey: %s is not a peer of this cluster" % vpn_ip)
-        disk_uuid = state_store.load_node_disk_uuid(self.context.store, vpn_ip)
+        disk_uuid = node_records.load_node_disk_uuid(self.context.store, vpn_ip)
         if disk_uuid is None:
             raise StateError("GetStateDiskKey: no activation of %s is recorded" % vpn_ip)
         self.context.log("state_disk_key", node_vpn_ip=vpn_ip)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Protocol, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, b64d, normalize_disk_uuid, open_kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import ConnectNode, NodeClient
@@ -149,7 +149,7 @@ class CoordinatorCluster:
                 request = self.registry.node_activation_request(vpn_ip)
 
                 def record_then_secrets(disk_uuid: str, vpn_pub_key: str) -> Dict[str, Any]:
-                    state_store.save_node_disk_uuid(self.context.store, vpn_ip, normalize_disk_uuid(disk_uuid))
+                    node_records.save_node_disk_uuid(self.context.store, vpn_ip, normalize_disk_uuid(disk_uuid))
                     self.registry.add_node_peer(vpn_ip, vpn_pub_key, host, role=ROLE_COORDINATOR)
                     added["peer"] = True
                     peer_url = self.context.etcd_member.peer_url(vpn_ip)

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import eviction_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     REASON_EVICTED,
@@ -49,7 +49,7 @@ def remove_coordinator_member(context: PeerContext, vpn_ip: str) -> Optional[str
 
 
 class EvictionCache:
-    """The evicted peers in memory, written through the store (``state_store.save_eviction``): reads take
+    """The evicted peers in memory, written through the store (``eviction_store.save_eviction``): reads take
     no lock and one reference to a dict that is never changed after it is published. With several
     Coordinators on one store (``shared``), a read first compares the store's evictions version (one key,
     ``Store.peek``: the member's own copy, no majority needed) with the one in memory, at most once per
@@ -82,7 +82,7 @@ class EvictionCache:
         return self._current
 
     def _load(self) -> None:
-        self._current, self._version = state_store.load_evictions(self.store, with_version=True)
+        self._current, self._version = eviction_store.load_evictions(self.store, with_version=True)
         self._loaded = True
         self.reloads += 1
 
@@ -98,7 +98,7 @@ class EvictionCache:
         self._checked_at = now
         try:
             self.peeks += 1
-            stored = state_store.peek_evictions_version(self.store)
+            stored = eviction_store.peek_evictions_version(self.store)
         except ConstellationError:
             return  # the store cannot say: serve what is in memory
         if stored != self._version:
@@ -112,7 +112,7 @@ class EvictionCache:
         """Writes one eviction, then publishes the evictions as the store holds them (another Coordinator
         may have written since our last read); if that read fails, ours is added to what we had."""
         with self._lock:
-            state_store.save_eviction(self.store, vpn_ip, eviction)
+            eviction_store.save_eviction(self.store, vpn_ip, eviction)
             try:
                 self._load()
             except ConstellationError:
@@ -121,7 +121,7 @@ class EvictionCache:
 
     def forget(self, vpn_ip: str) -> None:
         with self._lock:
-            state_store.delete_eviction(self.store, vpn_ip)
+            eviction_store.delete_eviction(self.store, vpn_ip)
             try:
                 self._load()
             except ConstellationError:

@@ -30,7 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     InputError,
     StateError,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerUpdate
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerUpdate
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     generate_priv_key,
     pub_key_from_priv_key,

@@ -12,7 +12,7 @@ import hmac
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
@@ -81,22 +81,22 @@ class PeerAccess:
     def is_designated_control_plane(self, vpn_ip: str, vpn_pub_key: str) -> bool:
         """Whether the admin designated the peer at ``vpn_ip`` (with this WireGuard key) a control plane:
         a Coordinator always is (it holds the KMS URI); a Node only if its activation said so
-        (``state_store.load_control_plane``, bound to its key so that a reused VPN IP inherits nothing)."""
+        (``node_records.load_control_plane``, bound to its key so that a reused VPN IP inherits nothing)."""
         record = self.vpn_peer_record(vpn_ip)
         if record is None or record.vpn_pub_key != vpn_pub_key:
             return False
         if record.role == ROLE_COORDINATOR:
             return True
-        designated = state_store.load_control_plane(self.context.store, vpn_ip)
+        designated = node_records.load_control_plane(self.context.store, vpn_ip)
         return designated is not None and hmac.compare_digest(designated.encode("ascii"), vpn_pub_key.encode("ascii"))
 
     def claim_disk_uuid(self, disk_uuid: str, vpn_ip: str, vpn_pub_key: str, method: str) -> None:
         """A disk UUID belongs to the first peer recorded with it (by its WireGuard key): recorded with the
-        node's disk UUID in one store transaction (state_store.claim_disk_uuid). AccessDenied naming the
+        node's disk UUID in one store transaction (node_records.claim_disk_uuid). AccessDenied naming the
         UUID when another peer holds it: its disk key is never derived for anyone else."""
         owner = self._own_disk(disk_uuid, vpn_pub_key)
         if owner is None:
-            owner = state_store.claim_disk_uuid(self.context.store, disk_uuid, vpn_ip, vpn_pub_key)
+            owner = node_records.claim_disk_uuid(self.context.store, disk_uuid, vpn_ip, vpn_pub_key)
         if owner is not None:
             self.context.log("disk_uuid_refused", node_vpn_ip=vpn_ip, disk_uuid=disk_uuid, owner_vpn_ip=owner)
             raise AccessDenied("%s: disk UUID %s is taken (it belongs to another peer, %s)" % (method, disk_uuid, owner))
@@ -104,7 +104,7 @@ class PeerAccess:
     def require_disk_uuid_free(self, disk_uuid: str, vpn_pub_key: str, method: str) -> None:
         """Refuses early (AccessDenied naming the UUID) a disk UUID that belongs to a peer other than
         the one with ``vpn_pub_key``; ``claim_disk_uuid`` decides for good, in a transaction."""
-        owner = state_store.disk_uuid_owner(self.context.store, disk_uuid)
+        owner = node_records.disk_uuid_owner(self.context.store, disk_uuid)
         if owner is not None and owner.get("vpn_pub_key") != vpn_pub_key:
             raise AccessDenied("%s: disk UUID %s is taken (it belongs to another peer, %s)"
                                % (method, disk_uuid, owner.get("vpn_ip")))

@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Protocol
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
     MEMBER_KEPT, MEMBER_REMOVED, remove_coordinator_member)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
@@ -250,7 +250,7 @@ class PeerTrust:
         normalized_uuid = normalize_disk_uuid(disk_uuid)
         registry = self.context.peer_registry.current()
         record = registry.peers.get(vpn_ip) if registry is not None else None
-        recorded_uuid = state_store.load_node_disk_uuid(self.context.store, vpn_ip)
+        recorded_uuid = node_records.load_node_disk_uuid(self.context.store, vpn_ip)
         if record is None or record.role != "node" or record.vpn_pub_key != node_vpn_pub_key \
                 or recorded_uuid != normalized_uuid:
             self.context.log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason="not a recorded node")

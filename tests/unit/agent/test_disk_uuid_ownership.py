@@ -13,7 +13,7 @@ import os
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, ConnectionLost
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
@@ -51,8 +51,8 @@ def test_a_join_naming_another_nodes_disk_uuid_gets_nothing(make_core, secret):
         assert "disk UUID %s is taken" % taken in str(err.value) and owner in str(err.value)
     # Nothing left for the attacker: no ticket was delivered, no IP kept, the victim's record intact.
     assert coord.coordinator.reserve_node_ip() == "10.118.0.12"
-    assert state_store.load_node_disk_uuid(coord.context.store, answer["node_vpn_ip"]) == victim_uuid
-    assert state_store.disk_uuid_owner(coord.context.store, victim_uuid)["vpn_ip"] == answer["node_vpn_ip"]
+    assert node_records.load_node_disk_uuid(coord.context.store, answer["node_vpn_ip"]) == victim_uuid
+    assert node_records.disk_uuid_owner(coord.context.store, victim_uuid)["vpn_ip"] == answer["node_vpn_ip"]
 
 
 def test_the_attacker_gets_no_ticket_even_when_the_refusal_comes_late(make_core, secret):
@@ -98,21 +98,21 @@ def test_an_activation_reporting_a_taken_uuid_is_refused(make_core, secret):
 def test_the_store_records_owner_and_node_in_one_transaction():
     store = MemoryStore()
     uuid = core.new_disk_uuid()
-    assert state_store.claim_disk_uuid(store, uuid, "10.118.0.11", "A" * 43 + "=") is None
-    assert state_store.claim_disk_uuid(store, uuid, "10.118.0.11", "A" * 43 + "=") is None  # again: its own
-    assert state_store.claim_disk_uuid(store, uuid, "10.118.0.12", "B" * 43 + "=") == "10.118.0.11"
-    assert state_store.load_node_disk_uuid(store, "10.118.0.12") is None  # nothing written for the refused
+    assert node_records.claim_disk_uuid(store, uuid, "10.118.0.11", "A" * 43 + "=") is None
+    assert node_records.claim_disk_uuid(store, uuid, "10.118.0.11", "A" * 43 + "=") is None  # again: its own
+    assert node_records.claim_disk_uuid(store, uuid, "10.118.0.12", "B" * 43 + "=") == "10.118.0.11"
+    assert node_records.load_node_disk_uuid(store, "10.118.0.12") is None  # nothing written for the refused
     # A UUID recorded by an older version (no owner record) belongs to the node it was recorded for.
     legacy = core.new_disk_uuid()
-    state_store.save_node_disk_uuid(store, "10.118.0.13", legacy)
-    assert state_store.claim_disk_uuid(store, legacy, "10.118.0.14", "C" * 43 + "=") == "10.118.0.13"
-    assert state_store.claim_disk_uuid(store, legacy, "10.118.0.13", "D" * 43 + "=") is None
+    node_records.save_node_disk_uuid(store, "10.118.0.13", legacy)
+    assert node_records.claim_disk_uuid(store, legacy, "10.118.0.14", "C" * 43 + "=") == "10.118.0.13"
+    assert node_records.claim_disk_uuid(store, legacy, "10.118.0.13", "D" * 43 + "=") is None
 
 
 def test_a_coordinator_without_an_owner_record_keeps_its_own_disk(make_core, secret):
     """A Coordinator activated before ownership records existed: its own disk UUID is still refused."""
     coord, _vpn = coordinator(make_core, secret)
-    coord.context.store.delete(state_store.KEY_DISK_UUID_OWNER_PREFIX + coord.context.disk_uuid)  # as an older version left it
+    coord.context.store.delete(node_records.KEY_DISK_UUID_OWNER_PREFIX + coord.context.disk_uuid)  # as an older version left it
     with pytest.raises(AccessDenied, match="disk UUID %s is taken" % coord.context.disk_uuid):
         join(coord, coord.context.disk_uuid, os.urandom(32))
 

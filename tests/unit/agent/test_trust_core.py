@@ -216,9 +216,9 @@ def test_a_peer_with_another_identity_or_cluster_is_evicted_and_readmission_need
 
 
 def state_disk_uuid(c, vpn_ip):
-    from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+    from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 
-    return state_store.load_node_disk_uuid(c.context.store, vpn_ip)
+    return node_records.load_node_disk_uuid(c.context.store, vpn_ip)
 
 
 def test_evictions_survive_a_coordinator_restart(make_core):

@@ -18,7 +18,7 @@ import socket
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     KIND_END,
     FrameStream,
@@ -79,7 +79,7 @@ def secrets_of(cluster, node_ip):
         with open(os.path.join(cluster.control_plane_dir, "pki", name), "rb") as handle:
             data = handle.read()
         found += [data, base64.b64encode(data)]
-    disk_uuid = state_store.load_node_disk_uuid(cluster.core.context.store, node_ip)
+    disk_uuid = node_records.load_node_disk_uuid(cluster.core.context.store, node_ip)
     disk_key = cluster.core.coordinator.state_disk_key(disk_uuid)
     found += [disk_key, base64.b64encode(disk_key)]
     master = kms.open_kms(state_store.load_kms_data(cluster.core.context.local_store)["kms_uri"])

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import eviction_store, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError, StateError
@@ -230,7 +230,7 @@ def test_an_eviction_recorded_before_the_evicting_coordinator_died_is_refused_by
     second = cores[HOSTS[1]]
     record = {"vpn_ip": node["vpn_ip"], "vpn_pub_key": node["vpn_pub_key"], "public_ip": NODE_PUBLIC_IP,
               "role": "node", "reason": "attestation failed (test)", "ts": 0}
-    state_store.save_eviction(cores[HOSTS[0]].context.store, node["vpn_ip"], record)
+    eviction_store.save_eviction(cores[HOSTS[0]].context.store, node["vpn_ip"], record)
     assert second.coordinator.is_known_peer_ip(node["vpn_ip"])  # still in the registry
     assert _until(lambda: second.evictions.is_evicted(node["vpn_ip"]))
     disk_key = base64.b64encode(second.coordinator.state_disk_key(node["disk_uuid"])).decode()
