@@ -164,7 +164,7 @@ def _coordinator(store, tpm, state_dir: str, n: int):
     first = core.Core(store, core.TPMDevice(tpm.tcti), _NullVPN(), state_dir, "127.0.0.1", disk_uuid)
     first.recovery.load()
     first.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem,
-                                  cluster_config={"vpn_cidr": BENCH_VPN_CIDR})
+                                              cluster_config={"vpn_cidr": BENCH_VPN_CIDR})
     priv_keys = [generate_priv_key() for _i in range(n - 1)]
     node_priv_keys = {}
 

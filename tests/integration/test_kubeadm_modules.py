@@ -226,7 +226,7 @@ def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
     admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
     peer.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
-                                 cluster_config={"vpn_cidr": "127.0.0.0/16"})
+                                             cluster_config={"vpn_cidr": "127.0.0.0/16"})
     api = VPNAPI.for_core(peer, kubeadm=JoinProvider(KUBEADM_DOUBLE, dirs["cp"]))
     server = FrameServer("vpnapi", ("127.0.0.1", 0), api.handlers(), accept_check=api.accept_check,
                          apis=(schema.VPNAPI,)).start()

@@ -98,7 +98,7 @@ class PubAPI:
 
     def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:
         result = self.coordinator.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,
-                                                   request.storage_uri, request.cluster_config, request.init_secret)
+                                                          request.storage_uri, request.cluster_config, request.init_secret)
         conn.stream.send_result(result.to_dict())
 
     def activate_as_node(self, conn: Connection, request: schema.ActivateAsNodeRequest) -> None:
@@ -178,7 +178,7 @@ class PubAPI:
                    if request.coordinator_public_endpoints else [])
         if request.node_public_endpoints:
             results += self.activation.activate_nodes(request.node_public_endpoints, self.connect_node,
-                                                request.control_plane_endpoints or ())
+                                                      request.control_plane_endpoints or ())
         for row in results:
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
                                                      "%s (%s)" % (row["action"], row["node_vpn_ip"]) if row["ok"]
@@ -191,8 +191,8 @@ class PubAPI:
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueJoinTicket: only over aTLS on a Coordinator with a node policy")
         result = self.join_service.serve_join(request.disk_uuid, request.node_vpn_pub_key, ServerJoinChannel(conn),
-                                      self.validator_for_nodes, request.certificate_request,
-                                      bool(request.is_control_plane))
+                                              self.validator_for_nodes, request.certificate_request,
+                                              bool(request.is_control_plane))
         conn.stream.send_result(result)
 
     # -- Coordinator: rejoin tickets for rebooted Nodes (core/trust.py)
@@ -201,7 +201,7 @@ class PubAPI:
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueRejoinTicket: only over aTLS on a Coordinator with a node policy")
         result = self.trust.serve_rejoin(request.vpn_ip, b64e(request.node_vpn_pub_key), request.disk_uuid,
-                                        ServerRejoinChannel(conn), self.validator_for_nodes)
+                                         ServerRejoinChannel(conn), self.validator_for_nodes)
         conn.stream.send_result(result)
 
 

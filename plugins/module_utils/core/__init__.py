@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A peer's Core: states, roles, the node lock and the activation logic (SPEC.md 4, 6).
 
-No sockets here: the servers in ``rpc/`` call these methods and turn errors into answers; where an
-operation needs a transport (activating a node, a join), the caller passes it in as a port
-(``ports.py``). Nothing in this package imports Ansible or ``rpc/``.
+No sockets here: the agent's servers (``agent/pubapi.py``, ``vpnapi.py``, ``admin.py``) call the services
+and turn errors into answers; where an operation needs a transport (activating a node, a join), the caller
+passes it in as a port (``ports.py``). Nothing in this package imports Ansible, ``atls``, ``rpc/``,
+``agent/`` or ``kubeadm/`` (tests/unit/test_layout.py).
 
 * States only advance (SPEC 6.4). A node whose activation was interrupted after the node lock waits
   (``NodeWaitingForClusterJoin``, persisted) and resumes (``activation``); ``Failed`` is left for what

@@ -135,9 +135,9 @@ class Coordinator:
             ctx.vpn.setup(record.vpn_ip, priv_key)
             self.shared_store.start_first(record.vpn_ip, kms)
             ctx.save_node(NodeState(role=ROLE_COORDINATOR, vpn_ip=record.vpn_ip, vpn_priv_key=priv_key,
-                                      cluster_id=cluster_id, measurement_salt=salt, admin_pub_key=admin_pub_key,
-                                      coordinator_vpn_ip=record.vpn_ip, cluster_name=str(config.get("cluster_name", "")),
-                                      disk_uuid=ctx.disk_uuid, state=int(State.ACTIVATING_NODES)))
+                                    cluster_id=cluster_id, measurement_salt=salt, admin_pub_key=admin_pub_key,
+                                    coordinator_vpn_ip=record.vpn_ip, cluster_name=str(config.get("cluster_name", "")),
+                                    disk_uuid=ctx.disk_uuid, state=int(State.ACTIVATING_NODES)))
             ctx.keep_disk_key(kms.state_disk_key(ctx.disk_uuid))
             ctx.advance(State.ACTIVATING_NODES)
         except BaseException as err:

@@ -91,14 +91,14 @@ class KubernetesJoin:
         names = self.kubernetes_node_names(vpn_ip)
         if provider is None or not names:
             self.context.log("kubernetes_node_kept", vpn_ip=vpn_ip,
-                      reason="no kubeadm provider" if provider is None else "no node name known for it")
+                             reason="no kubeadm provider" if provider is None else "no node name known for it")
             return
         for name in names:
             try:
                 deleted = provider.delete_node(name)
             except ConstellationError as err:
                 self.context.log("kubernetes_node_delete_failed", level="error", vpn_ip=vpn_ip, node_name=name,
-                          error=str(err)[:300])
+                                 error=str(err)[:300])
                 continue
             self.context.log("kubernetes_node_deleted", vpn_ip=vpn_ip, node_name=name, existed=bool(deleted))
 
@@ -192,7 +192,7 @@ class KubernetesJoin:
             args["control_plane_files"] = [{"name": f["name"], "data": base64.b64encode(f["data"]).decode("ascii")}
                                            for f in provider.control_plane_files()]
         self.context.log("join_args_issued", node_vpn_ip=vpn_ip, method=method, control_plane=bool(is_control_plane),
-                  kubelet_cert=kubelet is not None)
+                         kubelet_cert=kubelet is not None)
         return args
 
     def ticket_kubernetes(self, vpn_ip: str, certificate_request: Optional[bytes],

@@ -223,13 +223,12 @@ class NodeSide:
                            "GetUpdate")
         except AccessDenied as err:
             ctx.log("update_refused", level="warning", resource_version=parsed.resource_version,
-                      reason=str(err)[:300])
+                    reason=str(err)[:300])
             raise
         ctx.vpn.set_peers(list(new.values()), ctx.vpn_pub_key)
         ctx.save_node(peers=tuple(new[ip] for ip in sorted(new, key=lambda a: int(ipaddress.ip_address(a)))),
-                        resource_version=parsed.resource_version)
+                      resource_version=parsed.resource_version)
         changed = new != current
         if changed:
             ctx.log("peers_updated", resource_version=parsed.resource_version, peers=len(new))
         return changed
-

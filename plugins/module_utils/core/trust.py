@@ -164,7 +164,7 @@ class PeerTrust:
             error = str(err) or type(err).__name__
             row.update(outcome=UNREACHABLE, error=error)
             self.context.log("reattest_unreachable", level="warning", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip,
-                      failures=count, limit=unreachable_limit, error=error[:MAX_REASON])
+                             failures=count, limit=unreachable_limit, error=error[:MAX_REASON])
             # A Coordinator is evicted only for a failed attestation (a dead one: remove_coordinator.yml).
             if count >= unreachable_limit and peer.role != ROLE_COORDINATOR:
                 row.update(outcome=EVICTED, error="unreachable for %d consecutive re-attestation rounds: %s"
@@ -197,7 +197,7 @@ class PeerTrust:
             self._unreachable.pop(vpn_ip, None)
         version = self._remove_evicted(vpn_ip)
         self.context.log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, role=record.role,
-                  reason=eviction["reason"], resource_version=version)
+                         reason=eviction["reason"], resource_version=version)
         self.kubernetes.delete_kubernetes_node(vpn_ip)
         return version
 
@@ -227,7 +227,7 @@ class PeerTrust:
             eviction.update(etcd_member=MEMBER_KEPT, held=str(held)[:MAX_REASON])
             self.evictions.record(vpn_ip, eviction)
             self.context.log("coordinator_eviction_held", level="error", vpn_ip=vpn_ip, public_ip=record.public_ip,
-                      reason=eviction["reason"], held=eviction["held"])
+                             reason=eviction["reason"], held=eviction["held"])
             return None
         eviction["etcd_member"] = MEMBER_REMOVED
         self.evictions.record(vpn_ip, eviction)
@@ -235,7 +235,7 @@ class PeerTrust:
             self._unreachable.pop(vpn_ip, None)
         version = self._remove_evicted(vpn_ip)
         self.context.log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, role=ROLE_COORDINATOR,
-                  reason=eviction["reason"], resource_version=version)
+                         reason=eviction["reason"], resource_version=version)
         return version
 
     # -- rejoin tickets (IssueRejoinTicket)

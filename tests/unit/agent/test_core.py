@@ -159,7 +159,7 @@ def test_node_activation_interrupted_between_steps_waits_and_resumes(swtpm, make
     salt = os.urandom(32)
     cluster_id = kms.ClusterKMS(secret).cluster_id(salt)
     step = c.node.activate_as_node_begin(_node_params(cluster_id, salt, pub_key_from_priv_key(generate_priv_key()),
-                                                 admin_pem()))
+                                                      admin_pem()))
     c.node.abort_node_activation("coordinator went away")
     assert c.state == State.NODE_WAITING_FOR_CLUSTER_JOIN
     restarted, vpn2 = make_core(swtpm, store=store)  # the node's agent restarts
@@ -168,7 +168,7 @@ def test_node_activation_interrupted_between_steps_waits_and_resumes(swtpm, make
     assert restarted.get_state()["state_disk_uuid"] == step.state_disk_uuid
     with pytest.raises(StateError):  # nobody else can take the node over
         restarted.node.activate_as_node_begin(_node_params(cluster_id, salt, pub_key_from_priv_key(generate_priv_key()),
-                                                      admin_pem()))
+                                                           admin_pem()))
     disk_key = kms.ClusterKMS(secret).state_disk_key(step.state_disk_uuid)
     assert restarted.node.finish_activation(lambda: disk_key)["state"] == "IsNode"
     assert restarted.context.read_disk_key() == disk_key

@@ -77,7 +77,7 @@ def test_coordinator_activation_without_or_with_a_wrong_init_secret_is_refused_b
 def test_node_refuses_activation_without_its_own_proof_and_accepts_the_coordinators(make_core):
     coordinator, _vpn = provisioned(make_core, "10.42.0.11")
     coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem(),
-                                        init_secret=INIT_SECRET)
+                                                    init_secret=INIT_SECRET)
     node, _vpn = provisioned(make_core, "10.42.0.12")
     request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip()).to_dict()
     other = base64.b64encode(init_secret.node_init_secret(INIT_SECRET, "10.42.0.13")).decode()
@@ -94,7 +94,7 @@ def test_join_ticket_of_a_coordinator_without_our_init_secret_is_refused_before_
     stranger, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.21")  # passes the policy, another cluster
     stranger.recovery.load()
     stranger.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem(),
-                                     init_secret=os.urandom(32))
+                                                 init_secret=os.urandom(32))
     node, _vpn = provisioned(make_core, "10.42.0.22")
     ticket = stranger.join_service.issue_join_ticket(node.context.disk_uuid, stranger.coordinator.reserve_node_ip(), "10.42.0.22")
     with pytest.raises(AccessDenied):

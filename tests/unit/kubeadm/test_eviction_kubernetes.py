@@ -48,7 +48,7 @@ def _coordinator(tmp_path, provider):
 def _node(coordinator, name):
     vpn_ip = coordinator.coordinator.reserve_node_ip()
     coordinator.activation.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.%d" % (20 + int(name[-1])),
-                            core_mod.new_disk_uuid())
+                                       core_mod.new_disk_uuid())
     csr, _key = make_csr(cn="system:node:" + name, sans=(name, vpn_ip))
     return vpn_ip, csr
 

@@ -48,7 +48,7 @@ class Cluster:
         admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
         self.core.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
-                                          cluster_config={"vpn_cidr": VPN_CIDR})
+                                                      cluster_config={"vpn_cidr": VPN_CIDR})
         self.api = VPNAPI.for_core(self.core, kubeadm=JoinProvider(KUBEADM_DOUBLE, control_plane_dir) if provider else None)
         self.server = FrameServer("vpnapi", ("127.77.0.1", 0), self.api.handlers(), accept_check=self.api.accept_check,
                                   apis=(schema.VPNAPI,)).start()
@@ -61,7 +61,7 @@ class Cluster:
         vpn_ip = self.core.coordinator.reserve_node_ip()
         priv_key = generate_priv_key()
         self.core.activation.record_node(vpn_ip, pub_key_from_priv_key(priv_key), public_ip, core_mod.new_disk_uuid(),
-                              control_plane)
+                                         control_plane)
         self.keys[vpn_ip] = priv_key
         return vpn_ip
 
@@ -180,7 +180,7 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_contro
     for name in ("worker-0", "worker-1"):
         vpn_ip = cluster.core.coordinator.reserve_node_ip()
         ticket = cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), vpn_ip, "10.42.0.20",
-                                                make_csr("system:node:" + name, sans=())[0])
+                                                             make_csr("system:node:" + name, sans=())[0])
         tickets.append((vpn_ip, core_mod.JoinTicket.from_dict(ticket.to_dict()).kubeadm))
     (ip0, first), (ip1, second) = tickets
     assert first["available"] is True and first["token"] != second["token"]
@@ -193,18 +193,18 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_contro
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="is_control_plane: a node cannot designate itself a control plane"):
         cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
-                                       make_csr("system:node:control-plane-1", sans=())[0], True)
+                                                    make_csr("system:node:control-plane-1", sans=())[0], True)
     assert cluster.tokens() == before
     assert ip0 != ip1
 
 
 def test_a_ticket_with_a_csr_in_another_nodes_name_is_refused(cluster):
     cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
-                                   make_csr("system:node:worker-0", sans=())[0])
+                                                make_csr("system:node:worker-0", sans=())[0])
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="node name worker-0 belongs to another node"):
         cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
-                                       make_csr("system:node:worker-0", sans=())[0])
+                                                    make_csr("system:node:worker-0", sans=())[0])
     with pytest.raises(InputError, match="certificate_request"):
         cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None, b"garbage")
     assert cluster.tokens() == before
