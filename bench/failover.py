@@ -71,7 +71,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import DEFAULT_UPDATE_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerUpdate  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerUpdate  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (  # noqa: E402
     FAILOVER_CONNECT_TIMEOUT, ask_in_turn)
@@ -103,8 +103,8 @@ def _until(predicate, limit: float, what: str):
 
 def _serve(coordinator, log) -> FrameServer:
     """The Coordinator's vpnapi on loopback, as the agent starts it (agent/daemon.py)."""
-    vpnapi = VPNAPI(coordinator, log=log)
-    return FrameServer("vpnapi", (coordinator.vpn_ip, 0), vpnapi.handlers(), log=log,
+    vpnapi = VPNAPI.for_core(coordinator, log=log)
+    return FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
                        accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
 
 
@@ -202,9 +202,9 @@ def _nochange_ms(coordinator, log, polls: int, node_priv_keys) -> float:
     """A Node's no-change poll (PeerAuth with its WireGuard key, as the agent's)."""
     from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
 
-    registry = coordinator.peer_registry.current()
+    registry = coordinator.context.peer_registry.current()
     node_ip = sorted(ip for ip, r in registry.peers.peers.items() if r.role == "node")[0]
-    auth = (PairKeys(node_priv_keys[node_ip]), coordinator.vpn_pub_key)
+    auth = (PairKeys(node_priv_keys[node_ip]), coordinator.context.vpn_pub_key)
     server = _serve(coordinator, log)
     try:
         _poll_ms(server.address, node_ip, registry.peers.version, 20, *auth)  # warm up
@@ -216,7 +216,7 @@ def _nochange_ms(coordinator, log, polls: int, node_priv_keys) -> float:
 def _restart(store, tpm, state_dir: str, disk_uuid: str):
     """The Coordinator's Core started again over ``store`` (an agent on another Coordinator host)."""
     coordinator = core.Core(store, core.TPMDevice(tpm.tcti), _NullVPN(), state_dir, "127.0.0.1", disk_uuid)
-    coordinator.load()
+    coordinator.recovery.load()
     return coordinator
 
 
@@ -231,9 +231,9 @@ def one_run(cluster: EtcdCluster, tpm, state_dir: str, disk_uuid: str, log, inte
         a, b = (_restart(store, tpm, state_dir, disk_uuid) for store in stores)
         servers = [_serve(a, log), _serve(b, log)]
         # It connects from 127.0.0.1, the Coordinators' (shared) VPN IP: it proves that peer's key.
-        poller = Poller([_endpoint(s) for s in servers], interval, a.node_state["vpn_priv_key"])
+        poller = Poller([_endpoint(s) for s in servers], interval, a.context.node_state["vpn_priv_key"])
         poller.start()
-        version = b.peer_registry.current().peers.version
+        version = b.context.peer_registry.current().peers.version
         _until(lambda: poller.version == version and poller.answered_by == _endpoint(servers[0]), READY_LIMIT,
                "the poller's first update from A")
         key = pub_key_from_priv_key(generate_priv_key())
@@ -245,8 +245,8 @@ def one_run(cluster: EtcdCluster, tpm, state_dir: str, disk_uuid: str, log, inte
             # Its accept loop ends within 0.5 s, before the poller's next poll (one interval away).
             stopping = threading.Thread(target=servers[0].stop, daemon=True)
             stopping.start()
-        new_ip = _retry(b.reserve_node_ip, WRITE_LIMIT)
-        _retry(lambda: b.add_node_peer(new_ip, key, "10.43.0.1"), WRITE_LIMIT)
+        new_ip = _retry(b.coordinator.reserve_node_ip, WRITE_LIMIT)
+        _retry(lambda: b.coordinator.add_node_peer(new_ip, key, "10.43.0.1"), WRITE_LIMIT)
         written = time.monotonic()
         _until(lambda: new_ip in poller.received, RECEIVE_LIMIT, "the new peer %s at the poller" % new_ip)
         return {"s": poller.received[new_ip] - start, "write_s": written - start,
@@ -278,22 +278,22 @@ def cluster_figures(work: str, n: int, polls: int, runs: int, interval: float, l
         stores.append(_store(cluster, 0))
         writer, dummy_load_ms = _coordinator(stores[0], tpm, state_dir, n)
         stores.append(_store(cluster, 1))
-        follower = _restart(stores[1], tpm, state_dir, writer.disk_uuid)
-        assert follower.peer_registry.shared and len(follower.peer_registry.current().peers) == n
+        follower = _restart(stores[1], tpm, state_dir, writer.context.disk_uuid)
+        assert follower.context.peer_registry.shared and len(follower.context.peer_registry.current().peers) == n
         keys = writer.bench_node_priv_keys
         out = {"follower_nochange_ms": _nochange_ms(follower, log, polls, keys),
                "leader_nochange_ms": _nochange_ms(writer, log, polls, keys)}
         # The worst case: a poll that pays the version check (polls closer together than the cache's
         # follow_interval share one read; with 1,000 Nodes polling every 10 s, one poll in ten pays it).
-        follower.peer_registry.follow_interval = 0
+        follower.context.peer_registry.follow_interval = 0
         out["follower_every_read_ms"] = _nochange_ms(follower, log, polls, keys)
         for store in stores:
             store.close()
         stores = []
         out["no_failover"], out["failover"] = [], []
         for dummy_run in range(runs):
-            out["no_failover"].append(one_run(cluster, tpm, state_dir, writer.disk_uuid, log, interval, False))
-            out["failover"].append(one_run(cluster, tpm, state_dir, writer.disk_uuid, log, interval, True))
+            out["no_failover"].append(one_run(cluster, tpm, state_dir, writer.context.disk_uuid, log, interval, False))
+            out["failover"].append(one_run(cluster, tpm, state_dir, writer.context.disk_uuid, log, interval, True))
         return out
     finally:
         for store in stores:

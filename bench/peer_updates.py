@@ -38,7 +38,8 @@ sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "
 os.environ.setdefault("TSS2_LOG", "all+none")
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord, VersionedPeerSet  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import VersionedPeerSet  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (  # noqa: E402
     generate_priv_key,
     pub_key_from_priv_key,
@@ -161,9 +162,9 @@ def _coordinator(store, tpm, state_dir: str, n: int):
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
     disk_uuid = core.new_disk_uuid()
     first = core.Core(store, core.TPMDevice(tpm.tcti), _NullVPN(), state_dir, "127.0.0.1", disk_uuid)
-    first.load()
-    first.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem,
-                                  cluster_config={"vpn_cidr": BENCH_VPN_CIDR})
+    first.recovery.load()
+    first.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem,
+                                              cluster_config={"vpn_cidr": BENCH_VPN_CIDR})
     priv_keys = [generate_priv_key() for _i in range(n - 1)]
     node_priv_keys = {}
 
@@ -174,7 +175,7 @@ def _coordinator(store, tpm, state_dir: str, n: int):
     state_store.update_peer_registry(store, add_nodes)  # one transaction
     restarted = core.Core(store, core.TPMDevice(tpm.tcti), _NullVPN(), state_dir, "127.0.0.1", disk_uuid)
     start = time.perf_counter()
-    restarted.load()  # the one read of the registry
+    restarted.recovery.load()  # the one read of the registry
     restarted.bench_node_priv_keys = node_priv_keys
     return restarted, (time.perf_counter() - start) * 1000
 
@@ -216,28 +217,28 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
     log = JSONLog(devnull)  # the agent logs every request: keep that cost in
     try:
         coordinator, load_ms = _coordinator(store, tpm, state_dir, n)
-        registry = coordinator.peer_registry.current()
+        registry = coordinator.context.peer_registry.current()
         assert len(registry.peers) == n
         version = registry.peers.version
-        vpnapi = VPNAPI(coordinator, log=log)
-        server = FrameServer("vpnapi", (coordinator.vpn_ip, 0), vpnapi.handlers(), log=log,
+        vpnapi = VPNAPI.for_core(coordinator, log=log)
+        server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
                              accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
         try:
             node_ip = sorted(ip for ip, r in registry.peers.peers.items() if r.role == "node")[0]
-            auth = (PairKeys(coordinator.bench_node_priv_keys[node_ip]), coordinator.vpn_pub_key)
+            auth = (PairKeys(coordinator.bench_node_priv_keys[node_ip]), coordinator.context.vpn_pub_key)
             _poll_ms(server.address, node_ip, version, 20, *auth)  # warm up
             memory_ms = _poll_ms(server.address, node_ip, version, polls, *auth)
-            in_memory = coordinator.peer_registry
-            coordinator.peer_registry = _StoreEveryTime(store)
+            in_memory = coordinator.context.peer_registry
+            coordinator.context.peer_registry = _StoreEveryTime(store)
             baseline_ms = _poll_ms(server.address, node_ip, version, max(10, polls // (10 if n >= 1000 else 3)), *auth)
-            coordinator.peer_registry = in_memory
+            coordinator.context.peer_registry = in_memory
         finally:
             server.stop()
         # The same Core, the vpnapi without PeerAuth (before issue 25), interleaved with the authenticated one.
-        plain = UnauthenticatedVPNAPI(coordinator, log=log)
-        server = FrameServer("vpnapi", (coordinator.vpn_ip, 0), plain.handlers(), log=log,
+        plain = UnauthenticatedVPNAPI.for_core(coordinator, log=log)
+        server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), plain.handlers(), log=log,
                              accept_check=plain.accept_check, apis=(schema.VPNAPI,)).start()
-        authed = FrameServer("vpnapi", (coordinator.vpn_ip, 0), vpnapi.handlers(), log=log,
+        authed = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
                              accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
         try:
             _poll_ms(server.address, node_ip, version, 20)

@@ -222,17 +222,17 @@ def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
     state_dir = tmp_path / "coordinator"
     state_dir.mkdir()
     peer = core.Core(MemoryStore(), MemoryTPM(), LoopbackVPN(), str(state_dir), "10.42.0.10", core.new_disk_uuid())
-    peer.load()
+    peer.recovery.load()
     admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    peer.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
-                                 cluster_config={"vpn_cidr": "127.0.0.0/16"})
-    api = VPNAPI(peer, kubeadm=JoinProvider(KUBEADM_DOUBLE, dirs["cp"]))
+    peer.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
+                                             cluster_config={"vpn_cidr": "127.0.0.0/16"})
+    api = VPNAPI.for_core(peer, kubeadm=JoinProvider(KUBEADM_DOUBLE, dirs["cp"]))
     server = FrameServer("vpnapi", ("127.0.0.1", 0), api.handlers(), accept_check=api.accept_check,
                          apis=(schema.VPNAPI,)).start()
     # Loopback connections come from the Coordinator's own VPN IP: the module proves the Coordinator's key.
     key_file = tmp_path / "wg0.key"
-    key_file.write_text(peer.node_state["vpn_priv_key"] + "\n")
+    key_file.write_text(peer.context.node_state["vpn_priv_key"] + "\n")
     key_file.chmod(0o600)
     yield "127.0.0.1:%d" % server.address[1], str(key_file)
     server.stop()

@@ -48,3 +48,26 @@ def test_no_plugin_file_is_over_500_lines_without_a_reason():
     long_files = {path.relative_to(ROOT).as_posix() for path in (ROOT / "plugins").rglob("*.py")
                   if len(path.read_text().splitlines()) > 500}
     assert long_files <= set(LONG_FILES), sorted(long_files - set(LONG_FILES))
+
+
+# The Core knows no transport (atls, rpc), no agent and no kubeadm adapter: they come in as ports.
+CORE_MUST_NOT_IMPORT = tuple("ansible_collections.constellation.cluster.plugins.module_utils." + room
+                             for room in ("atls", "rpc", "agent", "kubeadm"))
+
+
+def test_the_core_imports_no_transport_and_is_composed_not_a_mixin_tower():
+    offenders = []
+    for path in sorted((MODULE_UTILS / "core").glob("*.py")):
+        rel = path.relative_to(MODULE_UTILS).as_posix()
+        for name in _imports(path):
+            if any(name == room or name.startswith(room + ".") for room in CORE_MUST_NOT_IMPORT):
+                offenders.append("%s imports %s" % (rel, name))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base) for base in node.bases]
+                others = [b for b in bases if b not in ("object", "Protocol") and not b.endswith(".Protocol")]
+                # A Protocol may refine another port (``KMS(kms_backends.KMS, Protocol)``); nothing else has two bases.
+                if len(others) > 1 and "Protocol" not in bases:
+                    offenders.append("%s: class %s(%s): a service holds its collaborators, it is not mixed from them"
+                                     % (rel, node.name, ", ".join(bases)))
+    assert not offenders, offenders

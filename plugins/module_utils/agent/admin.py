@@ -71,16 +71,20 @@ def verify_admin_signature(pub_key, signature: bytes, message: bytes) -> bool:
 
 class AdminHandlers:
     """``issue(user_data, nonce) -> document`` and ``variant_oid``: the agent's attestation issuer (as its
-    aTLS server context uses it), for ``Attest``."""
+    aTLS server context uses it), for ``Attest``. The Core's parts it reads (``AdminHandlers.for_core`` picks
+    them from a ``Core``): ``context`` (state, the pinned admin key, the state directory) and ``status``
+    (the pinned Coordinators' key, core/status.py)."""
 
-    def __init__(self, core, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = ""):
-        self.core = core
+    def __init__(self, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = "", *, context=None,
+                 status=None):
+        self.context = context
+        self.status = status
         self._issue = issue
         self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
         self.warm: Optional[warm.WarmPool] = None
         if warm_interpreters:
-            state_dir = getattr(core, "state_dir", None) or tempfile.mkdtemp(prefix="constellation-warm-")
+            state_dir = getattr(context, "state_dir", None) or tempfile.mkdtemp(prefix="constellation-warm-")
             self.warm = warm.WarmPool(os.path.join(state_dir, "warm"), log=self._log)
 
     def close(self) -> None:
@@ -88,14 +92,19 @@ class AdminHandlers:
         if self.warm is not None:
             self.warm.close()
 
+    @classmethod
+    def for_core(cls, core, *args: Any, **kwargs: Any) -> "AdminHandlers":
+        """The handlers over ``core``'s context and status (None: no Core, e.g. to list the handlers)."""
+        return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None))
+
     def handlers(self) -> Dict[str, Any]:
         return {"AdminAuth": self.admin_auth, "Attest": self.attest, "Exec": self.exec_, "ExecModule": self.exec_module,
                 "PutFile": self.put_file, "FetchFile": self.fetch_file}
 
     def _require_activated(self, method: str) -> None:
-        if self.core.state not in ACTIVATED:
+        if self.context.state not in ACTIVATED:
             raise StateError("%s: the admin channel opens only after activation; this node is %s"
-                             % (method, self.core.state.wire_name))
+                             % (method, self.context.state.wire_name))
 
     def require_admin(self, conn: Connection, method: str) -> None:
         self._require_activated(method)
@@ -111,11 +120,11 @@ class AdminHandlers:
         if role == "coordinator":
             self._coordinator_auth(conn)
             return
-        if self.core.state != State.NODE_WAITING_FOR_CLUSTER_JOIN:  # its admin key is pinned: GetState's details
+        if self.context.state != State.NODE_WAITING_FOR_CLUSTER_JOIN:  # its admin key is pinned: GetState's details
             self._require_activated("AdminAuth")  # (Exec, PutFile, FetchFile still need an activated node)
         if conn.server_spki_hash is None:
             raise AccessDenied("AdminAuth: only over aTLS")
-        pub_key = self.core.admin_pub_key()
+        pub_key = self.context.admin_pub_key()
         challenge = secrets.token_bytes(32)
         conn.stream.send_msg({"challenge": b64e(challenge)})
         step = conn.stream.recv_msg("the signed challenge")
@@ -134,10 +143,10 @@ class AdminHandlers:
         GetState's details; it is NOT an admin connection (Exec, PutFile, FetchFile stay refused)."""
         if conn.server_spki_hash is None:
             raise AccessDenied("AdminAuth: only over aTLS")
-        pub_key = self.core.pinned_coordinator_pub_key()
+        pub_key = self.status.pinned_coordinator_pub_key()
         if pub_key is None:
             raise StateError("AdminAuth (role coordinator): this node has pinned no Coordinator key (it is %s)"
-                             % self.core.state.wire_name)
+                             % self.context.state.wire_name)
         challenge = secrets.token_bytes(32)
         conn.stream.send_msg({"challenge": b64e(challenge)})
         step = conn.stream.recv_msg("the signed challenge")

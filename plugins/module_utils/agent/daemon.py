@@ -134,22 +134,27 @@ class Agent:
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash,
                          at_rest=self.at_rest)
-        self.core.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
-        self.core.agent_measurement = self.measurement.to_dict() if self.measurement is not None else None
+        context, core = self.core.context, self.core
+        context.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
+        context.agent_measurement = self.measurement.to_dict() if self.measurement is not None else None
         if self.state_disk is not None:
-            self.state_disk.read_key = self.core.read_disk_key  # the key at rest, through the Core's seam
-            self.core.state_disk = self.state_disk
+            self.state_disk.read_key = context.read_disk_key  # the key at rest, through the Core's seam
+            context.state_disk = self.state_disk
         self._reattest_started = False
-        self.admin = AdminHandlers(self.core, self.log, issue=self._issue_for_connection,
-                                   variant_oid=self.issuer.oid)
-        self.pubapi = PubAPI(self.core, self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
-                             validator_for_activation=self.peer_validator)
+        # Each server's handlers get the Core's services they call (core/__init__.py), not the Core.
+        self.admin = AdminHandlers(self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
+                                   context=context, status=core.status)
+        self.pubapi = PubAPI(self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
+                             validator_for_activation=self.peer_validator, status=core.status,
+                             coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
+                             node=core.node, join_service=core.join_service, trust=core.trust, recovery=core.recovery)
         provider = JoinProvider(config.kubeadm_path, config.kubernetes_dir, kubelet_cert_days=config.kubelet_cert_days)
-        self.vpnapi = VPNAPI(self.core, kubeadm=provider, log=self.log)
-        self.core.activation_workers = config.activation_workers
-        self.core.etcd_member = (EtcdMember.from_config(config.etcd_member, config.state_dir)
-                                 if config.etcd_member is not None else None)
-        self.core.on_state_change(self._on_state)
+        self.vpnapi = VPNAPI(kubeadm=provider, log=self.log, coordinator=core.coordinator, access=core.access,
+                             evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation)
+        core.activation.activation_workers = config.activation_workers
+        context.etcd_member = (EtcdMember.from_config(config.etcd_member, config.state_dir)
+                               if config.etcd_member is not None else None)
+        context.on_state_change(self._on_state)
 
     def _attestation(self):
         """(issuer, validator of fresh nodes, validator of peers whose PCR 15 is checked elsewhere: the
@@ -210,13 +215,13 @@ class Agent:
     def start(self) -> "Agent":
         if self.state_disk is not None:
             self.state_disk.at_boot()  # before the store is read: the store is on the disk
-        state = self.core.load()
+        state = self.core.recovery.load()
         if self.state_disk is not None:
-            self.state_disk.after_load(bool(self.core.node_state), self.core.disk_uuid)
+            self.state_disk.after_load(bool(self.core.context.node_state), self.core.context.disk_uuid)
         for deprecation in self.config.deprecations:
             self.log("config_deprecated", level="warning", message=deprecation)
-        self.log("agent_started", state=state.wire_name, role=self.core.role, disk_uuid=self.core.disk_uuid,
-                 failure=self.core.failure)
+        self.log("agent_started", state=state.wire_name, role=self.core.role, disk_uuid=self.core.context.disk_uuid,
+                 failure=self.core.context.failure)
         if self.config.init_secret_hash is None:  # insecure_unauthenticated_activation: said on every start
             self.log("init_secret_not_configured", level="warning", message="no init_secret_hash: anyone can activate this node")
         if choose.insecure_warning(self.config.variant):  # insecure_trust_any_ak: said on every start
@@ -264,9 +269,9 @@ class Agent:
             return connect_enrolling(lambda v: AgentClient.connect(endpoint, v, timeout=timeout), [self.peer_validator])
 
         # One Coordinator at a time re-attests (an etcd lease when several share the store; alone, always).
-        leadership = Leadership(self.core.store, "%s@%s" % (self.config.public_ip, self.core.vpn_ip),
+        leadership = Leadership(self.core.context.store, "%s@%s" % (self.config.public_ip, self.core.context.vpn_ip),
                                 ttl=max(2, min(60, int(self.config.reattest_interval * 2) + 1)))
-        loop = ReattestLoop(self.core, connect_peer, float(self.config.reattest_interval), self.config.reattest_workers,
+        loop = ReattestLoop(self.core.trust, connect_peer, float(self.config.reattest_interval), self.config.reattest_workers,
                             self.config.reattest_unreachable_limit, self._stop, log=self.log, leadership=leadership)
         self._spawn("reattest", loop.run)
 
@@ -274,7 +279,7 @@ class Agent:
         with self._vpnapi_lock:
             if self.vpnapi_server is not None or self._stop.is_set():
                 return
-            self.vpnapi_server = FrameServer("vpnapi", (self.core.vpn_ip, self.config.vpnapi_port),
+            self.vpnapi_server = FrameServer("vpnapi", (self.core.context.vpn_ip, self.config.vpnapi_port),
                                              self.vpnapi.handlers(), log=self.log,
                                              accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
             self.servers.append(self.vpnapi_server)
@@ -288,17 +293,17 @@ class Agent:
             try:
                 if state == State.IS_NODE:
                     self._update_once()
-                elif state == State.ACTIVATING_NODES and self.core.etcd_member is not None:
-                    self.core.supervise_etcd_member()  # its member died: started again, it rejoins
-                    self.core.sync_coordinator_peers()  # another Coordinator may have changed the peers
-                elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.coordinator_vpn_ip:
+                elif state == State.ACTIVATING_NODES and self.core.context.etcd_member is not None:
+                    self.core.shared_store.supervise_etcd_member()  # its member died: started again, it rejoins
+                    self.core.cluster.sync_coordinator_peers()  # another Coordinator may have changed the peers
+                elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.context.coordinator_vpn_ip:
                     self._finish_activation_once()
-                elif state == State.ACCEPTING_INIT and self.core.recovery_pending and self.core.role == ROLE_NODE:
+                elif state == State.ACCEPTING_INIT and self.core.context.recovery_pending and self.core.role == ROLE_NODE:
                     # Rebooted: a rejoin ticket from the Coordinator, never the KMS URI.
                     delay = self.config.join_interval
                     self._rejoin_once()
                 elif (state == State.ACCEPTING_INIT and self.config.coordinator_public_endpoint
-                      and not self.core.recovery_pending):
+                      and not self.core.context.recovery_pending):
                     delay = self.config.join_interval
                     self._join_once()
                 failures = 0
@@ -314,12 +319,12 @@ class Agent:
         """``call(client)`` on the Coordinator that answered last; when it does not answer, on the next
         Coordinator this Node knows (several Coordinators on one etcd cluster answer alike)."""
         timeout = max(5.0, min(30.0, self.config.update_interval * 3))
-        ips = self.core.coordinator_vpn_ips()
+        ips = self.core.recovery.coordinator_vpn_ips()
         if self._update_from in ips:
             start = ips.index(self._update_from)
             ips = ips[start:] + ips[:start]
         endpoint, answer = ask_in_turn(["%s:%d" % (ip, self.config.vpnapi_port) for ip in ips],  # PeerAuth, then call
-                                       lambda c: call(self._node_auth.authenticate(c, self.core.node_state)), timeout)
+                                       lambda c: call(self._node_auth.authenticate(c, self.core.context.node_state)), timeout)
         from_ip = endpoint.rsplit(":", 1)[0]
         if from_ip != (self._update_from or ips[0]):
             self.log("update_failover", coordinator_vpn_ip=from_ip, level="warning")
@@ -327,24 +332,24 @@ class Agent:
         return answer
 
     def _update_once(self) -> None:
-        self.core.apply_update(self._ask_coordinators(lambda client: client.get_update(self.core.resource_version)))
+        self.core.node.apply_update(self._ask_coordinators(lambda client: client.get_update(self.core.context.resource_version)))
 
     def _finish_activation_once(self) -> None:
         """An interrupted activation: our disk key from a Coordinator, through the WireGuard tunnel."""
-        self.core.finish_activation(lambda: self._ask_coordinators(lambda client: client.get_state_disk_key()))
+        self.core.node.finish_activation(lambda: self._ask_coordinators(lambda client: client.get_state_disk_key()))
 
     def _rejoin_once(self) -> None:
         """A rebooted Node: a rejoin ticket from its Coordinator, or from the next one it knows."""
         port = atls.parse_endpoint(self.config.public_endpoint)[1]
         endpoints = [self.config.coordinator_public_endpoint] if self.config.coordinator_public_endpoint else [
-            ("[%s]:%d" if ":" in ip else "%s:%d") % (ip, port) for ip in self.core.coordinator_public_ips()]
+            ("[%s]:%d" if ":" in ip else "%s:%d") % (ip, port) for ip in self.core.recovery.coordinator_public_ips()]
         if not endpoints:
             raise ConstellationError("rejoin: the stored peers do not name a Coordinator's public IP")
-        result = rejoin_cluster(self.core, endpoints, [self.peer_validator], self.issuer)
+        result = rejoin_cluster(self.core.recovery, endpoints, [self.peer_validator], self.issuer)
         self.log("rejoined", node_vpn_ip=result.get("vpn_ip"), resource_version=result.get("resource_version"))
 
     def _join_once(self) -> None:
-        result = join_cluster(self.core, self.config.coordinator_public_endpoint, [self.peer_validator],
+        result = join_cluster(self.core.node, self.config.coordinator_public_endpoint, [self.peer_validator],
                               self.issuer)
         self.log("joined", node_vpn_ip=result.get("node_vpn_ip"), resource_version=result.get("resource_version"))
 
@@ -360,11 +365,11 @@ class Agent:
         if close is not None:
             close()
         self.admin.close()  # the warm interpreters
-        for store in {id(s): s for s in (self.store, self.core.store)}.values():  # local, and etcd's
+        for store in {id(s): s for s in (self.store, self.core.context.store)}.values():  # local, and etcd's
             with contextlib.suppress(ConstellationError):
                 store.close()
-        if self.core.etcd_member is not None:
-            self.core.etcd_member.stop()
+        if self.core.context.etcd_member is not None:
+            self.core.context.etcd_member.stop()
         self.log("agent_stopped")
 
     def wait(self) -> None:

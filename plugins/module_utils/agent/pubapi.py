@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The pubapi (docs/protocol.md): thin handlers over the Core. They decode parameters, call the
-Core, encode answers and drive the message exchanges; the Core gets the transport as a port
+"""The pubapi (docs/protocol.md): thin handlers over the Core's services (core/__init__.py: each handler
+class gets the services it calls, ``PubAPI.for_core`` picks them from a ``Core``). They decode parameters,
+call the services, encode answers and drive the message exchanges; the Core gets the transport as a port
 (``core/ports.py``): ``connect_node`` for activating nodes, a ``JoinChannel`` for the join service,
 a ``TicketRequest`` for the joining node."""
 
@@ -52,11 +53,21 @@ class PubAPI:
     ``validator_for_activation``: the one ActivateAdditionalNodes connects with (default: the same); the
     agent gives it a policy without PCR 15, which the Core checks itself (fresh, or locked to our
     cluster: a resumed activation). ``connect_node(endpoint) -> AgentClient``: aTLS connection to a node,
-    verified with it."""
+    verified with it. The services: ``status`` (GetState), ``coordinator`` (activation as Coordinator, the
+    registry), ``activation`` (nodes), ``cluster`` (further Coordinators), ``node`` (activation as Node),
+    ``join_service`` (IssueJoinTicket), ``trust`` (IssueRejoinTicket), ``recovery`` (Recover)."""
 
-    def __init__(self, core, validator_for_nodes=None, connect_node: Optional[Callable[[str], AgentClient]] = None,
-                 admin=None, log=None, issuer=None, validator_for_activation=None):
-        self.core = core
+    def __init__(self, validator_for_nodes=None, connect_node: Optional[Callable[[str], AgentClient]] = None,
+                 admin=None, log=None, issuer=None, validator_for_activation=None, *, status=None, coordinator=None,
+                 activation=None, cluster=None, node=None, join_service=None, trust=None, recovery=None):
+        self.status = status
+        self.coordinator = coordinator
+        self.activation = activation
+        self.cluster = cluster
+        self.node = node
+        self.join_service = join_service
+        self.trust = trust
+        self.recovery = recovery
         self.validator_for_nodes = validator_for_nodes
         self.issuer = issuer
         activation_validator = validator_for_activation or validator_for_nodes
@@ -64,6 +75,12 @@ class PubAPI:
             lambda validators: AgentClient.connect(endpoint, validators), [activation_validator]))
         self.admin = admin
         self._log = log or (lambda event, **fields: None)
+
+    @classmethod
+    def for_core(cls, core, *args: Any, **kwargs: Any) -> "PubAPI":
+        """The handlers over ``core``'s services (None: no Core, e.g. to list the handlers)."""
+        names = ("status", "coordinator", "activation", "cluster", "node", "join_service", "trust", "recovery")
+        return cls(*args, **kwargs, **{name: getattr(core, name, None) for name in names})
 
     def handlers(self) -> Dict[str, Any]:
         return {"GetState": self.get_state, "ActivateAsCoordinator": self.activate_as_coordinator,
@@ -77,44 +94,44 @@ class PubAPI:
         # Least disclosure: state and role to anyone; VPN IP and key, disk UUID, evicted peers only on a
         # connection that proved the admin key or the Coordinators' key (AdminAuth).
         full = conn.admin or getattr(conn, "coordinator", False)
-        conn.stream.send_result(self.core.get_state() if full else self.core.public_state())
+        conn.stream.send_result(self.status.get_state() if full else self.status.public_state())
 
     def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:
-        result = self.core.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,
-                                                   request.storage_uri, request.cluster_config, request.init_secret)
+        result = self.coordinator.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,
+                                                          request.storage_uri, request.cluster_config, request.init_secret)
         conn.stream.send_result(result.to_dict())
 
     def activate_as_node(self, conn: Connection, request: schema.ActivateAsNodeRequest) -> None:
-        step = self.core.activate_as_node_begin(request.encode())  # the Core checks the domain itself
+        step = self.node.activate_as_node_begin(request.encode())  # the Core checks the domain itself
         try:
             conn.stream.send_msg({"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key})
             answer = conn.stream.recv_msg("the state disk key")
             key = b64d(answer.get("state_disk_key"), "state_disk_key", 32)
         except BaseException as err:
-            self.core.abort_node_activation("ActivateAsNode was not completed: %s" % err)
+            self.node.abort_node_activation("ActivateAsNode was not completed: %s" % err)
             raise
-        conn.stream.send_result(self.core.activate_as_node_finish(key))
+        conn.stream.send_result(self.node.activate_as_node_finish(key))
 
     def activate_as_additional_coordinator(self, conn: Connection, request: schema.ActivateAsNodeRequest) -> None:
         """core/coordinator_cluster.py: our disk UUID and VPN key out, the KMS URI and etcd cluster in, our etcd
         member starts, the activating Coordinator promotes it, we open the shared state."""
-        step = self.core.activate_as_additional_coordinator_begin(request.encode())
+        step = self.cluster.activate_as_additional_coordinator_begin(request.encode())
         voting = False
         try:
             conn.stream.send_msg({"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key})
-            self.core.activate_as_additional_coordinator_join(conn.stream.recv_msg("the KMS URI and etcd cluster"))
+            self.cluster.activate_as_additional_coordinator_join(conn.stream.recv_msg("the KMS URI and etcd cluster"))
             conn.stream.send_msg({"etcd_member": "started"})
             voting = conn.stream.recv_msg("the promotion of our etcd member").get("etcd_member") == "voting"
             if not voting:
                 raise ProtocolError("ActivateAsAdditionalCoordinator: our etcd member was not promoted")
-            result = self.core.activate_as_additional_coordinator_finish()
+            result = self.cluster.activate_as_additional_coordinator_finish()
         except BaseException as err:
-            self.core.abort_coordinator_activation(err, voting)
+            self.cluster.abort_coordinator_activation(err, voting)
             raise
         conn.stream.send_result(result)
 
     def recover(self, conn: Connection, request: schema.RecoverRequest) -> None:
-        conn.stream.send_result(self.core.recover(request.kms_uri))
+        conn.stream.send_result(self.recovery.recover(request.kms_uri))
 
     # EnrollAK needs no authentication and costs the TPM a primary key (~80 ms on swtpm, ten quotes):
     # a token bucket per source and one for all (rpc/server.py RateLimit; docs/agent.md).
@@ -157,34 +174,34 @@ class PubAPI:
             raise AccessDenied("ActivateAdditionalNodes: no admin channel on this agent")
         self.admin.require_admin(conn, "ActivateAdditionalNodes")
         # Coordinators first: the Nodes then learn of them with their first peer list.
-        results = (self.core.activate_coordinators(request.coordinator_public_endpoints, self.connect_node)
+        results = (self.cluster.activate_coordinators(request.coordinator_public_endpoints, self.connect_node)
                    if request.coordinator_public_endpoints else [])
         if request.node_public_endpoints:
-            results += self.core.activate_nodes(request.node_public_endpoints, self.connect_node,
-                                                request.control_plane_endpoints or ())
+            results += self.activation.activate_nodes(request.node_public_endpoints, self.connect_node,
+                                                      request.control_plane_endpoints or ())
         for row in results:
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
                                                      "%s (%s)" % (row["action"], row["node_vpn_ip"]) if row["ok"]
                                                      else "failed: %s" % row["error"])})
-        conn.stream.send_result({"nodes": results, "resource_version": self.core.get_update(-1)["resource_version"]})
+        conn.stream.send_result({"nodes": results, "resource_version": self.coordinator.get_update(-1)["resource_version"]})
 
     # -- Coordinator: the join service
     def issue_join_ticket(self, conn: Connection, request: schema.IssueJoinTicketRequest) -> None:
-        self.core.require_coordinator("IssueJoinTicket")
+        self.coordinator.require_coordinator("IssueJoinTicket")
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueJoinTicket: only over aTLS on a Coordinator with a node policy")
-        result = self.core.serve_join(request.disk_uuid, request.node_vpn_pub_key, ServerJoinChannel(conn),
-                                      self.validator_for_nodes, request.certificate_request,
-                                      bool(request.is_control_plane))
+        result = self.join_service.serve_join(request.disk_uuid, request.node_vpn_pub_key, ServerJoinChannel(conn),
+                                              self.validator_for_nodes, request.certificate_request,
+                                              bool(request.is_control_plane))
         conn.stream.send_result(result)
 
     # -- Coordinator: rejoin tickets for rebooted Nodes (core/trust.py)
     def issue_rejoin_ticket(self, conn: Connection, request: schema.IssueRejoinTicketRequest) -> None:
-        self.core.require_coordinator("IssueRejoinTicket")
+        self.coordinator.require_coordinator("IssueRejoinTicket")
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueRejoinTicket: only over aTLS on a Coordinator with a node policy")
-        result = self.core.serve_rejoin(request.vpn_ip, b64e(request.node_vpn_pub_key), request.disk_uuid,
-                                        ServerRejoinChannel(conn), self.validator_for_nodes)
+        result = self.trust.serve_rejoin(request.vpn_ip, b64e(request.node_vpn_pub_key), request.disk_uuid,
+                                         ServerRejoinChannel(conn), self.validator_for_nodes)
         conn.stream.send_result(result)
 
 
@@ -235,9 +252,9 @@ class ServerRejoinChannel(ServerJoinChannel):
             raise InputError("rejoined", "true")
 
 
-def rejoin_cluster(core, coordinator_endpoints, validators, issuer, connect=None) -> Dict[str, Any]:
+def rejoin_cluster(recovery, coordinator_endpoints, validators, issuer, connect=None) -> Dict[str, Any]:
     """A rebooted Node's side: verify a Coordinator (``connect``), attest ourselves in-band, let the
-    Core check and take the rejoin ticket. ``coordinator_endpoints``: its own Coordinator first, then the
+    Core (``recovery``: core/recovery.py) check and take the rejoin ticket. ``coordinator_endpoints``: its own Coordinator first, then the
     others it knows (several Coordinators on one etcd cluster): one that cannot be reached or verified
     is passed over; one that answers decides."""
     connect = connect or (lambda endpoint: connect_enrolling(lambda v: AgentClient.connect(endpoint, v), validators))
@@ -250,17 +267,17 @@ def rejoin_cluster(core, coordinator_endpoints, validators, issuer, connect=None
             last = err
             continue
         with client:
-            return core.rejoin(lambda vpn_ip, vpn_pub_key, disk_uuid, on_ticket: client.issue_rejoin_ticket(
+            return recovery.rejoin(lambda vpn_ip, vpn_pub_key, disk_uuid, on_ticket: client.issue_rejoin_ticket(
                 vpn_ip, vpn_pub_key, disk_uuid, issuer, on_ticket))
     raise last if last is not None else ConstellationError("rejoin: no Coordinator endpoint is known")
 
 
-def join_cluster(core, coordinator_endpoint: str, validators, issuer, connect=None,
+def join_cluster(node, coordinator_endpoint: str, validators, issuer, connect=None,
                  certificate_request: Optional[bytes] = None, is_control_plane: bool = False) -> Dict[str, Any]:
     """The joining node's side: verify the Coordinator (``connect``), attest ourselves in-band
-    (``issuer``), and let the Core take the ticket. ``certificate_request``: the kubelet's CSR; the ticket
+    (``issuer``), and let the Core (``node``: core/node.py) take the ticket. ``certificate_request``: the kubelet's CSR; the ticket
     then carries its certificate (and, with ``is_control_plane``, the control-plane PKI files)."""
     connect = connect or (lambda endpoint: connect_enrolling(lambda v: AgentClient.connect(endpoint, v), validators))
     with connect(coordinator_endpoint) as client:
-        return core.join_cluster(lambda disk_uuid, node_vpn_pub_key, on_ticket: client.issue_join_ticket(
+        return node.join_cluster(lambda disk_uuid, node_vpn_pub_key, on_ticket: client.issue_join_ticket(
             disk_uuid, node_vpn_pub_key, issuer, on_ticket, is_control_plane, certificate_request))

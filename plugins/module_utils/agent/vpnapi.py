@@ -24,30 +24,43 @@ KUBEADM_UNAVAILABLE = "kubeadm not available on the Coordinator"
 
 
 class VPNAPI:
-    """``kubeadm``: the Coordinator's kubeadm provider (``kubeadm/join_provider.py``); it becomes the Core's
-    (``core/kubernetes.py`` decides who gets what). None: GetJoinArgs and GetCertificateKey answer that
-    kubeadm is not available here."""
+    """``kubeadm``: the Coordinator's kubeadm provider (``kubeadm/join_provider.py``); it becomes the Kubernetes
+    service's (``core/kubernetes.py`` decides who gets what). None: GetJoinArgs and GetCertificateKey answer that
+    kubeadm is not available here. The services (core/__init__.py; ``VPNAPI.for_core`` picks them from a
+    ``Core``): ``coordinator`` (registry, updates), ``access`` (PeerAuth, data keys), ``evictions``,
+    ``kubernetes`` (join material), ``activation`` (GetStateDiskKey)."""
 
-    def __init__(self, core, kubeadm=None, log=None):
-        self.core = core
+    def __init__(self, kubeadm=None, log=None, *, coordinator=None, access=None, evictions=None, kubernetes=None,
+                 activation=None):
+        self.coordinator = coordinator
+        self.access = access
+        self.evictions = evictions
+        self.kubernetes = kubernetes
+        self.activation = activation
         if kubeadm is not None:
-            core.kubeadm_provider = kubeadm
+            kubernetes.kubeadm_provider = kubeadm
         self._log = log or (lambda event, **fields: None)
+
+    @classmethod
+    def for_core(cls, core, *args: Any, **kwargs: Any) -> "VPNAPI":
+        """The handlers over ``core``'s services (None: no Core, e.g. to list the handlers)."""
+        names = ("coordinator", "access", "evictions", "kubernetes", "activation")
+        return cls(*args, **kwargs, **{name: getattr(core, name, None) for name in names})
 
     @property
     def kubeadm(self):
-        return getattr(self.core, "kubeadm_provider", None)
+        return getattr(self.kubernetes, "kubeadm_provider", None)
 
     def accept_check(self, peer: Tuple[str, int]) -> Optional[str]:
-        if self.core.is_evicted(peer[0]):
+        if self.evictions.is_evicted(peer[0]):
             return "vpnapi: %s was evicted from this cluster" % peer[0]
-        if not self.core.is_known_peer_ip(peer[0]):
+        if not self.coordinator.is_known_peer_ip(peer[0]):
             return "vpnapi: %s is not a VPN peer of this cluster" % peer[0]
         return None
 
     def _not_evicted(self, conn: Connection, method: str) -> None:
         """An eviction may come while a connection is open: every request checks again (O(1))."""
-        self.core.require_not_evicted(conn.peer_ip, method)
+        self.evictions.require_not_evicted(conn.peer_ip, method)
 
     def _authenticated(self, conn: Connection, method: str) -> str:
         """The caller's WireGuard public key, proven on this connection (PeerAuth) and still the one the
@@ -57,7 +70,7 @@ class VPNAPI:
         if pub_key is None:
             raise AccessDenied("%s: this connection has not proven the WireGuard key of %s (PeerAuth first)"
                                % (method, conn.peer_ip))
-        record = self.core.vpn_peer_record(conn.peer_ip)
+        record = self.access.vpn_peer_record(conn.peer_ip)
         if record is None or record.vpn_pub_key != pub_key:
             raise AccessDenied("%s: %s is no longer the peer that authenticated this connection" % (method, conn.peer_ip))
         return pub_key
@@ -71,14 +84,14 @@ class VPNAPI:
     def peer_auth(self, conn: Connection, request: schema.Empty) -> None:
         """A fresh challenge; the caller answers with the MAC only the holder of its WireGuard private key
         can make (wireguard/peer_auth.py), bound to this connection's two addresses and our key."""
-        self.core.require_coordinator("PeerAuth")
+        self.coordinator.require_coordinator("PeerAuth")
         self._not_evicted(conn, "PeerAuth")
         challenge = secrets.token_bytes(peer_auth.CHALLENGE_SIZE)
         server_ip = conn.sock.getsockname()[0]
-        conn.stream.send_msg({"challenge": b64e(challenge), "server_vpn_pub_key": self.core.peer_auth_server_pub_key()})
+        conn.stream.send_msg({"challenge": b64e(challenge), "server_vpn_pub_key": self.access.peer_auth_server_pub_key()})
         step = conn.stream.recv_msg("the proof")
         proof = b64d(step.get("proof"), "proof", max_size=64)
-        pub_key = self.core.check_peer_proof(conn.peer_ip, server_ip, challenge, proof)
+        pub_key = self.access.check_peer_proof(conn.peer_ip, server_ip, challenge, proof)
         if pub_key is None:
             self._log("peer_auth_refused", peer=conn.peer_ip)
             raise AccessDenied("PeerAuth: %s did not prove the WireGuard private key recorded for it at activation"
@@ -88,12 +101,12 @@ class VPNAPI:
 
     def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
         self._authenticated(conn, "GetUpdate")
-        conn.stream.send_result(self.core.get_update(request.resource_version))
+        conn.stream.send_result(self.coordinator.get_update(request.resource_version))
 
     def _kubeadm(self, method: str, conn: Connection) -> str:
-        self.core.require_coordinator(method)
+        self.coordinator.require_coordinator(method)
         pub_key = self._authenticated(conn, method)
-        if not self.core.is_known_peer_ip(conn.peer_ip):  # removed since the connection was accepted
+        if not self.coordinator.is_known_peer_ip(conn.peer_ip):  # removed since the connection was accepted
             raise AccessDenied("%s: %s is not a VPN peer of this cluster" % (method, conn.peer_ip))
         if self.kubeadm is None:
             raise StateError("%s: %s" % (method, KUBEADM_UNAVAILABLE))
@@ -103,23 +116,23 @@ class VPNAPI:
         """A fresh token per call; the kubelet certificate only for the caller's own VPN IP; the PKI files
         only for a designated control plane."""
         pub_key = self._kubeadm("GetJoinArgs", conn)
-        args = self.core.kubernetes_join_for(conn.peer_ip, "GetJoinArgs", request.certificate_request,
-                                             bool(request.is_control_plane), vpn_pub_key=pub_key)
+        args = self.kubernetes.kubernetes_join_for(conn.peer_ip, "GetJoinArgs", request.certificate_request,
+                                                   bool(request.is_control_plane), vpn_pub_key=pub_key)
         conn.stream.send_result(schema.GetJoinArgsAnswer.decode(args).encode())
 
     def get_certificate_key(self, conn: Connection, request: schema.Empty) -> None:
         pub_key = self._kubeadm("GetCertificateKey", conn)
-        conn.stream.send_result({"certificate_key": self.core.kubernetes_certificate_key_for(
+        conn.stream.send_result({"certificate_key": self.kubernetes.kubernetes_certificate_key_for(
             conn.peer_ip, vpn_pub_key=pub_key)})
 
     def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
         pub_key = self._authenticated(conn, "GetDataKey")
         length = 32 if request.length is None else request.length
-        key = self.core.get_data_key(request.data_key_id, length, pub_key)  # namespaced: peer/<pub_key>/<id>
+        key = self.access.get_data_key(request.data_key_id, length, pub_key)  # namespaced: peer/<pub_key>/<id>
         self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)
         conn.stream.send_result({"data_key": b64e(key)})
 
     def get_state_disk_key(self, conn: Connection, request: schema.Empty) -> None:
         # The caller proved its WireGuard key: a node gets only its own key.
         self._authenticated(conn, "GetStateDiskKey")
-        conn.stream.send_result({"state_disk_key": b64e(self.core.node_state_disk_key(conn.peer_ip))})
+        conn.stream.send_result({"state_disk_key": b64e(self.activation.node_state_disk_key(conn.peer_ip))})

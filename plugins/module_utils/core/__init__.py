@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A peer's Core: states, roles, the node lock and the activation logic (SPEC.md 4, 6).
 
-No sockets here: the servers in ``rpc/`` call these methods and turn errors into answers; where an
-operation needs a transport (activating a node, a join), the caller passes it in as a port
-(``ports.py``). Nothing in this package imports Ansible or ``rpc/``.
+No sockets here: the agent's servers (``agent/pubapi.py``, ``vpnapi.py``, ``admin.py``) call the services
+and turn errors into answers; where an operation needs a transport (activating a node, a join), the caller
+passes it in as a port (``ports.py``). Nothing in this package imports Ansible, ``atls``, ``rpc/``,
+``agent/`` or ``kubeadm/`` (tests/unit/test_layout.py).
 
 * States only advance (SPEC 6.4). A node whose activation was interrupted after the node lock waits
   (``NodeWaitingForClusterJoin``, persisted) and resumes (``activation``); ``Failed`` is left for what
@@ -19,22 +20,35 @@ operation needs a transport (activating a node, a join), the caller passes it in
 * Persistence: the node state (``NodeState``), KMS settings and the peer registry live in the store
   (``state_store``), so an agent restart loses nothing; ``recovery`` resumes after a TPM reset.
 
-Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, ``vpn``, ``base``,
-``coordinator``, ``activation`` (the Coordinator activates and resumes nodes), ``coordinators``
-(further Coordinators on one etcd cluster), ``trust`` (re-attestation,
-eviction, rejoin tickets), ``node``, ``recovery``; ``Core`` composes the last three.
+Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, ``vpn``, ``peers``, ``state_store``
+(the records and their store format), and the services, one per concern, each holding the shared
+``PeerContext`` (``context``) and its collaborators through small Protocols declared where they are used:
+``coordinator`` (one Coordinator: activation as Coordinator, registry, updates), ``join_service``
+(IssueJoinTicket), ``peer_access`` (who gets what, data keys), ``kubernetes`` (join material), ``signing``,
+``activation`` (the Coordinator activates and resumes nodes), ``shared_store`` (its etcd member),
+``coordinator_cluster`` (further Coordinators on one etcd cluster), ``node`` (the Node's side), ``evictions``,
+``trust`` (re-attestation, eviction, rejoin tickets; ``reattest_loop`` drives it), ``recovery`` (start-up,
+Recover, rejoin) and ``status`` (GetState). ``Core`` is the composition root only: it builds the context and
+the services and exposes them as attributes.
 """
 
 from __future__ import annotations
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core.base import STATE_DISK_KEY_FILE, CoreBase
+from typing import Any, Callable, Dict, Optional
+
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import (
     ACTIVATION_WORKERS,
     MAX_NODES_PER_CALL,
     NodeActivation,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import RESERVED_DATA_KEY_IDS
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage
+from ansible_collections.constellation.cluster.plugins.module_utils.core.context import STATE_DISK_KEY_FILE, PeerContext
+from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import Coordinator
 from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator_cluster import CoordinatorCluster
+from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import Evictions
+from ansible_collections.constellation.cluster.plugins.module_utils.core.join_service import JoinService
+from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KubernetesJoin
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import RESERVED_DATA_KEY_IDS, PeerAccess
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ADMIN_PUB_KEY_MAX,
     CLUSTER_ID_LENGTH,
@@ -55,14 +69,19 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.records
     NodeActivationStep,
     RejoinTicket,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import TPM, VPN, Store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.reattest_loop import ReattestLoop
 from ansible_collections.constellation.cluster.plugins.module_utils.core.recovery import Recovery
+from ansible_collections.constellation.cluster.plugins.module_utils.core.shared_store import SharedStore
+from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import CoordinatorSigning
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import (
     ROLE_COORDINATOR,
     ROLE_NODE,
     ROLE_UNKNOWN,
     State,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import PeerTrust, ReattestLoop
+from ansible_collections.constellation.cluster.plugins.module_utils.core.status import PeerStatus
+from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import PeerTrust
 from ansible_collections.constellation.cluster.plugins.module_utils.core.vpn import WireGuardVPN
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError,
@@ -71,16 +90,51 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 )
 
 
-class Core(PeerTrust, CoordinatorCluster, NodeSide, Recovery):
-    """One peer: both sides (the Coordinator's with node activation) and recovery over the shared ``CoreBase``. Thread-safe; every method
-    may be called from a server thread."""
+class Core:
+    """One peer, composed: the shared ``context`` and one service per concern. Thread-safe; every service
+    may be called from a server thread. The constructor's arguments are the ``PeerContext``'s."""
+
+    def __init__(self, store: Store, tpm: TPM, vpn: VPN, state_dir: str, public_ip: str,
+                 disk_uuid: str, log: Optional[Callable[..., None]] = None,
+                 kubeadm_join_args: Optional[Callable[[], Dict[str, Any]]] = None,
+                 init_secret_hash: Optional[str] = None, at_rest: Optional[SealedStorage] = None):
+        self.context = context = PeerContext(store, tpm, vpn, state_dir, public_ip, disk_uuid, log=log,
+                                             kubeadm_join_args=kubeadm_join_args, init_secret_hash=init_secret_hash,
+                                             at_rest=at_rest)
+        self.signing = CoordinatorSigning(context)
+        self.access = PeerAccess(context)
+        self.evictions = Evictions(context)
+        self.shared_store = SharedStore(context)
+        self.kubernetes = KubernetesJoin(context, self.access, self.evictions)
+        self.coordinator = Coordinator(context, self.shared_store, self.access, self.signing)
+        self.join_service = JoinService(context, self.coordinator, self.access, self.kubernetes, self.signing)
+        self.activation = NodeActivation(context, self.coordinator, self.signing, self.access, self.evictions)
+        self.cluster = CoordinatorCluster(context, self.coordinator, self.signing)
+        self.node = NodeSide(context)
+        self.trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions, self.kubernetes)
+        self.status = PeerStatus(context, self.shared_store, self.evictions, self.signing)
+        self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
+
+    # The few read-only accessors every side uses; everything else: the services above.
+    @property
+    def state(self) -> State:
+        return self.context.state
+
+    @property
+    def role(self) -> str:
+        return self.context.role
+
+    def get_state(self) -> Dict[str, Any]:
+        """GetState's details (core/status.py)."""
+        return self.status.get_state()
 
 
 __all__ = [
     "ACTIVATION_WORKERS", "ADMIN_PUB_KEY_MAX", "CLUSTER_ID_LENGTH", "HAS_CRYPTOGRAPHY", "MAX_NODES_PER_CALL",
     "MEASUREMENT_SALT_LENGTH", "RESERVED_DATA_KEY_IDS", "ROLE_COORDINATOR", "ROLE_NODE", "ROLE_UNKNOWN",
-    "STATE_DISK_KEY_FILE", "ConstellationError", "CoordinatorActivation", "Core", "CoreBase", "InputError",
-    "CoordinatorCluster", "JoinTicket", "NodeActivationRequest", "PeerTrust",
+    "STATE_DISK_KEY_FILE", "ConstellationError", "Coordinator", "CoordinatorActivation", "Core", "InputError",
+    "CoordinatorCluster", "JoinTicket", "NodeActivation", "NodeActivationRequest", "NodeSide", "PeerContext", "PeerTrust",
+    "Recovery",
     "ReattestLoop", "RejoinTicket", "NodeActivationStep", "NodeLock", "NodeState", "State", "StateError",
     "TPMDevice", "WireGuardVPN", "new_disk_uuid", "normalize_disk_uuid", "parse_admin_pub_key",
     "parse_measurement_salt",

@@ -1,30 +1,26 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Coordinator activates nodes (ActivateAdditionalNodes), and resumes an activation that a
-crash or a cut link interrupted (docs/agent.md, "Resumable activation"). The transport to a node comes
-in as a port (``ports.ConnectNode``)."""
+"""The Coordinator activates nodes (``NodeActivation``: ActivateAdditionalNodes), and resumes an activation
+that a crash or a cut link interrupted (docs/agent.md, "Resumable activation"). The transport to a node comes
+in as a port (``ports.ConnectNode``); the registry (core/coordinator.py), the signatures (core/signing.py),
+disk ownership (core/peer_access.py) and the evictions (core/evictions.py) through the Protocols below."""
 
 from __future__ import annotations
 
-import hmac
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Protocol, Sequence
 
-from ansible_collections.constellation.cluster.plugins.module_utils import atls
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import (
-    PCR_INDEX_CLUSTER_ID,
     STATE_IS_NODE,
     STATE_NODE_WAITING_FOR_CLUSTER_JOIN,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import CoordinatorSide
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import ConnectNode, NodeClient
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError,
     ConnectionLost,
     ConstellationError,
     InputError,
@@ -41,27 +37,84 @@ MAX_ACTIVATION_WORKERS = 64
 RESUME_TIMEOUT = 60
 RESUME_POLL = 0.2
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
 
-class NodeActivation(CoordinatorSide):
-    def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:  # pylint: disable=unused-argument
-        """Overridden by core/trust.py (evicted peers); False: not evicted."""
-        return False
+
+class Registry(Protocol):
+    """The Coordinator's peer registry (core/coordinator.py ``Coordinator``)."""
+
+    def membership(self, client: NodeClient) -> str:
+        """'fresh', 'ours' or 'other' (PCR 15)."""
+
+    def reserve_node_ip(self) -> str:
+        """A fresh VPN IP for a node."""
+
+    def release_node_ip(self, vpn_ip: str) -> None:
+        """Frees a reserved IP nobody was recorded at."""
+
+    def node_activation_request(self, node_vpn_ip: str) -> Any:
+        """The cluster's identity and peers for the node at ``node_vpn_ip``."""
+
+    def init_proof_for(self, public_ip: str) -> Dict[str, Any]:
+        """The ``init_proof`` field for the node at ``public_ip``."""
+
+    def state_disk_key(self, disk_uuid: str) -> bytes:
+        """The disk key for ``disk_uuid``."""
+
+    def add_node_peer(self, vpn_ip: str, vpn_pub_key: str, public_ip: str, role: str = "node") -> int:
+        """Records a peer."""
+
+    def is_known_peer_ip(self, ip: str) -> bool:
+        """Whether ``ip`` is a peer's VPN IP."""
+
+
+class CoordinatorAuth(Protocol):
+    """Proves the Coordinators' key to a node (core/signing.py ``CoordinatorSigning``)."""
+
+    def authenticate_as_coordinator(self, client: Any) -> None:
+        """AdminAuth role coordinator on ``client``."""
+
+
+class DiskClaim(Protocol):
+    """Who owns a disk UUID (core/peer_access.py ``PeerAccess``)."""
+
+    def claim_disk_uuid(self, disk_uuid: str, vpn_ip: str, vpn_pub_key: str, method: str) -> None:
+        """Records the owner, or AccessDenied if another peer holds it."""
+
+
+class Readmission(Protocol):
+    """Evicted Nodes that come back (core/evictions.py ``Evictions``)."""
+
+    def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:
+        """True if ``vpn_ip`` is evicted (and comes back with its key); StateError for another key."""
 
     def clear_eviction(self, vpn_ip: str) -> None:
-        """Overridden by core/trust.py."""
+        """The Node is a peer again."""
 
-    activation_workers = ACTIVATION_WORKERS
+
+class NodeActivation:
+    """ActivateAdditionalNodes over the peer's ``PeerContext``."""
+
+    def __init__(self, context: PeerContext, registry: Registry, signing: CoordinatorAuth, access: DiskClaim,
+                 evictions: Readmission):
+        self.context = context
+        self.registry = registry
+        self.signing = signing
+        self.access = access
+        self.evictions = evictions
+        self.activation_workers = ACTIVATION_WORKERS  # the agent's ``activation_workers``
 
     def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode,
                        control_plane_endpoints: Sequence[str] = ()) -> List[Dict[str, Any]]:
         """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each. The admin
         designates those of ``control_plane_endpoints`` control planes (recorded with the node: only they
         get control-plane material from the vpnapi)."""
-        self.require_coordinator("ActivateAdditionalNodes")
+        self.context.require_coordinator("ActivateAdditionalNodes")
         if not isinstance(endpoints, list) or not endpoints or len(endpoints) > MAX_NODES_PER_CALL:
             raise InputError("node_public_endpoints", "a non-empty list of host:port (at most %d)" % MAX_NODES_PER_CALL)
         for index, endpoint in enumerate(endpoints):
-            atls.parse_endpoint(endpoint, "node_public_endpoints[%d]" % index)
+            parse_endpoint(endpoint, "node_public_endpoints[%d]" % index)
         planes = set(control_plane_endpoints or ())
         if not planes <= set(endpoints):
             raise InputError("control_plane_endpoints", "endpoints of node_public_endpoints",
@@ -78,41 +131,41 @@ class NodeActivation(CoordinatorSide):
         over the VPN (GetStateDiskKey); anything else is refused. Before the disk key is sent, the node
         (VPN IP, WireGuard key, disk UUID) is recorded, so a Coordinator that dies after that point
         loses nothing and the node can finish without it being reachable on its public endpoint."""
-        host, _port = atls.parse_endpoint(endpoint)
+        host, _port = parse_endpoint(endpoint)
         row: Dict[str, Any] = {"node_public_endpoint": endpoint, "ok": False, "node_vpn_ip": None, "error": None,
                                "action": None}
         vpn_ip = None
         sent = locked = False
         try:
             with connect_node(endpoint) as client:
-                membership = self._membership(client)
+                membership = self.registry.membership(client)
                 if membership == "ours":
                     return self._resume_node(endpoint, host, client, row, control_plane)
                 if membership != "fresh":
                     raise StateError("%s is locked to another cluster (PCR 15)" % endpoint)
-                vpn_ip = self.reserve_node_ip()
-                self._log("node_ip_reserved", node=endpoint, node_vpn_ip=vpn_ip)
-                request = self.node_activation_request(vpn_ip)
+                vpn_ip = self.registry.reserve_node_ip()
+                self.context.log("node_ip_reserved", node=endpoint, node_vpn_ip=vpn_ip)
+                request = self.registry.node_activation_request(vpn_ip)
 
                 def record_then_key(disk_uuid: str, node_vpn_pub_key: str) -> bytes:
                     nonlocal locked
                     locked = True  # the node answered the first step: it holds the node lock
-                    self._log("node_locked", node=endpoint, node_vpn_ip=vpn_ip)
+                    self.context.log("node_locked", node=endpoint, node_vpn_ip=vpn_ip)
                     normalized = normalize_disk_uuid(disk_uuid)
                     self.record_node(vpn_ip, node_vpn_pub_key, host, normalized, control_plane)
-                    return self.state_disk_key(normalized)
+                    return self.registry.state_disk_key(normalized)
 
                 sent = True
-                result = client.activate_as_node(dict(request.to_dict(), **self.init_proof_for(host)), record_then_key)
+                result = client.activate_as_node(dict(request.to_dict(), **self.registry.init_proof_for(host)), record_then_key)
             row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=result["state_disk_uuid"], action="activated")
-            self._log("node_activated", node=endpoint, node_vpn_ip=vpn_ip)
+            self.context.log("node_activated", node=endpoint, node_vpn_ip=vpn_ip)
         except (ConstellationError, OSError) as err:
             # Lost after the request went out: the node may hold the lock and this VPN IP, so the IP stays
             # reserved for it (a refusal by the node, by contrast, frees it).
             maybe_locked = locked or (sent and isinstance(err, (ConnectionLost, OSError)))
             if vpn_ip is not None and not maybe_locked:
                 try:
-                    self.release_node_ip(vpn_ip)
+                    self.registry.release_node_ip(vpn_ip)
                 except ConstellationError:
                     pass
             row["error"] = str(err) or type(err).__name__
@@ -121,25 +174,14 @@ class NodeActivation(CoordinatorSide):
                 row["error"] += " (the node holds the node lock and is recorded: it finishes, or the next run resumes it)"
             elif maybe_locked:
                 row["error"] += " (the node may hold the node lock: the next run resumes it)"
-            self._log("node_activation_failed", node=endpoint, error=row["error"][:300], locked=locked)
+            self.context.log("node_activation_failed", node=endpoint, error=row["error"][:300], locked=locked)
         return row
-
-    def _membership(self, client: NodeClient) -> str:
-        """'fresh', 'ours' or 'other', from PCR 15 of the node's verified attestation."""
-        pcr15 = client.attested_pcrs().get(PCR_INDEX_CLUSTER_ID)
-        if not isinstance(pcr15, bytes):
-            raise AttestationError("the node's attestation does not cover PCR %d" % PCR_INDEX_CLUSTER_ID)
-        if pcr15 == bytes(len(pcr15)):
-            return "fresh"
-        if hmac.compare_digest(pcr15, expected_pcr15(self._stored_node().cluster_id)):
-            return "ours"
-        return "other"
 
     def _resume_node(self, endpoint: str, host: str, client: NodeClient, row: Dict[str, Any],
                      control_plane: bool = False) -> Dict[str, Any]:
         """A node locked to our cluster (attested PCR 15): record it if needed, then wait until it
         reports IsNode (it fetches its disk key over the VPN)."""
-        self.authenticate_as_coordinator(client)  # the node pinned our key: its GetState details are ours to read
+        self.signing.authenticate_as_coordinator(client)  # the node pinned our key: its GetState details are ours to read
         state = client.get_state()
         vpn_ip, vpn_pub_key, disk_uuid = state.get("vpn_ip"), state.get("vpn_pub_key"), state.get("state_disk_uuid")
         name = state.get("state")
@@ -147,10 +189,10 @@ class NodeActivation(CoordinatorSide):
                 or not isinstance(disk_uuid, str):
             raise StateError("%s holds our node lock but is %s: it cannot resume (reset the node and run "
                              "add_nodes.yml)" % (endpoint, name))
-        readmit = self.check_readmission(vpn_ip, vpn_pub_key)  # evicted (core/trust.py): it passed again
+        readmit = self.evictions.check_readmission(vpn_ip, vpn_pub_key)  # evicted (core/trust.py): it passed again
         recorded = self.record_node(vpn_ip, vpn_pub_key, host, normalize_disk_uuid(disk_uuid), control_plane)
         if readmit:
-            self.clear_eviction(vpn_ip)
+            self.evictions.clear_eviction(vpn_ip)
         if name == STATE_NODE_WAITING_FOR_CLUSTER_JOIN:
             deadline = time.monotonic() + RESUME_TIMEOUT
             while name == STATE_NODE_WAITING_FOR_CLUSTER_JOIN and time.monotonic() < deadline:
@@ -163,7 +205,7 @@ class NodeActivation(CoordinatorSide):
         else:
             row["action"] = "readmitted" if readmit else "recorded" if recorded else "none"
         row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=disk_uuid)
-        self._log("node_resumed", node=endpoint, node_vpn_ip=vpn_ip, action=row["action"])
+        self.context.log("node_resumed", node=endpoint, node_vpn_ip=vpn_ip, action=row["action"])
         return row
 
     def record_node(self, vpn_ip: str, vpn_pub_key: str, public_ip: str, disk_uuid: str,
@@ -171,35 +213,35 @@ class NodeActivation(CoordinatorSide):
         """Records a node that holds our node lock, before it gets its disk key: its disk UUID (which
         becomes its own: refused, AccessDenied, if another peer's), the admin's control-plane designation,
         then its peer entry. True if anything changed. Refused if its VPN IP or key belongs to another peer."""
-        self.require_coordinator("record node")
+        self.context.require_coordinator("record node")
         record = PeerRecord.parse(vpn_ip, vpn_pub_key, public_ip, "node")
-        known = state_store.load_node_disk_uuid(self.store, record.vpn_ip)
+        known = node_records.load_node_disk_uuid(self.context.store, record.vpn_ip)
         if known is not None and known != disk_uuid:
             raise StateError("VPN IP %s belongs to another node (disk %s)" % (record.vpn_ip, known))
-        registry = self.peer_registry.current()
+        registry = self.context.peer_registry.current()
         current = registry.peers.get(record.vpn_ip) if registry is not None else None
         if current is not None and current.vpn_pub_key != record.vpn_pub_key:
             raise StateError("VPN IP %s belongs to another peer (another WireGuard key)" % record.vpn_ip)
-        self.claim_disk_uuid(disk_uuid, record.vpn_ip, record.vpn_pub_key, "ActivateAdditionalNodes")
+        self.access.claim_disk_uuid(disk_uuid, record.vpn_ip, record.vpn_pub_key, "ActivateAdditionalNodes")
         designated = False
-        if control_plane and state_store.load_control_plane(self.store, record.vpn_ip) != record.vpn_pub_key:
-            state_store.save_control_plane(self.store, record.vpn_ip, record.vpn_pub_key)
-            self._log("control_plane_designated", node_vpn_ip=record.vpn_ip)
+        if control_plane and node_records.load_control_plane(self.context.store, record.vpn_ip) != record.vpn_pub_key:
+            node_records.save_control_plane(self.context.store, record.vpn_ip, record.vpn_pub_key)
+            self.context.log("control_plane_designated", node_vpn_ip=record.vpn_ip)
             designated = True
         if current is not None and current.public_ip == record.public_ip:
             return known is None or designated
-        self.add_node_peer(record.vpn_ip, record.vpn_pub_key, public_ip)
+        self.registry.add_node_peer(record.vpn_ip, record.vpn_pub_key, public_ip)
         return True
 
     def node_state_disk_key(self, vpn_ip: str) -> bytes:
         """GetStateDiskKey: the disk key of the node at ``vpn_ip`` (the WireGuard tunnel
         authenticates that address), for the disk UUID recorded at its activation, and only while it
         is a peer."""
-        kms = self.require_coordinator("GetStateDiskKey")
-        if not self.is_known_peer_ip(vpn_ip):
+        kms = self.context.require_coordinator("GetStateDiskKey")
+        if not self.registry.is_known_peer_ip(vpn_ip):
             raise StateError("GetStateDiskKey: %s is not a peer of this cluster" % vpn_ip)
-        disk_uuid = state_store.load_node_disk_uuid(self.store, vpn_ip)
+        disk_uuid = node_records.load_node_disk_uuid(self.context.store, vpn_ip)
         if disk_uuid is None:
             raise StateError("GetStateDiskKey: no activation of %s is recorded" % vpn_ip)
-        self._log("state_disk_key", node_vpn_ip=vpn_ip)
+        self.context.log("state_disk_key", node_vpn_ip=vpn_ip)
         return kms.state_disk_key(disk_uuid)

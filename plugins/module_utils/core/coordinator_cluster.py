@@ -17,21 +17,22 @@ own (node state, KMS settings) in its local store:
   once it caught up; the new one opens the shared state and serves;
 * every Coordinator follows the registry (``sync_coordinator_peers``): WireGuard peers, and its
   fellow Coordinators kept locally so that after a restart it can reach the others' members first;
-* the agent's loop starts a member that died again (``supervise_etcd_member``); GetState reports it.
+* the agent's loop starts a member that died again (core/shared_store.py); GetState reports it.
+
+``CoordinatorCluster`` holds the peer's ``PeerContext`` and, through the Protocols below, the Coordinator's
+registry (core/coordinator.py) and signatures (core/signing.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Protocol, Sequence
 
-from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import NodeActivation
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, b64d, normalize_disk_uuid, open_kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import PeerRegistryCache
-from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import ConnectNode
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import ConnectNode, NodeClient
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import (
     NodeActivationRequest,
     NodeActivationStep,
@@ -52,129 +53,125 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
     pub_key_from_priv_key,
 )
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
+
 METHOD = "ActivateAsAdditionalCoordinator"
 
 
-class CoordinatorCluster(NodeActivation):
-    # -- the cluster store
-    def _switch_to(self, cluster: Any) -> None:
-        self.store = cluster
-        self.peer_registry = PeerRegistryCache(cluster, shared=True)
+class Registry(Protocol):
+    """The activating Coordinator's peer registry (core/coordinator.py ``Coordinator``)."""
 
-    def _start_cluster_store(self, vpn_ip: str, kms: Any) -> None:
-        """The first Coordinator: a new etcd cluster of one; the registry written so far moves there."""
-        if self.etcd_member is None:
-            return
-        self.etcd_member.start(vpn_ip, kms)
-        cluster = self.etcd_member.open_store(vpn_ip)
-        moved = state_store.move_cluster_keys(self.local_store, cluster)
-        self._switch_to(cluster)
-        self._log("etcd_member_started", vpn_ip=vpn_ip, cluster="new", keys_moved=moved)
+    def membership(self, client: NodeClient) -> str:
+        """'fresh', 'ours' or 'other' (PCR 15)."""
 
-    def _open_cluster_store(self, node: NodeState) -> None:
-        """A restarted Coordinator: WireGuard to the Coordinators it knew, then its member (which
-        rejoins the cluster from its data), then the shared state."""
-        if self.etcd_member is None or not self.etcd_member.has_data():
-            return
-        self.vpn.set_peers(list(node.peers or ()), self.vpn_pub_key)
-        self.etcd_member.start(node.vpn_ip, self._kms)
-        self._switch_to(self.etcd_member.open_store(node.vpn_ip))
-        self._log("etcd_member_started", vpn_ip=node.vpn_ip, cluster="restart")
+    def node_activation_request(self, node_vpn_ip: str) -> NodeActivationRequest:
+        """The cluster's identity and peers for the peer at ``node_vpn_ip``."""
+
+    def init_proof_for(self, public_ip: str) -> Dict[str, Any]:
+        """The ``init_proof`` field for the peer at ``public_ip``."""
+
+    def add_node_peer(self, vpn_ip: str, vpn_pub_key: str, public_ip: str, role: str = "node") -> int:
+        """Records a peer."""
+
+    def remove_peer(self, vpn_ip: str) -> int:
+        """Removes a peer."""
+
+    def release_node_ip(self, vpn_ip: str) -> None:
+        """Frees a reserved IP."""
+
+    def apply_registry_peers(self) -> bool:
+        """Our WireGuard peers become the registry's."""
+
+
+class CoordinatorAuth(Protocol):
+    """Proves the Coordinators' key to a peer (core/signing.py ``CoordinatorSigning``)."""
+
+    def authenticate_as_coordinator(self, client: Any) -> None:
+        """AdminAuth role coordinator on ``client``."""
+
+
+class CoordinatorCluster:
+    """Further Coordinators on the shared etcd cluster, over the peer's ``PeerContext``."""
+
+    def __init__(self, context: PeerContext, registry: Registry, signing: CoordinatorAuth):
+        self.context = context
+        self.registry = registry
+        self.signing = signing
+        self._pending_coordinator: Any = None  # an ActivateAsAdditionalCoordinator under way
+        self._pending_priv_key: Any = None
+        self._synced_version: Any = None  # the registry version whose peers WireGuard has
 
     def sync_coordinator_peers(self) -> bool:
         """A Coordinator on a shared etcd: makes its WireGuard peers those of the registry (another
         Coordinator may have added or removed some) and keeps its fellow Coordinators locally. True if
         anything changed."""
-        if self.etcd_member is None or self.state != State.ACTIVATING_NODES:
+        if self.context.etcd_member is None or self.context.state != State.ACTIVATING_NODES:
             return False
-        registry = self.peer_registry.current()
+        registry = self.context.peer_registry.current()
         if registry is None or registry.peers.version == self._synced_version:
             return False  # nothing committed since the last sync: no `wg` call
         records = list(registry.peers.peers.values())
-        changed = self.apply_registry_peers()
-        fellows = tuple(p for p in records if p.role == ROLE_COORDINATOR and p.vpn_ip != self.vpn_ip)
-        if fellows != tuple(self._stored_node().peers or ()):
-            self._save_node(peers=fellows)
+        changed = self.registry.apply_registry_peers()
+        fellows = tuple(p for p in records if p.role == ROLE_COORDINATOR and p.vpn_ip != self.context.vpn_ip)
+        if fellows != tuple(self.context.stored_node().peers or ()):
+            self.context.save_node(peers=fellows)
             changed = True
         self._synced_version = registry.peers.version
         return bool(changed)
 
-    def _shares_state(self) -> bool:
-        """An activated Coordinator whose cluster state lives in its etcd member."""
-        return self.etcd_member is not None and self.state == State.ACTIVATING_NODES and self.store is not self.local_store
-
-    def supervise_etcd_member(self) -> bool:
-        """The agent's loop: a member that died while the agent lives would leave the cluster one member
-        short, unnoticed (this agent serves from memory). It starts again from its data and rejoins;
-        a failed start raises and is tried again next round. True if it was started."""
-        if not self._shares_state() or self.etcd_member.running:
-            return False
-        self._log("etcd_member_exited", level="warning", vpn_ip=self.vpn_ip)
-        if self._kms is None:
-            raise StateError("etcd_member: the member cannot start again without the KMS (its TLS)")
-        self.etcd_member.start(self.vpn_ip, self._kms)
-        self._log("etcd_member_started", vpn_ip=self.vpn_ip, cluster="restart")
-        return True
-
-    def get_state(self) -> Dict[str, Any]:
-        """Adds ``etcd_member`` ("running" or "stopped") for a Coordinator that shares the state in etcd."""
-        answer = super().get_state()
-        if self._shares_state():
-            answer["etcd_member"] = "running" if self.etcd_member.running else "stopped"
-        return answer
-
     # -- the activating Coordinator's side
     def activate_coordinators(self, endpoints: Sequence[str], connect_node: ConnectNode) -> List[Dict[str, Any]]:
         """Activates the Coordinators at ``endpoints`` one after another (etcd adds one member at a time)."""
-        self.require_coordinator("ActivateAdditionalNodes")
-        if not self._shares_state():
+        self.context.require_coordinator("ActivateAdditionalNodes")
+        if not self.context.shares_state():
             raise StateError("ActivateAdditionalNodes: this Coordinator keeps the cluster's state in its local store "
                              "(it runs no etcd member, agent config etcd_member, or was activated without one), so "
                              "no other Coordinator can share it")
         for index, endpoint in enumerate(endpoints):
-            atls.parse_endpoint(endpoint, "coordinator_public_endpoints[%d]" % index)
+            parse_endpoint(endpoint, "coordinator_public_endpoints[%d]" % index)
         return [self.activate_coordinator(endpoint, connect_node) for endpoint in endpoints]
 
     def activate_coordinator(self, endpoint: str, connect_node: ConnectNode) -> Dict[str, Any]:
-        host, _port = atls.parse_endpoint(endpoint)
+        host, _port = parse_endpoint(endpoint)
         row: Dict[str, Any] = {"node_public_endpoint": endpoint, "role": ROLE_COORDINATOR, "ok": False,
                                "node_vpn_ip": None, "error": None, "action": None}
         vpn_ip = None
         added: Dict[str, Any] = {}
         try:
             with connect_node(endpoint) as client:
-                membership = self._membership(client)
+                membership = self.registry.membership(client)
                 if membership == "ours":
                     return self._known_coordinator(client, endpoint, row)
                 if membership != "fresh":
                     raise StateError("%s is locked to another cluster (PCR 15)" % endpoint)
-                vpn_ip = self.peer_registry.update(lambda r: r.allocator.allocate(ROLE_COORDINATOR))
-                request = self.node_activation_request(vpn_ip)
+                vpn_ip = self.context.peer_registry.update(lambda r: r.allocator.allocate(ROLE_COORDINATOR))
+                request = self.registry.node_activation_request(vpn_ip)
 
                 def record_then_secrets(disk_uuid: str, vpn_pub_key: str) -> Dict[str, Any]:
-                    state_store.save_node_disk_uuid(self.store, vpn_ip, normalize_disk_uuid(disk_uuid))
-                    self.add_node_peer(vpn_ip, vpn_pub_key, host, role=ROLE_COORDINATOR)
+                    node_records.save_node_disk_uuid(self.context.store, vpn_ip, normalize_disk_uuid(disk_uuid))
+                    self.registry.add_node_peer(vpn_ip, vpn_pub_key, host, role=ROLE_COORDINATOR)
                     added["peer"] = True
-                    peer_url = self.etcd_member.peer_url(vpn_ip)
-                    added["member"] = self.store.member_add(peer_url, learner=True)
+                    peer_url = self.context.etcd_member.peer_url(vpn_ip)
+                    added["member"] = self.context.store.member_add(peer_url, learner=True)
                     secrets = {"etcd_initial_cluster": initial_cluster(
-                        self.store.member_list(), self.etcd_member.member_name(vpn_ip), peer_url)}
-                    secrets.update(state_store.load_kms_data(self.local_store) or {})
-                    if self._init_secret is not None:
-                        secrets["init_secret"] = b64(self._init_secret)
-                    self._log("coordinator_member_added", coordinator=endpoint, coordinator_vpn_ip=vpn_ip)
+                        self.context.store.member_list(), self.context.etcd_member.member_name(vpn_ip), peer_url)}
+                    secrets.update(state_store.load_kms_data(self.context.local_store) or {})
+                    if self.context.init_secret is not None:
+                        secrets["init_secret"] = b64(self.context.init_secret)
+                    self.context.log("coordinator_member_added", coordinator=endpoint, coordinator_vpn_ip=vpn_ip)
                     return {k: v for k, v in secrets.items() if v}
 
                 def promote() -> None:
-                    self.store.member_promote(added["member"])
+                    self.context.store.member_promote(added["member"])
 
                 result = client.activate_as_additional_coordinator(
-                    dict(request.to_dict(), **self.init_proof_for(host)), record_then_secrets, promote)
+                    dict(request.to_dict(), **self.registry.init_proof_for(host)), record_then_secrets, promote)
             row.update(ok=True, node_vpn_ip=vpn_ip, state_disk_uuid=result.get("state_disk_uuid"), action="activated")
-            self._log("coordinator_activated", coordinator=endpoint, coordinator_vpn_ip=vpn_ip)
+            self.context.log("coordinator_activated", coordinator=endpoint, coordinator_vpn_ip=vpn_ip)
         except (ConstellationError, OSError) as err:
             row["error"] = (str(err) or type(err).__name__) + self._undo_coordinator(vpn_ip, added)
-            self._log("coordinator_activation_failed", coordinator=endpoint, error=row["error"][:300])
+            self.context.log("coordinator_activation_failed", coordinator=endpoint, error=row["error"][:300])
         return row
 
     def _undo_coordinator(self, vpn_ip: Any, added: Mapping[str, Any]) -> str:
@@ -183,20 +180,20 @@ class CoordinatorCluster(NodeActivation):
         notes = []
         try:
             if "member" in added:
-                self.store.member_remove(added["member"])
+                self.context.store.member_remove(added["member"])
             if added.get("peer"):
-                self.remove_peer(vpn_ip)
+                self.registry.remove_peer(vpn_ip)
                 notes.append("it holds the node lock: reset it before it is added again")
             elif vpn_ip is not None:
-                self.release_node_ip(vpn_ip)
+                self.registry.release_node_ip(vpn_ip)
         except ConstellationError as err:
             notes.append("undoing failed too: %s" % err)
         return " (%s)" % "; ".join(notes) if notes else ""
 
     def _known_coordinator(self, client: Any, endpoint: str, row: Dict[str, Any]) -> Dict[str, Any]:
-        self.authenticate_as_coordinator(client)  # a Coordinator of ours derives the same key
+        self.signing.authenticate_as_coordinator(client)  # a Coordinator of ours derives the same key
         state = client.get_state()
-        registry = self.peer_registry.current()
+        registry = self.context.peer_registry.current()
         record = registry.peers.get(state.get("vpn_ip") or "") if registry is not None else None
         if state.get("role") != ROLE_COORDINATOR or record is None or record.vpn_pub_key != state.get("vpn_pub_key"):
             raise StateError("%s holds our node lock but is not one of our Coordinators (%s): reset it and add it "
@@ -208,25 +205,25 @@ class CoordinatorCluster(NodeActivation):
     def activate_as_additional_coordinator_begin(self, params: Mapping[str, Any]) -> NodeActivationStep:
         """First step: the node lock, WireGuard up with the activating Coordinator as peer; answers our
         disk UUID and WireGuard key. Nothing secret has reached us yet."""
-        self.require_state(METHOD, State.ACCEPTING_INIT)
-        if self.recovery_pending:
+        self.context.require_state(METHOD, State.ACCEPTING_INIT)
+        if self.context.recovery_pending:
             raise StateError("%s: this node holds a cluster's state and waits for Recover" % METHOD)
-        if self.etcd_member is None:
+        if self.context.etcd_member is None:
             raise StateError("%s: this agent runs no etcd member (agent config etcd_member)" % METHOD)
         request = NodeActivationRequest.from_dict(params)
-        check_node_proof(request.init_proof, self.init_secret_hash, METHOD)
+        check_node_proof(request.init_proof, self.context.init_secret_hash, METHOD)
         self._pending_coordinator = request = request.without_proof()
         priv_key = generate_priv_key()
-        self._take_lock(request.cluster_id, METHOD)
-        self._log("node_lock", role=ROLE_COORDINATOR, pcr=15)
+        self.context.take_lock(request.cluster_id, METHOD)
+        self.context.log("node_lock", role=ROLE_COORDINATOR, pcr=15)
         try:
             self._pending_priv_key = priv_key
-            self.vpn.setup(request.node_vpn_ip, priv_key)
-            self.vpn.set_peers(list(request.peers), pub_key_from_priv_key(priv_key))
+            self.context.vpn.setup(request.node_vpn_ip, priv_key)
+            self.context.vpn.set_peers(list(request.peers), pub_key_from_priv_key(priv_key))
         except BaseException as err:
             self.abort_coordinator_activation(err)
             raise
-        return NodeActivationStep(self.disk_uuid, pub_key_from_priv_key(priv_key))
+        return NodeActivationStep(self.context.disk_uuid, pub_key_from_priv_key(priv_key))
 
     def activate_as_additional_coordinator_join(self, secrets: Mapping[str, Any]) -> None:
         """Second step: the KMS URI (it must derive our cluster ID) and the etcd cluster to join; starts
@@ -243,51 +240,50 @@ class CoordinatorCluster(NodeActivation):
         init_secret = secrets.get("init_secret")
         storage_uri = secrets.get("storage_uri") or kms_mod.NO_STORE_URI
         kms_mod.parse_storage_uri(storage_uri)
-        state_store.save_kms_data(self.local_store, {"kms_uri": secrets["kms_uri"], "storage_uri": storage_uri})
+        state_store.save_kms_data(self.context.local_store, {"kms_uri": secrets["kms_uri"], "storage_uri": storage_uri})
         if init_secret is not None:
-            self._init_secret = parse_init_secret(b64d(init_secret, "init_secret", 32))
-            state_store.save_init_secret(self.local_store, self._init_secret)
-        self._kms = kms
-        self.etcd_member.start(request.node_vpn_ip, kms, members)
+            self.context.init_secret = parse_init_secret(b64d(init_secret, "init_secret", 32))
+            state_store.save_init_secret(self.context.local_store, self.context.init_secret)
+        self.context.kms = kms
+        self.context.etcd_member.start(request.node_vpn_ip, kms, members)
 
     def activate_as_additional_coordinator_finish(self) -> Dict[str, Any]:
         """Last step, once our member votes: the shared state, our WireGuard peers, our node state."""
         request = self._pending_request()
-        self._switch_to(self.etcd_member.open_store(request.node_vpn_ip))
-        registry = self.peer_registry.reload()
+        self.context.switch_to(self.context.etcd_member.open_store(request.node_vpn_ip))
+        registry = self.context.peer_registry.reload()
         own = registry.peers.get(request.node_vpn_ip) if registry is not None else None
         pub_key = pub_key_from_priv_key(self._pending_priv_key)
         if own is None or own.vpn_pub_key != pub_key or own.role != ROLE_COORDINATOR:
             raise StateError("%s: the cluster's registry does not list this Coordinator" % METHOD)
-        with self._mutex:
-            self._role = ROLE_COORDINATOR
+        self.context.set_role(ROLE_COORDINATOR)
         records = list(registry.peers.peers.values())
-        self.vpn.set_peers(records, pub_key)
-        self._save_node(NodeState(
+        self.context.vpn.set_peers(records, pub_key)
+        self.context.save_node(NodeState(
             role=ROLE_COORDINATOR, vpn_ip=request.node_vpn_ip, vpn_priv_key=self._pending_priv_key,
             cluster_id=request.cluster_id, measurement_salt=request.measurement_salt,
-            admin_pub_key=request.admin_pub_key, coordinator_vpn_ip=request.node_vpn_ip, disk_uuid=self.disk_uuid,
+            admin_pub_key=request.admin_pub_key, coordinator_vpn_ip=request.node_vpn_ip, disk_uuid=self.context.disk_uuid,
             peers=tuple(p for p in records if p.role == ROLE_COORDINATOR and p.vpn_ip != request.node_vpn_ip),
             state=int(State.ACTIVATING_NODES)))
-        self._keep_disk_key(self._kms.state_disk_key(self.disk_uuid))
+        self.context.keep_disk_key(self.context.kms.state_disk_key(self.context.disk_uuid))
         self._pending_coordinator = None
-        self._advance(State.ACTIVATING_NODES)
-        self._log("coordinator_joined", coordinator_vpn_ip=request.node_vpn_ip)
-        return {"state": self._state.wire_name, "coordinator_vpn_ip": request.node_vpn_ip,
-                "state_disk_uuid": self.disk_uuid}
+        self.context.advance(State.ACTIVATING_NODES)
+        self.context.log("coordinator_joined", coordinator_vpn_ip=request.node_vpn_ip)
+        return {"state": self.context.state.wire_name, "coordinator_vpn_ip": request.node_vpn_ip,
+                "state_disk_uuid": self.context.disk_uuid}
 
     def abort_coordinator_activation(self, err: BaseException, voting: bool = False) -> None:
         """The activation did not finish: this peer fails (it holds the lock). A learner member stops; a
         voting one keeps running (stopping it could cost the cluster its majority) until the activating
         Coordinator removes it, which ends it."""
-        if self.etcd_member is not None and not voting:
-            self.etcd_member.stop()
+        if self.context.etcd_member is not None and not voting:
+            self.context.etcd_member.stop()
         self._pending_coordinator = None
-        if self.state != State.ACTIVATING_NODES:
-            self._fail(METHOD, err)
+        if self.context.state != State.ACTIVATING_NODES:
+            self.context.fail(METHOD, err)
 
     def _pending_request(self) -> NodeActivationRequest:
-        request = getattr(self, "_pending_coordinator", None)
+        request = self._pending_coordinator
         if request is None:
             raise StateError("%s: no activation as Coordinator is under way" % METHOD)
         return request

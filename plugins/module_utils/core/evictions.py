@@ -2,18 +2,28 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Evictions as the cluster's shared state (docs/agent.md, "Re-attestation and eviction"; docs/store.md,
-"Several Coordinators"): the evicted peers every Coordinator refuses (``EvictionCache``), and the etcd
-side of evicting a Coordinator (``remove_coordinator_member``)."""
+"Several Coordinators"): the evicted peers every Coordinator refuses (``EvictionCache``; ``Evictions``, the
+service that answers ``is_evicted``, ``require_not_evicted``, ``check_readmission`` and ``clear_eviction`` for
+the vpnapi, the Kubernetes join, node activation and re-attestation), and the etcd side of evicting a
+Coordinator (``remove_coordinator_member``)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import eviction_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
+    REASON_EVICTED,
+    AccessDenied,
+    ConstellationError,
+    StateError,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
 
 # An evicted Coordinator's etcd member: removed, or kept (no live majority would remain without it);
 # the ``etcd_member`` field of its eviction (GetState ``evicted``).
@@ -21,26 +31,25 @@ MEMBER_KEPT = "kept"
 MEMBER_REMOVED = "removed"
 
 
-def remove_coordinator_member(core: Any, vpn_ip: str) -> Optional[str]:
+def remove_coordinator_member(context: PeerContext, vpn_ip: str) -> Optional[str]:
     """The leader evicts the Coordinator at ``vpn_ip``: its etcd member leaves the cluster
     (``coordinator_members.evict_member``). None when it left (or there was none: a Coordinator without a
     shared store); why not when the members that remain would not hold a live majority."""
-    shares = getattr(core, "_shares_state", None)
-    if shares is None or not shares():
+    if not context.shares_state():
         return None
     from ansible_collections.constellation.cluster.plugins.module_utils.store.coordinator_members import (
         evict_member,
     )
 
-    result = evict_member(core.store, vpn_ip, core.vpn_ip)
+    result = evict_member(context.store, vpn_ip, context.vpn_ip)
     if result["removed"] is not None:
-        core._log("coordinator_member_removed", coordinator_vpn_ip=vpn_ip,  # pylint: disable=protected-access
-                  member=result["removed"]["name"], members=result["members"])
+        context.log("coordinator_member_removed", coordinator_vpn_ip=vpn_ip, member=result["removed"]["name"],
+                    members=result["members"])
     return result["held"]
 
 
 class EvictionCache:
-    """The evicted peers in memory, written through the store (``state_store.save_eviction``): reads take
+    """The evicted peers in memory, written through the store (``eviction_store.save_eviction``): reads take
     no lock and one reference to a dict that is never changed after it is published. With several
     Coordinators on one store (``shared``), a read first compares the store's evictions version (one key,
     ``Store.peek``: the member's own copy, no majority needed) with the one in memory, at most once per
@@ -73,7 +82,7 @@ class EvictionCache:
         return self._current
 
     def _load(self) -> None:
-        self._current, self._version = state_store.load_evictions(self.store, with_version=True)
+        self._current, self._version = eviction_store.load_evictions(self.store, with_version=True)
         self._loaded = True
         self.reloads += 1
 
@@ -89,7 +98,7 @@ class EvictionCache:
         self._checked_at = now
         try:
             self.peeks += 1
-            stored = state_store.peek_evictions_version(self.store)
+            stored = eviction_store.peek_evictions_version(self.store)
         except ConstellationError:
             return  # the store cannot say: serve what is in memory
         if stored != self._version:
@@ -103,7 +112,7 @@ class EvictionCache:
         """Writes one eviction, then publishes the evictions as the store holds them (another Coordinator
         may have written since our last read); if that read fails, ours is added to what we had."""
         with self._lock:
-            state_store.save_eviction(self.store, vpn_ip, eviction)
+            eviction_store.save_eviction(self.store, vpn_ip, eviction)
             try:
                 self._load()
             except ConstellationError:
@@ -112,10 +121,63 @@ class EvictionCache:
 
     def forget(self, vpn_ip: str) -> None:
         with self._lock:
-            state_store.delete_eviction(self.store, vpn_ip)
+            eviction_store.delete_eviction(self.store, vpn_ip)
             try:
                 self._load()
             except ConstellationError:
                 current = dict(self._current)
                 current.pop(vpn_ip, None)
                 self._current, self._version = current, None
+
+
+class Evictions:
+    """The evicted peers of the store the peer uses now (a new cache when it moved its state to etcd)."""
+
+    def __init__(self, context: PeerContext):
+        self.context = context
+        self._cache: Optional[EvictionCache] = None
+
+    def cache(self) -> EvictionCache:
+        cache = self._cache
+        store = self.context.store
+        if cache is None or cache.store is not store:
+            # The cluster's store is shared once it is not this peer's own (etcd).
+            cache = EvictionCache(store, shared=store is not self.context.local_store or bool(self.context.peer_registry.shared))
+            self._cache = cache
+        return cache
+
+    def reload(self) -> None:
+        self.cache().reload()
+
+    @property
+    def evicted(self) -> Dict[str, dict]:
+        return dict(self.cache().current())
+
+    def is_evicted(self, vpn_ip: str) -> bool:
+        """O(1) from memory (with several Coordinators, plus one version read of the shared store at most
+        every ``FOLLOW_INTERVAL``): the vpnapi and the pubapi ask this for every request."""
+        return vpn_ip in self.cache().current()
+
+    def require_not_evicted(self, vpn_ip: str, method: str) -> None:
+        if self.is_evicted(vpn_ip):
+            raise AccessDenied("%s: %s was evicted from this cluster (it failed re-attestation); it is re-admitted "
+                               "only through add_nodes.yml after it passes again" % (method, vpn_ip)).with_reason(
+                                   REASON_EVICTED)
+
+    def record(self, vpn_ip: str, eviction: Mapping[str, Any]) -> None:
+        self.cache().record(vpn_ip, eviction)
+
+    def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:
+        """Before an evicted Node is recorded again (ActivateAdditionalNodes): it must come back with the
+        key it was evicted with. True if ``vpn_ip`` is evicted."""
+        eviction = self.evicted.get(vpn_ip)
+        if eviction is None:
+            return False
+        if eviction.get("vpn_pub_key") != vpn_pub_key:
+            raise StateError("%s was evicted with another WireGuard key: it is not re-admitted" % vpn_ip)
+        return True
+
+    def clear_eviction(self, vpn_ip: str) -> None:
+        """The Node passed attestation again and is a peer again (ActivateAdditionalNodes)."""
+        self.cache().forget(vpn_ip)
+        self.context.log("peer_readmitted", vpn_ip=vpn_ip)

@@ -7,22 +7,24 @@ the join ticket (IssueJoinTicket) or the vpnapi (GetJoinArgs, GetCertificateKey:
 proved their WireGuard key). Control-plane material (PKI files, certificate key) goes only to a peer the admin
 designated a control plane at its activation; a join ticket never carries it.
 
-The kubeadm work is a port (``KubeadmProvider``, implemented by ``kubeadm/join_provider.py``); this room
-decides who gets what. A kubelet certificate names the node as the Coordinator knows it: the CSR may ask
+The kubeadm work is a port (``KubeadmProvider``, implemented by ``kubeadm/join_provider.py``, which also
+checks the kubelet CSRs); this room decides who gets what. A kubelet certificate names the node as the Coordinator knows it: the CSR may ask
 only for the caller's own VPN IP, and a node name once certified for one VPN IP (or the Coordinator's
 own) is refused to every other node, so no node can obtain a serving certificate in another's name."""
 
 from __future__ import annotations
 
 import base64
-from typing import Any, Dict, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, Tuple, runtime_checkable
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import PeerAccess
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied,
     ConstellationError,
     InputError,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
 
 KUBEADM_UNAVAILABLE = "kubeadm not available on the Coordinator"
 KEY_KUBELET_NODE_NAME_PREFIX = "kubeletNodeName/"
@@ -45,6 +47,10 @@ class KubeadmProvider(Protocol):
     def own_node_name(self) -> Optional[str]:
         """The node name of the Coordinator's own kubelet."""
 
+    def check_kubelet_csr(self, csr_data: bytes, node_vpn_ip: str) -> Tuple[str, Any]:
+        """``(node name, csr)`` of a kubelet CSR that asks only for that name and ``node_vpn_ip``;
+        InputError naming ``certificate_request`` otherwise."""
+
     def kubelet_cert(self, csr_data: bytes, node_vpn_ip: str) -> Dict[str, Any]:
         """``{node_name, kubelet_cert}`` for a checked CSR, signed by the cluster CA, valid for the
         provider's ``kubelet_cert_days`` (short: a renewal is a new request, refused to an evicted peer)."""
@@ -53,11 +59,29 @@ class KubeadmProvider(Protocol):
         """Deletes the Kubernetes Node object ``name`` (an evicted peer's); True if it existed."""
 
 
-class KubernetesJoin(PeerAccess):
-    kubeadm_provider: Optional[KubeadmProvider] = None
+class ControlPlaneDesignation(Protocol):
+    """Whether the admin designated a peer a control plane (core/peer_access.py ``PeerAccess``)."""
+
+    def is_designated_control_plane(self, vpn_ip: str, vpn_pub_key: str) -> bool:
+        """True for a Coordinator, or a Node activated with the designation, with this WireGuard key."""
+
+
+class EvictionCheck(Protocol):
+    """Refuses evicted peers (core/evictions.py ``Evictions``)."""
 
     def require_not_evicted(self, vpn_ip: str, method: str) -> None:
-        """Overridden by core/trust.py: AccessDenied for an evicted peer."""
+        """AccessDenied for an evicted peer."""
+
+
+class KubernetesJoin:
+    """The Coordinator's Kubernetes join material. ``kubeadm_provider`` is set by the agent (the vpnapi's
+    ``kubeadm``); None: no kubeadm on this Coordinator."""
+
+    def __init__(self, context: PeerContext, access: ControlPlaneDesignation, evictions: EvictionCheck):
+        self.context = context
+        self.access = access
+        self.evictions = evictions
+        self.kubeadm_provider: Optional[KubeadmProvider] = None
 
     def delete_kubernetes_node(self, vpn_ip: str) -> None:
         """An evicted Node's Kubernetes Node object goes (its pods are rescheduled elsewhere), where this
@@ -66,22 +90,22 @@ class KubernetesJoin(PeerAccess):
         provider = self.kubeadm_provider
         names = self.kubernetes_node_names(vpn_ip)
         if provider is None or not names:
-            self._log("kubernetes_node_kept", vpn_ip=vpn_ip,
-                      reason="no kubeadm provider" if provider is None else "no node name known for it")
+            self.context.log("kubernetes_node_kept", vpn_ip=vpn_ip,
+                             reason="no kubeadm provider" if provider is None else "no node name known for it")
             return
         for name in names:
             try:
                 deleted = provider.delete_node(name)
             except ConstellationError as err:
-                self._log("kubernetes_node_delete_failed", level="error", vpn_ip=vpn_ip, node_name=name,
-                          error=str(err)[:300])
+                self.context.log("kubernetes_node_delete_failed", level="error", vpn_ip=vpn_ip, node_name=name,
+                                 error=str(err)[:300])
                 continue
-            self._log("kubernetes_node_deleted", vpn_ip=vpn_ip, node_name=name, existed=bool(deleted))
+            self.context.log("kubernetes_node_deleted", vpn_ip=vpn_ip, node_name=name, existed=bool(deleted))
 
     def kubernetes_node_names(self, vpn_ip: str) -> list:
         """The node names certified for the peer at ``vpn_ip`` (its kubelet certificates), sorted."""
         return sorted(key[len(KEY_KUBELET_NODE_NAME_PREFIX):] for key, value in
-                      self.store.items(KEY_KUBELET_NODE_NAME_PREFIX) if value.decode("ascii", "replace") == vpn_ip)
+                      self.context.store.items(KEY_KUBELET_NODE_NAME_PREFIX) if value.decode("ascii", "replace") == vpn_ip)
 
     def _provider(self, method: str) -> KubeadmProvider:
         provider = self.kubeadm_provider
@@ -92,7 +116,7 @@ class KubernetesJoin(PeerAccess):
     def _bind_node_name(self, name: str, vpn_ip: str, method: str) -> None:
         """A node name belongs to the first VPN IP it was certified for; the Coordinator's own kubelet name
         belongs to the Coordinator. Refused (AccessDenied) for any other node."""
-        owner = self.vpn_ip if name == self._provider(method).own_node_name() else None
+        owner = self.context.vpn_ip if name == self._provider(method).own_node_name() else None
         if owner is not None and owner != vpn_ip:
             raise AccessDenied("%s: certificate_request: node name %s belongs to another node (%s)"
                                % (method, name, owner))
@@ -106,9 +130,9 @@ class KubernetesJoin(PeerAccess):
                 txn.put(key, vpn_ip.encode("ascii"))
             return None
 
-        other = self.store.update(bind)
+        other = self.context.store.update(bind)
         if other is not None:
-            self._log("kubelet_cert_refused", node_vpn_ip=vpn_ip, node_name=name, reason="name of " + other)
+            self.context.log("kubelet_cert_refused", node_vpn_ip=vpn_ip, node_name=name, reason="name of " + other)
             raise AccessDenied("%s: certificate_request: node name %s belongs to another node (%s)"
                                % (method, name, other))
 
@@ -117,24 +141,20 @@ class KubernetesJoin(PeerAccess):
         node's own VPN IP only), the name bound to that node, then signed with the cluster CA. Short-lived
         (the provider's ``kubelet_cert_days``): a Node renews it with a new request (GetJoinArgs with a
         CSR), and only while it is in good standing: never for an evicted peer, whichever Coordinator it asks."""
-        self.require_not_evicted(vpn_ip, method)
+        self.evictions.require_not_evicted(vpn_ip, method)
         provider = self._provider(method)
-        from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
-            check_kubelet_csr,
-        )
-
-        name, _csr = check_kubelet_csr(csr_data, vpn_ip)  # InputError before anything is recorded
+        name, _csr = provider.check_kubelet_csr(csr_data, vpn_ip)  # InputError before anything is recorded
         self._bind_node_name(name, vpn_ip, method)
         issued = provider.kubelet_cert(csr_data, vpn_ip)
-        self._log("kubelet_cert_issued", node_vpn_ip=vpn_ip, node_name=name)
+        self.context.log("kubelet_cert_issued", node_vpn_ip=vpn_ip, node_name=name)
         return issued
 
     def require_designated_control_plane(self, vpn_ip: str, vpn_pub_key: Optional[str], method: str) -> None:
         """Control-plane material (the PKI files, the certificate key) goes only to a peer the admin
         designated a control plane (``is_designated_control_plane``: a Coordinator, or a Node activated
         with the designation), identified by the WireGuard key it proved. AccessDenied otherwise."""
-        if vpn_pub_key is None or not self.is_designated_control_plane(vpn_ip, vpn_pub_key):
-            self._log("control_plane_refused", node_vpn_ip=vpn_ip, method=method)
+        if vpn_pub_key is None or not self.access.is_designated_control_plane(vpn_ip, vpn_pub_key):
+            self.context.log("control_plane_refused", node_vpn_ip=vpn_ip, method=method)
             raise AccessDenied("%s: is_control_plane: %s is not designated a control plane by the admin (control "
                                "planes are designated at activation: activate_nodes control_plane_public_endpoints)"
                                % (method, vpn_ip))
@@ -143,10 +163,10 @@ class KubernetesJoin(PeerAccess):
                                        vpn_pub_key: Optional[str] = None) -> str:
         """The Coordinator-era alternative to shipping the PKI: a fresh certificate key (the certificates
         uploaded under it) for the verified node at ``vpn_ip``, only if it is a designated control plane."""
-        self.require_coordinator(method)
+        self.context.require_coordinator(method)
         self.require_designated_control_plane(vpn_ip, vpn_pub_key, method)
         key = self._provider(method).certificate_key()
-        self._log("certificate_key_issued", node_vpn_ip=vpn_ip)
+        self.context.log("certificate_key_issued", node_vpn_ip=vpn_ip)
         return key
 
     def kubernetes_join_for(self, vpn_ip: str, method: str, certificate_request: Optional[bytes] = None,
@@ -156,7 +176,7 @@ class KubernetesJoin(PeerAccess):
         files (``[{name, data (base64)}]``), as Constellation ships them, only to a peer the admin
         designated a control plane (``vpn_pub_key``: the WireGuard key it proved); others asking for
         them get nothing at all."""
-        self.require_coordinator(method)
+        self.context.require_coordinator(method)
         if is_control_plane:
             self.require_designated_control_plane(vpn_ip, vpn_pub_key, method)
         provider = self._provider(method)
@@ -171,8 +191,8 @@ class KubernetesJoin(PeerAccess):
         if is_control_plane:
             args["control_plane_files"] = [{"name": f["name"], "data": base64.b64encode(f["data"]).decode("ascii")}
                                            for f in provider.control_plane_files()]
-        self._log("join_args_issued", node_vpn_ip=vpn_ip, method=method, control_plane=bool(is_control_plane),
-                  kubelet_cert=kubelet is not None)
+        self.context.log("join_args_issued", node_vpn_ip=vpn_ip, method=method, control_plane=bool(is_control_plane),
+                         kubelet_cert=kubelet is not None)
         return args
 
     def ticket_kubernetes(self, vpn_ip: str, certificate_request: Optional[bytes],
@@ -180,9 +200,9 @@ class KubernetesJoin(PeerAccess):
         """The ``kubeadm`` part of a join ticket: ``available`` and the join arguments, or why not. A
         refused CSR refuses the ticket (InputError / AccessDenied); a Coordinator without a control plane
         hands out a ticket that says so."""
-        if self.kubeadm_provider is None and self.kubeadm_join_args is not None:
+        if self.kubeadm_provider is None and self.context.kubeadm_join_args is not None:
             try:
-                return dict(self.kubeadm_join_args(), available=True)
+                return dict(self.context.kubeadm_join_args(), available=True)
             except ConstellationError as err:
                 return {"available": False, "reason": str(err)}
         reason = self.kubeadm_provider.available() if self.kubeadm_provider is not None else \

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRegistry
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerRegistry
 
 
 def shared_by_coordinators(store: Any) -> bool:

@@ -21,9 +21,12 @@ import base64
 import binascii
 import ipaddress
 import json
-from typing import Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
 
 try:
     from cryptography.exceptions import InvalidSignature
@@ -155,14 +158,18 @@ class Signer:
 
 
 class CoordinatorSigning:
-    """The Coordinator's side (a mixin of core/coordinator.py ``CoordinatorSide``)."""
+    """The Coordinator's signatures (its Ed25519 key from its KMS), over the peer's ``PeerContext``."""
+
+    def __init__(self, context: PeerContext):
+        self.context = context
+        self._signer: Optional[Signer] = None
 
     def signer(self) -> Signer:
         """The Coordinators' signing key from this Coordinator's KMS, made once per KMS."""
-        kms = self.require_coordinator("sign")  # pylint: disable=no-member
-        cached = getattr(self, "_signer", None)
+        kms = self.context.require_coordinator("sign")
+        cached = self._signer
         if cached is None or cached.kms is not kms:
-            cached = self._signer = Signer(kms)  # pylint: disable=attribute-defined-outside-init
+            cached = self._signer = Signer(kms)
         return cached
 
     def coordinator_pub_key(self) -> str:

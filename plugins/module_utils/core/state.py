@@ -47,11 +47,11 @@ ACTIVATED = (State.ACTIVATING_NODES, State.IS_NODE)
 
 
 class StateMachine:
-    """A peer's state and role, with listeners. Thread-safe: ``_mutex`` guards every transition."""
+    """A peer's state and role, with listeners. Thread-safe: ``mutex`` guards every transition."""
 
     def __init__(self, log: Optional[Callable[..., None]] = None):
-        self._log = log or (lambda event, **fields: None)
-        self._mutex = threading.RLock()
+        self.log = log or (lambda event, **fields: None)
+        self.mutex = threading.RLock()
         self._state = State.UNINITIALIZED
         self._role = ROLE_UNKNOWN
         self.failure: Optional[str] = None
@@ -65,28 +65,33 @@ class StateMachine:
     def role(self) -> str:
         return self._role
 
+    def set_role(self, role: str) -> None:
+        with self.mutex:
+            self._role = role
+
     def on_state_change(self, listener: Callable[[State], None]) -> None:
         self._listeners.append(listener)
 
-    def _advance(self, new: State) -> None:
-        with self._mutex:
+    def advance(self, new: State) -> None:
+        with self.mutex:
             if new <= self._state and not (new == State.FAILED and self._state != State.FAILED):
                 raise StateError("state cannot go from %s back to %s" % (self._state.wire_name, new.wire_name))
             old, self._state = self._state, new
-        self._log("state", old=old.wire_name, new=new.wire_name)
+        self.log("state", old=old.wire_name, new=new.wire_name)
         for listener in list(self._listeners):
             listener(new)
 
-    def _fail(self, what: str, err: BaseException) -> None:
+    def fail(self, what: str, err: BaseException) -> None:
         self.failure = "%s failed after the node lock: %s" % (what, err)
-        self._log("failed", what=what, error=str(err) if isinstance(err, ConstellationError) else type(err).__name__)
+        self.log("failed", what=what, error=str(err) if isinstance(err, ConstellationError) else type(err).__name__)
         if self._state != State.FAILED:
-            self._advance(State.FAILED)
+            self.advance(State.FAILED)
 
     def require_state(self, method: str, *allowed: State) -> None:
         if self._state not in allowed:
             raise StateError("%s is allowed only in state %s; this node is %s"
                              % (method, " or ".join(s.wire_name for s in allowed), self._state.wire_name))
 
-    def get_state(self) -> Dict[str, Any]:
+    def public_state(self) -> Dict[str, Any]:
+        """What GetState tells anyone: state and role only (least disclosure)."""
         return {"state": self._state.wire_name, "state_code": int(self._state), "role": self._role}

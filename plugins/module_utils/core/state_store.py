@@ -2,10 +2,11 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A peer's persisted state, as typed records on top of a store (``store.py``), in the
-Coordinator's key layout (SPEC §6.8): the peer registry, the node state and the KMS settings.
-(Named ``peerstore.py`` before 0.2.0; it always held more than peers.)
+Coordinator's key layout (SPEC §6.8): the peer registry, the node state, the KMS settings and the init
+secret; what the Coordinator records about the nodes it activates is core/node_records.py, the evictions
+core/eviction_store.py. (Named ``peerstore.py`` before 0.2.0; it always held more than peers.)
 
-* Peer state (``peers.PeerRegistry.to_dict()``): the peers, their resource version, the change log
+* Peer state (``peer_set.PeerRegistry.to_dict()``): the peers, their resource version, the change log
   and the VPN IP allocator are written and read in ONE transaction, so a reader never sees a peer
   without its version or an allocator that has not yet counted a peer's IP. Only keys whose value
   changes are written (one new peer = a handful of operations, whatever the cluster's size).
@@ -27,13 +28,8 @@ import json
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import (
-    ROLES,
-    STORE_PEER_PREFIX,
-    STORE_RESOURCE_VERSION,
-    PeerRecord,
-    PeerRegistry,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerRegistry
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import ROLES, STORE_PEER_PREFIX, STORE_RESOURCE_VERSION, PeerRecord
 from ansible_collections.constellation.cluster.plugins.module_utils.store import StoreError, Txn
 
 KEY_PEER_PREFIX = STORE_PEER_PREFIX
@@ -49,26 +45,9 @@ KEY_CLUSTER_ID = "clusterID"
 KEY_KEK_ID = "kekID"
 KEY_KUBECONFIG = "kubeConfig"
 KEY_STATE = "state"
-# The state disk UUID each activated node reported, by its VPN IP: recorded before the Coordinator
-# sends the node its disk key, so an interrupted activation can be finished over the VPN (core/).
-KEY_NODE_DISK_UUID_PREFIX = "nodeDiskUUID"
-# Which peer a state disk UUID belongs to, by UUID: JSON {vpn_ip, vpn_pub_key} of the first peer recorded
-# with it (claim_disk_uuid); a join, rejoin or activation naming it for another peer gets nothing.
-KEY_DISK_UUID_OWNER_PREFIX = "diskUUIDOwner"
-# Nodes the admin designated control planes at their activation, by VPN IP: the node's WireGuard public
-# key (a VPN IP given to another peer later inherits nothing). Coordinators are control planes anyway.
-KEY_CONTROL_PLANE_PREFIX = "controlPlane"
 # The cluster's init secret (init_secret.py), kept by the Coordinator to prove itself to the nodes it
 # activates; like KMSData it must live on the encrypted state disk.
 KEY_INIT_SECRET = "initSecret"
-# Peers evicted after a failed re-attestation, by VPN IP (core/trust.py): JSON {vpn_ip, vpn_pub_key,
-# public_ip, reason, ts}; public values only.
-KEY_EVICTED_PREFIX = "evictedPeer"
-# Bumped in the same transaction as every change of the evictions: every Coordinator sharing the store
-# compares it with the version it holds and reloads the evictions only when it differs (core/trust.py).
-# Not under KEY_EVICTED_PREFIX (a prefix scan of the evictions must not see it).
-KEY_EVICTIONS_VERSION = "evictionsVersion"
-
 # What a peer keeps for itself (its local store) when its Coordinators share the cluster's state in an
 # etcd cluster (docs/store.md): its own node state, and the KMS settings and init secret it needs to
 # start its etcd member after a restart (every Coordinator holds the same ones). Everything else is the
@@ -243,83 +222,6 @@ def load_node_state(store) -> Optional[dict]:
         raise StoreError("the stored node state is invalid: %s" % err) from None
 
 
-# --------------------------------------------------------------------------- node activations
-
-
-def save_node_disk_uuid(store, vpn_ip: str, disk_uuid: str) -> None:
-    """Records which state disk the node at ``vpn_ip`` reported (before its disk key is sent)."""
-    store.put(KEY_NODE_DISK_UUID_PREFIX + str(ipaddress.ip_address(vpn_ip)), disk_uuid.encode("ascii"))
-
-
-def load_node_disk_uuid(store, vpn_ip: str) -> Optional[str]:
-    raw = store.get_default(KEY_NODE_DISK_UUID_PREFIX + str(ipaddress.ip_address(vpn_ip)))
-    if raw is None:
-        return None
-    try:
-        return raw.decode("ascii")
-    except UnicodeDecodeError:
-        raise StoreError("the stored disk UUID of %s is invalid" % vpn_ip) from None
-
-
-def _read_owner(raw: Optional[bytes], disk_uuid: str) -> Optional[dict]:
-    if raw is None:
-        return None
-    try:
-        owner = json.loads(raw)
-        if not isinstance(owner, dict) or not isinstance(owner.get("vpn_pub_key"), str):
-            raise ValueError("not an owner record")
-        return owner
-    except ValueError:
-        raise StoreError("the stored owner of disk UUID %s is invalid" % disk_uuid) from None
-
-
-def disk_uuid_owner(store, disk_uuid: str) -> Optional[dict]:
-    """``{vpn_ip, vpn_pub_key}`` of the peer ``disk_uuid`` belongs to, or None (not claimed yet)."""
-    return _read_owner(store.get_default(KEY_DISK_UUID_OWNER_PREFIX + disk_uuid), disk_uuid)
-
-
-def claim_disk_uuid(store, disk_uuid: str, vpn_ip: str, vpn_pub_key: str) -> Optional[str]:
-    """Records, in ONE transaction, that ``disk_uuid`` belongs to the peer with WireGuard key
-    ``vpn_pub_key`` (at ``vpn_ip``) and which disk the node at ``vpn_ip`` reported (``save_node_disk_uuid``'s
-    record). A UUID already owned by another key is refused: nothing is written and the owner's VPN IP is
-    returned. A UUID recorded only by an older version (no owner record, a ``nodeDiskUUID`` of another
-    VPN IP) counts as that node's. None: the UUID is this peer's (now or already)."""
-    ip = str(ipaddress.ip_address(vpn_ip))
-    owner_key = KEY_DISK_UUID_OWNER_PREFIX + disk_uuid
-
-    def claim(tx: Txn) -> Optional[str]:
-        owner = _read_owner(tx.get_default(owner_key), disk_uuid)
-        if owner is not None and owner["vpn_pub_key"] != vpn_pub_key:
-            return str(owner.get("vpn_ip"))
-        if owner is None:
-            for key, value in tx.items(KEY_NODE_DISK_UUID_PREFIX):
-                if value == disk_uuid.encode("ascii") and key[len(KEY_NODE_DISK_UUID_PREFIX):] != ip:
-                    return key[len(KEY_NODE_DISK_UUID_PREFIX):]
-        record = json.dumps({"vpn_ip": ip, "vpn_pub_key": vpn_pub_key}, sort_keys=True,
-                            separators=(",", ":")).encode("utf-8")
-        if tx.get_default(owner_key) != record:
-            tx.put(owner_key, record)
-        if tx.get_default(KEY_NODE_DISK_UUID_PREFIX + ip) != disk_uuid.encode("ascii"):
-            tx.put(KEY_NODE_DISK_UUID_PREFIX + ip, disk_uuid.encode("ascii"))
-        return None
-
-    return store.update(claim)
-
-
-def save_control_plane(store, vpn_ip: str, vpn_pub_key: str) -> None:
-    """The admin designated the node at ``vpn_ip`` (WireGuard key ``vpn_pub_key``) a control plane."""
-    store.put(KEY_CONTROL_PLANE_PREFIX + str(ipaddress.ip_address(vpn_ip)), vpn_pub_key.encode("ascii"))
-
-
-def load_control_plane(store, vpn_ip: str) -> Optional[str]:
-    """The WireGuard key of the node at ``vpn_ip`` if the admin designated it a control plane, else None."""
-    raw = store.get_default(KEY_CONTROL_PLANE_PREFIX + str(ipaddress.ip_address(vpn_ip)))
-    try:
-        return raw.decode("ascii") if raw is not None else None
-    except UnicodeDecodeError:
-        raise StoreError("the stored control-plane designation of %s is invalid" % vpn_ip) from None
-
-
 # --------------------------------------------------------------------------- KMS settings
 
 
@@ -352,7 +254,7 @@ def load_kms_data(store) -> Optional[dict]:
         raise StoreError("the stored KMS settings are invalid: %s" % err) from None
 
 
-# --------------------------------------------------------------------------- init secret, evictions
+# --------------------------------------------------------------------------- init secret
 
 
 def save_init_secret(store, init_secret: bytes) -> None:
@@ -367,73 +269,6 @@ def load_init_secret(store) -> Optional[bytes]:
         return base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         raise StoreError("the stored init secret is invalid") from None
-
-
-def _bump_evictions_version(tx: Txn) -> int:
-    raw = tx.get_default(KEY_EVICTIONS_VERSION)
-    try:
-        version = int(raw) + 1 if raw else 1
-    except ValueError:
-        version = 1
-    tx.put(KEY_EVICTIONS_VERSION, str(version).encode("ascii"))
-    return version
-
-
-def save_eviction(store, vpn_ip: str, record: Mapping) -> int:
-    """Records one eviction and bumps ``KEY_EVICTIONS_VERSION`` in one transaction; returns the new version."""
-    key = KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip))
-    value = json.dumps(dict(record), sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-    def write(tx: Txn) -> int:
-        tx.put(key, value)
-        return _bump_evictions_version(tx)
-
-    return store.update(write)
-
-
-def delete_eviction(store, vpn_ip: str) -> Optional[int]:
-    """Forgets one eviction (re-admission); the new evictions version, or None if there was none."""
-    key = KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip))
-
-    def forget(tx: Txn) -> Optional[int]:
-        if tx.get_default(key) is None:
-            return None
-        tx.delete(key)
-        return _bump_evictions_version(tx)
-
-    return store.update(forget)
-
-
-def peek_evictions_version(store) -> Optional[int]:
-    """The evictions version as the store's nearest copy has it (``Store.peek``: no majority needed);
-    None if no eviction was ever recorded. StoreError if the store cannot answer."""
-    raw = store.peek(KEY_EVICTIONS_VERSION)
-    try:
-        return int(raw) if raw else None
-    except ValueError:
-        raise StoreError("the stored evictions version is invalid") from None
-
-
-def load_evictions(store, with_version: bool = False):
-    """The evictions by VPN IP (``with_version``: and the evictions version they belong to, one
-    transaction)."""
-    def read(tx: Txn):
-        out = {}
-        for key, value in tx.items(KEY_EVICTED_PREFIX):
-            try:
-                out[key[len(KEY_EVICTED_PREFIX):]] = dict(json.loads(value))
-            except (ValueError, TypeError) as err:
-                raise StoreError("the stored eviction of %s is invalid: %s" % (key[len(KEY_EVICTED_PREFIX):], err)) \
-                    from None
-        if not with_version:
-            return out
-        raw = tx.get_default(KEY_EVICTIONS_VERSION)
-        try:
-            return out, int(raw) if raw else None
-        except ValueError:
-            raise StoreError("the stored evictions version is invalid") from None
-
-    return store.update(read)
 
 
 # --------------------------------------------------------------------------- local and cluster keys

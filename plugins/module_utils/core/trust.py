@@ -20,31 +20,32 @@ and eviction", "Rejoin after a reboot"):
 * rejoin tickets (IssueRejoinTicket): a rebooted Node (PCR 15 reset) attests itself in-band and gets
   only its disk key, the measurement secret and its peers; the KMS URI never leaves the Coordinator.
 
-The transports come in as ports (``connect_peer``, a ``JoinChannel``); nothing here opens a socket.
+The transports come in as ports (``connect_peer``, a ``JoinChannel``); nothing here opens a socket. The
+Coordinator's registry and join service, its signatures, the evictions and the Kubernetes Node objects come
+in through the Protocols below (``PeerTrust``'s collaborators).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Protocol
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import NodeActivation
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
-    MEMBER_KEPT, MEMBER_REMOVED, EvictionCache, remove_coordinator_member)
+    MEMBER_KEPT, MEMBER_REMOVED, remove_coordinator_member)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
-from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel, NodeClient
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import RejoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    REASON_EVICTED,
     AccessDenied,
     AttestationError,
     ConstellationError,
-    StateError,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
 
 # Re-attestation outcomes (one per peer and round).
 PASSED = "passed"
@@ -54,44 +55,68 @@ HELD = "eviction_held"  # a failed Coordinator whose etcd member must stay (no l
 MAX_REASON = 300
 
 
-class PeerTrust(NodeActivation):
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._eviction_cache: Optional[EvictionCache] = None  # of the current store (``_evictions``)
-        self._unreachable: Dict[str, int] = {}  # consecutive unreachable rounds by VPN IP
+class Registry(Protocol):
+    """The Coordinator's peer registry (core/coordinator.py ``Coordinator``)."""
 
-    def _evictions(self) -> EvictionCache:
-        """The evictions of the store this Core uses now (a new cache when it moved its state to etcd)."""
-        cache = self._eviction_cache
-        if cache is None or cache.store is not self.store:
-            store = self.store  # the cluster's store is shared once it is not this peer's own (etcd)
-            cache = EvictionCache(store, shared=store is not self.local_store or bool(self.peer_registry.shared))
-            self._eviction_cache = cache
-        return cache
+    def membership(self, client: NodeClient) -> str:
+        """'fresh', 'ours' or 'other' (PCR 15)."""
 
-    def _load_evictions(self) -> None:
-        self._evictions().reload()
+    def apply_registry_peers(self) -> bool:
+        """Our WireGuard peers become the registry's."""
 
-    @property
-    def evicted(self) -> Dict[str, dict]:
-        return dict(self._evictions().current())
 
-    def is_evicted(self, vpn_ip: str) -> bool:
-        """O(1) from memory (with several Coordinators, plus one version read of the shared store at most
-        every ``FOLLOW_INTERVAL``): the vpnapi and the pubapi ask this for every request."""
-        return vpn_ip in self._evictions().current()
+class InBandAttestation(Protocol):
+    """A peer attests itself on the connection that asks (core/join_service.py ``JoinService``)."""
+
+    def attest_over(self, channel: JoinChannel, validator: AttestationValidator, method: str, expected_user_data: bytes,
+                    refused_event: str, **log_fields: Any) -> None:
+        """AttestationError unless the peer's fresh attestation is valid and bound to ``expected_user_data``."""
+
+
+class TrustSigning(Protocol):
+    """The Coordinators' key (core/signing.py ``CoordinatorSigning``)."""
+
+    def authenticate_as_coordinator(self, client: Any) -> None:
+        """AdminAuth role coordinator on ``client``."""
+
+    def signed_rejoin_ticket(self, ticket: Any, binding: bytes) -> Any:
+        """``ticket`` signed, bound to ``binding``."""
+
+
+class EvictionRecords(Protocol):
+    """The evicted peers (core/evictions.py ``Evictions``)."""
+
+    def record(self, vpn_ip: str, eviction: Mapping[str, Any]) -> None:
+        """Writes one eviction."""
 
     def require_not_evicted(self, vpn_ip: str, method: str) -> None:
-        if self.is_evicted(vpn_ip):
-            raise AccessDenied("%s: %s was evicted from this cluster (it failed re-attestation); it is re-admitted "
-                               "only through add_nodes.yml after it passes again" % (method, vpn_ip)).with_reason(
-                                   REASON_EVICTED)
+        """AccessDenied for an evicted peer."""
 
-    def get_state(self) -> Dict[str, Any]:
-        answer = super().get_state()
-        if self.role == ROLE_COORDINATOR and self.state == State.ACTIVATING_NODES:
-            answer["evicted"] = [dict(record) for _ip, record in sorted(self.evicted.items())]
-        return answer
+
+class KubernetesNodes(Protocol):
+    """An evicted Node's Kubernetes Node object (core/kubernetes.py ``KubernetesJoin``)."""
+
+    def delete_kubernetes_node(self, vpn_ip: str) -> None:
+        """Deletes it where this Coordinator manages Kubernetes; failures are logged."""
+
+
+class PeerTrust:
+    """Re-attestation, eviction and rejoin tickets over the peer's ``PeerContext``."""
+
+    def __init__(self, context: PeerContext, registry: Registry, join: InBandAttestation, signing: TrustSigning,
+                 evictions: EvictionRecords, kubernetes: KubernetesNodes):
+        self.context = context
+        self.registry = registry
+        self.join = join
+        self.signing = signing
+        self.evictions = evictions
+        self.kubernetes = kubernetes
+        self._unreachable: Dict[str, int] = {}  # consecutive unreachable rounds by VPN IP
+
+    @property
+    def state(self) -> State:
+        """The peer's state: ``ReattestLoop`` runs rounds only on an activated Coordinator."""
+        return self.context.state
 
     # -- re-attestation
     def reattest_peers(self, connect_peer: Callable[[str], Any], workers: int = 4,
@@ -100,9 +125,9 @@ class PeerTrust(NodeActivation):
         Coordinators), ``workers`` at a time; evicts those that fail. ``connect_peer(public_ip)`` opens an
         aTLS connection validated with the policy without PCR 15 (a fresh nonce each time). One row per
         peer: vpn_ip, public_ip, role, outcome, error."""
-        self.require_coordinator("re-attestation")
-        registry = self.peer_registry.current()
-        own = self.vpn_ip
+        self.context.require_coordinator("re-attestation")
+        registry = self.context.peer_registry.current()
+        own = self.context.vpn_ip
         peers = [p for p in (registry.peers.peers.values() if registry is not None else ())
                  if p.role in ("node", ROLE_COORDINATOR) and p.public_ip and p.vpn_ip != own]
         if not peers:
@@ -115,14 +140,14 @@ class PeerTrust(NodeActivation):
                                "outcome": PASSED, "error": None}
         try:
             with connect_peer(peer.public_ip) as client:
-                membership = self._membership(client)
+                membership = self.registry.membership(client)
                 if membership == "fresh":
                     # PCR 15 reset: the Node rebooted and has not rejoined yet. Not a proof of tampering:
                     # counted like an unreachable round (it rejoins by itself within them).
                     raise ConnectionError("PCR 15 is reset (rebooted, not rejoined yet)")
                 if membership != "ours":
                     raise AttestationError("PCR 15 does not hold this cluster's ID")
-                self.authenticate_as_coordinator(client)  # GetState's details are for the Coordinators only
+                self.signing.authenticate_as_coordinator(client)  # GetState's details are for the Coordinators only
                 state = client.get_state()
                 if peer.role == ROLE_COORDINATOR and state.get("state") == State.ACCEPTING_INIT.wire_name:
                     # Recorded, locked to us, its activation as Coordinator still under way (no VPN IP yet).
@@ -133,19 +158,19 @@ class PeerTrust(NodeActivation):
         except AttestationError as err:
             row.update(outcome=EVICTED, error="attestation failed: %s" % err)
         except (ConstellationError, OSError) as err:
-            with self._mutex:
+            with self.context.mutex:
                 count = self._unreachable.get(peer.vpn_ip, 0) + 1
                 self._unreachable[peer.vpn_ip] = count
             error = str(err) or type(err).__name__
             row.update(outcome=UNREACHABLE, error=error)
-            self._log("reattest_unreachable", level="warning", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip,
-                      failures=count, limit=unreachable_limit, error=error[:MAX_REASON])
+            self.context.log("reattest_unreachable", level="warning", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip,
+                             failures=count, limit=unreachable_limit, error=error[:MAX_REASON])
             # A Coordinator is evicted only for a failed attestation (a dead one: remove_coordinator.yml).
             if count >= unreachable_limit and peer.role != ROLE_COORDINATOR:
                 row.update(outcome=EVICTED, error="unreachable for %d consecutive re-attestation rounds: %s"
                            % (count, error))
         else:
-            with self._mutex:
+            with self.context.mutex:
                 self._unreachable.pop(peer.vpn_ip, None)
         if row["outcome"] == EVICTED:
             if self.evict_peer(peer.vpn_ip, row["error"]) is None and peer.role == ROLE_COORDINATOR:
@@ -157,23 +182,23 @@ class PeerTrust(NodeActivation):
         why; a Node's Kubernetes Node object goes too, a Coordinator's etcd member first
         (``_evict_coordinator``). Returns the new resource version (None if it was no peer, this
         Coordinator itself, or a Coordinator whose eviction is held)."""
-        self.require_coordinator("evict peer")
-        registry = self.peer_registry.current()
+        self.context.require_coordinator("evict peer")
+        registry = self.context.peer_registry.current()
         record = registry.peers.get(vpn_ip) if registry is not None else None
-        if record is None or record.vpn_ip == self.vpn_ip:
+        if record is None or record.vpn_ip == self.context.vpn_ip:
             return None  # the leader never evicts itself
         eviction = {"vpn_ip": record.vpn_ip, "vpn_pub_key": record.vpn_pub_key, "public_ip": record.public_ip,
                     "role": record.role, "reason": str(reason)[:MAX_REASON], "ts": round(time.time(), 3)}
         if record.role == ROLE_COORDINATOR:
             return self._evict_coordinator(record, eviction)
         # Recorded first: a crash before the removal leaves a peer that every Coordinator already refuses.
-        self._evictions().record(vpn_ip, eviction)
-        with self._mutex:
+        self.evictions.record(vpn_ip, eviction)
+        with self.context.mutex:
             self._unreachable.pop(vpn_ip, None)
         version = self._remove_evicted(vpn_ip)
-        self._log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, role=record.role,
-                  reason=eviction["reason"], resource_version=version)
-        self.delete_kubernetes_node(vpn_ip)
+        self.context.log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, role=record.role,
+                         reason=eviction["reason"], resource_version=version)
+        self.kubernetes.delete_kubernetes_node(vpn_ip)
         return version
 
     def _remove_evicted(self, vpn_ip: str) -> int:
@@ -183,8 +208,8 @@ class PeerTrust(NodeActivation):
                 reg.peers.remove(vpn_ip)
             return reg.peers.version
 
-        version = self.peer_registry.update(remove)
-        self.apply_registry_peers()
+        version = self.context.peer_registry.update(remove)
+        self.registry.apply_registry_peers()
         return version
 
     def _evict_coordinator(self, record, eviction: Dict[str, Any]) -> Optional[int]:
@@ -195,38 +220,23 @@ class PeerTrust(NodeActivation):
         logged and the next round tries again."""
         vpn_ip = record.vpn_ip
         try:
-            held = remove_coordinator_member(self, vpn_ip)
+            held = remove_coordinator_member(self.context, vpn_ip)
         except ConstellationError as err:
             held = "removing its etcd member failed: %s" % err
         if held:
             eviction.update(etcd_member=MEMBER_KEPT, held=str(held)[:MAX_REASON])
-            self._evictions().record(vpn_ip, eviction)
-            self._log("coordinator_eviction_held", level="error", vpn_ip=vpn_ip, public_ip=record.public_ip,
-                      reason=eviction["reason"], held=eviction["held"])
+            self.evictions.record(vpn_ip, eviction)
+            self.context.log("coordinator_eviction_held", level="error", vpn_ip=vpn_ip, public_ip=record.public_ip,
+                             reason=eviction["reason"], held=eviction["held"])
             return None
         eviction["etcd_member"] = MEMBER_REMOVED
-        self._evictions().record(vpn_ip, eviction)
-        with self._mutex:
+        self.evictions.record(vpn_ip, eviction)
+        with self.context.mutex:
             self._unreachable.pop(vpn_ip, None)
         version = self._remove_evicted(vpn_ip)
-        self._log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, role=ROLE_COORDINATOR,
-                  reason=eviction["reason"], resource_version=version)
+        self.context.log("peer_evicted", level="warning", vpn_ip=vpn_ip, public_ip=record.public_ip, role=ROLE_COORDINATOR,
+                         reason=eviction["reason"], resource_version=version)
         return version
-
-    def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:
-        """Before an evicted Node is recorded again (ActivateAdditionalNodes): it must come back with the
-        key it was evicted with. True if ``vpn_ip`` is evicted."""
-        eviction = self.evicted.get(vpn_ip)
-        if eviction is None:
-            return False
-        if eviction.get("vpn_pub_key") != vpn_pub_key:
-            raise StateError("%s was evicted with another WireGuard key: it is not re-admitted" % vpn_ip)
-        return True
-
-    def clear_eviction(self, vpn_ip: str) -> None:
-        """The Node passed attestation again and is a peer again (ActivateAdditionalNodes)."""
-        self._evictions().forget(vpn_ip)
-        self._log("peer_readmitted", vpn_ip=vpn_ip)
 
     # -- rejoin tickets (IssueRejoinTicket)
     def serve_rejoin(self, vpn_ip: str, node_vpn_pub_key: str, disk_uuid: Any, channel: JoinChannel,
@@ -235,66 +245,23 @@ class PeerTrust(NodeActivation):
         disk UUID as recorded at its activation) and attest itself on this connection (PCR 15 reset);
         then it gets a ``RejoinTicket``."""
         method = "IssueRejoinTicket"
-        kms = self.require_coordinator(method)
-        self.require_not_evicted(vpn_ip, method)
+        kms = self.context.require_coordinator(method)
+        self.evictions.require_not_evicted(vpn_ip, method)
         normalized_uuid = normalize_disk_uuid(disk_uuid)
-        registry = self.peer_registry.current()
+        registry = self.context.peer_registry.current()
         record = registry.peers.get(vpn_ip) if registry is not None else None
-        recorded_uuid = state_store.load_node_disk_uuid(self.store, vpn_ip)
+        recorded_uuid = node_records.load_node_disk_uuid(self.context.store, vpn_ip)
         if record is None or record.role != "node" or record.vpn_pub_key != node_vpn_pub_key \
                 or recorded_uuid != normalized_uuid:
-            self._log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason="not a recorded node")
+            self.context.log("rejoin_refused", peer=channel.peer_ip, vpn_ip=vpn_ip, reason="not a recorded node")
             raise AccessDenied("%s: %s is not a recorded Node of this cluster with this WireGuard key and disk"
                                % (method, vpn_ip))
         binding = channel.user_data(vpn_ip, node_vpn_pub_key, normalized_uuid)
-        self.attest_over(channel, validator, method, binding, "rejoin_refused", vpn_ip=vpn_ip)
-        registry = self.peer_registry.current()
+        self.join.attest_over(channel, validator, method, binding, "rejoin_refused", vpn_ip=vpn_ip)
+        registry = self.context.peer_registry.current()
         ticket = RejoinTicket(kms.state_disk_key(normalized_uuid), kms.measurement_secret(),
                               tuple(registry.peers.peers.values()), registry.peers.version)
         # Signed, bound to this request and connection: the Node checks it with the key it pinned at activation.
-        channel.deliver(self.signed_rejoin_ticket(ticket, binding))
-        self._log("node_rejoined", peer=channel.peer_ip, node_vpn_ip=vpn_ip)
+        channel.deliver(self.signing.signed_rejoin_ticket(ticket, binding))
+        self.context.log("node_rejoined", peer=channel.peer_ip, node_vpn_ip=vpn_ip)
         return {"resource_version": ticket.resource_version}
-
-
-class ReattestLoop:
-    """The agent's re-attestation thread: ``core.reattest_peers`` every ``interval`` seconds while the
-    Core is an activated Coordinator."""
-
-    def __init__(self, core: PeerTrust, connect_peer, interval: float, workers: int, unreachable_limit: int,
-                 stop: threading.Event, log=None, leadership=None):
-        self.core = core
-        # core/leadership.py: with several Coordinators only the leader runs the rounds (None: always).
-        self.leadership = leadership
-        self.connect_peer = connect_peer
-        self.interval = interval
-        self.workers = workers
-        self.unreachable_limit = unreachable_limit
-        self.stop = stop
-        self._log = log or (lambda event, **fields: None)
-        self._leading: Optional[bool] = None
-
-    def run(self) -> None:
-        while not self.stop.wait(self.interval):
-            if self.core.state != State.ACTIVATING_NODES:
-                continue
-            if self.leadership is not None:
-                leads = self.leadership.step()
-                if leads != self._leading:  # a hand-over (or the first round): say who runs the duties
-                    self._leading = leads
-                    self._log("leadership", leads=leads, leader=self.leadership.current,
-                              error=self.leadership.last_error[:MAX_REASON] or None)
-                if not leads:
-                    continue
-            try:
-                rows = self.core.reattest_peers(self.connect_peer, self.workers, self.unreachable_limit)
-            except (ConstellationError, OSError) as err:
-                self._log("reattest_error", level="warning", error=str(err)[:MAX_REASON])
-                continue
-            except Exception as err:  # pylint: disable=broad-except
-                # Never let the thread die silently: the next round tries again.
-                self._log("reattest_crashed", level="error", error=type(err).__name__)
-                continue
-            evicted = [r["vpn_ip"] for r in rows if r["outcome"] == EVICTED]
-            if evicted:
-                self._log("reattest_round", peers=len(rows), evicted=",".join(evicted))

@@ -224,6 +224,10 @@ class JoinProvider:
         common_name = who["common_name"]
         return common_name[len(NODE_CN_PREFIX):] if common_name.startswith(NODE_CN_PREFIX) else None
 
+    def check_kubelet_csr(self, csr_data: bytes, node_vpn_ip: str):
+        """``check_kubelet_csr`` for the Core (core/kubernetes.py ``KubeadmProvider``)."""
+        return check_kubelet_csr(csr_data, node_vpn_ip)
+
     def kubelet_cert(self, csr_data: bytes, node_vpn_ip: str) -> Dict[str, object]:
         """``{"node_name", "kubelet_cert"}``: the CSR checked (``check_kubelet_csr``) and signed with the
         cluster CA (digitalSignature, keyEncipherment; clientAuth and serverAuth; -2 h .. +``kubelet_cert_days``),

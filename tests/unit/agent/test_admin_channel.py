@@ -31,9 +31,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
 @pytest.fixture
 def agent(swtpm, make_core):
     c, _vpn = make_core(swtpm)
-    c.load()
-    admin = AdminHandlers(c)
-    handlers = dict(PubAPI(c, DummyValidator(), admin=admin).handlers())
+    c.recovery.load()
+    admin = AdminHandlers.for_core(c)
+    handlers = dict(PubAPI.for_core(c, DummyValidator(), admin=admin).handlers())
     handlers.update(admin.handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
@@ -184,10 +184,10 @@ BODIES = {
 @pytest.fixture
 def admin_agent(swtpm, make_core):
     c, _vpn = make_core(swtpm)
-    c.load()
+    c.recovery.load()
     events = []
-    admin = AdminHandlers(c, log=lambda event, **fields: events.append((event, fields)))
-    handlers = dict(PubAPI(c, DummyValidator(), admin=admin).handlers())
+    admin = AdminHandlers.for_core(c, log=lambda event, **fields: events.append((event, fields)))
+    handlers = dict(PubAPI.for_core(c, DummyValidator(), admin=admin).handlers())
     handlers.update(admin.handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()

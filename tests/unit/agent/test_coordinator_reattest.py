@@ -49,22 +49,22 @@ class Peer:
 @pytest.fixture
 def leader(make_core):
     c, vpn = make_core(MemoryTPM(), public_ip="10.42.0.1")
-    c.load()
+    c.recovery.load()
     admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin)
+    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin)
     peers = {}
     for octet in (2, 3):
         key = pub_key_from_priv_key(generate_priv_key())
-        vpn_ip = c.peer_registry.update(lambda r: r.allocator.allocate("coordinator"))
-        c.add_node_peer(vpn_ip, key, "10.42.0.%d" % octet, role="coordinator")
+        vpn_ip = c.context.peer_registry.update(lambda r: r.allocator.allocate("coordinator"))
+        c.coordinator.add_node_peer(vpn_ip, key, "10.42.0.%d" % octet, role="coordinator")
         peers["10.42.0.%d" % octet] = {"vpn_ip": vpn_ip, "vpn_pub_key": key, "state": "ActivatingNodes"}
     return c, vpn, peers
 
 
 def test_a_tampered_coordinator_is_re_attested_and_evicted(leader):
     c, vpn, peers = leader
-    ours = expected_pcr15(c.cluster_id)
+    ours = expected_pcr15(c.context.cluster_id)
     asked = []
 
     def connect(public_ip):
@@ -73,23 +73,23 @@ def test_a_tampered_coordinator_is_re_attested_and_evicted(leader):
             return Peer(error=AttestationError("measurements mismatch: PCR 11: expected aa, found bb"))
         return Peer(ours, peers[public_ip])
 
-    rows = {r["public_ip"]: r for r in c.reattest_peers(connect)}
+    rows = {r["public_ip"]: r for r in c.trust.reattest_peers(connect)}
     assert sorted(asked) == ["10.42.0.2", "10.42.0.3"]  # the other Coordinators, never itself
     assert rows["10.42.0.3"]["outcome"] == "evicted" and rows["10.42.0.2"]["outcome"] == "passed"
     tampered = peers["10.42.0.3"]["vpn_ip"]
-    assert not c.is_known_peer_ip(tampered) and c.is_evicted(tampered)
+    assert not c.coordinator.is_known_peer_ip(tampered) and c.evictions.is_evicted(tampered)
     assert peers["10.42.0.3"]["vpn_pub_key"] not in [p.vpn_pub_key for p in vpn.peers]
     (eviction,) = c.get_state()["evicted"]
     assert eviction["role"] == "coordinator" and "PCR 11" in eviction["reason"]
-    assert "evicted" in VPNAPI(c).accept_check((tampered, 4000))
+    assert "evicted" in VPNAPI.for_core(c).accept_check((tampered, 4000))
     with pytest.raises(AccessDenied):
-        c.require_not_evicted(tampered, "GetDataKey")
-    assert c.evict_peer(c.vpn_ip, "test") is None and c.is_known_peer_ip(c.vpn_ip)
+        c.evictions.require_not_evicted(tampered, "GetDataKey")
+    assert c.trust.evict_peer(c.context.vpn_ip, "test") is None and c.coordinator.is_known_peer_ip(c.context.vpn_ip)
 
 
 def test_an_unreachable_coordinator_is_never_evicted(leader):
     c, _vpn, peers = leader
-    ours = expected_pcr15(c.cluster_id)
+    ours = expected_pcr15(c.context.cluster_id)
 
     def connect(public_ip):
         if public_ip == "10.42.0.2":
@@ -97,21 +97,21 @@ def test_an_unreachable_coordinator_is_never_evicted(leader):
         return Peer(ours, peers[public_ip])
 
     for _round in range(5):
-        rows = {r["public_ip"]: r["outcome"] for r in c.reattest_peers(connect, unreachable_limit=3)}
+        rows = {r["public_ip"]: r["outcome"] for r in c.trust.reattest_peers(connect, unreachable_limit=3)}
         assert rows == {"10.42.0.2": "unreachable", "10.42.0.3": "passed"}
-    assert c.get_state()["evicted"] == [] and c.is_known_peer_ip(peers["10.42.0.2"]["vpn_ip"])
+    assert c.get_state()["evicted"] == [] and c.coordinator.is_known_peer_ip(peers["10.42.0.2"]["vpn_ip"])
 
 
 def test_a_coordinator_whose_activation_is_under_way_is_not_evicted(leader):
     """Recorded and locked to us, but its activation as Coordinator has not finished: no VPN IP in its
     GetState yet. That is not another identity (which would evict it and remove its learner member)."""
     c, _vpn, peers = leader
-    ours = expected_pcr15(c.cluster_id)
+    ours = expected_pcr15(c.context.cluster_id)
     joining = dict(peers["10.42.0.3"], state="AcceptingInit", vpn_ip=None, vpn_pub_key=None)
 
     def connect(public_ip):
         return Peer(ours, joining if public_ip == "10.42.0.3" else peers[public_ip])
 
-    rows = {r["public_ip"]: r for r in c.reattest_peers(connect, unreachable_limit=1)}
+    rows = {r["public_ip"]: r for r in c.trust.reattest_peers(connect, unreachable_limit=1)}
     assert rows["10.42.0.3"]["outcome"] == "unreachable" and "not finished" in rows["10.42.0.3"]["error"]
-    assert c.get_state()["evicted"] == [] and c.is_known_peer_ip(peers["10.42.0.3"]["vpn_ip"])
+    assert c.get_state()["evicted"] == [] and c.coordinator.is_known_peer_ip(peers["10.42.0.3"]["vpn_ip"])

@@ -52,15 +52,15 @@ def secret():
 def cluster(make_core, secret):
     """A real Coordinator and a Node it activated (two-step ActivateAsNode through the Core)."""
     coordinator, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
-    coordinator.load()
-    coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
+    coordinator.recovery.load()
+    coordinator.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     store, tpm = MemoryStore(), MemoryTPM()
     node, node_vpn = make_core(tpm, store=store, public_ip="10.42.0.12")
-    node.load()
-    request = coordinator.node_activation_request(coordinator.reserve_node_ip())
-    step = node.activate_as_node_begin(request.to_dict())
-    coordinator.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.activate_as_node_finish(coordinator.state_disk_key(step.state_disk_uuid))
+    node.recovery.load()
+    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
+    step = node.node.activate_as_node_begin(request.to_dict())
+    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
+    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
     return coordinator, node, node_vpn, store, tpm
 
 
@@ -110,15 +110,15 @@ def other_key():
 def rebooted(make_core, node, store, tpm):
     """The Node after a reboot: PCR 15 reset, its state stored, its disk locked (no disk key readable yet)."""
     tpm.pcr = bytes(32)
-    again, vpn = make_core(tpm, store=store, public_ip="10.42.0.12", disk_uuid=node.disk_uuid)
-    assert again.load() == State.ACCEPTING_INIT and again.recovery_pending
+    again, vpn = make_core(tpm, store=store, public_ip="10.42.0.12", disk_uuid=node.context.disk_uuid)
+    assert again.recovery.load() == State.ACCEPTING_INIT and again.context.recovery_pending
     return again, vpn
 
 
 @pytest.mark.parametrize("forgery", ["unsigned", "signed_by_a_node_key", "coordinator_signature_of_another_connection"])
 def test_a_node_cannot_answer_another_nodes_rejoin_and_rewrite_its_peers(make_core, secret, cluster, forgery):
     coordinator, node, _vpn, store, tpm = cluster
-    peers_before = [p.to_dict() for p in node._stored_node().peers]
+    peers_before = [p.to_dict() for p in node.context.stored_node().peers]
     victim, victim_vpn = rebooted(make_core, node, store, tpm)
     measurement_secret = kms.ClusterKMS(secret).measurement_secret()  # what every Node holds
     attacker_disk_key = os.urandom(32)
@@ -130,21 +130,21 @@ def test_a_node_cannot_answer_another_nodes_rejoin_and_rewrite_its_peers(make_co
                                                 signing.ticket_payload(ticket.to_dict(), b"x" * 32)))
         elif forgery == "coordinator_signature_of_another_connection":
             # A genuine Coordinator signature, but for another connection's request (a replay).
-            ticket = coordinator.signed_rejoin_ticket(ticket, os.urandom(32))
+            ticket = coordinator.signing.signed_rejoin_ticket(ticket, os.urandom(32))
         return ticket.to_dict()
 
     attacker = Attacker({})
     attacker.server.handlers["IssueRejoinTicket"] = ticket_handler(forge, attacker.confirmed, "rejoined")
     try:
         with pytest.raises(AccessDenied, match="IssueRejoinTicket|Rejoin"):
-            rejoin_cluster(victim, [attacker.endpoint], [DummyValidator()], DummyIssuer())
+            rejoin_cluster(victim.recovery, [attacker.endpoint], [DummyValidator()], DummyIssuer())
     finally:
         attacker.close()
     # Refused before the node lock: PCR 15 still reset, no disk key taken, peers as before, still waiting.
     assert attacker.confirmed == []
-    assert tpm.pcr15() == bytes(32) and victim.recovery_pending and victim.state == State.ACCEPTING_INIT
-    assert victim.read_disk_key() is None
-    assert [p.to_dict() for p in victim._stored_node().peers] == peers_before
+    assert tpm.pcr15() == bytes(32) and victim.context.recovery_pending and victim.state == State.ACCEPTING_INIT
+    assert victim.context.read_disk_key() is None
+    assert [p.to_dict() for p in victim.context.stored_node().peers] == peers_before
     assert ATTACKER_PEER.vpn_pub_key not in [p.vpn_pub_key for p in victim_vpn.peers]
 
 
@@ -169,10 +169,10 @@ def test_the_coordinators_signed_rejoin_ticket_is_taken(make_core, cluster):
 
         validator = type("V", (), {"oid": DummyValidator.oid,
                                    "validate": lambda self, d, n: type("R", (), {"user_data": binding})()})()
-        return coordinator.serve_rejoin(vpn_ip, pub_key, disk_uuid, Channel(), validator)
+        return coordinator.trust.serve_rejoin(vpn_ip, pub_key, disk_uuid, Channel(), validator)
 
-    assert victim.rejoin(request_ticket)["state"] == "IsNode"
-    assert tpm.pcr15() == expected_pcr15(coordinator.cluster_id)
+    assert victim.recovery.rejoin(request_ticket)["state"] == "IsNode"
+    assert tpm.pcr15() == expected_pcr15(coordinator.context.cluster_id)
 
 
 # ------------------------------------------------------------------ join
@@ -184,9 +184,9 @@ def test_a_node_cannot_hand_a_fresh_node_a_join_ticket(make_core, secret, cluste
     passes. (Without an init secret, as with the explicit insecure option: the signature is what is left.)"""
     coordinator, node, _vpn, _store, _tpm = cluster
     fresh, fresh_vpn = make_core(MemoryTPM(), public_ip="10.42.0.20")
-    fresh.load()
-    fresh.join_coordinator_pub_key = expected_pub_key(secret)  # agent config
-    stolen = node._stored_node()  # what the attacking Node knows
+    fresh.recovery.load()
+    fresh.context.join_coordinator_pub_key = expected_pub_key(secret)  # agent config
+    stolen = node.context.stored_node()  # what the attacking Node knows
 
     def forge(conn, request):
         ticket = JoinTicket(stolen.cluster_id, stolen.measurement_salt, kms.ClusterKMS(secret).measurement_secret(),
@@ -195,30 +195,30 @@ def test_a_node_cannot_hand_a_fresh_node_a_join_ticket(make_core, secret, cluste
             ticket = ticket.signed(signing.sign(other_key(), signing.CONTEXT_JOIN_TICKET,
                                                 signing.ticket_payload(ticket.to_dict(), b"x" * 32)))
         elif forgery == "coordinator_signature_of_another_connection":
-            ticket = coordinator.signed_join_ticket(ticket, os.urandom(32))
+            ticket = coordinator.signing.signed_join_ticket(ticket, os.urandom(32))
         return ticket.to_dict()
 
     attacker = Attacker({})
     attacker.server.handlers["IssueJoinTicket"] = ticket_handler(forge, attacker.confirmed, "joined")
     try:
         with pytest.raises(AccessDenied, match="IssueJoinTicket"):
-            join_cluster(fresh, attacker.endpoint, [DummyValidator()], DummyIssuer())
+            join_cluster(fresh.node, attacker.endpoint, [DummyValidator()], DummyIssuer())
     finally:
         attacker.close()
     assert attacker.confirmed == []
-    assert fresh.state == State.ACCEPTING_INIT and fresh.tpm.pcr15() == bytes(32)
-    assert fresh.read_disk_key() is None and fresh_vpn.peers == []
+    assert fresh.state == State.ACCEPTING_INIT and fresh.context.tpm.pcr15() == bytes(32)
+    assert fresh.context.read_disk_key() is None and fresh_vpn.peers == []
 
 
 def test_a_joining_node_without_a_pinned_key_takes_no_ticket(make_core, cluster):
     coordinator, _node, _vpn, _store, _tpm = cluster
     fresh, _fresh_vpn = make_core(MemoryTPM(), public_ip="10.42.0.21")
-    fresh.load()
-    ticket = coordinator.signed_join_ticket(coordinator.issue_join_ticket(fresh.disk_uuid, coordinator.reserve_node_ip()),
-                                            b"b")
+    fresh.recovery.load()
+    ticket = coordinator.signing.signed_join_ticket(
+        coordinator.join_service.issue_join_ticket(fresh.context.disk_uuid, coordinator.coordinator.reserve_node_ip()), b"b")
     with pytest.raises(AccessDenied, match="no pinned Coordinator key"):
-        fresh.join(JoinTicket.from_dict(ticket.to_dict()), b"b")
-    assert fresh.state == State.ACCEPTING_INIT and fresh.tpm.pcr15() == bytes(32)
+        fresh.node.join(JoinTicket.from_dict(ticket.to_dict()), b"b")
+    assert fresh.state == State.ACCEPTING_INIT and fresh.context.tpm.pcr15() == bytes(32)
 
 
 def test_the_agent_refuses_join_mode_without_the_coordinator_key(tmp_path):
@@ -244,36 +244,36 @@ def update_server(answer):
 @pytest.mark.parametrize("forgery", ["unsigned", "signed_by_a_node_key", "coordinator_signature_of_another_version"])
 def test_a_forged_peer_update_is_refused_and_the_peers_stay(cluster, forgery):
     coordinator, node, node_vpn, _store, _tpm = cluster
-    assert node.apply_update(coordinator.get_update(node.resource_version))  # the genuine one is taken
-    version, peers_before, wg_before = node.resource_version, list(node._stored_node().peers), list(node_vpn.peers)
+    assert node.node.apply_update(coordinator.coordinator.get_update(node.context.resource_version))  # the genuine one is taken
+    version, peers_before, wg_before = node.context.resource_version, list(node.context.stored_node().peers), list(node_vpn.peers)
     forged_peers = [p.to_dict() for p in peers_before] + [ATTACKER_PEER.to_dict()]
     answer = {"resource_version": version + 1, "full": True, "added": forged_peers}
     if forgery == "signed_by_a_node_key":
         answer["signature"] = signing.sign(other_key(), signing.CONTEXT_PEERS,
                                            signing.peers_payload(version + 1, forged_peers))
     elif forgery == "coordinator_signature_of_another_version":
-        answer["signature"] = coordinator.get_update(-1)["signature"]
+        answer["signature"] = coordinator.coordinator.get_update(-1)["signature"]
     server = update_server(answer)
     try:
         with AgentClient.connect_plain("127.0.0.1:%d" % server.address[1]) as client:
             with pytest.raises(AccessDenied, match="GetUpdate"):
-                node.apply_update(client.get_update(node.resource_version))
+                node.node.apply_update(client.get_update(node.context.resource_version))
     finally:
         server.stop()
-    assert node.resource_version == version and list(node._stored_node().peers) == peers_before
+    assert node.context.resource_version == version and list(node.context.stored_node().peers) == peers_before
     assert node_vpn.peers == wg_before and ATTACKER_PEER.vpn_pub_key not in [p.vpn_pub_key for p in node_vpn.peers]
 
 
 def test_peer_updates_are_signed_once_per_version_and_verify(cluster):
     coordinator, node, _vpn, _store, _tpm = cluster
-    first = coordinator.get_update(-1)
-    assert first["signature"] and coordinator.get_update(-1)["signature"] == first["signature"]
-    assert coordinator.get_update(first["resource_version"]) == {"resource_version": first["resource_version"]}
-    coordinator.add_node_peer(coordinator.reserve_node_ip(), pub_key_from_priv_key(generate_priv_key()), "10.42.0.31")
-    assert node.apply_update(coordinator.get_update(node.resource_version))
-    changed = coordinator.get_update(first["resource_version"])
+    first = coordinator.coordinator.get_update(-1)
+    assert first["signature"] and coordinator.coordinator.get_update(-1)["signature"] == first["signature"]
+    assert coordinator.coordinator.get_update(first["resource_version"]) == {"resource_version": first["resource_version"]}
+    coordinator.coordinator.add_node_peer(coordinator.coordinator.reserve_node_ip(), pub_key_from_priv_key(generate_priv_key()), "10.42.0.31")
+    assert node.node.apply_update(coordinator.coordinator.get_update(node.context.resource_version))
+    changed = coordinator.coordinator.get_update(first["resource_version"])
     assert "signature" in changed and changed["signature"] != first["signature"]
-    assert node.apply_update(coordinator.get_update(first["resource_version"])) is False  # nothing new for it
+    assert node.node.apply_update(coordinator.coordinator.get_update(first["resource_version"])) is False  # nothing new for it
 
 
 # ------------------------------------------------------------------ the key
@@ -282,22 +282,22 @@ def test_peer_updates_are_signed_once_per_version_and_verify(cluster):
 def test_every_coordinator_derives_the_same_key_and_getdatakey_never_hands_out_its_seed(secret, cluster):
     coordinator, node, _vpn, _store, _tpm = cluster
     uri = secret.to_uri()
-    assert kms.coordinator_pub_key(kms.open_kms(uri)) == coordinator.coordinator_pub_key() == expected_pub_key(secret)
-    assert node._stored_node().coordinator_pub_key == coordinator.coordinator_pub_key()  # pinned at activation
+    assert kms.coordinator_pub_key(kms.open_kms(uri)) == coordinator.signing.coordinator_pub_key() == expected_pub_key(secret)
+    assert node.context.stored_node().coordinator_pub_key == coordinator.signing.coordinator_pub_key()  # pinned at activation
     seed = kms.ClusterKMS(secret).derive_key(kms.COORDINATOR_SIGNING_KEY_ID)
     with pytest.raises(InputError, match="reserved"):
-        coordinator.get_data_key(kms.COORDINATOR_SIGNING_KEY_ID, 32)
-    raw = base64.b64decode(coordinator.coordinator_pub_key())
+        coordinator.access.get_data_key(kms.COORDINATOR_SIGNING_KEY_ID, 32)
+    raw = base64.b64decode(coordinator.signing.coordinator_pub_key())
     assert len(raw) == 32 and seed not in raw
-    assert kms.coordinator_pub_key(kms.ClusterKMS(kms.MasterSecret.generate())) != coordinator.coordinator_pub_key()
+    assert kms.coordinator_pub_key(kms.ClusterKMS(kms.MasterSecret.generate())) != coordinator.signing.coordinator_pub_key()
 
 
 def test_a_node_activation_without_the_coordinator_key_is_refused_before_the_lock(make_core, cluster):
     coordinator, _node, _vpn, _store, _tpm = cluster
     fresh, _fresh_vpn = make_core(MemoryTPM(), public_ip="10.42.0.22")
-    fresh.load()
-    params = coordinator.node_activation_request(coordinator.reserve_node_ip()).to_dict()
+    fresh.recovery.load()
+    params = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip()).to_dict()
     params.pop("coordinator_pub_key")
     with pytest.raises(InputError, match="coordinator_pub_key"):
-        fresh.activate_as_node_begin(params)
-    assert fresh.tpm.pcr15() == bytes(32) and fresh.state == State.ACCEPTING_INIT
+        fresh.node.activate_as_node_begin(params)
+    assert fresh.context.tpm.pcr15() == bytes(32) and fresh.state == State.ACCEPTING_INIT

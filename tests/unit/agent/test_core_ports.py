@@ -53,8 +53,8 @@ def secret():
 
 def coordinator(make_core, secret):
     c, vpn = make_core(MemoryTPM())
-    c.load()
-    c.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
+    c.recovery.load()
+    c.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     return c, vpn
 
 
@@ -78,10 +78,6 @@ def test_real_adapters_and_fakes_implement_the_ports(tmp_path):
     assert not isinstance(object(), ports.TPM) and not isinstance(MemoryTPM(), ports.VPN)
 
 
-# Moved into core/ with the rooms (issue 27) at their size; to be split by concern.
-LONG_CORE_FILES = {"peers.py": 450, "state_store.py": 470}
-
-
 def test_the_core_package_imports_neither_ansible_nor_rpc():
     for path in sorted(CORE_DIR.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -94,7 +90,7 @@ def test_the_core_package_imports_neither_ansible_nor_rpc():
             for module in modules:
                 assert not module.startswith("ansible.") and module != "ansible", (path.name, module)
                 assert ".module_utils.rpc" not in module, (path.name, module)
-        assert len(path.read_text(encoding="utf-8").splitlines()) <= LONG_CORE_FILES.get(path.name, 300), path.name
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 300, path.name
 
 
 # --------------------------------------------------------------------------- per-instance join key
@@ -103,15 +99,15 @@ def test_the_core_package_imports_neither_ansible_nor_rpc():
 def test_two_cores_have_their_own_join_key_and_lock(make_core):
     a, _vpn_a = make_core(MemoryTPM())
     b, _vpn_b = make_core(MemoryTPM())
-    assert a._join_key_lock is not b._join_key_lock
+    assert a.node._join_key_lock is not b.node._join_key_lock
     assert "_join_key_lock" not in vars(core.Core) and "_join_priv_key_value" not in vars(core.Core)
-    key_a, key_b = a.join_vpn_pub_key(), b.join_vpn_pub_key()
+    key_a, key_b = a.node.join_vpn_pub_key(), b.node.join_vpn_pub_key()
     assert key_a != key_b and len(key_a) == 32
-    assert a.join_vpn_pub_key() == key_a  # once per Core
+    assert a.node.join_vpn_pub_key() == key_a  # once per Core
     # Holding one Core's join key lock does not block the other Core.
-    with a._join_key_lock:
+    with a.node._join_key_lock:
         done = threading.Event()
-        threading.Thread(target=lambda: (b.join_vpn_pub_key(), done.set()), daemon=True).start()
+        threading.Thread(target=lambda: (b.node.join_vpn_pub_key(), done.set()), daemon=True).start()
         assert done.wait(5)
 
 
@@ -120,11 +116,11 @@ def test_two_cores_have_their_own_join_key_and_lock(make_core):
 
 def test_node_state_keeps_the_store_format(make_core, secret):
     c, _vpn = coordinator(make_core, secret)
-    stored = state_store.load_node_state(c.store)
+    stored = state_store.load_node_state(c.context.store)
     assert set(stored) == {"role", "vpn_ip", "vpn_priv_key", "cluster_id", "measurement_salt", "admin_pub_key",
                            "coordinator_vpn_ip", "cluster_name", "disk_uuid", "state"}
-    assert base64.b64decode(stored["cluster_id"]) == c.cluster_id
-    assert c.node_state == stored
+    assert base64.b64decode(stored["cluster_id"]) == c.context.cluster_id
+    assert c.context.node_state == stored
     node = NodeState.from_dict(stored)
     assert isinstance(node.cluster_id, bytes) and isinstance(node.measurement_salt, bytes)
     assert node.to_dict() == stored
@@ -167,37 +163,37 @@ class FakeNodeClient(ports.NodeClient):
         return None
 
     def attested_pcrs(self):
-        return {15: self.node.tpm.pcr15()}
+        return {15: self.node.context.tpm.pcr15()}
 
     authenticated = False
 
     def coordinator_auth(self, sign_auth):
         """As the node's admin channel does (AdminAuth role coordinator): its pinned key must verify."""
         challenge, spki = os.urandom(32), os.urandom(32)
-        if not signing.verify_auth(self.node.pinned_coordinator_pub_key(), sign_auth(challenge, spki), challenge, spki):
+        if not signing.verify_auth(self.node.status.pinned_coordinator_pub_key(), sign_auth(challenge, spki), challenge, spki):
             raise AccessDenied("AdminAuth (role coordinator): refused")
         self.authenticated = True
 
     def get_state(self):
-        return self.node.get_state() if self.authenticated else self.node.public_state()
+        return self.node.get_state() if self.authenticated else self.node.status.public_state()
 
     def activate_as_node(self, params, disk_key_for):
-        step = self.node.activate_as_node_begin(params)
+        step = self.node.node.activate_as_node_begin(params)
         if self.cut == "after_lock":
-            self.node.abort_node_activation("connection lost")
+            self.node.node.abort_node_activation("connection lost")
             raise ConnectionLost("connection lost after the first step")
         key = disk_key_for(step.state_disk_uuid, step.node_vpn_pub_key)
         if self.cut == "after_record":
-            self.node.abort_node_activation("connection lost")
+            self.node.node.abort_node_activation("connection lost")
             raise ConnectionLost("connection lost before the disk key")
-        self.node.activate_as_node_finish(key)
+        self.node.node.activate_as_node_finish(key)
         return {"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key}
 
 
 def test_activate_nodes_through_a_connect_port(make_core, secret):
     coord, coord_vpn = coordinator(make_core, secret)
     node, _vpn = make_core(MemoryTPM())
-    node.load()
+    node.recovery.load()
     nodes = {"10.42.0.50:9000": node}
 
     def connect_node(endpoint):
@@ -205,14 +201,14 @@ def test_activate_nodes_through_a_connect_port(make_core, secret):
             raise OSError("connection refused")
         return FakeNodeClient(nodes[endpoint])
 
-    rows = coord.activate_nodes(["10.42.0.50:9000", "10.42.0.51:9000"], connect_node)
+    rows = coord.activation.activate_nodes(["10.42.0.50:9000", "10.42.0.51:9000"], connect_node)
     assert rows[0]["ok"] and rows[0]["node_vpn_ip"] == "10.118.0.11" and node.state == State.IS_NODE
     assert rows[1] == {"node_public_endpoint": "10.42.0.51:9000", "ok": False, "node_vpn_ip": None,
                        "error": "connection refused", "action": None}
-    assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)
+    assert node.context.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.context.disk_uuid)
     assert [p.vpn_ip for p in coord_vpn.peers] == ["10.118.0.11"]
     with pytest.raises(InputError, match="node_public_endpoints"):
-        coord.activate_nodes([], connect_node)
+        coord.activation.activate_nodes([], connect_node)
 
 
 # --------------------------------------------------------------------------- the join, no transport
@@ -241,18 +237,18 @@ class FakeJoinChannel(ports.JoinChannel):
 def test_join_through_ports(make_core, secret):
     coord, coord_vpn = coordinator(make_core, secret)
     node, _vpn = make_core(MemoryTPM())
-    node.load()
-    node.join_coordinator_pub_key = coord.coordinator_pub_key()  # the agent config's coordinator_pub_key
+    node.recovery.load()
+    node.context.join_coordinator_pub_key = coord.signing.coordinator_pub_key()  # the agent config's coordinator_pub_key
 
     def request_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
         channel = FakeJoinChannel(DummyIssuer(), on_ticket)
         channel.node_vpn_pub_key, channel.disk_uuid = node_vpn_pub_key, disk_uuid
-        return coord.serve_join(disk_uuid, node_vpn_pub_key, channel, DummyValidator())
+        return coord.join_service.serve_join(disk_uuid, node_vpn_pub_key, channel, DummyValidator())
 
-    result = node.join_cluster(request_ticket)
+    result = node.node.join_cluster(request_ticket)
     assert result["node_vpn_ip"] == "10.118.0.11" and result["state"] == "IsNode"
-    assert node.tpm.pcr15() == expected_pcr15(coord.cluster_id)
-    assert [p.vpn_pub_key for p in coord_vpn.peers] == [node.vpn_pub_key]
+    assert node.context.tpm.pcr15() == expected_pcr15(coord.context.cluster_id)
+    assert [p.vpn_pub_key for p in coord_vpn.peers] == [node.context.vpn_pub_key]
 
 
 def test_join_refuses_an_unbound_attestation_and_releases_the_ip(make_core, secret):
@@ -260,37 +256,37 @@ def test_join_refuses_an_unbound_attestation_and_releases_the_ip(make_core, secr
     channel = FakeJoinChannel(DummyIssuer(), lambda ticket: None)
     channel.node_vpn_pub_key, channel.disk_uuid = os.urandom(32), core.new_disk_uuid()  # not what is asked
     with pytest.raises(AttestationError, match="not bound"):
-        coord.serve_join(core.new_disk_uuid(), os.urandom(32), channel, DummyValidator())
+        coord.join_service.serve_join(core.new_disk_uuid(), os.urandom(32), channel, DummyValidator())
     # A node that takes the ticket but never confirms: its IP goes back to the pool.
     node_pub, disk_uuid = os.urandom(32), core.new_disk_uuid()
     channel = FakeJoinChannel(DummyIssuer(), lambda ticket, binding: None, confirm=False)
     channel.node_vpn_pub_key, channel.disk_uuid = node_pub, disk_uuid
     with pytest.raises(ConnectionLost):
-        coord.serve_join(disk_uuid, node_pub, channel, DummyValidator())
-    assert coord.reserve_node_ip() == "10.118.0.11"
+        coord.join_service.serve_join(disk_uuid, node_pub, channel, DummyValidator())
+    assert coord.coordinator.reserve_node_ip() == "10.118.0.11"
 
 
 def test_join_whose_confirmation_is_lost_says_so(make_core, secret):
     coord, _vpn = coordinator(make_core, secret)
     node, _vpn2 = make_core(MemoryTPM())
-    node.load()
-    node.join_coordinator_pub_key = coord.coordinator_pub_key()
+    node.recovery.load()
+    node.context.join_coordinator_pub_key = coord.signing.coordinator_pub_key()
 
     def lost_after_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
-        on_ticket(coord.signed_join_ticket(coord.issue_join_ticket(disk_uuid, coord.reserve_node_ip()), b"b").to_dict(), b"b")
+        on_ticket(coord.signing.signed_join_ticket(coord.join_service.issue_join_ticket(disk_uuid, coord.coordinator.reserve_node_ip()), b"b").to_dict(), b"b")
         raise ConnectionClosed("closed")
 
     with pytest.raises(ConstellationError, match="joined, but the Coordinator did not confirm"):
-        node.join_cluster(lost_after_ticket)
+        node.node.join_cluster(lost_after_ticket)
     assert node.state == State.IS_NODE
     fresh, _vpn3 = make_core(MemoryTPM())
-    fresh.load()
+    fresh.recovery.load()
 
     def lost_before_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
         raise ConnectionClosed("closed")
 
     with pytest.raises(ConnectionClosed):
-        fresh.join_cluster(lost_before_ticket)
+        fresh.node.join_cluster(lost_before_ticket)
     assert fresh.state == State.ACCEPTING_INIT
 
 
@@ -305,18 +301,18 @@ def test_interrupted_node_activation_resumes_without_changing_a_key(make_core, s
     monkeypatch.setattr(activation, "RESUME_POLL", 0.01)
     coord, coord_vpn = coordinator(make_core, secret)
     node, node_vpn = make_core(MemoryTPM())
-    node.load()
-    rows = coord.activate_nodes(["10.42.0.50:9000"], lambda endpoint: FakeNodeClient(node, cut=cut))
+    node.recovery.load()
+    rows = coord.activation.activate_nodes(["10.42.0.50:9000"], lambda endpoint: FakeNodeClient(node, cut=cut))
     assert not rows[0]["ok"] and "the next run resumes it" in rows[0]["error"]
     assert node.state == State.NODE_WAITING_FOR_CLUSTER_JOIN
-    node_vpn_ip, node_pub_key = node.vpn_ip, node.vpn_pub_key
+    node_vpn_ip, node_pub_key = node.context.vpn_ip, node.context.vpn_pub_key
     recorded = [p.vpn_ip for p in coord_vpn.peers]
     assert recorded == ([node_vpn_ip] if cut == "after_record" else [])
 
     # The node's loop asks the Coordinator over the VPN; until the Coordinator knows it, it is refused.
     if cut == "after_lock":
         with pytest.raises(StateError, match="not a peer"):
-            coord.node_state_disk_key(node_vpn_ip)
+            coord.activation.node_state_disk_key(node_vpn_ip)
 
     def node_fetches_its_key_meanwhile(endpoint):
         client = FakeNodeClient(node)
@@ -324,28 +320,28 @@ def test_interrupted_node_activation_resumes_without_changing_a_key(make_core, s
 
         def get_state():
             answer = real_get_state()
-            if node.state == State.NODE_WAITING_FOR_CLUSTER_JOIN and coord.is_known_peer_ip(node_vpn_ip):
-                node.finish_activation(lambda: coord.node_state_disk_key(node_vpn_ip))  # the agent's loop
+            if node.state == State.NODE_WAITING_FOR_CLUSTER_JOIN and coord.coordinator.is_known_peer_ip(node_vpn_ip):
+                node.node.finish_activation(lambda: coord.activation.node_state_disk_key(node_vpn_ip))  # the agent's loop
             return answer
 
         client.get_state = get_state
         return client
 
-    rows = coord.activate_nodes(["10.42.0.50:9000"], node_fetches_its_key_meanwhile)
+    rows = coord.activation.activate_nodes(["10.42.0.50:9000"], node_fetches_its_key_meanwhile)
     assert rows[0]["ok"] and rows[0]["action"] == "resumed" and rows[0]["node_vpn_ip"] == node_vpn_ip
     assert node.state == State.IS_NODE
-    assert node.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.disk_uuid)
-    assert (node.vpn_ip, node.vpn_pub_key) == (node_vpn_ip, node_pub_key)
+    assert node.context.read_disk_key() == kms.ClusterKMS(secret).state_disk_key(node.context.disk_uuid)
+    assert (node.context.vpn_ip, node.context.vpn_pub_key) == (node_vpn_ip, node_pub_key)
     assert [(p.vpn_ip, p.vpn_pub_key) for p in coord_vpn.peers] == [(node_vpn_ip, node_pub_key)]
     # A third run: nothing to do.
-    rows = coord.activate_nodes(["10.42.0.50:9000"], lambda endpoint: FakeNodeClient(node))
+    rows = coord.activation.activate_nodes(["10.42.0.50:9000"], lambda endpoint: FakeNodeClient(node))
     assert rows[0]["ok"] and rows[0]["action"] == "none"
     # Only the node itself gets its disk key; another peer's VPN IP gets nothing.
     with pytest.raises(StateError):
-        coord.node_state_disk_key("10.118.0.99")
+        coord.activation.node_state_disk_key("10.118.0.99")
 
     stranger, _vpn = make_core(MemoryTPM())
-    stranger.load()
-    stranger.tpm.mark_initialized(os.urandom(32))  # locked to another cluster
-    rows = coord.activate_nodes(["10.42.0.60:9000"], lambda endpoint: FakeNodeClient(stranger))
+    stranger.recovery.load()
+    stranger.context.tpm.mark_initialized(os.urandom(32))  # locked to another cluster
+    rows = coord.activation.activate_nodes(["10.42.0.60:9000"], lambda endpoint: FakeNodeClient(stranger))
     assert not rows[0]["ok"] and "another cluster" in rows[0]["error"]

@@ -60,11 +60,11 @@ def coordinator(tmp_path, member):
     events = []
     c = core.Core(MemoryStore(), MemoryTPM(), RecordingVPN(), str(tmp_path), "10.42.0.10", core.new_disk_uuid(),
                   log=lambda event, **fields: events.append(dict(fields, event=event)))
-    c.etcd_member = member
-    c.load()
+    c.context.etcd_member = member
+    c.recovery.load()
     pem = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
+    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
     return c, events
 
 
@@ -75,17 +75,17 @@ def named(events, event):
 def test_a_member_that_died_is_reported_then_started_again_from_its_data(tmp_path):
     member = StoppableMember()
     c, events = coordinator(tmp_path, member)
-    assert c.state == core.State.ACTIVATING_NODES and c.store is member.cluster
+    assert c.state == core.State.ACTIVATING_NODES and c.context.store is member.cluster
     assert c.get_state()["etcd_member"] == "running"
-    assert c.supervise_etcd_member() is False and len(member.starts) == 1  # running: nothing to do
+    assert c.shared_store.supervise_etcd_member() is False and len(member.starts) == 1  # running: nothing to do
     member.running = False  # the process died; the agent lives
     assert c.get_state()["etcd_member"] == "stopped"
-    assert c.supervise_etcd_member() is True
-    assert member.starts[-1] == (c.vpn_ip, None)  # its data decides: it rejoins, no new cluster
+    assert c.shared_store.supervise_etcd_member() is True
+    assert member.starts[-1] == (c.context.vpn_ip, None)  # its data decides: it rejoins, no new cluster
     assert [e["level"] for e in named(events, "etcd_member_exited")] == ["warning"]
     assert named(events, "etcd_member_started")[-1]["cluster"] == "restart"
     assert c.get_state()["etcd_member"] == "running"
-    assert c.store is member.cluster  # the same shared state, served on
+    assert c.context.store is member.cluster  # the same shared state, served on
 
 
 def test_a_start_that_fails_raises_for_the_loop_and_is_tried_again(tmp_path):
@@ -94,10 +94,10 @@ def test_a_start_that_fails_raises_for_the_loop_and_is_tried_again(tmp_path):
     member.running = False
     member.refuse = StateError("etcd_member: etcd exited (1) before it could accept connections")
     with pytest.raises(StateError, match="etcd exited"):
-        c.supervise_etcd_member()
+        c.shared_store.supervise_etcd_member()
     assert c.get_state()["etcd_member"] == "stopped" and not named(events, "etcd_member_started")[1:]
     member.refuse = None
-    assert c.supervise_etcd_member() is True
+    assert c.shared_store.supervise_etcd_member() is True
     assert len(named(events, "etcd_member_exited")) == 2
     assert c.get_state()["etcd_member"] == "running"
 
@@ -105,12 +105,12 @@ def test_a_start_that_fails_raises_for_the_loop_and_is_tried_again(tmp_path):
 def test_without_a_shared_state_there_is_nothing_to_supervise_or_report(tmp_path):
     (tmp_path / "alone").mkdir()
     alone, _events = coordinator(tmp_path / "alone", None)  # one Coordinator, its own store
-    assert "etcd_member" not in alone.get_state() and alone.supervise_etcd_member() is False
+    assert "etcd_member" not in alone.get_state() and alone.shared_store.supervise_etcd_member() is False
     fresh = core.Core(MemoryStore(), MemoryTPM(), RecordingVPN(), str(tmp_path), "10.42.0.11", core.new_disk_uuid())
-    fresh.etcd_member = member = StoppableMember()  # configured, but not activated: no member yet
-    fresh.load()
+    fresh.context.etcd_member = member = StoppableMember()  # configured, but not activated: no member yet
+    fresh.recovery.load()
     assert "etcd_member" not in fresh.get_state()
-    assert fresh.supervise_etcd_member() is False and member.starts == []
+    assert fresh.shared_store.supervise_etcd_member() is False and member.starts == []
 
 
 # --------------------------------------------------------------------------- verify.yml's verdict
@@ -142,11 +142,11 @@ def test_a_coordinator_whose_state_is_local_refuses_further_coordinators(tmp_pat
     local store, so ActivateAdditionalNodes with Coordinators is refused, naming why - not a foreign error
     from a store that has no members."""
     c, _events = coordinator(tmp_path, None)
-    c.etcd_member = StoppableMember()  # configured after the activation
-    assert c.store is c.local_store
+    c.context.etcd_member = StoppableMember()  # configured after the activation
+    assert c.context.store is c.context.local_store
     with pytest.raises(StateError, match="keeps the cluster's state in its local store"):
-        c.activate_coordinators(["10.42.0.12:9000"], lambda endpoint: pytest.fail("nothing may be contacted"))
+        c.cluster.activate_coordinators(["10.42.0.12:9000"], lambda endpoint: pytest.fail("nothing may be contacted"))
     member = StoppableMember()
     (tmp_path / "shared").mkdir()
     shared, _events = coordinator(tmp_path / "shared", member)
-    assert shared.store is member.cluster and shared._shares_state()  # pylint: disable=protected-access
+    assert shared.context.store is member.cluster and shared.context.shares_state()  # pylint: disable=protected-access

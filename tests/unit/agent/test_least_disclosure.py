@@ -29,8 +29,8 @@ DETAILS = ("vpn_ip", "vpn_pub_key", "state_disk_uuid", "evicted")
 
 
 def serve(core):
-    admin = AdminHandlers(core, warm_interpreters=False)
-    handlers = dict(PubAPI(core, DummyValidator(), admin=admin).handlers())
+    admin = AdminHandlers.for_core(core, warm_interpreters=False)
+    handlers = dict(PubAPI.for_core(core, DummyValidator(), admin=admin).handlers())
     handlers.update(admin.handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
@@ -44,17 +44,17 @@ def cluster(make_core):
     admin_pem = admin_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                     serialization.PublicFormat.SubjectPublicKeyInfo).decode()
     coordinator, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
-    coordinator.load()
-    coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem)
+    coordinator.recovery.load()
+    coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem)
     node, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.12")
-    node.load()
-    request = coordinator.node_activation_request(coordinator.reserve_node_ip())
-    step = node.activate_as_node_begin(request.to_dict())
-    coordinator.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.activate_as_node_finish(coordinator.state_disk_key(step.state_disk_uuid))
-    other = coordinator.reserve_node_ip()
-    coordinator.record_node(other, "x" * 43 + "=", "10.42.0.13", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
-    coordinator.evict_peer(other, "test: failed re-attestation")
+    node.recovery.load()
+    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
+    step = node.node.activate_as_node_begin(request.to_dict())
+    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
+    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    other = coordinator.coordinator.reserve_node_ip()
+    coordinator.activation.record_node(other, "x" * 43 + "=", "10.42.0.13", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
+    coordinator.trust.evict_peer(other, "test: failed re-attestation")
     running = [serve(coordinator), serve(node)]
     yield coordinator, node, admin_key, running[0][2], running[1][2]
     for server, tls, _endpoint in running:
@@ -68,8 +68,8 @@ def connect(endpoint):
 
 def test_a_strangers_getstate_tells_state_and_role_only(cluster):
     coordinator, node, _admin_key, coordinator_endpoint, node_endpoint = cluster
-    secrets_of = {coordinator_endpoint: [coordinator.vpn_pub_key, coordinator.disk_uuid, "10.42.0.13"],
-                  node_endpoint: [node.vpn_pub_key, node.disk_uuid]}
+    secrets_of = {coordinator_endpoint: [coordinator.context.vpn_pub_key, coordinator.context.disk_uuid, "10.42.0.13"],
+                  node_endpoint: [node.context.vpn_pub_key, node.context.disk_uuid]}
     for endpoint, state, role in ((coordinator_endpoint, "ActivatingNodes", "coordinator"),
                                   (node_endpoint, "IsNode", "node")):
         with connect(endpoint) as c:
@@ -93,7 +93,7 @@ def test_a_wrong_admin_key_or_a_forged_coordinator_key_unlocks_nothing(cluster):
             assert err.value.kind == "AccessDenied"
             answer = c.get_state()
             assert not any(answer.get(k) for k in DETAILS), answer
-            assert node.vpn_pub_key not in json.dumps(answer)
+            assert node.context.vpn_pub_key not in json.dumps(answer)
 
 
 def test_the_admin_gets_the_details(cluster):
@@ -101,26 +101,26 @@ def test_the_admin_gets_the_details(cluster):
     with connect(coordinator_endpoint) as c:
         c.admin_auth(admin_key)
         answer = c.get_state()
-    assert answer["vpn_pub_key"] == coordinator.vpn_pub_key and [e["public_ip"] for e in answer["evicted"]] == ["10.42.0.13"]
+    assert answer["vpn_pub_key"] == coordinator.context.vpn_pub_key and [e["public_ip"] for e in answer["evicted"]] == ["10.42.0.13"]
     with connect(node_endpoint) as c:
         c.admin_auth(admin_key)
         answer = c.get_state()
-    assert (answer["vpn_ip"], answer["vpn_pub_key"], answer["state_disk_uuid"]) == (node.vpn_ip, node.vpn_pub_key,
-                                                                                    node.disk_uuid)
+    assert (answer["vpn_ip"], answer["vpn_pub_key"], answer["state_disk_uuid"]) == (node.context.vpn_ip, node.context.vpn_pub_key,
+                                                                                    node.context.disk_uuid)
 
 
 def test_the_coordinators_key_unlocks_the_details_but_no_command(cluster):
     coordinator, node, _admin_key, coordinator_endpoint, node_endpoint = cluster
     with connect(node_endpoint) as c:
-        coordinator.authenticate_as_coordinator(c)  # as re-attestation does
-        assert c.get_state()["vpn_pub_key"] == node.vpn_pub_key
+        coordinator.signing.authenticate_as_coordinator(c)  # as re-attestation does
+        assert c.get_state()["vpn_pub_key"] == node.context.vpn_pub_key
         with pytest.raises(RemoteError) as err:
             c.exec_command(argv=["/bin/true"])
         assert err.value.kind == "AccessDenied"
         with pytest.raises(RemoteError) as err:
-            c.fetch_file(os.path.join(node.state_dir, "state_disk.key"), lambda data: pytest.fail("a file left"))
+            c.fetch_file(os.path.join(node.context.state_dir, "state_disk.key"), lambda data: pytest.fail("a file left"))
         assert err.value.kind == "AccessDenied"
     # Every Coordinator of the cluster derives the same key: another Coordinator's details too.
     with connect(coordinator_endpoint) as c:
-        coordinator.authenticate_as_coordinator(c)
-        assert c.get_state()["vpn_pub_key"] == coordinator.vpn_pub_key
+        coordinator.signing.authenticate_as_coordinator(c)
+        assert c.get_state()["vpn_pub_key"] == coordinator.context.vpn_pub_key

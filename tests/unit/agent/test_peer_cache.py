@@ -86,57 +86,57 @@ def _admin_pem():
 def coordinator(swtpm, make_core):
     store = CountingStore()
     c, _vpn = make_core(swtpm, store=store)
-    c.load()
-    c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), _admin_pem())
+    c.recovery.load()
+    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), _admin_pem())
     return c, store
 
 
 def test_no_change_poll_and_known_peer_check_do_not_touch_the_store(coordinator):
     c, store = coordinator
-    node_ip = c.reserve_node_ip()
-    version = c.add_node_peer(node_ip, _key(), "10.42.0.20")
+    node_ip = c.coordinator.reserve_node_ip()
+    version = c.coordinator.add_node_peer(node_ip, _key(), "10.42.0.20")
     before = store.calls
     for _poll in range(100):
-        assert c.get_update(version) == {"resource_version": version}
-        assert c.is_known_peer_ip(node_ip)
-        assert not c.is_known_peer_ip("10.118.9.9")
+        assert c.coordinator.get_update(version) == {"resource_version": version}
+        assert c.coordinator.is_known_peer_ip(node_ip)
+        assert not c.coordinator.is_known_peer_ip("10.118.9.9")
     assert store.calls == before
     # A node behind gets its delta, still from memory.
-    assert [p["vpn_ip"] for p in c.get_update(version - 1)["added"]] == [node_ip]
+    assert [p["vpn_ip"] for p in c.coordinator.get_update(version - 1)["added"]] == [node_ip]
     assert store.calls == before
 
 
 def test_writes_go_through_the_store_and_a_restart_reloads_once(coordinator, swtpm, make_core):
     c, store = coordinator
-    ips = [c.reserve_node_ip() for _i in range(3)]
+    ips = [c.coordinator.reserve_node_ip() for _i in range(3)]
     for n, ip in enumerate(ips):
-        version = c.add_node_peer(ip, _key(), "10.42.0.%d" % (20 + n))
+        version = c.coordinator.add_node_peer(ip, _key(), "10.42.0.%d" % (20 + n))
     # What memory holds is what the store holds.
-    assert state_store.load_peer_registry(store.inner).to_dict() == c.peer_registry.current().to_dict()
+    assert state_store.load_peer_registry(store.inner).to_dict() == c.context.peer_registry.current().to_dict()
     restarted_store = CountingStore(store.inner)
-    again, vpn = make_core(swtpm, store=restarted_store, disk_uuid=c.disk_uuid)
-    again.load()
+    again, vpn = make_core(swtpm, store=restarted_store, disk_uuid=c.context.disk_uuid)
+    again.recovery.load()
     after_load = restarted_store.calls
     assert sorted(p.vpn_ip for p in vpn.peers) == sorted(ips)
     for _poll in range(10):
-        assert again.get_update(version) == {"resource_version": version}
-        assert all(again.is_known_peer_ip(ip) for ip in ips)
+        assert again.coordinator.get_update(version) == {"resource_version": version}
+        assert all(again.coordinator.is_known_peer_ip(ip) for ip in ips)
     assert restarted_store.calls == after_load
 
 
 def test_a_failed_commit_changes_nothing_in_memory(coordinator):
     c, store = coordinator
-    registry = c.peer_registry.current()
+    registry = c.context.peer_registry.current()
     version = registry.peers.version
     store.fail_commits = True
     with pytest.raises(StoreError):
-        c.add_node_peer("10.118.0.11", _key(), "10.42.0.20")
-    assert c.peer_registry.current() is registry and registry.peers.version == version
-    assert not c.is_known_peer_ip("10.118.0.11")
+        c.coordinator.add_node_peer("10.118.0.11", _key(), "10.42.0.20")
+    assert c.context.peer_registry.current() is registry and registry.peers.version == version
+    assert not c.coordinator.is_known_peer_ip("10.118.0.11")
     store.fail_commits = False
     with pytest.raises(StateError):  # a write refused by its own check publishes nothing either
-        c.add_node_peer("10.118.0.11", c.vpn_pub_key, "10.42.0.20")  # the Coordinator's own key
-    assert c.peer_registry.current() is registry
+        c.coordinator.add_node_peer("10.118.0.11", c.context.vpn_pub_key, "10.42.0.20")  # the Coordinator's own key
+    assert c.context.peer_registry.current() is registry
 
 
 def test_concurrent_writes_are_all_visible_and_readers_see_whole_versions(coordinator):
@@ -147,7 +147,7 @@ def test_concurrent_writes_are_all_visible_and_readers_see_whole_versions(coordi
     def reader():
         # A published registry is never changed: its version and its peers always agree with the store's.
         while not stop.is_set():
-            registry = c.peer_registry.current()
+            registry = c.context.peer_registry.current()
             version = registry.peers.version
             if len(registry.peers) != version:  # one peer per version here (the Coordinator is v1)
                 errors.append((version, len(registry.peers)))
@@ -155,7 +155,7 @@ def test_concurrent_writes_are_all_visible_and_readers_see_whole_versions(coordi
     def writer(n):
         try:
             for _i in range(8):
-                c.add_node_peer(c.reserve_node_ip(), _key(), "10.42.1.%d" % n)
+                c.coordinator.add_node_peer(c.coordinator.reserve_node_ip(), _key(), "10.42.1.%d" % n)
         except Exception as err:  # pylint: disable=broad-except
             errors.append(err)
 
@@ -169,10 +169,10 @@ def test_concurrent_writes_are_all_visible_and_readers_see_whole_versions(coordi
     for thread in readers:
         thread.join()
     assert not errors
-    current = c.peer_registry.current()
+    current = c.context.peer_registry.current()
     assert len(current.peers) == 1 + 6 * 8
     assert current.to_dict() == state_store.load_peer_registry(store.inner).to_dict()
-    assert all(c.is_known_peer_ip(ip) for ip in current.peers.peers)
+    assert all(c.coordinator.is_known_peer_ip(ip) for ip in current.peers.peers)
 
 
 def test_the_cache_alone_reads_once_and_reload_sees_the_store():

@@ -32,9 +32,9 @@ from ansible_collections.constellation.cluster.tests.unit.agent.test_trust_core 
 def pubapi(swtpm, make_core):
     """A Node's pubapi + admin listener as the agent builds it (default limits)."""
     c, _vpn = make_core(swtpm)
-    c.load()
-    admin = AdminHandlers(c)
-    handlers = dict(PubAPI(c, DummyValidator(), admin=admin).handlers())
+    c.recovery.load()
+    admin = AdminHandlers.for_core(c)
+    handlers = dict(PubAPI.for_core(c, DummyValidator(), admin=admin).handlers())
     handlers.update(admin.handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
@@ -136,9 +136,9 @@ def test_a_connection_that_sends_no_request_or_idles_unauthenticated_is_closed(s
     """The deadlines themselves (short here so the test ends quickly): no request after the handshake,
     or an unauthenticated connection idle after its request, is closed by the server."""
     c, _vpn = make_core(swtpm)
-    c.load()
+    c.recovery.load()
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
-    server = FrameServer("pubapi", ("127.0.0.1", 0), dict(PubAPI(c, DummyValidator()).handlers()), tls=tls,
+    server = FrameServer("pubapi", ("127.0.0.1", 0), dict(PubAPI.for_core(c, DummyValidator()).handlers()), tls=tls,
                          first_request_timeout=0.5, unauthenticated_idle_timeout=0.5).start()
     try:
         silent = idle_tcp(server, 1)[0]
@@ -159,7 +159,7 @@ def test_the_accept_loop_never_waits_for_a_slot_while_every_connection_is_busy(s
     """A pool of 2 whose both connections are busy in a request: a third connection is closed at once
     (the client learns it), not held in the accept loop while the loop waits for a slot."""
     c, _vpn = make_core(swtpm)
-    c.load()
+    c.recovery.load()
     entered, release = threading.Semaphore(0), threading.Event()
 
     def slow(conn, params):
@@ -242,13 +242,13 @@ def test_a_node_whose_handshake_times_out_or_resets_is_unreachable_not_evicted(c
     try:
         connect_peer = connect_to(hole.endpoint, [DummyValidator()])
         for round_ in (1, 2):
-            rows = c.reattest_peers(connect_peer, unreachable_limit=3)
+            rows = c.trust.reattest_peers(connect_peer, unreachable_limit=3)
             assert {r["outcome"] for r in rows} == {"unreachable"}, rows
             assert all("attestation failed" not in r["error"] for r in rows)
         for node in nodes.values():
-            assert not c.is_evicted(node["vpn_ip"]) and c.is_known_peer_ip(node["vpn_ip"])
+            assert not c.evictions.is_evicted(node["vpn_ip"]) and c.coordinator.is_known_peer_ip(node["vpn_ip"])
         assert c.get_state()["evicted"] == []
-        rows = c.reattest_peers(connect_peer, unreachable_limit=3)  # the limit is still the limit
+        rows = c.trust.reattest_peers(connect_peer, unreachable_limit=3)  # the limit is still the limit
         assert {r["outcome"] for r in rows} == {"evicted"}
         assert all("unreachable for 3 consecutive" in r["error"] for r in rows)
     finally:
@@ -267,7 +267,7 @@ def test_a_document_that_arrives_and_fails_verification_still_evicts_at_once(clu
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), {}, tls=tls).start()
     try:
-        rows = c.reattest_peers(connect_to(endpoint_of(server), [Refusing()], timeout=10))
+        rows = c.trust.reattest_peers(connect_to(endpoint_of(server), [Refusing()], timeout=10))
         assert {r["outcome"] for r in rows} == {"evicted"}
         assert all("PCR 4" in r["error"] and r["error"].startswith("attestation failed") for r in rows)
     finally:

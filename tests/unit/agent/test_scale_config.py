@@ -51,11 +51,11 @@ def test_ak_alg_is_rsa_or_ecc():
 
 def test_the_coordinator_activates_at_most_activation_workers_nodes_at_once(swtpm, make_core):
     core, _vpn = make_core(swtpm)
-    core.load()
+    core.recovery.load()
     pem = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    core.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
-    core.activation_workers = 3
+    core.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
+    core.activation.activation_workers = 3
     lock = threading.Lock()
     running, peak = [0], [0]
 
@@ -68,6 +68,6 @@ def test_the_coordinator_activates_at_most_activation_workers_nodes_at_once(swtp
             running[0] -= 1
         raise ConstellationError("cannot connect to %s (test)" % endpoint)
 
-    rows = core.activate_nodes(["10.42.0.%d:9000" % i for i in range(20, 32)], connect_node)
+    rows = core.activation.activate_nodes(["10.42.0.%d:9000" % i for i in range(20, 32)], connect_node)
     assert len(rows) == 12 and not any(r["ok"] for r in rows)
     assert peak[0] == 3

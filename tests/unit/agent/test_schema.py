@@ -36,8 +36,8 @@ def test_docs_method_table_is_the_generated_one():
 
 
 def test_every_api_handler_set_equals_the_table():
-    served = {"pubapi": set(PubAPI(core=None).handlers()), "vpnapi": set(VPNAPI(core=None).handlers()),
-              "admin": set(AdminHandlers(core=None, warm_interpreters=False).handlers())}
+    served = {"pubapi": set(PubAPI.for_core(None).handlers()), "vpnapi": set(VPNAPI.for_core(None).handlers()),
+              "admin": set(AdminHandlers.for_core(None, warm_interpreters=False).handlers())}
     for api, names in served.items():
         assert names == {m.name for m in schema.methods_of(api)}, api
 

@@ -41,8 +41,8 @@ def admin_pem() -> str:
 
 def provisioned(make_core, public_ip, store=None):
     c, vpn = make_core(MemoryTPM(), store=store, public_ip=public_ip)
-    c.init_secret_hash = init_secret.init_secret_hash(INIT_SECRET, public_ip)
-    c.load()
+    c.context.init_secret_hash = init_secret.init_secret_hash(INIT_SECRET, public_ip)
+    c.recovery.load()
     return c, vpn
 
 
@@ -66,40 +66,40 @@ def test_coordinator_activation_without_or_with_a_wrong_init_secret_is_refused_b
     secret = kms.MasterSecret.generate()
     for attempt in (None, os.urandom(32), init_secret.node_init_secret(INIT_SECRET, "10.42.0.11")):
         with pytest.raises(AccessDenied) as err:
-            c.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem(), init_secret=attempt)
+            c.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem(), init_secret=attempt)
         assert err.value.reason == "init_proof"
         assert base64.b64encode(INIT_SECRET).decode() not in str(err.value)
-    assert c.tpm.pcr15() == bytes(32) and c.state == State.ACCEPTING_INIT
-    c.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem(), init_secret=INIT_SECRET)
+    assert c.context.tpm.pcr15() == bytes(32) and c.state == State.ACCEPTING_INIT
+    c.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem(), init_secret=INIT_SECRET)
     assert c.state == State.ACTIVATING_NODES
 
 
 def test_node_refuses_activation_without_its_own_proof_and_accepts_the_coordinators(make_core):
     coordinator, _vpn = provisioned(make_core, "10.42.0.11")
-    coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem(),
-                                        init_secret=INIT_SECRET)
+    coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem(),
+                                                    init_secret=INIT_SECRET)
     node, _vpn = provisioned(make_core, "10.42.0.12")
-    request = coordinator.node_activation_request(coordinator.reserve_node_ip()).to_dict()
+    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip()).to_dict()
     other = base64.b64encode(init_secret.node_init_secret(INIT_SECRET, "10.42.0.13")).decode()
     for params in (request, dict(request, init_proof=other)):  # missing; relayed from another node
         with pytest.raises(AccessDenied):
-            node.activate_as_node_begin(params)
-    assert node.tpm.pcr15() == bytes(32) and node.state == State.ACCEPTING_INIT
-    step = node.activate_as_node_begin(dict(request, **coordinator.init_proof_for("10.42.0.12")))
-    assert step.node_vpn_pub_key and node.tpm.pcr15() == expected_pcr15(coordinator.cluster_id)
+            node.node.activate_as_node_begin(params)
+    assert node.context.tpm.pcr15() == bytes(32) and node.state == State.ACCEPTING_INIT
+    step = node.node.activate_as_node_begin(dict(request, **coordinator.coordinator.init_proof_for("10.42.0.12")))
+    assert step.node_vpn_pub_key and node.context.tpm.pcr15() == expected_pcr15(coordinator.context.cluster_id)
     assert "init_proof" not in repr(core.NodeActivationRequest.from_dict(dict(request, init_proof=other)))
 
 
 def test_join_ticket_of_a_coordinator_without_our_init_secret_is_refused_before_the_lock(make_core):
     stranger, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.21")  # passes the policy, another cluster
-    stranger.load()
-    stranger.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem(),
-                                     init_secret=os.urandom(32))
+    stranger.recovery.load()
+    stranger.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem(),
+                                                 init_secret=os.urandom(32))
     node, _vpn = provisioned(make_core, "10.42.0.22")
-    ticket = stranger.issue_join_ticket(node.disk_uuid, stranger.reserve_node_ip(), "10.42.0.22")
+    ticket = stranger.join_service.issue_join_ticket(node.context.disk_uuid, stranger.coordinator.reserve_node_ip(), "10.42.0.22")
     with pytest.raises(AccessDenied):
-        node.join(core.JoinTicket.from_dict(ticket.to_dict()))
-    assert node.tpm.pcr15() == bytes(32) and node.read_disk_key() is None
+        node.node.join(core.JoinTicket.from_dict(ticket.to_dict()))
+    assert node.context.tpm.pcr15() == bytes(32) and node.context.read_disk_key() is None
 
 
 # ------------------------------------------------------------------ re-attestation, eviction (item 1)
@@ -132,49 +132,49 @@ class FakeClient:
 @pytest.fixture
 def cluster(make_core):
     c, vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
-    c.load()
-    c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
+    c.recovery.load()
+    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
     nodes = {}
     for octet in (12, 13):
         key = pub_key_from_priv_key(generate_priv_key())
-        vpn_ip = c.reserve_node_ip()
-        c.record_node(vpn_ip, key, "10.42.0.%d" % octet, core.new_disk_uuid())
+        vpn_ip = c.coordinator.reserve_node_ip()
+        c.activation.record_node(vpn_ip, key, "10.42.0.%d" % octet, core.new_disk_uuid())
         nodes["10.42.0.%d" % octet] = {"vpn_ip": vpn_ip, "vpn_pub_key": key, "state": "IsNode"}
     return c, vpn, nodes
 
 
 def test_a_failed_attestation_evicts_at_once_and_the_vpnapi_refuses_the_peer(cluster):
     c, vpn, nodes = cluster
-    ours = expected_pcr15(c.cluster_id)
+    ours = expected_pcr15(c.context.cluster_id)
     bad = "10.42.0.13"
-    version = c.get_update(-1)["resource_version"]
+    version = c.coordinator.get_update(-1)["resource_version"]
 
     def connect(public_ip):
         if public_ip == bad:
             return FakeClient(error=AttestationError("measurements mismatch: PCR 9: expected aa, found bb"))
         return FakeClient(ours, nodes[public_ip])
 
-    rows = {r["public_ip"]: r["outcome"] for r in c.reattest_peers(connect)}
+    rows = {r["public_ip"]: r["outcome"] for r in c.trust.reattest_peers(connect)}
     assert rows == {"10.42.0.12": "passed", bad: "evicted"}
     evicted_ip = nodes[bad]["vpn_ip"]
-    assert not c.is_known_peer_ip(evicted_ip) and c.is_evicted(evicted_ip)
+    assert not c.coordinator.is_known_peer_ip(evicted_ip) and c.evictions.is_evicted(evicted_ip)
     assert nodes[bad]["vpn_pub_key"] not in [p.vpn_pub_key for p in vpn.peers]
-    update = c.get_update(version)
+    update = c.coordinator.get_update(version)
     assert update["removed"] == [evicted_ip]
     assert [e["vpn_ip"] for e in c.get_state()["evicted"]] == [evicted_ip]
     assert "PCR 9" in c.get_state()["evicted"][0]["reason"]
-    api = VPNAPI(c)
+    api = VPNAPI.for_core(c)
     assert "evicted" in api.accept_check((evicted_ip, 4000))
     with pytest.raises(AccessDenied) as err:
-        c.require_not_evicted(evicted_ip, "GetDataKey")
+        c.evictions.require_not_evicted(evicted_ip, "GetDataKey")
     assert err.value.reason == "evicted"
     # Its VPN IP stays allocated: a new node never gets it.
-    assert c.reserve_node_ip() != evicted_ip
+    assert c.coordinator.reserve_node_ip() != evicted_ip
 
 
 def test_an_unreachable_peer_is_evicted_only_after_the_limit_and_a_success_resets_the_count(cluster):
     c, _vpn, nodes = cluster
-    ours = expected_pcr15(c.cluster_id)
+    ours = expected_pcr15(c.context.cluster_id)
     down = {"10.42.0.12"}
 
     def connect(public_ip):
@@ -183,21 +183,21 @@ def test_an_unreachable_peer_is_evicted_only_after_the_limit_and_a_success_reset
         return FakeClient(ours, nodes[public_ip])
 
     for _round in range(2):
-        c.reattest_peers(connect, unreachable_limit=3)
+        c.trust.reattest_peers(connect, unreachable_limit=3)
     down.clear()
-    c.reattest_peers(connect, unreachable_limit=3)  # reachable again: the count starts over
+    c.trust.reattest_peers(connect, unreachable_limit=3)  # reachable again: the count starts over
     down.add("10.42.0.12")
     for _round in range(2):
-        assert not c.reattest_peers(connect, unreachable_limit=3)[0]["outcome"] == "evicted"
+        assert not c.trust.reattest_peers(connect, unreachable_limit=3)[0]["outcome"] == "evicted"
     assert c.get_state()["evicted"] == []
-    rows = c.reattest_peers(connect, unreachable_limit=3)
+    rows = c.trust.reattest_peers(connect, unreachable_limit=3)
     assert [r["outcome"] for r in rows if r["public_ip"] == "10.42.0.12"] == ["evicted"]
     assert "unreachable for 3 consecutive" in c.get_state()["evicted"][0]["reason"]
 
 
 def test_a_peer_with_another_identity_or_cluster_is_evicted_and_readmission_needs_the_same_key(cluster):
     c, _vpn, nodes = cluster
-    ours = expected_pcr15(c.cluster_id)
+    ours = expected_pcr15(c.context.cluster_id)
     imposter = dict(nodes["10.42.0.12"], vpn_pub_key=pub_key_from_priv_key(generate_priv_key()))
 
     def connect(public_ip):
@@ -205,34 +205,34 @@ def test_a_peer_with_another_identity_or_cluster_is_evicted_and_readmission_need
             return FakeClient(ours, imposter)
         return FakeClient(os.urandom(32), nodes[public_ip])  # PCR 15 of another cluster
 
-    assert {r["outcome"] for r in c.reattest_peers(connect)} == {"evicted"}
+    assert {r["outcome"] for r in c.trust.reattest_peers(connect)} == {"evicted"}
     vpn_ip = nodes["10.42.0.12"]["vpn_ip"]
     with pytest.raises(StateError):
-        c.check_readmission(vpn_ip, imposter["vpn_pub_key"])
-    assert c.check_readmission(vpn_ip, nodes["10.42.0.12"]["vpn_pub_key"]) is True
-    c.record_node(vpn_ip, nodes["10.42.0.12"]["vpn_pub_key"], "10.42.0.12", state_disk_uuid(c, vpn_ip))
-    c.clear_eviction(vpn_ip)
-    assert c.is_known_peer_ip(vpn_ip) and not c.is_evicted(vpn_ip)
+        c.evictions.check_readmission(vpn_ip, imposter["vpn_pub_key"])
+    assert c.evictions.check_readmission(vpn_ip, nodes["10.42.0.12"]["vpn_pub_key"]) is True
+    c.activation.record_node(vpn_ip, nodes["10.42.0.12"]["vpn_pub_key"], "10.42.0.12", state_disk_uuid(c, vpn_ip))
+    c.evictions.clear_eviction(vpn_ip)
+    assert c.coordinator.is_known_peer_ip(vpn_ip) and not c.evictions.is_evicted(vpn_ip)
 
 
 def state_disk_uuid(c, vpn_ip):
-    from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+    from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 
-    return state_store.load_node_disk_uuid(c.store, vpn_ip)
+    return node_records.load_node_disk_uuid(c.context.store, vpn_ip)
 
 
 def test_evictions_survive_a_coordinator_restart(make_core):
     store = MemoryStore()
     tpm = MemoryTPM()
     c, _vpn = make_core(tpm, store=store, public_ip="10.42.0.11")
-    c.load()
-    c.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
-    vpn_ip = c.reserve_node_ip()
-    c.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.12", core.new_disk_uuid())
-    c.evict_peer(vpn_ip, "test")
+    c.recovery.load()
+    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
+    vpn_ip = c.coordinator.reserve_node_ip()
+    c.activation.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.12", core.new_disk_uuid())
+    c.trust.evict_peer(vpn_ip, "test")
     again, _vpn = make_core(tpm, store=store, public_ip="10.42.0.11")
-    again.load()
-    assert again.is_evicted(vpn_ip) and [e["vpn_ip"] for e in again.get_state()["evicted"]] == [vpn_ip]
+    again.recovery.load()
+    assert again.evictions.is_evicted(vpn_ip) and [e["vpn_ip"] for e in again.get_state()["evicted"]] == [vpn_ip]
 
 
 # ------------------------------------------------------------------ rejoin (item 3)
@@ -270,57 +270,57 @@ class FakeValidator:
 def test_rejoin_ticket_goes_only_to_a_recorded_peer_and_holds_only_what_it_needs(make_core):
     secret = kms.MasterSecret.generate()
     c, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
-    c.load()
-    c.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
+    c.recovery.load()
+    c.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     key, uuid = pub_key_from_priv_key(generate_priv_key()), core.new_disk_uuid()
-    vpn_ip = c.reserve_node_ip()
-    c.record_node(vpn_ip, key, "10.42.0.12", uuid)
+    vpn_ip = c.coordinator.reserve_node_ip()
+    c.activation.record_node(vpn_ip, key, "10.42.0.12", uuid)
     good = FakeRejoinChannel(b"")
     good._user_data = good.user_data(vpn_ip, key, uuid)
     with pytest.raises(AccessDenied):  # not the recorded key
-        c.serve_rejoin(vpn_ip, pub_key_from_priv_key(generate_priv_key()), uuid, good, FakeValidator())
+        c.trust.serve_rejoin(vpn_ip, pub_key_from_priv_key(generate_priv_key()), uuid, good, FakeValidator())
     with pytest.raises(AttestationError):  # cannot attest
-        c.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"garbage"), FakeValidator())
+        c.trust.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"garbage"), FakeValidator())
     with pytest.raises(AttestationError, match="bound"):  # an attestation for another request
-        c.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"x" * 32), FakeValidator())
-    c.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
+        c.trust.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"x" * 32), FakeValidator())
+    c.trust.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
     ticket = good.delivered.to_dict()
     assert set(ticket) == {"state_disk_key", "measurement_secret", "peers", "resource_version", "signature"}
     assert base64.b64decode(ticket["state_disk_key"]) == kms.ClusterKMS(secret).state_disk_key(uuid)
     assert secret.to_uri() not in repr(good.delivered) and secret.to_uri() not in str(ticket)
-    c.evict_peer(vpn_ip, "test")
+    c.trust.evict_peer(vpn_ip, "test")
     with pytest.raises(AccessDenied):
-        c.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
+        c.trust.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
 
 
 def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
     secret = kms.MasterSecret.generate()
     coordinator, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
-    coordinator.load()
-    coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
+    coordinator.recovery.load()
+    coordinator.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     store, tpm = MemoryStore(), MemoryTPM()
     node, _vpn = make_core(tpm, store=store, public_ip="10.42.0.12")
-    node.load()
-    request = coordinator.node_activation_request(coordinator.reserve_node_ip())
-    step = node.activate_as_node_begin(request.to_dict())
-    coordinator.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.activate_as_node_finish(coordinator.state_disk_key(step.state_disk_uuid))
+    node.recovery.load()
+    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
+    step = node.node.activate_as_node_begin(request.to_dict())
+    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
+    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
     tpm.pcr = bytes(32)  # a reboot
-    rebooted, _vpn = make_core(tpm, store=store, public_ip="10.42.0.12", disk_uuid=node.disk_uuid)
-    rebooted.state_dir = node.state_dir
-    assert rebooted.load() == State.ACCEPTING_INIT and rebooted.recovery_pending
+    rebooted, _vpn = make_core(tpm, store=store, public_ip="10.42.0.12", disk_uuid=node.context.disk_uuid)
+    rebooted.context.state_dir = node.context.state_dir
+    assert rebooted.recovery.load() == State.ACCEPTING_INIT and rebooted.context.recovery_pending
     with pytest.raises(StateError, match="does not take the KMS URI"):
-        rebooted.recover(secret.to_uri())
+        rebooted.recovery.recover(secret.to_uri())
 
     def request_ticket(vpn_ip, pub_key, disk_uuid, on_ticket):
         channel = FakeRejoinChannel(b"")
         channel._user_data = channel.user_data(vpn_ip, pub_key, disk_uuid)
         channel.deliver = lambda ticket: on_ticket(ticket.to_dict(), channel._user_data)
-        return coordinator.serve_rejoin(vpn_ip, pub_key, disk_uuid, channel, FakeValidator())
+        return coordinator.trust.serve_rejoin(vpn_ip, pub_key, disk_uuid, channel, FakeValidator())
 
-    assert rebooted.rejoin(request_ticket)["state"] == "IsNode"
-    assert tpm.pcr15() == expected_pcr15(coordinator.cluster_id)
-    assert rebooted.vpn_pub_key == step.node_vpn_pub_key
+    assert rebooted.recovery.rejoin(request_ticket)["state"] == "IsNode"
+    assert tpm.pcr15() == expected_pcr15(coordinator.context.cluster_id)
+    assert rebooted.context.vpn_pub_key == step.node_vpn_pub_key
 
 
 # ------------------------------------------------------------------ signed measurements (item 5)

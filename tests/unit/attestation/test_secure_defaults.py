@@ -136,12 +136,12 @@ def test_a_coordinator_with_the_defaults_gives_a_forged_software_ak_no_join_tick
     coordinator = core.Core(MemoryStore(), MemoryTPM(), RecordingVPN(), str(tmp_path / "coordinator"),
                             "127.0.0.1", core.new_disk_uuid())
     os.makedirs(str(tmp_path / "coordinator"), exist_ok=True)
-    coordinator.load()
-    coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), _admin_pem())
+    coordinator.recovery.load()
+    coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), _admin_pem())
     peers_before = coordinator.get_state().get("peers")
     issuer = choose.issuer(config.variant, swtpm_ek.tcti, event_log_path=None)
     tls = AgentServerContext(issuer)
-    pubapi = PubAPI(coordinator, node_validator, issuer=issuer)
+    pubapi = PubAPI.for_core(coordinator, node_validator, issuer=issuer)
     server = FrameServer("pubapi", ("127.0.0.1", 0), pubapi.handlers(), tls=tls, apis=(schema.PUBAPI,)).start()
     received = []
     forger = SoftwareAKIssuer({**IMAGE_PCRS, 15: bytes(32)}, node_validator.oid, genuine_ek_cert)

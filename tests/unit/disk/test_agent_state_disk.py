@@ -46,8 +46,8 @@ class Node:
         self.port = AgentStateDisk(disk, self.store, log=lambda event, **fields: self.events.append((event, fields)))
         uuid = self.port.header_uuid() or disk_uuid or core.new_disk_uuid()
         self.core = core.Core(self.store, tpm, RecordingVPN(), self.state_dir, "10.42.0.10", uuid)
-        self.port.read_key = self.core.read_disk_key
-        self.core.state_disk = self.port
+        self.port.read_key = self.core.context.read_disk_key
+        self.core.context.state_disk = self.port
 
 
 @needs_cryptsetup
@@ -55,11 +55,11 @@ def test_first_activation_formats_the_disk_with_the_disk_uuid_and_a_restart_open
     tpm, secret = MemoryTPM(), kms.MasterSecret.generate()
     node = Node(tmp_path, image, tpm)
     node.port.at_boot()  # no header: the store stays in the state directory
-    assert node.core.load() == core.State.ACCEPTING_INIT
-    node.core.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
+    assert node.core.recovery.load() == core.State.ACCEPTING_INIT
+    node.core.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     # The LUKS UUID is the disk UUID the Coordinator derives the disk key for; the key opens it.
-    assert Cryptsetup().luks_uuid(image) == node.core.disk_uuid
-    assert Cryptsetup().check_key(image, kms.ClusterKMS(secret).state_disk_key(node.core.disk_uuid))
+    assert Cryptsetup().luks_uuid(image) == node.core.context.disk_uuid
+    assert Cryptsetup().check_key(image, kms.ClusterKMS(secret).state_disk_key(node.core.context.disk_uuid))
     disk_store = os.path.join(node.state_dir, "disk", "store.json")
     assert node.store.path == disk_store and os.path.exists(disk_store)
     assert not os.path.exists(os.path.join(node.state_dir, "store.json"))  # moved, not copied
@@ -68,26 +68,26 @@ def test_first_activation_formats_the_disk_with_the_disk_uuid_and_a_restart_open
     programs = node.runner.programs()
     assert programs.index("cryptsetup luksFormat") < programs.index("mkfs.ext4") < programs.index("mount")
     state = node.core.get_state()["state_disk"]
-    assert state["device"] == image and state["luks_uuid"] == node.core.disk_uuid
+    assert state["device"] == image and state["luks_uuid"] == node.core.context.disk_uuid
 
     # Agent restart: the disk UUID from the header, the disk opened with the key at rest before the store is read.
     again = Node(tmp_path, image, tpm)
-    assert again.core.disk_uuid == node.core.disk_uuid
+    assert again.core.context.disk_uuid == node.core.context.disk_uuid
     assert again.store.path != disk_store
     assert again.port.at_boot() is True
     assert again.store.path == disk_store
     assert "cryptsetup luksFormat" not in again.runner.programs()
-    assert again.core.load() == core.State.ACTIVATING_NODES
+    assert again.core.recovery.load() == core.State.ACTIVATING_NODES
 
 
 @needs_cryptsetup
 def test_the_disk_of_another_node_fails_the_activation_naming_both_uuids(tmp_path, image):
     Cryptsetup().format(image, bytes(32), OTHER_UUID, integrity=False, params=FAST)
     node = Node(tmp_path, image, MemoryTPM())
-    node.core.disk_uuid = UUID  # as if its disk_uuid file named another disk
-    node.core.load()
+    node.core.context.disk_uuid = UUID  # as if its disk_uuid file named another disk
+    node.core.recovery.load()
     with pytest.raises(StateDiskError) as err:
-        node.core.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
+        node.core.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
     assert OTHER_UUID in str(err.value) and UUID in str(err.value)
     assert node.store.path == os.path.join(node.state_dir, "store.json")
 
@@ -104,26 +104,26 @@ def test_a_formatted_disk_without_a_key_at_rest_is_refused_at_boot(tmp_path, ima
 def test_an_activated_node_without_its_disk_sets_it_up_at_start(tmp_path, image):
     tpm, secret = MemoryTPM(), kms.MasterSecret.generate()
     node = Node(tmp_path, image, tpm)
-    node.core.state_disk = None  # activated before state_disk_device was configured
-    node.core.load()
-    node.core.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
+    node.core.context.state_disk = None  # activated before state_disk_device was configured
+    node.core.recovery.load()
+    node.core.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     assert not Cryptsetup().is_luks(image)
-    again = Node(tmp_path, image, tpm, disk_uuid=node.core.disk_uuid)
+    again = Node(tmp_path, image, tpm, disk_uuid=node.core.context.disk_uuid)
     assert again.port.at_boot() is False
-    assert again.core.load() == core.State.ACTIVATING_NODES
-    again.port.after_load(bool(again.core.node_state), again.core.disk_uuid)
-    assert Cryptsetup().luks_uuid(image) == node.core.disk_uuid
+    assert again.core.recovery.load() == core.State.ACTIVATING_NODES
+    again.port.after_load(bool(again.core.context.node_state), again.core.context.disk_uuid)
+    assert Cryptsetup().luks_uuid(image) == node.core.context.disk_uuid
     assert again.store.path == os.path.join(again.state_dir, "disk", "store.json")
 
 
 def test_without_a_state_disk_get_state_says_so(tmp_path):
     c = core.Core(FileStore(str(tmp_path / "store.json")), MemoryTPM(), RecordingVPN(), str(tmp_path), "10.42.0.10",
                   core.new_disk_uuid())
-    c.load()
+    c.recovery.load()
     answer = c.get_state()["state_disk"]
     assert answer == NOT_ENCRYPTED and answer["encrypted"] is False
     assert answer["message"] == "the state is not on an encrypted disk (no state_disk_device is configured)"
-    assert "state_disk" not in c.public_state()  # a detail: after AdminAuth only
+    assert "state_disk" not in c.status.public_state()  # a detail: after AdminAuth only
 
 
 # --------------------------------------------------------------------------- the configuration

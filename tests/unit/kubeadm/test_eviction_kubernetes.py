@@ -37,18 +37,18 @@ def _coordinator(tmp_path, provider):
     state_dir.mkdir()
     coordinator = core_mod.Core(MemoryStore(), MemoryTPM(), RecordingVPN(), str(state_dir), "10.42.0.10",
                                 core_mod.new_disk_uuid())
-    coordinator.load()
+    coordinator.recovery.load()
     admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin)
-    coordinator.kubeadm_provider = provider
+    coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin)
+    coordinator.kubernetes.kubeadm_provider = provider
     return coordinator
 
 
 def _node(coordinator, name):
-    vpn_ip = coordinator.reserve_node_ip()
-    coordinator.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.%d" % (20 + int(name[-1])),
-                            core_mod.new_disk_uuid())
+    vpn_ip = coordinator.coordinator.reserve_node_ip()
+    coordinator.activation.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.%d" % (20 + int(name[-1])),
+                                       core_mod.new_disk_uuid())
     csr, _key = make_csr(cn="system:node:" + name, sans=(name, vpn_ip))
     return vpn_ip, csr
 
@@ -68,11 +68,11 @@ def test_eviction_deletes_the_node_object_and_a_renewal_gets_no_certificate(apis
     coordinator = _coordinator(tmp_path, provider)
     evicted_ip, csr = _node(coordinator, "worker-0")
     kept_ip, kept_csr = _node(coordinator, "worker-1")
-    issued = coordinator.kubelet_cert_for(csr, evicted_ip, "GetJoinArgs")
-    coordinator.kubelet_cert_for(kept_csr, kept_ip, "GetJoinArgs")
+    issued = coordinator.kubernetes.kubelet_cert_for(csr, evicted_ip, "GetJoinArgs")
+    coordinator.kubernetes.kubelet_cert_for(kept_csr, kept_ip, "GetJoinArgs")
     assert _node_names(apiserver) == ["control-plane-0", "worker-0", "worker-1"]
 
-    coordinator.evict_peer(evicted_ip, "attestation failed: PCR 4 (test)")
+    coordinator.trust.evict_peer(evicted_ip, "attestation failed: PCR 4 (test)")
 
     # The API server no longer has its Node object; the other Node keeps its own.
     assert _node_names(apiserver) == ["control-plane-0", "worker-1"]
@@ -80,12 +80,12 @@ def test_eviction_deletes_the_node_object_and_a_renewal_gets_no_certificate(apis
     cert = x509.load_pem_x509_certificate(issued["kubelet_cert"])
     assert cert.not_valid_after_utc - cert.not_valid_before_utc <= datetime.timedelta(days=KUBELET_CERT_DAYS, hours=2)
     with pytest.raises(AccessDenied) as err:
-        coordinator.kubelet_cert_for(csr, evicted_ip, "GetJoinArgs")
+        coordinator.kubernetes.kubelet_cert_for(csr, evicted_ip, "GetJoinArgs")
     assert err.value.reason == "evicted"
     with pytest.raises(AccessDenied):
-        coordinator.kubernetes_join_for(evicted_ip, "GetJoinArgs", csr)
+        coordinator.kubernetes.kubernetes_join_for(evicted_ip, "GetJoinArgs", csr)
     # The Node in good standing renews.
-    assert coordinator.kubelet_cert_for(kept_csr, kept_ip, "GetJoinArgs")["node_name"] == "worker-1"
+    assert coordinator.kubernetes.kubelet_cert_for(kept_csr, kept_ip, "GetJoinArgs")["node_name"] == "worker-1"
 
 
 def test_delete_node_is_refused_to_a_kubeconfig_that_may_not_delete(apiserver, control_plane_dir, tmp_path):

@@ -44,12 +44,12 @@ class Cluster:
         state_dir.mkdir()
         self.core = core_mod.Core(MemoryStore(), MemoryTPM(), LoopbackVPN(), str(state_dir), "10.42.0.10",
                                   core_mod.new_disk_uuid())
-        self.core.load()
+        self.core.recovery.load()
         admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-        self.core.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
-                                          cluster_config={"vpn_cidr": VPN_CIDR})
-        self.api = VPNAPI(self.core, kubeadm=JoinProvider(KUBEADM_DOUBLE, control_plane_dir) if provider else None)
+        self.core.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
+                                                      cluster_config={"vpn_cidr": VPN_CIDR})
+        self.api = VPNAPI.for_core(self.core, kubeadm=JoinProvider(KUBEADM_DOUBLE, control_plane_dir) if provider else None)
         self.server = FrameServer("vpnapi", ("127.77.0.1", 0), self.api.handlers(), accept_check=self.api.accept_check,
                                   apis=(schema.VPNAPI,)).start()
         self.port = self.server.address[1]
@@ -58,10 +58,10 @@ class Cluster:
     def add_node(self, public_ip, control_plane=False):
         """A node recorded as an activation records it (its disk UUID, the admin's control-plane
         designation, its WireGuard key); its agent's private key is kept in ``keys``."""
-        vpn_ip = self.core.reserve_node_ip()
+        vpn_ip = self.core.coordinator.reserve_node_ip()
         priv_key = generate_priv_key()
-        self.core.record_node(vpn_ip, pub_key_from_priv_key(priv_key), public_ip, core_mod.new_disk_uuid(),
-                              control_plane)
+        self.core.activation.record_node(vpn_ip, pub_key_from_priv_key(priv_key), public_ip, core_mod.new_disk_uuid(),
+                                         control_plane)
         self.keys[vpn_ip] = priv_key
         return vpn_ip
 
@@ -71,7 +71,7 @@ class Cluster:
         sock = socket.create_connection(("127.77.0.1", self.port), timeout=10, source_address=(source_ip, 0))
         client = AgentClient.connect_plain("127.77.0.1:%d" % self.port, sock=sock, timeout=10)
         if authenticate and source_ip in self.keys:
-            client.peer_auth(self.keys[source_ip], self.core.vpn_pub_key)
+            client.peer_auth(self.keys[source_ip], self.core.context.vpn_pub_key)
         return client
 
     def tokens(self):
@@ -116,7 +116,7 @@ def test_an_evicted_node_gets_no_token_even_on_an_open_connection(cluster):
     before = cluster.tokens()
     with cluster.client(node_ip) as client:
         client.get_update(-1)  # accepted while it is a peer
-        cluster.core.evict_peer(node_ip, "failed re-attestation (test)")
+        cluster.core.trust.evict_peer(node_ip, "failed re-attestation (test)")
         with pytest.raises(RemoteError) as err:
             client.get_join_args()
     assert err.value.kind == "AccessDenied" and "evicted" in str(err.value)
@@ -168,7 +168,7 @@ def test_without_a_control_plane_the_answer_says_why(tmp_path, double_log):
         with cluster.client(node_ip) as client:
             with pytest.raises(RemoteError, match="GetJoinArgs: kubeadm not available on the Coordinator .no control plane"):
                 client.get_join_args()
-        ticket = cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip())
+        ticket = cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip())
         assert ticket.kubeadm["available"] is False and "kubeadm init has not run" in ticket.kubeadm["reason"]
     finally:
         cluster.server.stop()
@@ -178,9 +178,9 @@ def test_without_a_control_plane_the_answer_says_why(tmp_path, double_log):
 def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_control_plane_files(cluster):
     tickets = []
     for name in ("worker-0", "worker-1"):
-        vpn_ip = cluster.core.reserve_node_ip()
-        ticket = cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), vpn_ip, "10.42.0.20",
-                                                make_csr("system:node:" + name, sans=())[0])
+        vpn_ip = cluster.core.coordinator.reserve_node_ip()
+        ticket = cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), vpn_ip, "10.42.0.20",
+                                                             make_csr("system:node:" + name, sans=())[0])
         tickets.append((vpn_ip, core_mod.JoinTicket.from_dict(ticket.to_dict()).kubeadm))
     (ip0, first), (ip1, second) = tickets
     assert first["available"] is True and first["token"] != second["token"]
@@ -192,21 +192,21 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_contro
     # A joining node cannot make itself a control plane (finding 2): the ticket is refused, no token left.
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="is_control_plane: a node cannot designate itself a control plane"):
-        cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None,
-                                       make_csr("system:node:control-plane-1", sans=())[0], True)
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+                                                    make_csr("system:node:control-plane-1", sans=())[0], True)
     assert cluster.tokens() == before
     assert ip0 != ip1
 
 
 def test_a_ticket_with_a_csr_in_another_nodes_name_is_refused(cluster):
-    cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None,
-                                   make_csr("system:node:worker-0", sans=())[0])
+    cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+                                                make_csr("system:node:worker-0", sans=())[0])
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="node name worker-0 belongs to another node"):
-        cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None,
-                                       make_csr("system:node:worker-0", sans=())[0])
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+                                                    make_csr("system:node:worker-0", sans=())[0])
     with pytest.raises(InputError, match="certificate_request"):
-        cluster.core.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.reserve_node_ip(), None, b"garbage")
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None, b"garbage")
     assert cluster.tokens() == before
 
 

@@ -18,7 +18,7 @@ import socket
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     KIND_END,
     FrameStream,
@@ -79,10 +79,10 @@ def secrets_of(cluster, node_ip):
         with open(os.path.join(cluster.control_plane_dir, "pki", name), "rb") as handle:
             data = handle.read()
         found += [data, base64.b64encode(data)]
-    disk_uuid = state_store.load_node_disk_uuid(cluster.core.store, node_ip)
-    disk_key = cluster.core.state_disk_key(disk_uuid)
+    disk_uuid = node_records.load_node_disk_uuid(cluster.core.context.store, node_ip)
+    disk_key = cluster.core.coordinator.state_disk_key(disk_uuid)
     found += [disk_key, base64.b64encode(disk_key)]
-    master = kms.open_kms(state_store.load_kms_data(cluster.core.local_store)["kms_uri"])
+    master = kms.open_kms(state_store.load_kms_data(cluster.core.context.local_store)["kms_uri"])
     any_key = master.derive_key("foo", 32)
     found += [any_key, base64.b64encode(any_key)]
     return found
@@ -161,11 +161,11 @@ def test_a_node_the_admin_did_not_designate_gets_no_control_plane_material(clust
     assert "control_plane_files" not in args
     # The designation is bound to the node's WireGuard key: a new peer at the same VPN IP inherits nothing.
     designated = cluster.add_node("10.42.0.12", control_plane=True)
-    cluster.core.remove_peer(designated)
-    reused = cluster.core.reserve_node_ip()  # as a join reserves it
+    cluster.core.coordinator.remove_peer(designated)
+    reused = cluster.core.coordinator.reserve_node_ip()  # as a join reserves it
     assert reused == designated
     cluster.keys[reused] = generate_priv_key()
-    cluster.core.add_node_peer(reused, pub_key_from_priv_key(cluster.keys[reused]), "10.42.0.13")
+    cluster.core.coordinator.add_node_peer(reused, pub_key_from_priv_key(cluster.keys[reused]), "10.42.0.13")
     with cluster.client(reused) as client:
         with pytest.raises(RemoteError, match="not designated a control plane"):
             client.get_certificate_key()
@@ -180,9 +180,9 @@ def test_get_data_key_ids_are_namespaced_per_caller(cluster):
         bob_key = client.get_data_key("foo")
         with pytest.raises(RemoteError, match="reserved"):
             client.get_data_key(kms.MEASUREMENT_SECRET_KEY_ID)
-    master = kms.open_kms(state_store.load_kms_data(cluster.core.local_store)["kms_uri"])
+    master = kms.open_kms(state_store.load_kms_data(cluster.core.context.local_store)["kms_uri"])
     assert alice_key != bob_key and master.derive_key("foo", 32) not in (alice_key, bob_key)
-    namespace = "peer/%s/" % cluster.core.vpn_peer_record(alice).vpn_pub_key
+    namespace = "peer/%s/" % cluster.core.access.vpn_peer_record(alice).vpn_pub_key
     assert alice_key == master.derive_key(namespace + "foo", 32)
 
 

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core import eviction_store, state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError, StateError
@@ -114,18 +114,18 @@ def coordinators(etcd, tmp_path):
     """Coordinator A (the first, at 127.0.0.1, moves its state to etcd), B and C (further Coordinators
     restarted from their stored state, each on its own member) and a Node recorded by A."""
     first = _core(tmp_path, HOSTS[0], MemoryTPM())
-    first.etcd_member = Member(etcd, HOSTS[0])
-    first.load()
+    first.context.etcd_member = Member(etcd, HOSTS[0])
+    first.recovery.load()
     admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
     secret = kms.MasterSecret.generate()
-    first.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin, cluster_config={"vpn_cidr": VPN_CIDR})
-    assert first.vpn_ip == HOSTS[0] and first.peer_registry.shared
-    stored = first._stored_node()  # pylint: disable=protected-access
+    first.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin, cluster_config={"vpn_cidr": VPN_CIDR})
+    assert first.context.vpn_ip == HOSTS[0] and first.context.peer_registry.shared
+    stored = first.context.stored_node()  # pylint: disable=protected-access
     cores = {HOSTS[0]: first}
     for host in HOSTS[1:]:
         priv_key = generate_priv_key()
-        first.add_node_peer(host, pub_key_from_priv_key(priv_key), PUBLIC[host], role="coordinator")
+        first.coordinator.add_node_peer(host, pub_key_from_priv_key(priv_key), PUBLIC[host], role="coordinator")
         local = MemoryStore()
         state_store.save_node_state(local, NodeState(
             role="coordinator", vpn_ip=host, vpn_priv_key=priv_key, cluster_id=stored.cluster_id,
@@ -135,15 +135,15 @@ def coordinators(etcd, tmp_path):
         tpm = MemoryTPM()
         tpm.pcr = expected_pcr15(stored.cluster_id)
         further = _core(tmp_path, host, tpm, store=local)
-        further.etcd_member = Member(etcd, host)
-        assert further.load() == core.State.ACTIVATING_NODES and further.peer_registry.shared
+        further.context.etcd_member = Member(etcd, host)
+        assert further.recovery.load() == core.State.ACTIVATING_NODES and further.context.peer_registry.shared
         cores[host] = further
     node = {"vpn_pub_key": pub_key_from_priv_key(generate_priv_key()), "disk_uuid": core.new_disk_uuid()}
-    node["vpn_ip"] = first.reserve_node_ip()
-    first.record_node(node["vpn_ip"], node["vpn_pub_key"], NODE_PUBLIC_IP, node["disk_uuid"])
+    node["vpn_ip"] = first.coordinator.reserve_node_ip()
+    first.activation.record_node(node["vpn_ip"], node["vpn_pub_key"], NODE_PUBLIC_IP, node["disk_uuid"])
     yield cores, node
     for made in cores.values():
-        made.store.close()
+        made.context.store.close()
 
 
 def _until(predicate, limit=10.0):
@@ -190,7 +190,7 @@ def _attack_from_evicted_node(coordinator, node):
     """What the evicted Node tries at ``coordinator``: the vpnapi on a connection opened before the eviction
     (GetUpdate, GetStateDiskKey, GetDataKey), a rejoin ticket, a re-admission with another key. Returns
     every byte it received."""
-    api = VPNAPI(coordinator)
+    api = VPNAPI.for_core(coordinator)
     conn = SimpleNamespace(peer_ip=node["vpn_ip"], peer=(node["vpn_ip"], 40000), stream=Recorder(), admin=False)
     assert api.accept_check(conn.peer) and "evicted" in api.accept_check(conn.peer)
     for call in (lambda: api.get_update(conn, schema.GetUpdateRequest(resource_version=0)),
@@ -202,22 +202,22 @@ def _attack_from_evicted_node(coordinator, node):
     channel = RejoinChannel()
     channel._document = channel.user_data(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"])  # pylint: disable=protected-access
     with pytest.raises(AccessDenied) as err:
-        coordinator.serve_rejoin(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"], channel, PassingValidator())
+        coordinator.trust.serve_rejoin(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"], channel, PassingValidator())
     assert err.value.reason == "evicted"
     with pytest.raises(StateError, match="evicted with another WireGuard key"):
-        coordinator.check_readmission(node["vpn_ip"], pub_key_from_priv_key(generate_priv_key()))
+        coordinator.evictions.check_readmission(node["vpn_ip"], pub_key_from_priv_key(generate_priv_key()))
     return repr(conn.stream.sent) + repr(channel.delivered)
 
 
 def test_a_node_evicted_by_one_coordinator_is_refused_by_the_others(coordinators):
     cores, node = coordinators
     first, second, third = (cores[h] for h in HOSTS)
-    disk_key = base64.b64encode(first.state_disk_key(node["disk_uuid"])).decode()
+    disk_key = base64.b64encode(first.coordinator.state_disk_key(node["disk_uuid"])).decode()
     for other in (second, third):  # a peer in good standing before
-        assert not other.is_evicted(node["vpn_ip"])
-    first.evict_peer(node["vpn_ip"], "attestation failed: PCR 4 (test)")
+        assert not other.evictions.is_evicted(node["vpn_ip"])
+    first.trust.evict_peer(node["vpn_ip"], "attestation failed: PCR 4 (test)")
     for other in (second, third):
-        assert _until(lambda o=other: o.is_evicted(node["vpn_ip"]))
+        assert _until(lambda o=other: o.evictions.is_evicted(node["vpn_ip"]))
         received = _attack_from_evicted_node(other, node)
         assert disk_key not in received and "state_disk_key" not in received
         assert [e["vpn_ip"] for e in other.get_state()["evicted"]] == [node["vpn_ip"]]
@@ -230,23 +230,23 @@ def test_an_eviction_recorded_before_the_evicting_coordinator_died_is_refused_by
     second = cores[HOSTS[1]]
     record = {"vpn_ip": node["vpn_ip"], "vpn_pub_key": node["vpn_pub_key"], "public_ip": NODE_PUBLIC_IP,
               "role": "node", "reason": "attestation failed (test)", "ts": 0}
-    state_store.save_eviction(cores[HOSTS[0]].store, node["vpn_ip"], record)
-    assert second.is_known_peer_ip(node["vpn_ip"])  # still in the registry
-    assert _until(lambda: second.is_evicted(node["vpn_ip"]))
-    disk_key = base64.b64encode(second.state_disk_key(node["disk_uuid"])).decode()
+    eviction_store.save_eviction(cores[HOSTS[0]].context.store, node["vpn_ip"], record)
+    assert second.coordinator.is_known_peer_ip(node["vpn_ip"])  # still in the registry
+    assert _until(lambda: second.evictions.is_evicted(node["vpn_ip"]))
+    disk_key = base64.b64encode(second.coordinator.state_disk_key(node["disk_uuid"])).decode()
     assert disk_key not in _attack_from_evicted_node(second, node)
 
 
 def test_a_readmission_through_another_coordinator_clears_the_eviction_everywhere(coordinators):
     cores, node = coordinators
     first, second = cores[HOSTS[0]], cores[HOSTS[1]]
-    first.evict_peer(node["vpn_ip"], "unreachable (test)")
-    assert _until(lambda: second.is_evicted(node["vpn_ip"]))
-    assert second.check_readmission(node["vpn_ip"], node["vpn_pub_key"]) is True
-    second.record_node(node["vpn_ip"], node["vpn_pub_key"], NODE_PUBLIC_IP, node["disk_uuid"])
-    second.clear_eviction(node["vpn_ip"])
-    assert _until(lambda: not first.is_evicted(node["vpn_ip"]))
-    assert first.is_known_peer_ip(node["vpn_ip"]) and first.get_state()["evicted"] == []
+    first.trust.evict_peer(node["vpn_ip"], "unreachable (test)")
+    assert _until(lambda: second.evictions.is_evicted(node["vpn_ip"]))
+    assert second.evictions.check_readmission(node["vpn_ip"], node["vpn_pub_key"]) is True
+    second.activation.record_node(node["vpn_ip"], node["vpn_pub_key"], NODE_PUBLIC_IP, node["disk_uuid"])
+    second.evictions.clear_eviction(node["vpn_ip"])
+    assert _until(lambda: not first.evictions.is_evicted(node["vpn_ip"]))
+    assert first.coordinator.is_known_peer_ip(node["vpn_ip"]) and first.get_state()["evicted"] == []
 
 
 class Peer:
@@ -275,8 +275,8 @@ class Peer:
 
 def _connect(cores, node, tampered):
     first = cores[HOSTS[0]]
-    ours = expected_pcr15(first.cluster_id)
-    states = {PUBLIC[h]: {"vpn_ip": h, "vpn_pub_key": c.vpn_pub_key, "state": "ActivatingNodes", "role": "coordinator"}
+    ours = expected_pcr15(first.context.cluster_id)
+    states = {PUBLIC[h]: {"vpn_ip": h, "vpn_pub_key": c.context.vpn_pub_key, "state": "ActivatingNodes", "role": "coordinator"}
               for h, c in cores.items()}
     states[NODE_PUBLIC_IP] = {"vpn_ip": node["vpn_ip"], "vpn_pub_key": node["vpn_pub_key"], "state": "IsNode"}
 
@@ -302,47 +302,47 @@ def _members(store):
 def test_the_leader_evicts_a_tampered_coordinator_from_the_registry_and_etcd(coordinators):
     cores, node = coordinators
     first, second, tampered = cores[HOSTS[0]], cores[HOSTS[1]], HOSTS[2]
-    rows = {r["vpn_ip"]: r for r in first.reattest_peers(_connect(cores, node, tampered))}
+    rows = {r["vpn_ip"]: r for r in first.trust.reattest_peers(_connect(cores, node, tampered))}
     # Every peer but the leader itself is re-attested, the Coordinators too.
     assert set(rows) == {HOSTS[1], HOSTS[2], node["vpn_ip"]}
     assert rows[tampered]["outcome"] == "evicted" and rows[tampered]["role"] == "coordinator", first.get_state()["evicted"][0]["held"]
     assert rows[HOSTS[1]]["outcome"] == rows[node["vpn_ip"]]["outcome"] == "passed"
-    registry = state_store.load_peer_registry(first.store)
+    registry = state_store.load_peer_registry(first.context.store)
     assert registry.peers.get(tampered) is None and registry.peers.get(HOSTS[1]) is not None
     assert registry.allocator.in_use(tampered)  # its VPN IP stays reserved: nobody else gets its eviction
-    assert _members(first.store) == [member_name(HOSTS[0]), member_name(HOSTS[1])]
-    assert tampered not in [p.vpn_ip for p in first.vpn.peers]
+    assert _members(first.context.store) == [member_name(HOSTS[0]), member_name(HOSTS[1])]
+    assert tampered not in [p.vpn_ip for p in first.context.vpn.peers]
     for coordinator in (first, second):  # every Coordinator names it (GetState) and refuses it
-        assert _until(lambda c=coordinator: c.is_evicted(tampered))
+        assert _until(lambda c=coordinator: c.evictions.is_evicted(tampered))
         (eviction,) = coordinator.get_state()["evicted"]
         assert eviction["vpn_ip"] == tampered and eviction["role"] == "coordinator"
         assert eviction["etcd_member"] == "removed" and "PCR 4" in eviction["reason"]
-    assert _until(lambda: second.peer_registry.current().peers.get(tampered) is None)
+    assert _until(lambda: second.context.peer_registry.current().peers.get(tampered) is None)
     # The two that remain are the whole majority: the cluster keeps writing.
-    second.store.put("probe", b"after the eviction")
+    second.context.store.put("probe", b"after the eviction")
     # The leader never evicts itself.
-    assert first.evict_peer(first.vpn_ip, "test") is None and first.is_known_peer_ip(first.vpn_ip)
+    assert first.trust.evict_peer(first.context.vpn_ip, "test") is None and first.coordinator.is_known_peer_ip(first.context.vpn_ip)
 
 
 def test_a_tampered_coordinator_is_not_removed_below_a_live_majority(coordinators, etcd):
     cores, node = coordinators
     first, tampered = cores[HOSTS[0]], HOSTS[2]
     etcd.members[HOSTS[1]].kill()  # B is down: A and the tampered C are the live majority of three
-    rows = {r["vpn_ip"]: r for r in first.reattest_peers(_connect(cores, node, tampered))}
+    rows = {r["vpn_ip"]: r for r in first.trust.reattest_peers(_connect(cores, node, tampered))}
     assert rows[tampered]["outcome"] == "eviction_held"
     # Still a member and a peer (removing it would leave one live member of two: no writes), but named
     # as evicted with why, refused by the vpnapi, and logged as an error.
-    assert len(_members(first.store)) == 3 and first.is_known_peer_ip(tampered)
+    assert len(_members(first.context.store)) == 3 and first.coordinator.is_known_peer_ip(tampered)
     (eviction,) = first.get_state()["evicted"]
     assert eviction["etcd_member"] == "kept" and "a majority needs 2" in eviction["held"]
-    assert first.is_evicted(tampered)
+    assert first.evictions.is_evicted(tampered)
     assert any(e["event"] == "coordinator_eviction_held" and e.get("level") == "error" for e in first.log_events)
-    first.store.put("probe", b"the cluster still writes")
+    first.context.store.put("probe", b"the cluster still writes")
     # Once B is back, the next round evicts it.
     etcd.members[HOSTS[1]].start()
-    assert _until(lambda: first.reattest_peers(_connect(cores, node, tampered))
-                  and not first.is_known_peer_ip(tampered), limit=60)
-    assert _members(first.store) == [member_name(HOSTS[0]), member_name(HOSTS[1])]
+    assert _until(lambda: first.trust.reattest_peers(_connect(cores, node, tampered))
+                  and not first.coordinator.is_known_peer_ip(tampered), limit=60)
+    assert _members(first.context.store) == [member_name(HOSTS[0]), member_name(HOSTS[1])]
     assert first.get_state()["evicted"][0]["etcd_member"] == "removed"
 
 
@@ -352,11 +352,11 @@ def test_the_shared_eviction_check_reads_the_store_at_most_once_per_interval(coo
     cores, node = coordinators
     second = cores[HOSTS[1]]
     now = [100.0]
-    cache = EvictionCache(second.store, shared=True, follow_interval=0.1, clock=lambda: now[0])
+    cache = EvictionCache(second.context.store, shared=True, follow_interval=0.1, clock=lambda: now[0])
     for _request in range(1000):  # a burst of requests within one interval: one version read
         assert node["vpn_ip"] not in cache.current()
     assert cache.peeks == 1 and cache.reloads == 1
-    cores[HOSTS[0]].evict_peer(node["vpn_ip"], "test")
+    cores[HOSTS[0]].trust.evict_peer(node["vpn_ip"], "test")
     assert node["vpn_ip"] not in cache.current()  # still within the interval: memory
     intervals = 0
     while node["vpn_ip"] not in cache.current() and intervals < 500:  # the member's copy may lag a little

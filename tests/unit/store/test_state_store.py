@@ -12,7 +12,8 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord, PeerRegistry
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerRegistry
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore, StoreError, transfer
 
 

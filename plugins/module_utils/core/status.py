@@ -1,0 +1,84 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a peer says about itself (``PeerStatus``): GetState's answers and the Coordinators' key it trusts.
+Composed explicitly from who knows each part: the ``PeerContext`` (state, role, VPN identity, disk, agent
+measurement, secrets at rest), the etcd member (core/shared_store.py: ``etcd_member``) and the evictions
+(core/evictions.py: ``evicted``, on an activated Coordinator)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol
+
+from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
+from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import NOT_ENCRYPTED
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
+
+
+class MemberState(Protocol):
+    """The etcd member's GetState field (core/shared_store.py ``SharedStore``)."""
+
+    def state_fields(self) -> Dict[str, Any]:
+        """``{"etcd_member": ...}`` for a Coordinator that shares the state in etcd, else ``{}``."""
+
+
+class EvictedPeers(Protocol):
+    """The evicted peers (core/evictions.py ``Evictions``)."""
+
+    @property
+    def evicted(self) -> Dict[str, dict]:
+        """The evictions by VPN IP."""
+
+
+class CoordinatorKey(Protocol):
+    """The Coordinators' key from this Coordinator's KMS (core/signing.py ``CoordinatorSigning``)."""
+
+    def coordinator_pub_key(self) -> str:
+        """The key Nodes pin."""
+
+
+class PeerStatus:
+    """GetState over the peer's ``PeerContext``."""
+
+    def __init__(self, context: PeerContext, shared_store: MemberState, evictions: EvictedPeers, signing: CoordinatorKey):
+        self.context = context
+        self.shared_store = shared_store
+        self.evictions = evictions
+        self.signing = signing
+
+    def public_state(self) -> Dict[str, Any]:
+        """What GetState tells anyone: state and role only (least disclosure). The details (``get_state``)
+        go only to an authenticated admin or Coordinator (agent/admin.py AdminAuth)."""
+        return self.context.public_state()
+
+    def get_state(self) -> Dict[str, Any]:
+        """State and role, plus the peer's VPN IP and WireGuard public key once it has them, and its disk
+        UUID: for the admin and the Coordinators only (the pubapi answers others ``public_state``)."""
+        ctx = self.context
+        answer = ctx.public_state()
+        node = ctx.node
+        active = ctx.state in (State.ACTIVATING_NODES, State.NODE_WAITING_FOR_CLUSTER_JOIN, State.IS_NODE)
+        answer["vpn_ip"] = node.vpn_ip if active and node is not None else None
+        answer["vpn_pub_key"] = ctx.vpn_pub_key if active and node is not None and node.vpn_priv_key else None
+        # The disk UUID reported at activation (what the Coordinator derives this node's disk key for).
+        answer["state_disk_uuid"] = (node.disk_uuid or ctx.disk_uuid) if active and node is not None else None
+        answer["state_disk"] = ctx.state_disk.status() if ctx.state_disk is not None else dict(NOT_ENCRYPTED)
+        # What this peer runs (PCR 13's two events, replayable) and whether its secrets at rest are sealed.
+        answer["agent_measurement"] = ctx.agent_measurement
+        answer["secrets_at_rest"] = {"sealed": ctx.at_rest.sealed, "pcrs": list(ctx.at_rest.pcrs)}
+        answer.update(self.shared_store.state_fields())
+        if ctx.role == ROLE_COORDINATOR and ctx.state == State.ACTIVATING_NODES:
+            answer["evicted"] = [dict(record) for _ip, record in sorted(self.evictions.evicted.items())]
+        return answer
+
+    def pinned_coordinator_pub_key(self) -> Optional[str]:
+        """The Coordinators' key this peer trusts: a Node's, pinned at activation (or from its agent config
+        when it joined); an activated Coordinator's own, derived from its KMS. None before activation."""
+        node = self.context.node
+        if node is None:
+            return None
+        if node.role == ROLE_COORDINATOR:
+            return self.signing.coordinator_pub_key() if self.context.kms is not None else None
+        return node.coordinator_pub_key
