@@ -131,11 +131,8 @@ peer_version:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
-from ansible_collections.constellation.cluster.plugins.module_utils.store.coordinator_members import (
-    check_vpn_ip,
-    open_local_member,
-    remove_coordinator,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator_removal import remove_coordinator
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_members import check_vpn_ip, open_local_member
 
 
 def _render(members, peer):

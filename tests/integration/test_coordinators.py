@@ -211,8 +211,8 @@ def test_attacks_on_the_activation_of_a_coordinator_are_refused(cluster):
 
 REMOVE_SCRIPT = """
 import json, sys
-from ansible_collections.constellation.cluster.plugins.module_utils.store.coordinator_members import (
-    open_local_member, remove_coordinator)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator_removal import remove_coordinator
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_members import open_local_member
 member = open_local_member(sys.argv[1])
 try:
     print(json.dumps(remove_coordinator(member.store, sys.argv[2], tls=member.tls)))

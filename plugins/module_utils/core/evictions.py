@@ -33,13 +33,11 @@ MEMBER_REMOVED = "removed"
 
 def remove_coordinator_member(context: PeerContext, vpn_ip: str) -> Optional[str]:
     """The leader evicts the Coordinator at ``vpn_ip``: its etcd member leaves the cluster
-    (``coordinator_members.evict_member``). None when it left (or there was none: a Coordinator without a
+    (``coordinator_removal.evict_member``). None when it left (or there was none: a Coordinator without a
     shared store); why not when the members that remain would not hold a live majority."""
     if not context.shares_state():
         return None
-    from ansible_collections.constellation.cluster.plugins.module_utils.store.coordinator_members import (
-        evict_member,
-    )
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator_removal import evict_member
 
     result = evict_member(context.store, vpn_ip, context.vpn_ip)
     if result["removed"] is not None:

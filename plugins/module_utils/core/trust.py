@@ -214,7 +214,7 @@ class PeerTrust:
 
     def _evict_coordinator(self, record, eviction: Dict[str, Any]) -> Optional[int]:
         """A Coordinator that failed: its etcd member leaves first, then its registry entry. Held when the
-        members that remain would not hold a live majority (``coordinator_members.evict_member``) or the
+        members that remain would not hold a live majority (``coordinator_removal.evict_member``) or the
         removal fails: recorded with ``etcd_member: kept`` (every Coordinator refuses it), the member and
         the entry stay (cutting its tunnel would make it a dead member that still votes), an error is
         logged and the next round tries again."""

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Replacing a dead Coordinator (store/coordinator_members.py, modules/coordinator_member.py) on a real
+"""Replacing a dead Coordinator (core/coordinator_removal.py, modules/coordinator_member.py) on a real
 three-member etcd cluster with TLS from a cluster KMS. Each member runs on its own loopback address
 (127.0.0.1-3), which stands for its Coordinator's VPN IP: the registry's VPN network is 127.0.0.0/24, whose
 Coordinator range starts at 127.0.0.1."""
@@ -23,10 +23,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore, FileStore, StoreError
-from ansible_collections.constellation.cluster.plugins.module_utils.store.coordinator_members import (
-    open_local_member,
-    remove_coordinator,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator_removal import remove_coordinator
+from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_members import open_local_member
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_argv import initial_cluster
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_pki import etcd_ca, member_credentials
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import member_name
