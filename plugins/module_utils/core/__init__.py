@@ -26,7 +26,8 @@ Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, 
 ``coordinator`` (one Coordinator: activation as Coordinator, registry, updates), ``join_service``
 (IssueJoinTicket), ``peer_access`` (who gets what, data keys), ``kubernetes`` (join material), ``signing``,
 ``activation`` (the Coordinator activates and resumes nodes), ``shared_store`` (its etcd member),
-``coordinator_cluster`` (further Coordinators on one etcd cluster), ``node`` (the Node's side), ``evictions``,
+``coordinator_cluster`` (further Coordinators on one etcd cluster), ``coordinator_removal`` (a Coordinator taken
+out: its etcd member and registry entry), ``node`` (the Node's side), ``evictions``,
 ``trust`` (re-attestation, eviction, rejoin tickets; ``reattest_loop`` drives it), ``recovery`` (start-up,
 Recover, rejoin) and ``status`` (GetState). ``Core`` is the composition root only: it builds the context and
 the services and exposes them as attributes.
