@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filter agent_config_error: the node agent's own configuration check (module_utils/agent/daemon.py),
+"""Filter agent_config_error: the node agent's own configuration check (module_utils/agent/config.py),
 run on the controller before anything is installed. Its documentation is in agent_config_error.yml."""
 
 from __future__ import annotations
