@@ -1,3 +1,6 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Runs the node agent on lab hosts: ``start_agent(lab, host, **config) -> Popen``, ``stop_agent``.
 
 The config is written to ``<host dir>/agent/config.json``; the agent runs inside the host's
@@ -9,14 +12,36 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
-from lab.lab import AGENT_PORT, REPO_ROOT, Host, Lab, lab_measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
+from lab.image import lab_measurements
+from lab.names import AGENT_PORT, REPO_ROOT, Host
+
+
+class Lab(Protocol):
+    """What an agent needs of its lab (lab.lab.Lab is one)."""
+
+    variant: str
+    trusted_agents: bool
+    measurements_pub_path: Path
+    ek_ca_path: Path
+
+    def sign_measurements(self, path: Path) -> Path: ...
+
+    def init_secret_hash(self, h: Host) -> str: ...
+
+    def agent_store(self, h: Host) -> Optional[dict]: ...
+
+    def agent_etcd_member(self, h: Host) -> Optional[dict]: ...
+
+    def host_python(self) -> List[str]: ...
+
+    def host_cmd(self, h: Host, args: List[str]) -> str: ...
 
 
 def agent_dir(host: Host) -> Path:
@@ -77,9 +102,7 @@ def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: A
         doc["etcd_member"] = etcd_member
     doc.update({k: v for k, v in config.items() if v is not None})
     path = directory / "config.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, path)
+    atomic_write(str(path), json.dumps(doc, indent=2).encode("utf-8"), 0o644)
     return path
 
 
@@ -130,19 +153,6 @@ def wait_listening(host: Host, proc: Optional[subprocess.Popen] = None, timeout:
             return
         time.sleep(0.1)
     raise RuntimeError("agent on %s did not listen within %.0f s: %s" % (host.name, timeout, tail_log(host)))
-
-
-def wait_until(check, timeout: float = 20.0, interval: float = 0.2, what: str = "condition", why=None):
-    """Polls ``check()`` until it returns something true (which is returned), at most ``timeout``
-    seconds; AssertionError naming ``what``, the last value and ``why()`` (e.g. log tails) otherwise."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out waiting for %s (last: %r)%s" % (what, last, " " + why() if why else ""))
 
 
 def stop_agent(proc: subprocess.Popen, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int:

@@ -17,10 +17,11 @@ import time
 
 import pytest
 
-from lab.admin import LabCluster
+from tests.support.cluster import LabCluster
 from lab.agent import agent_dir, tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab, lab_measurements
+from tests.support.wait import until
+from lab.image import lab_measurements
+from lab.lab import Lab
 from lab.netns import NetNS
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (

@@ -31,8 +31,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurements, extend_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer  # noqa: E402
 from lab.swtpm import SwTPM, free_port  # noqa: E402
+from tests.support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 PYTHON = os.path.join(VENV_BIN, "python") if os.path.exists(os.path.join(VENV_BIN, "python")) else sys.executable
 

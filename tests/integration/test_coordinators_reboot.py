@@ -9,9 +9,9 @@ A reboot restarts the host's TPM (PCR 15 back to zero) and ends every process on
 from __future__ import annotations
 
 import pytest
-from lab.admin import LabCluster
+from tests.support.cluster import LabCluster
 from lab.agent import tail_log
-from lab.agent import wait_until as until
+from tests.support.wait import until
 from lab.lab import Lab
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 

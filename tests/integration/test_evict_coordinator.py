@@ -10,9 +10,9 @@ it, and every Coordinator names it in GetState, as verify.yml reports it."""
 from __future__ import annotations
 
 import pytest
-from lab.admin import LabCluster
+from tests.support.cluster import LabCluster
 from lab.agent import tail_log
-from lab.agent import wait_until as until
+from tests.support.wait import until
 from lab.lab import Lab
 
 from ansible_collections.constellation.cluster.plugins.module_utils.verify_problems import verify_problems

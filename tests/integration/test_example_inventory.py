@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.lab import REPO_ROOT, Lab
+from lab.lab import Lab
+from tests.support import ROOT
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import open_peer
 
 pytestmark = pytest.mark.lab
 
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+VENV_BIN = ROOT / ".venv" / "bin"
 
 
 def recap(output: str):
@@ -45,14 +46,14 @@ class Example:
 
     def env(self):
         env = dict(os.environ)
-        env.update(PATH="%s:%s" % (VENV_BIN, env.get("PATH", "")), ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"),
+        env.update(PATH="%s:%s" % (VENV_BIN, env.get("PATH", "")), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
                    ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", HOME=str(self.home))
         return env
 
     def play(self, playbook: str, *extra: str) -> subprocess.CompletedProcess:
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inv / "hosts.yml"), str(REPO_ROOT / playbook),
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inv / "hosts.yml"), str(ROOT / playbook),
                 "--vault-password-file", str(self.vault_pass)] + list(extra)
-        return subprocess.run(argv, cwd=REPO_ROOT, env=self.env(), capture_output=True, text=True, timeout=300,
+        return subprocess.run(argv, cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=300,
                               check=False)
 
 
@@ -64,7 +65,7 @@ def example(tmp_path_factory):
     lab.up(hosts=3, tpm=True, agents=True)
     try:
         inv = base / "mycluster"
-        shutil.copytree(REPO_ROOT / "inventories" / "example", inv)  # cp -r inventories/example inventories/mycluster
+        shutil.copytree(ROOT / "inventories" / "example", inv)  # cp -r inventories/example inventories/mycluster
         example_hosts = yaml.safe_load((inv / "hosts.yml").read_text())
         lab_hosts = yaml.safe_load((lab_inv / "hosts.yml").read_text())
         lab_vars = yaml.safe_load((lab_inv / "group_vars" / "all" / "lab.yml").read_text())

@@ -19,8 +19,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-from lab.admin import LabCluster
-from lab.agent import wait_until as until
+from tests.support.cluster import LabCluster
+from tests.support.wait import until
 from lab.lab import Lab
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConnectionLost

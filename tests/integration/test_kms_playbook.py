@@ -16,10 +16,10 @@ import textwrap
 import pytest
 
 from ansible.parsing.vault import VaultLib, VaultSecret
+from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 PYTHON = os.path.join(VENV_BIN, "python") if os.path.exists(os.path.join(VENV_BIN, "python")) else sys.executable
 

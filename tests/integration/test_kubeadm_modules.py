@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 import yaml
+from tests.support import ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VENV_BIN = os.path.join(REPO, ".venv", "bin")
-KUBEADM_DOUBLE = os.path.join(REPO, "tests", "doubles", "kubeadm")
+VENV_BIN = os.path.join(ROOT, ".venv", "bin")
+KUBEADM_DOUBLE = os.path.join(ROOT, "tests", "doubles", "kubeadm")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(VENV_BIN, "ansible-playbook")),
                                 reason="ansible-playbook is not installed in .venv (run make setup)")
@@ -26,7 +26,7 @@ def run_playbook(tmp_path, tasks, extra_vars=None, check=False):
     path.write_text(yaml.safe_dump(play, sort_keys=False))
     env = dict(os.environ)
     env.update(
-        ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
+        ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
         PATH=VENV_BIN + os.pathsep + env.get("PATH", ""),
         KUBEADM_DOUBLE_LOG=str(tmp_path / "kubeadm-double.log"),
         ANSIBLE_NOCOLOR="1",
@@ -37,7 +37,7 @@ def run_playbook(tmp_path, tasks, extra_vars=None, check=False):
             "-e", "ansible_python_interpreter=%s" % os.path.join(VENV_BIN, "python"), str(path)]
     if check:
         argv.append("--check")
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return proc
 
 

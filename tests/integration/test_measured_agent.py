@@ -14,9 +14,9 @@ import shutil
 
 import pytest
 
-from lab.admin import LabCluster
+from tests.support.cluster import LabCluster
 from lab.agent import agent_dir, copy_agent, read_sealed, start_agent, tail_log
-from lab.agent import wait_until as until
+from tests.support.wait import until
 from lab.lab import Lab
 
 pytestmark = pytest.mark.lab

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from ansible.parsing.vault import VaultLib, VaultSecret
 
-from lab.lab import REPO_ROOT, Lab
+from lab.lab import Lab
+from tests.support import ROOT
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
@@ -34,7 +35,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import M
 
 pytestmark = pytest.mark.lab
 
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+VENV_BIN = ROOT / ".venv" / "bin"
 CLUSTER = "!h5"  # every run but the tampered one leaves h5 out (--limit)
 # Step 6's mesh check (playbooks/tasks/verify_peer.yml): one command per peer waits for its WireGuard
 # peers, pings them and reads the handshakes.
@@ -54,19 +55,19 @@ class Site:
     def env(self):
         env = dict(os.environ)
         env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
-        env["ANSIBLE_CONFIG"] = str(REPO_ROOT / "ansible.cfg")
+        env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
         env["ANSIBLE_FORCE_COLOR"] = "0"
         env["ANSIBLE_NOCOLOR"] = "1"
         return env
 
     def cmdline(self, playbook: str, *extra: str):
-        return [str(VENV_BIN / "ansible-playbook"), "-i", str(self.hosts_file), str(REPO_ROOT / playbook),
+        return [str(VENV_BIN / "ansible-playbook"), "-i", str(self.hosts_file), str(ROOT / playbook),
                 "--vault-password-file", str(self.vault_pass),
                 "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")] + list(extra)
 
     def play(self, playbook: str, *extra: str, limit: str = CLUSTER) -> subprocess.CompletedProcess:
         args = list(extra) + (["--limit", limit] if limit else [])
-        return subprocess.run(self.cmdline(playbook, *args), cwd=REPO_ROOT, env=self.env(), capture_output=True,
+        return subprocess.run(self.cmdline(playbook, *args), cwd=ROOT, env=self.env(), capture_output=True,
                               text=True, timeout=300, check=False)
 
     def status(self, name: str, cluster_id=None):
@@ -343,7 +344,7 @@ def test_module_defaults_group_reaches_the_action_plugins(site, tmp_path):
 """ % {"wrong": tmp_path / "wrong.json", "inv": site.inv, "netns": site.lab.bridge_netns})
     proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(site.hosts_file), str(playbook),
                            "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")],
-                          cwd=REPO_ROOT, env=site.env(), capture_output=True, text=True, timeout=120, check=False)
+                          cwd=ROOT, env=site.env(), capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert recap(proc.stdout)["h1"]["failed"] == 0
 
@@ -363,11 +364,11 @@ def test_ansible_runner_event_stream_and_stats(site, tmp_path):
 
     (tmp_path / "runner").mkdir()
     runner = ansible_runner.run(
-        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO_ROOT), playbook=str(REPO_ROOT / "site.yml"),
+        private_data_dir=str(tmp_path / "runner"), project_dir=str(ROOT), playbook=str(ROOT / "site.yml"),
         inventory=str(site.hosts_file), limit=CLUSTER, quiet=True,
         cmdline="--vault-password-file %s" % site.vault_pass,
         extravars={"ansible_python_interpreter": str(VENV_BIN / "python")},
-        envvars={"PATH": site.env()["PATH"], "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg")})
+        envvars={"PATH": site.env()["PATH"], "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")})
     assert runner.status == "successful", runner.stdout.read()[-3000:]
     assert runner.rc == 0
     oks = [e["event_data"] for e in runner.events if e["event"] == "runner_on_ok"]
@@ -491,7 +492,8 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
     import signal
     import xml.etree.ElementTree as ET
 
-    from lab.agent import start_agent, wait_until
+    from lab.agent import start_agent
+    from tests.support.wait import until as wait_until
 
     h2_key = site.lab.host("h2").run(["wg", "show", "wg0", "public-key"]).stdout.strip()
     ips = {name: vpn_ip(site.lab, name) for name in ("h2", "h3")}
@@ -663,11 +665,12 @@ def _restart_agents_with_the_kubeadm_double(site, tmp_path, monkeypatch):
     nodes checks their joins against h1's cluster (through /proc/<h1 agent>/root: h1's private /run)."""
     import signal
 
-    from lab.agent import start_agent, wait_until
+    from lab.agent import start_agent
+    from tests.support.wait import until as wait_until
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "kubeadm").symlink_to(REPO_ROOT / "tests" / "doubles" / "kubeadm")
+    (bin_dir / "kubeadm").symlink_to(ROOT / "tests" / "doubles" / "kubeadm")
     monkeypatch.setenv("PATH", "%s:%s:%s" % (bin_dir, VENV_BIN, os.environ.get("PATH", "")))
     monkeypatch.setenv("KUBEADM_DOUBLE_LOG", str(tmp_path / "kubeadm-double.log"))
     for name in _kube_hosts(site):
@@ -721,7 +724,7 @@ def test_kubernetes_joins_inside_the_chain_of_trust(site, tmp_path, monkeypatch)
         assert re.search(r"CN ?= ?system:node:%s\b" % name, subject) and "IP Address:%s" % vpn_ip(site.lab, name) in subject
 
     # The STAND-IN for the Kubernetes API server (not Kubernetes) on h1's VPN IP, serving h1's cluster.
-    standin = [str(VENV_BIN / "python"), str(REPO_ROOT / "tests" / "doubles" / "kube_apiserver.py"),
+    standin = [str(VENV_BIN / "python"), str(ROOT / "tests" / "doubles" / "kube_apiserver.py"),
                "--cluster", KUBE_DIR, "--listen", "10.118.0.1:6443", "--lifetime", "600",
                "--pid-file", "/run/kube-apiserver-standin.pid"]
     site.lab.host("h1").run(standin + ["--background", "--log", str(tmp_path / "standin.log")])
@@ -813,7 +816,8 @@ def test_site_activates_further_coordinators_with_their_etcd_members(tmp_path_fa
         assert all(r["changed"] == 0 and r["failed"] == 0 for r in rows.values()), rows
         # Two of the three Coordinators reboot (TPM reset, agent and etcd member gone): recover.yml gives both
         # the KMS URI back at once (neither alone has the etcd majority it waits for), the mesh stays as it was.
-        from lab.agent import agent_dir, start_agent, wait_until
+        from lab.agent import agent_dir, start_agent
+        from tests.support.wait import until as wait_until
         before = {name: (states[name].vpn_ip, states[name].vpn_pub_key) for name in ("h1", "h2")}
         for name in ("h1", "h2"):
             host = lab.host(name)

@@ -26,10 +26,11 @@ import os
 import time
 
 import pytest
-from lab.admin import LabCluster
+from tests.support.cluster import LabCluster
 from lab.agent import agent_dir, agent_vpn_priv_key, start_agent, tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab, lab_measurements
+from tests.support.wait import until
+from lab.image import lab_measurements
+from lab.lab import Lab
 from lab.netns import NetNS
 from ansible_collections.constellation.cluster.plugins.module_utils import init_secret as init_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms

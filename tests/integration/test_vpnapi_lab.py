@@ -14,10 +14,11 @@ import base64
 import json
 
 import pytest
-from lab.admin import LabCluster
-from lab.agent import REPO_ROOT, agent_dir, agent_vpn_priv_key, tail_log
-from lab.agent import wait_until as until
+from tests.support.cluster import LabCluster
+from lab.agent import agent_dir, agent_vpn_priv_key, tail_log
+from tests.support.wait import until
 from lab.lab import Lab
+from tests.support import ROOT
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 
 pytestmark = pytest.mark.lab
@@ -72,7 +73,7 @@ def test_an_unprivileged_process_on_a_node_gets_nothing_from_the_vpnapi(cluster)
     coordinator_vpn_ip = cluster.state("h1")["vpn_ip"]
     key_file = agent_dir(node) / "state" / "store.json"  # the sealed store: the agent keeps its key nowhere else
     proc = node.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] + cluster.lab.host_python()
-                    + ["-c", ATTACKER, str(REPO_ROOT), coordinator_vpn_ip, json.dumps(ATTACKS), str(key_file)],
+                    + ["-c", ATTACKER, str(ROOT), coordinator_vpn_ip, json.dumps(ATTACKS), str(key_file)],
                     check=False, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)

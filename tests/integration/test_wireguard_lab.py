@@ -20,10 +20,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
     parse_peer_list,
     ensure_key_file,
 )
+from tests.support import ROOT
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
 VPN_IPS = ["10.118.0.1", "10.118.0.11", "10.118.0.12"]
 
 
@@ -186,15 +186,15 @@ def _local_inventory(inv: Path, hosts) -> Path:
         shell.write_text("#!/bin/sh\nexec %s /bin/sh \"$@\"\n" % " ".join(h.nsenter_prefix))
         shell.chmod(0o755)
         host_vars[h.name] = {"ansible_connection": "local", "ansible_shell_executable": str(shell),
-                             "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python")}
+                             "ansible_python_interpreter": str(ROOT / ".venv" / "bin" / "python")}
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"wg_lab": {"hosts": host_vars}}}}))
     return inv
 
 
 def _playbook(inv: Path, play: Path, extra: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH="%s:%s" % (REPO / ".venv" / "bin", os.environ.get("PATH", "")))
-    return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inv / "hosts.yml"), str(play),
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH="%s:%s" % (ROOT / ".venv" / "bin", os.environ.get("PATH", "")))
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inv / "hosts.yml"), str(play),
                            "-e", "@%s" % extra] + list(args), capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
@@ -305,8 +305,8 @@ os.killpg(os.getpgrp(), signal.SIGTERM)  # what Ansible's worker does to its gro
 def test_interface_survives_the_callers_process_group(lab_factory, tmp_path):
     lab = lab_factory("wgs", hosts=1, tpm=False)
     h = lab.hosts[0]
-    env = dict(os.environ, PYTHONPATH="%s:%s" % (REPO / "collections", REPO))
-    proc = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", CREATE_THEN_KILL_GROUP, "x",
+    env = dict(os.environ, PYTHONPATH="%s:%s" % (ROOT / "collections", ROOT))
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", CREATE_THEN_KILL_GROUP, "x",
                            str(tmp_path / "h1.key")] + h.nsenter_prefix,
                           env=env, start_new_session=True, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -15, proc.stderr

@@ -48,3 +48,36 @@ def test_no_plugin_file_is_over_500_lines_without_a_reason():
     long_files = {path.relative_to(ROOT).as_posix() for path in (ROOT / "plugins").rglob("*.py")
                   if len(path.read_text().splitlines()) > 500}
     assert long_files <= set(LONG_FILES), sorted(long_files - set(LONG_FILES))
+
+
+def _lab_imports():
+    """lab/<module> -> the lab modules it imports (anywhere in the file, a function's body included)."""
+    graph = {}
+    for path in sorted((ROOT / "lab").glob("*.py")):
+        name = path.stem
+        deps = set()
+        for imported in _imports(path):
+            parts = imported.split(".")
+            if parts[0] == "lab" and len(parts) > 1 and (ROOT / "lab" / (parts[1] + ".py")).exists():
+                deps.add(parts[1])
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_the_lab_has_no_import_cycle_and_imports_no_test_kit():
+    graph = _lab_imports()
+    cycles = []
+
+    def visit(name, path):
+        for dep in sorted(graph.get(name, ())):
+            if dep in path:
+                cycles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif len(path) < len(graph):
+                visit(dep, path + [dep])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    assert not cycles, sorted(set(cycles))
+    kit = ["lab/%s imports %s" % (path.name, name) for path in sorted((ROOT / "lab").glob("*.py"))
+           for name in _imports(path) if name == "tests" or name.startswith("tests.")]
+    assert not kit, kit
