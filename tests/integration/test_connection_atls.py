@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from lab.agent import agent_dir, start_agent, stop_agent
 from lab.image import lab_measurements
 from lab.lab import Lab
-from tests.support import ROOT
 from lab.netns import NetNS
+from tests.support import ROOT
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator

@@ -18,11 +18,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.support.cluster import LabCluster
 from lab.agent import agent_dir, tail_log
-from tests.support.wait import until
-from lab.lab import Lab
 from tests.support import ROOT
+from tests.support.cluster import LabCluster, lab_cluster
+from tests.support.wait import until
 
 pytestmark = pytest.mark.lab
 
@@ -43,18 +42,12 @@ class Coordinators(LabCluster):
 
 @pytest.fixture(scope="module")
 def cluster():
-    lab = Lab("tha", inventory_dir=None)
-    lab.up(hosts=5, tpm=True, variant="qemu-vtpm")
-    c = Coordinators(lab)
-    try:
+    with lab_cluster("tha", 5, Coordinators, variant="qemu-vtpm") as c:
         for name in COORDINATORS + NODES:
             c.start_peer(name)
         with c.client("h1") as client:
             client.activate_as_coordinator(c.secret.to_uri(), c.salt, c.admin_pem)
         yield c
-    finally:
-        c.close()
-        lab.down()
 
 
 def test_the_coordinator_activates_further_coordinators_and_nodes(cluster):

@@ -26,12 +26,11 @@ import os
 import time
 
 import pytest
-from tests.support.cluster import LabCluster
 from lab.agent import agent_dir, agent_vpn_priv_key, start_agent, tail_log
-from tests.support.wait import until
 from lab.image import lab_measurements
-from lab.lab import Lab
 from lab.netns import NetNS
+from tests.support.cluster import LabCluster, lab_cluster
+from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils import init_secret as init_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
@@ -81,16 +80,10 @@ class Trust(LabCluster):
 
 @pytest.fixture(scope="module")
 def trust():
-    lab = Lab("ttrust", inventory_dir=None)
-    lab.up(hosts=5, tpm=True, variant="qemu-vtpm")
-    t = Trust(lab)
-    try:
+    with lab_cluster("ttrust", 5, Trust, variant="qemu-vtpm") as t:
         for name in ("h1", "h2", "h3", "h4"):
             t.start(name)
         yield t
-    finally:
-        t.close()
-        lab.down()
 
 
 def _refused(err) -> str:

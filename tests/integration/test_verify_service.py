@@ -19,11 +19,11 @@ import sys
 import pytest
 
 from lab.agent import start_agent, stop_agent, tail_log
-from tests.support.wait import until as wait_until
 from lab.image import lab_measurements
 from lab.lab import Lab
-from tests.support import ROOT
 from lab.netns import NetNS
+from tests.support import ROOT
+from tests.support.wait import until as wait_until
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service as vs
 
 pytestmark = pytest.mark.lab

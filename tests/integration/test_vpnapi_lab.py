@@ -14,11 +14,10 @@ import base64
 import json
 
 import pytest
-from tests.support.cluster import LabCluster
 from lab.agent import agent_dir, agent_vpn_priv_key, tail_log
-from tests.support.wait import until
-from lab.lab import Lab
 from tests.support import ROOT
+from tests.support.cluster import lab_cluster
+from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 
 pytestmark = pytest.mark.lab
@@ -51,10 +50,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def cluster():
-    lab = Lab("vpnauth", inventory_dir=None)
-    lab.up(hosts=3, tpm=True, variant="qemu-vtpm")
-    made = LabCluster(lab)
-    try:
+    with lab_cluster("vpnauth", 3, variant="qemu-vtpm") as made:
+        lab = made.lab
         for name in ("h1", "h2", "h3"):
             made.start(name, trust=True, reattest_interval=0)
         with made.client("h1") as c:
@@ -63,9 +60,6 @@ def cluster():
         rows = made.activate("h1", nodes=("h2", "h3"))["nodes"]
         assert [r["ok"] for r in rows] == [True, True], rows
         yield made
-    finally:
-        made.close()
-        lab.down()
 
 
 def test_an_unprivileged_process_on_a_node_gets_nothing_from_the_vpnapi(cluster):

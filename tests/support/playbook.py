@@ -41,6 +41,11 @@ class PlayRun:
         return self.rc
 
     @property
+    def stderr(self) -> str:
+        """Nothing: ansible-runner runs ansible-playbook on a terminal, its stderr is in ``stdout``."""
+        return ""
+
+    @property
     def ok(self) -> bool:
         return self.rc == 0
 
@@ -86,8 +91,8 @@ def ansible_env(**extra: str) -> Dict[str, str]:
 def run_playbook(playbook: Path, inventory: str, work_dir: Path, args: Sequence[str] = (),
                  env: Optional[Dict[str, Any]] = None, cwd: Optional[Path] = None, timeout: int = 300,
                  limit: Optional[str] = None, binary: Optional[str] = None) -> PlayRun:
-    """Runs ``ansible-playbook -i inventory [args] playbook`` (``binary``: another ansible-playbook) with
-    ansible_env() and ``env``; ansible-runner's folder is a fresh one under ``work_dir``."""
+    """Runs ``ansible-playbook -i inventory [args] playbook`` (``inventory``: a path; ``binary``: another
+    ansible-playbook) with ansible_env() and ``env``; ansible-runner's folder is a fresh one under ``work_dir``."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     runs = sorted(work_dir.glob("runner-*"))
@@ -118,6 +123,8 @@ def run_tasks(work_dir: Path, tasks: List[dict], args: Sequence[str] = (), play:
     path = work_dir / ("play-%d.yml" % len(list(work_dir.glob("play-*.yml"))))
     work_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([doc], default=str))
+    inventory = work_dir / "localhost.ini"  # as `-i localhost,` (ansible-runner takes a string for the inventory's text)
+    inventory.write_text("localhost\n")
     args = ["-e", "ansible_connection=local", "-e", "ansible_python_interpreter=%s" % (python or VENV_BIN / "python")] \
         + list(args)
-    return run_playbook(path, "localhost,", work_dir, args, **kw)
+    return run_playbook(path, str(inventory), work_dir, args, **kw)
