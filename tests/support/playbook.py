@@ -73,6 +73,13 @@ class PlayRun:
         stats = self.stats or {}
         return {name: int((stats.get(key) or {}).get(host, 0)) for key, name in names.items()}
 
+    def recap(self) -> Dict[str, Dict[str, int]]:
+        """host -> counts(host), for every host the run reached (PLAY RECAP, from the stats)."""
+        hosts = set()
+        for per_host in (self.stats or {}).values():
+            hosts.update(per_host or {})
+        return {host: self.counts(host) for host in sorted(hosts)}
+
     def changed(self, host: Optional[str] = None) -> int:
         """How many tasks changed something (on ``host``, or on every host)."""
         per_host = (self.stats or {}).get("changed") or {}
