@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from tests.support.fixtures import lab_factory  # noqa: F401  pylint: disable=unused-import  (a fixture)
+# The kit's fixtures, by import (pytest finds fixtures in a conftest's namespace).
+from tests.support.fixtures import lab_factory  # noqa: F401  pylint: disable=unused-import
 
 # The test suite may use variant dummy (no security), which attestation/choose.py refuses anywhere
 # else; agents, ansible-playbook and relays the tests start inherit it from this environment.
@@ -34,4 +35,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "lab" in item.keywords:
             item.add_marker(skip)
-
