@@ -99,7 +99,9 @@ def write_inventories(work: Path, lab: Lab, key_file: Path) -> dict:
     common = {"ansible_pipelining": True, "ansible_python_interpreter": PYTHON}
     atls = dict(common, ansible_connection="constellation.cluster.atls", constellation_measurements=lab_measurements(),
                 constellation_admin_priv_key_file=str(key_file),
-                constellation_atls_control_path_dir=str(work / "cp"))
+                constellation_atls_control_path_dir=str(work / "cp"),
+                # The lab runs qemu-vtpm (no EK CA here): chosen explicitly, with its acknowledgement.
+                constellation_attestation_variant="qemu-vtpm", constellation_insecure_trust_any_ak=True)
     ssh = dict(common, ansible_connection="ssh", ansible_user="root",
                ansible_ssh_private_key_file=str(work / "client_key"),
                ansible_ssh_common_args="-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
