@@ -23,7 +23,7 @@ from lab.image import lab_measurements
 from lab.names import AGENT_PORT, REPO_ROOT, Host
 
 
-class Lab(Protocol):
+class AgentLab(Protocol):
     """What an agent needs of its lab (lab.lab.Lab is one)."""
 
     variant: str
@@ -48,7 +48,7 @@ def agent_dir(host: Host) -> Path:
     return Path(host.dir) / "agent"
 
 
-def read_sealed(lab: Lab, host: Host, name: str) -> Optional[bytes]:
+def read_sealed(lab: AgentLab, host: Host, name: str) -> Optional[bytes]:
     """A file of the agent's sealed state (core/at_rest.py: ``store.json``, ``state_disk.key``), unsealed with the
     host's TPM in its current state: what root on the genuine host can do, and a copy elsewhere cannot."""
     path = agent_dir(host) / "state" / name
@@ -57,13 +57,13 @@ def read_sealed(lab: Lab, host: Host, name: str) -> Optional[bytes]:
     return base64.b64decode(lab.host_cmd(host, ["--tcti", host.tcti, "--unseal-file", str(path)]).strip())
 
 
-def agent_vpn_priv_key(lab: Lab, host: Host) -> str:
+def agent_vpn_priv_key(lab: AgentLab, host: Host) -> str:
     """The agent's WireGuard private key, from its sealed store (it is kept in no other file)."""
     store = json.loads(read_sealed(lab, host, "store.json"))
     return json.loads(base64.b64decode(store["items"]["nodeState"]))["vpn_priv_key"]
 
 
-def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: Any) -> Path:
+def write_config(lab: AgentLab, host: Host, trust: Optional[bool] = None, **config: Any) -> Path:
     """``trust`` (default: the lab's, true for ``lab up --agents``): the agent is provisioned with the
     lab's init secret hash (its own) and a signed policy with the lab's pinned key."""
     directory = agent_dir(host)
@@ -106,7 +106,7 @@ def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: A
     return path
 
 
-def start_agent(lab: Lab, host: Host, wait: bool = True, kill_after_event: Optional[str] = None,
+def start_agent(lab: AgentLab, host: Host, wait: bool = True, kill_after_event: Optional[str] = None,
                 trust: Optional[bool] = None, agent_root: Optional[Path] = None, **config: Any) -> subprocess.Popen:
     """Starts the agent on host (config keys as docs/agent.md); waits until its port answers.
     ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it.

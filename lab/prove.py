@@ -20,7 +20,7 @@ from lab.names import Host, LabError
 from lab.state import LabState
 
 
-class Lab(Protocol):
+class ProvedLab(Protocol):
     """What the proof needs of its lab (lab.lab.Lab is one)."""
 
     name: str
@@ -30,7 +30,7 @@ class Lab(Protocol):
     def host_cmd(self, h: Host, args: List[str]) -> str: ...
 
 
-def attest(lab: Lab, h: Host, validator: VTPMValidator) -> Dict:
+def attest(lab: ProvedLab, h: Host, validator: VTPMValidator) -> Dict:
     nonce = os.urandom(32)
     user_data = ("lab-proof/%s" % h.name).encode()
     try:
@@ -50,7 +50,7 @@ def ping_all(h: Host, others: List[Host]) -> Dict[str, bool]:
     return {o.name: o.name in out for o in others}
 
 
-def prove(lab: Lab) -> Dict:
+def prove(lab: ProvedLab) -> Dict:
     hosts = lab.hosts
     if not hosts:
         raise LabError("lab %r has no hosts: run `python -m lab up` first" % lab.name)
