@@ -34,7 +34,9 @@ from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402
 
 from lab.agent import start_agent, stop_agent, tail_log, wait_listening  # noqa: E402
-from lab.lab import MAX_HOSTS, Lab, lab_measurements  # noqa: E402
+from lab.image import lab_measurements  # noqa: E402
+from lab.lab import Lab  # noqa: E402
+from lab.names import MAX_HOSTS  # noqa: E402
 from lab.netns import NetNS  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils import kms  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements  # noqa: E402

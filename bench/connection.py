@@ -38,23 +38,23 @@ import time
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "collections"), str(ROOT)]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "collections"), str(Path(__file__).resolve().parents[1])]
 
 import yaml  # noqa: E402  pylint: disable=wrong-import-position
 from cryptography.hazmat.primitives import serialization  # noqa: E402  pylint: disable=wrong-import-position
 from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402  pylint: disable=wrong-import-position
 
 from lab.agent import start_agent, stop_agent  # noqa: E402  pylint: disable=wrong-import-position
-from lab.lab import Lab, lab_measurements  # noqa: E402  pylint: disable=wrong-import-position
+from lab.image import lab_measurements  # noqa: E402  pylint: disable=wrong-import-position
+from lab.lab import Lab  # noqa: E402  pylint: disable=wrong-import-position
 from lab.netns import NetNS  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.constellation.cluster.plugins.module_utils import kms  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (  # noqa: E402  pylint: disable=wrong-import-position
     Measurements)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient  # noqa: E402  pylint: disable=wrong-import-position
+from tests.support import ROOT, VENV_BIN  # noqa: E402  pylint: disable=wrong-import-position
 
-VENV_BIN = ROOT / ".venv" / "bin"
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 RUN_TIMEOUT = 900
 
@@ -99,7 +99,9 @@ def write_inventories(work: Path, lab: Lab, key_file: Path) -> dict:
     common = {"ansible_pipelining": True, "ansible_python_interpreter": PYTHON}
     atls = dict(common, ansible_connection="constellation.cluster.atls", constellation_measurements=lab_measurements(),
                 constellation_admin_priv_key_file=str(key_file),
-                constellation_atls_control_path_dir=str(work / "cp"))
+                constellation_atls_control_path_dir=str(work / "cp"),
+                # The lab runs qemu-vtpm (no EK CA here): chosen explicitly, with its acknowledgement.
+                constellation_attestation_variant="qemu-vtpm", constellation_insecure_trust_any_ak=True)
     ssh = dict(common, ansible_connection="ssh", ansible_user="root",
                ansible_ssh_private_key_file=str(work / "client_key"),
                ansible_ssh_common_args="-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",

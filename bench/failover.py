@@ -331,14 +331,10 @@ def lab_figures(runs: int) -> dict:
     once with every Coordinator up (baseline), once with h1 lost at t=0 (agent and etcd member SIGKILLed,
     its link cut: packets to it are dropped, so h4's poll of h1 waits for its connect timeout). h1 comes
     back and catches up before the next run."""
-    from lab.admin import LabCluster
-    from lab.lab import Lab
+    from tests.support.cluster import lab_cluster
 
     agent = {"update_interval": 0.5, "reattest_interval": 0}
     etcd = {"heartbeat_ms": 50, "election_ms": 500}
-    lab = Lab("bfail", inventory_dir=None)
-    lab.up(hosts=5, tpm=True, variant="qemu-vtpm")
-    cluster = LabCluster(lab)
 
     def start(name):
         cluster.start(name, **dict(agent, etcd_member=dict(etcd)) if name in LAB_COORDINATORS else agent)
@@ -347,7 +343,8 @@ def lab_figures(runs: int) -> dict:
         _until(lambda: key in cluster.wg_peers(on), limit, "%s has the new peer" % on)
 
     out = {"no_failover": [], "failover": [], "activate": [], "activate_after_kill": []}
-    try:
+    with lab_cluster("bfail", 5, variant="qemu-vtpm") as cluster:
+        lab = cluster.lab
         for name in LAB_COORDINATORS + LAB_NODES:
             start(name)
         with cluster.client("h1") as client:
@@ -382,9 +379,6 @@ def lab_figures(runs: int) -> dict:
                     start("h1")
                     wait_peer("h1", cluster.state(name)["vpn_pub_key"])
         return out
-    finally:
-        cluster.close()
-        lab.down()
 
 
 def _activated(answer: dict) -> list:

@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(ROOT, "collections"), ROOT]
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "collections"),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 os.environ.setdefault("TSS2_LOG", "all+none")
 
 # pylint: disable=wrong-import-position

@@ -20,12 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO_ROOT / "collections"), str(REPO_ROOT)]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "collections"), str(Path(__file__).resolve().parents[1])]
 
 from lab.lab import Lab  # noqa: E402
-
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+from tests.support import ROOT, VENV_BIN  # noqa: E402
 # The timing callback of --profile: seconds from one task's start to the next one's (or the end).
 TASK_TIMES = r"""
 import os, time
@@ -71,7 +69,7 @@ PING_PLAY = """---
 
 def play(inv: Path, playbook: Path, profile: Path = None):
     env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
-               ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"))
+               ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     if profile is not None:
         # The timing callback next to the one ansible.cfg enables (the variable replaces the setting).
         env.update(ANSIBLE_CALLBACK_PLUGINS=str(profile.parent),
@@ -81,7 +79,7 @@ def play(inv: Path, playbook: Path, profile: Path = None):
     proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inv / "hosts.yml"), str(playbook),
                            "--vault-password-file", str(inv / "vault_pass"),
                            "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     elapsed = time.monotonic() - started
     if proc.returncode != 0:
         sys.exit("%s failed:\n%s\n%s" % (playbook.name, proc.stdout[-3000:], proc.stderr[-3000:]))
@@ -92,7 +90,7 @@ def play(inv: Path, playbook: Path, profile: Path = None):
 def main() -> int:
     import argparse
 
-    from lab.lab import LAB_VARIANT
+    from lab.names import LAB_VARIANT
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default=LAB_VARIANT, help="attestation variant of the lab (default %(default)s)")
@@ -114,10 +112,10 @@ def main() -> int:
                 (Path(tmp) / "callbacks" / "bench_task_times.py").write_text(TASK_TIMES)
                 profile = Path(tmp) / "callbacks" / "times.tsv"
             load = os.getloadavg()[0]
-            first, first_changed = play(inv, REPO_ROOT / "site.yml")
+            first, first_changed = play(inv, ROOT / "site.yml")
             seconds, pings, changed = [], [], 0
             for _round in range(args.repeat):  # each second run next to its own ping play
-                second, second_changed = play(inv, REPO_ROOT / "site.yml", profile)
+                second, second_changed = play(inv, ROOT / "site.yml", profile)
                 seconds.append(second)
                 changed += second_changed
                 pings.append(play(inv, ping_play)[0])

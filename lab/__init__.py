@@ -1,4 +1,16 @@
-"""The lab of simulated hosts (``python -m lab``). See lab/lab.py."""
+"""The lab of simulated hosts (``python -m lab``, DESIGN.md section 5): a product-side tool, used by the demo,
+Molecule, the tests and the benchmarks; it imports the collection's module_utils and never the test kit
+(tests/support). ``lab.lab.Lab`` composes the parts, one module each:
+
+- ``names``: the lab's constants, ``LabError`` and ``Host`` (names, addresses, folders from the lab's name);
+- ``state``: ``LabState``, the record in ``<state dir>/state.json``;
+- ``procs``, ``network``: processes by pid, namespaces and mounts; the bridge and the hosts' namespaces;
+- ``image``, ``tpms``, ``swtpm``, ``hostcmd``: the simulated measured boot, the hosts' swtpms, commands run
+  inside a host;
+- ``trust``, ``inventory``: the init secret, measurements signing key, EK CA, admin key; the inventories;
+- ``agent``, ``etcd``, ``netns``: the node agent on a host, a real etcd, sockets from another namespace;
+- ``prove``, ``__main__``: ``python -m lab prove`` and the command line.
+"""
 
 import sys
 from pathlib import Path

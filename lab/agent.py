@@ -1,3 +1,6 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Runs the node agent on lab hosts: ``start_agent(lab, host, **config) -> Popen``, ``stop_agent``.
 
 The config is written to ``<host dir>/agent/config.json``; the agent runs inside the host's
@@ -9,21 +12,43 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
-from lab.lab import AGENT_PORT, REPO_ROOT, Host, Lab, lab_measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
+from lab.image import lab_measurements
+from lab.names import AGENT_PORT, REPO_ROOT, Host
+
+
+class AgentLab(Protocol):
+    """What an agent needs of its lab (lab.lab.Lab is one)."""
+
+    variant: str
+    trusted_agents: bool
+    measurements_pub_path: Path
+    ek_ca_path: Path
+
+    def sign_measurements(self, path: Path) -> Path: ...
+
+    def init_secret_hash(self, h: Host) -> str: ...
+
+    def agent_store(self, h: Host) -> Optional[dict]: ...
+
+    def agent_etcd_member(self, h: Host) -> Optional[dict]: ...
+
+    def host_python(self) -> List[str]: ...
+
+    def host_cmd(self, h: Host, args: List[str]) -> str: ...
 
 
 def agent_dir(host: Host) -> Path:
     return Path(host.dir) / "agent"
 
 
-def read_sealed(lab: Lab, host: Host, name: str) -> Optional[bytes]:
+def read_sealed(lab: AgentLab, host: Host, name: str) -> Optional[bytes]:
     """A file of the agent's sealed state (core/at_rest.py: ``store.json``, ``state_disk.key``), unsealed with the
     host's TPM in its current state: what root on the genuine host can do, and a copy elsewhere cannot."""
     path = agent_dir(host) / "state" / name
@@ -32,13 +57,13 @@ def read_sealed(lab: Lab, host: Host, name: str) -> Optional[bytes]:
     return base64.b64decode(lab.host_cmd(host, ["--tcti", host.tcti, "--unseal-file", str(path)]).strip())
 
 
-def agent_vpn_priv_key(lab: Lab, host: Host) -> str:
+def agent_vpn_priv_key(lab: AgentLab, host: Host) -> str:
     """The agent's WireGuard private key, from its sealed store (it is kept in no other file)."""
     store = json.loads(read_sealed(lab, host, "store.json"))
     return json.loads(base64.b64decode(store["items"]["nodeState"]))["vpn_priv_key"]
 
 
-def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: Any) -> Path:
+def write_config(lab: AgentLab, host: Host, trust: Optional[bool] = None, **config: Any) -> Path:
     """``trust`` (default: the lab's, true for ``lab up --agents``): the agent is provisioned with the
     lab's init secret hash (its own) and a signed policy with the lab's pinned key."""
     directory = agent_dir(host)
@@ -61,7 +86,7 @@ def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: A
     }
     if trust:
         lab.sign_measurements(policy)
-        doc["measurements_public_key"] = str(lab.measurements_pub_path)
+        doc["measurements_pub_key"] = str(lab.measurements_pub_path)
         doc["init_secret_hash"] = lab.init_secret_hash(host)
     else:  # an untrusted lab agent: the explicit opt-out the agent requires (it warns on every start)
         doc["insecure_unauthenticated_activation"] = True
@@ -77,13 +102,11 @@ def write_config(lab: Lab, host: Host, trust: Optional[bool] = None, **config: A
         doc["etcd_member"] = etcd_member
     doc.update({k: v for k, v in config.items() if v is not None})
     path = directory / "config.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, path)
+    atomic_write(str(path), json.dumps(doc, indent=2).encode("utf-8"), 0o644)
     return path
 
 
-def start_agent(lab: Lab, host: Host, wait: bool = True, kill_after_event: Optional[str] = None,
+def start_agent(lab: AgentLab, host: Host, wait: bool = True, kill_after_event: Optional[str] = None,
                 trust: Optional[bool] = None, agent_root: Optional[Path] = None, **config: Any) -> subprocess.Popen:
     """Starts the agent on host (config keys as docs/agent.md); waits until its port answers.
     ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it.
@@ -130,19 +153,6 @@ def wait_listening(host: Host, proc: Optional[subprocess.Popen] = None, timeout:
             return
         time.sleep(0.1)
     raise RuntimeError("agent on %s did not listen within %.0f s: %s" % (host.name, timeout, tail_log(host)))
-
-
-def wait_until(check, timeout: float = 20.0, interval: float = 0.2, what: str = "condition", why=None):
-    """Polls ``check()`` until it returns something true (which is returned), at most ``timeout``
-    seconds; AssertionError naming ``what``, the last value and ``why()`` (e.g. log tails) otherwise."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out waiting for %s (last: %r)%s" % (what, last, " " + why() if why else ""))
 
 
 def stop_agent(proc: subprocess.Popen, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int:

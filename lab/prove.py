@@ -1,3 +1,6 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The lab's proof that every host is what it claims: a TPM quote over a fresh nonce,
 issued inside the host and validated here against the lab image's policy, and a ping
 between every pair of hosts."""
@@ -6,16 +9,28 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List
+from typing import Dict, List, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 
-from lab.lab import LAB_IMAGE, Host, Lab, LabError, lab_measurements
+from lab.image import lab_measurements
+from lab.names import Host, LabError
+from lab.state import LabState
 
 
-def attest(lab: Lab, h: Host, validator: VTPMValidator) -> Dict:
+class ProvedLab(Protocol):
+    """What the proof needs of its lab (lab.lab.Lab is one)."""
+
+    name: str
+    state: LabState
+    hosts: List[Host]
+
+    def host_cmd(self, h: Host, args: List[str]) -> str: ...
+
+
+def attest(lab: ProvedLab, h: Host, validator: VTPMValidator) -> Dict:
     nonce = os.urandom(32)
     user_data = ("lab-proof/%s" % h.name).encode()
     try:
@@ -35,12 +50,11 @@ def ping_all(h: Host, others: List[Host]) -> Dict[str, bool]:
     return {o.name: o.name in out for o in others}
 
 
-def prove(lab: Lab) -> Dict:
+def prove(lab: ProvedLab) -> Dict:
     hosts = lab.hosts
     if not hosts:
         raise LabError("lab %r has no hosts: run `python -m lab up` first" % lab.name)
-    image = lab._state().get("image", LAB_IMAGE)
-    validator = VTPMValidator(Measurements.from_dict(lab_measurements(image)))
+    validator = VTPMValidator(Measurements.from_dict(lab_measurements(lab.state.image)))
     with ThreadPoolExecutor(max_workers=4) as pool:
         attestations = list(pool.map(lambda h: attest(lab, h, validator), hosts))
         pings = list(pool.map(lambda h: ping_all(h, [o for o in hosts if o is not h]), hosts))

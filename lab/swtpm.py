@@ -24,6 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     ExternalCommandError,
     StateError,
 )
+from lab.procs import alive
 
 _READY_TIMEOUT = 5.0
 
@@ -43,16 +44,6 @@ def free_port(bindaddr: str = "127.0.0.1") -> int:
                     continue
                 return port
     raise StateError("no two consecutive free ports found on %s" % bindaddr)
-
-
-def _alive(pid: int) -> bool:
-    """True while the process runs. A daemon is reparented to PID 1, which may reap it late:
-    a zombie has already released its ports and files, so it counts as gone."""
-    try:
-        with open("/proc/%d/stat" % pid, encoding="ascii", errors="replace") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False
 
 
 class SwTPM:
@@ -190,7 +181,7 @@ class SwTPM:
             pass
         deadline = time.monotonic() + _READY_TIMEOUT
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not alive(pid):
                 break
             time.sleep(0.01)
         else:

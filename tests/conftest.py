@@ -1,4 +1,4 @@
-"""Shared fixtures. The lab fixture builds real simulated hosts (network namespaces,
+"""Shared fixtures (the kit: tests/support). The lab fixture builds real simulated hosts (network namespaces,
 swtpm, wireguard-go); tests that use it are marked ``lab`` and need root."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from lab.lab import Lab
+# The kit's fixtures, by import (pytest finds fixtures in a conftest's namespace).
+from tests.support.fixtures import lab_factory  # noqa: F401  pylint: disable=unused-import
 
 # The test suite may use variant dummy (no security), which attestation/choose.py refuses anywhere
 # else; agents, ansible-playbook and relays the tests start inherit it from this environment.
@@ -34,18 +35,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "lab" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture
-def lab_factory():
-    """lab_factory(name, hosts=3, tpm=False, agents=False) -> Lab (up); torn down afterwards."""
-    labs = []
-
-    def make(name: str, hosts: int = 3, tpm: bool = False, agents: bool = False, **kw) -> Lab:
-        lab = Lab(name, **kw)
-        labs.append(lab)
-        return lab.up(hosts=hosts, tpm=tpm, agents=agents)
-
-    yield make
-    for lab in labs:
-        lab.down()

@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from lab.admin import LabCluster
 from lab.agent import agent_dir, tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab, lab_measurements
+from lab.image import lab_measurements
 from lab.netns import NetNS
+from tests.support.cluster import LabCluster, lab_cluster
+from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurements, expected_pcr15)
@@ -72,16 +72,10 @@ class Cluster(LabCluster):
 
 @pytest.fixture(scope="module")
 def cluster():
-    lab = Lab("agt", inventory_dir=None)
-    lab.up(hosts=HOSTS, tpm=True, variant="qemu-vtpm")  # this file validates with VTPMValidator itself
-    c = Cluster(lab)
-    try:
+    with lab_cluster("agt", HOSTS, Cluster, variant="qemu-vtpm") as c:  # this file validates with VTPMValidator itself
         for name in ("h1", "h2", "h3", "h4", "h5", "h7"):
             c.start(name)
         yield c
-    finally:
-        c.close()
-        lab.down()
 
 
 def test_coordinator_and_three_nodes_form_a_mesh(cluster):

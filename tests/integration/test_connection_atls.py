@@ -24,8 +24,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from lab.agent import agent_dir, start_agent, stop_agent
-from lab.lab import REPO_ROOT, Lab, lab_measurements
+from lab.image import lab_measurements
+from lab.lab import Lab
 from lab.netns import NetNS
+from tests.support import ROOT
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator
@@ -33,7 +35,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
 
 pytestmark = pytest.mark.lab
 
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+VENV_BIN = ROOT / ".venv" / "bin"
 
 
 def _write_key(path: Path) -> ed25519.Ed25519PrivateKey:
@@ -86,12 +88,12 @@ class Env:
 
     def ansible(self, argv, extra_env=None, in_admin_ns=True):
         env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
-                   ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_LOCAL_TEMP=str(self.tmp / "ansible-local"))
         env.update(extra_env or {})
         prefix = ["ip", "netns", "exec", self.lab.bridge_netns] if in_admin_ns else []
         return subprocess.run(prefix + [str(VENV_BIN / argv[0])] + list(argv[1:]) + ["-i", str(self.inventory)],
-                              capture_output=True, text=True, env=env, cwd=str(REPO_ROOT), timeout=300, check=False)
+                              capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=300, check=False)
 
     def playbook(self, tasks, hosts="h1,h2", extra_env=None, gather_facts=False, args=()):
         play = self.tmp / ("play-%d.yml" % len(list(self.tmp.glob("play-*.yml"))))
@@ -395,7 +397,7 @@ def _tamper_tasks(env, name):
     command again."""
     tamper = {"name": "tamper", "ansible.builtin.command": {
         "argv": [str(VENV_BIN / "python"), "-m", "lab", "--name", env.lab.name, "tamper", name],
-        "chdir": str(REPO_ROOT)}, "delegate_to": "localhost", "changed_when": False,
+        "chdir": str(ROOT)}, "delegate_to": "localhost", "changed_when": False,
         "vars": {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}}
     return [{"name": "before", "ansible.builtin.command": "echo before-ran", "changed_when": False}, tamper,
             {"name": "after", "ansible.builtin.command": "echo after-ran", "changed_when": False}]

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from lab.admin import LabCluster
 from lab.agent import agent_dir, tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab
+from tests.support import ROOT
+from tests.support.cluster import LabCluster, lab_cluster
+from tests.support.wait import until
 
 pytestmark = pytest.mark.lab
 
@@ -42,18 +42,12 @@ class Coordinators(LabCluster):
 
 @pytest.fixture(scope="module")
 def cluster():
-    lab = Lab("tha", inventory_dir=None)
-    lab.up(hosts=5, tpm=True, variant="qemu-vtpm")
-    c = Coordinators(lab)
-    try:
+    with lab_cluster("tha", 5, Coordinators, variant="qemu-vtpm") as c:
         for name in COORDINATORS + NODES:
             c.start_peer(name)
         with c.client("h1") as client:
             client.activate_as_coordinator(c.secret.to_uri(), c.salt, c.admin_pem)
         yield c
-    finally:
-        c.close()
-        lab.down()
 
 
 def test_the_coordinator_activates_further_coordinators_and_nodes(cluster):
@@ -226,11 +220,10 @@ def test_a_dead_coordinator_is_replaced(cluster):
     the coordinator_member module runs there) its etcd member and peer entry are removed; a fresh host is
     activated as a further Coordinator in its place. Every peer drops h3 and learns the new one; the cluster
     has three members again and keeps writing when another one dies."""
-    from lab.lab import REPO_ROOT
 
     h3 = cluster.state("h3")
     cluster.kill_coordinator("h3")
-    env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT)]
+    env = ["env", "PYTHONPATH=%s:%s" % (ROOT / "collections", ROOT)]
     run = cluster.hosts["h1"].run(env + cluster.lab.host_python() + [
         "-c", REMOVE_SCRIPT, str(agent_dir(cluster.hosts["h1"]) / "state"), h3["vpn_ip"]], check=False,
         capture_output=True, text=True)

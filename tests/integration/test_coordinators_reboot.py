@@ -9,10 +9,9 @@ A reboot restarts the host's TPM (PCR 15 back to zero) and ends every process on
 from __future__ import annotations
 
 import pytest
-from lab.admin import LabCluster
 from lab.agent import tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab
+from tests.support.cluster import LabCluster, lab_cluster
+from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 
 pytestmark = pytest.mark.lab
@@ -36,10 +35,7 @@ class Reboots(LabCluster):
 
 @pytest.fixture(scope="module")
 def cluster():
-    lab = Lab("thaboot", inventory_dir=None)
-    lab.up(hosts=5, tpm=True, variant="qemu-vtpm")
-    c = Reboots(lab)
-    try:
+    with lab_cluster("thaboot", 5, Reboots, variant="qemu-vtpm") as c:
         for name in ("h1", "h2", "h3", "h4", "h5"):
             c.start_peer(name)
         with c.client("h1") as client:
@@ -47,9 +43,6 @@ def cluster():
         rows = c.activate("h1", nodes=("h4", "h5"), coordinators=("h2", "h3"))["nodes"]
         assert all(r["ok"] for r in rows), [r["error"] for r in rows]
         yield c
-    finally:
-        c.close()
-        lab.down()
 
 
 def test_a_rebooted_node_rejoins_through_another_coordinator(cluster):

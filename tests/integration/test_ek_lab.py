@@ -16,9 +16,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from lab.agent import start_agent, stop_agent, tail_log, wait_until
-from lab.lab import Lab, lab_measurements
+from lab.agent import start_agent, stop_agent, tail_log
+from lab.image import lab_measurements
+from lab.lab import Lab
 from lab.netns import NetNS
+from tests.support.wait import until as wait_until
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (

@@ -10,10 +10,9 @@ it, and every Coordinator names it in GetState, as verify.yml reports it."""
 from __future__ import annotations
 
 import pytest
-from lab.admin import LabCluster
 from lab.agent import tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab
+from tests.support.cluster import lab_cluster
+from tests.support.wait import until
 
 from ansible_collections.constellation.cluster.plugins.module_utils.verify_problems import verify_problems
 
@@ -27,10 +26,7 @@ ETCD = {"heartbeat_ms": 50, "election_ms": 500}
 
 @pytest.fixture(scope="module")
 def cluster():
-    lab = Lab("ecoord", inventory_dir=None)
-    lab.up(hosts=4, tpm=True, variant="qemu-vtpm")
-    c = LabCluster(lab)
-    try:
+    with lab_cluster("ecoord", 4, variant="qemu-vtpm") as c:
         for name in COORDINATORS + NODES:
             config = dict(AGENT, etcd_member=dict(ETCD)) if name in COORDINATORS else dict(AGENT)
             c.start(name, **config)
@@ -39,9 +35,6 @@ def cluster():
         rows = c.activate("h1", nodes=NODES, coordinators=("h2", "h3"))["nodes"]
         assert all(r["ok"] for r in rows), [r["error"] for r in rows]
         yield c
-    finally:
-        c.close()
-        lab.down()
 
 
 def test_a_tampered_coordinator_is_evicted_by_the_leader(cluster):

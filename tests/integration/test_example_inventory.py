@@ -23,37 +23,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.lab import REPO_ROOT, Lab
+from lab.lab import Lab
+from tests.support import ROOT
+from tests.support.playbook import PlayRun, run_playbook
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import open_peer
 
 pytestmark = pytest.mark.lab
 
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
-
-
-def recap(output: str):
-    rows = {}
-    for match in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", output, re.M):
-        rows[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
-    return rows
+VENV_BIN = ROOT / ".venv" / "bin"
 
 
 class Example:
     def __init__(self, lab: Lab, lab_inv: Path, inv: Path, home: Path, vault_pass: Path):
         self.lab, self.lab_inv, self.inv, self.home, self.vault_pass = lab, lab_inv, inv, home, vault_pass
 
-    def env(self):
-        env = dict(os.environ)
-        env.update(PATH="%s:%s" % (VENV_BIN, env.get("PATH", "")), ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"),
-                   ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", HOME=str(self.home))
-        return env
-
-    def play(self, playbook: str, *extra: str) -> subprocess.CompletedProcess:
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inv / "hosts.yml"), str(REPO_ROOT / playbook),
-                "--vault-password-file", str(self.vault_pass)] + list(extra)
-        return subprocess.run(argv, cwd=REPO_ROOT, env=self.env(), capture_output=True, text=True, timeout=300,
-                              check=False)
+    def play(self, playbook: str, *extra: str) -> PlayRun:
+        return run_playbook(ROOT / playbook, str(self.inv / "hosts.yml"), self.inv.parent / "runs",
+                            ["--vault-password-file", str(self.vault_pass)] + list(extra), env={"HOME": self.home})
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +51,7 @@ def example(tmp_path_factory):
     lab.up(hosts=3, tpm=True, agents=True)
     try:
         inv = base / "mycluster"
-        shutil.copytree(REPO_ROOT / "inventories" / "example", inv)  # cp -r inventories/example inventories/mycluster
+        shutil.copytree(ROOT / "inventories" / "example", inv)  # cp -r inventories/example inventories/mycluster
         example_hosts = yaml.safe_load((inv / "hosts.yml").read_text())
         lab_hosts = yaml.safe_load((lab_inv / "hosts.yml").read_text())
         lab_vars = yaml.safe_load((lab_inv / "group_vars" / "all" / "lab.yml").read_text())
@@ -115,7 +102,7 @@ def test_site_yml_from_the_example_inventory_builds_a_secure_cluster(example):
     proc = example.play("site.yml")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert set(rows) == {"h1", "h2", "h3"}, rows
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values()), rows
     # No insecure choice is in force: nothing is warned about as insecure or trusting any key.
@@ -127,7 +114,7 @@ def test_site_yml_from_the_example_inventory_builds_a_secure_cluster(example):
     # A second run changes nothing.
     again = example.play("site.yml")
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    assert all(r["changed"] == 0 for r in recap(again.stdout).values()), recap(again.stdout)
+    assert all(r["changed"] == 0 for r in again.recap().values()), again.recap()
 
 
 def test_a_stranger_learns_state_and_role_only_from_the_example_cluster(example):

@@ -19,9 +19,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-from lab.admin import LabCluster
-from lab.agent import wait_until as until
-from lab.lab import Lab
+from tests.support.cluster import LabCluster, lab_cluster
+from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConnectionLost
 
@@ -42,19 +41,14 @@ class Faults(LabCluster):
 
 @pytest.fixture(scope="module", params=["file", "etcd"])
 def faults(request):
-    lab = Lab("tfault", inventory_dir=None)
-    lab.up(hosts=4, tpm=True, variant="qemu-vtpm", store=request.param)
-    f = Faults(lab)
-    try:
+    with lab_cluster("tfault", 4, Faults, variant="qemu-vtpm", store=request.param) as f:
+        lab = f.lab
         if request.param == "etcd":
             lab.start_etcd()
         f.start("h1")
         with f.client("h1") as c:
             c.activate_as_coordinator(f.secret.to_uri(), f.salt, f.admin_pem)
         yield f
-    finally:
-        f.close()
-        lab.down()
 
 
 def test_coordinator_killed_after_recording_a_node_before_its_disk_key(faults):

@@ -18,16 +18,17 @@ import sys
 
 import pytest
 
-from lab.lab import REPO_ROOT, Lab
+from lab.lab import Lab
+from tests.support import ROOT
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+VENV_BIN = ROOT / ".venv" / "bin"
 
 
 def _ansible_core_pin() -> str:
     """The ansible-core version pyproject.toml pins (what make test runs with)."""
-    match = re.search(r'"ansible-core==([^"]+)"', (REPO_ROOT / "pyproject.toml").read_text())
+    match = re.search(r'"ansible-core==([^"]+)"', (ROOT / "pyproject.toml").read_text())
     assert match, "pyproject.toml pins ansible-core"
     return "ansible-core==%s" % match.group(1)
 
@@ -52,14 +53,14 @@ def user_project(tmp_path_factory):
     installed into its collections path, its own ansible.cfg."""
     base = tmp_path_factory.mktemp("user")
     build = _run([str(VENV_BIN / "ansible-galaxy"), "collection", "build", "--force", "--output-path", str(base)],
-                 cwd=REPO_ROOT)
+                 cwd=ROOT)
     assert build.returncode == 0, build.stdout + build.stderr
     tarball = next(base.glob("constellation-cluster-*.tar.gz"))
     venv = base / "venv"
     made = _run([sys.executable, "-m", "venv", str(venv)])
     assert made.returncode == 0, made.stderr
     pip = _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", _ansible_core_pin(),
-                "-r", str(REPO_ROOT / "requirements.txt")])
+                "-r", str(ROOT / "requirements.txt")])
     assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
     project = base / "project"
     collections = project / "collections"

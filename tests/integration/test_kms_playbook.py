@@ -9,17 +9,16 @@ import base64
 import json
 import os
 import stat
-import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from ansible.parsing.vault import VaultLib, VaultSecret
+from tests.support import ROOT
+from tests.support.playbook import run_tasks
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 PYTHON = os.path.join(VENV_BIN, "python") if os.path.exists(os.path.join(VENV_BIN, "python")) else sys.executable
 
@@ -41,68 +40,18 @@ def cluster_kms_uri(key, salt):
                                                  base64.urlsafe_b64encode(salt).decode())
 
 
-# A small aggregate callback, written by the test at run time: ansible-core 2.19 no longer ships the
-# json stdout callback. It records each task's result by task name, and the stats.
-RECORDER = textwrap.dedent('''
-    import json, os
-    from ansible.plugins.callback import CallbackBase
-
-    class CallbackModule(CallbackBase):
-        CALLBACK_VERSION = 2.0
-        CALLBACK_TYPE = "aggregate"
-        CALLBACK_NAME = "kms_test_recorder"
-        CALLBACK_NEEDS_ENABLED = True
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.results = {}
-
-        def _record(self, result, **extra):
-            res = dict(result._result)
-            res.update(extra)
-            self.results[result._task.get_name()] = res
-
-        def v2_runner_on_ok(self, result):
-            self._record(result)
-
-        def v2_runner_on_failed(self, result, ignore_errors=False):
-            self._record(result, failed=True)
-
-        def v2_playbook_on_stats(self, stats):
-            doc = {"results": self.results,
-                   "changed": sum(stats.changed.values()), "failures": sum(stats.failures.values())}
-            with open(os.environ["KMS_TEST_RESULTS"], "w") as handle:
-                json.dump(doc, handle, default=str)
-    ''')
-
-
 def run_playbook(tmp_path, tasks, *extra, vault=False):
-    """Runs the tasks on localhost; returns the process and {"results": {task name: result}, "changed": n}."""
-    play = [{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]
-    path = tmp_path / "play.yml"
-    path.write_text(json.dumps(play))
-    plugins = tmp_path / "callbacks"
-    plugins.mkdir(exist_ok=True)
-    (plugins / "kms_test_recorder.py").write_text(RECORDER)
-    record = tmp_path / "results.json"
-    if record.exists():
-        record.unlink()
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-               PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
-               ANSIBLE_CALLBACK_PLUGINS=str(plugins), ANSIBLE_CALLBACKS_ENABLED="kms_test_recorder",
-               KMS_TEST_RESULTS=str(record), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
-               ANSIBLE_REMOTE_TEMP=str(tmp_path / "ansible-tmp"))
-    argv = ["ansible-playbook", "-i", "localhost,", "-e", "ansible_connection=local",
-            "-e", "ansible_python_interpreter=" + PYTHON, str(path)] + list(extra)
+    """Runs the tasks on localhost; returns the run and {"results": {task name: result}, "changed": n}."""
+    args = list(extra)
     if vault:
         pw = tmp_path / "vault-pass"
         pw.write_text(VAULT_PASSWORD + "\n")
-        argv += ["--vault-password-file", str(pw)]
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    if not record.exists():
-        raise AssertionError("ansible-playbook recorded nothing:\n%s\n%s" % (proc.stdout, proc.stderr))
-    return proc, json.loads(record.read_text())
+        args += ["--vault-password-file", str(pw)]
+    run = run_tasks(tmp_path, tasks, args, python=PYTHON,
+                    env={"ANSIBLE_LOCAL_TEMP": tmp_path / "ansible-tmp", "ANSIBLE_REMOTE_TEMP": tmp_path / "ansible-tmp"})
+    if not run.stats:
+        raise AssertionError("ansible-playbook recorded nothing:\n%s" % run.stdout)
+    return run, {"results": run.results(), "changed": run.changed()}
 
 
 def results(doc):

@@ -11,34 +11,22 @@ import subprocess
 
 import pytest
 import yaml
+from tests.support import ROOT
+from tests.support.playbook import run_tasks
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VENV_BIN = os.path.join(REPO, ".venv", "bin")
-KUBEADM_DOUBLE = os.path.join(REPO, "tests", "doubles", "kubeadm")
+VENV_BIN = os.path.join(ROOT, ".venv", "bin")
+KUBEADM_DOUBLE = os.path.join(ROOT, "tests", "doubles", "kubeadm")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(VENV_BIN, "ansible-playbook")),
                                 reason="ansible-playbook is not installed in .venv (run make setup)")
 
 
 def run_playbook(tmp_path, tasks, extra_vars=None, check=False):
-    play = [{"hosts": "localhost", "gather_facts": False, "vars": extra_vars or {}, "tasks": tasks}]
-    path = tmp_path / ("play-%d.yml" % len(list(tmp_path.glob("play-*.yml"))))
-    path.write_text(yaml.safe_dump(play, sort_keys=False))
-    env = dict(os.environ)
-    env.update(
-        ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
-        PATH=VENV_BIN + os.pathsep + env.get("PATH", ""),
-        KUBEADM_DOUBLE_LOG=str(tmp_path / "kubeadm-double.log"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
-    )
-    env.pop("KUBEADM_DOUBLE_CLUSTER", None)
-    argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-v", "-i", "localhost,", "-e", "ansible_connection=local",
-            "-e", "ansible_python_interpreter=%s" % os.path.join(VENV_BIN, "python"), str(path)]
-    if check:
-        argv.append("--check")
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    return proc
+    # No cluster for the double unless a task names one (its environment).
+    env = {"KUBEADM_DOUBLE_LOG": tmp_path / "kubeadm-double.log", "ANSIBLE_LOCAL_TEMP": tmp_path / "ansible-tmp",
+           "KUBEADM_DOUBLE_CLUSTER": ""}
+    return run_tasks(tmp_path, tasks, ["-v"] + (["--check"] if check else []), play={"vars": extra_vars or {}},
+                     env=env)
 
 
 def double_log(tmp_path):

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.lab import Lab, lab_measurements, REPO_ROOT
+from lab.image import lab_measurements
+from lab.lab import Lab
+from tests.support import ROOT
 
 pytestmark = pytest.mark.lab
 
@@ -86,9 +88,9 @@ def test_addresses_exist_only_inside_namespaces(lab_factory):
 def test_down_cleans_up_after_up_was_killed_half_way(tmp_path):
     lab = Lab("tkill", inventory_dir=tmp_path / "inv")
     before = _root_state(lab)
-    env = dict(os.environ, PYTHONPATH="%s:%s" % (REPO_ROOT / "collections", REPO_ROOT))
+    env = dict(os.environ, PYTHONPATH="%s:%s" % (ROOT / "collections", ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "lab", "--name", "tkill", "up", "--hosts", "8"],
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # Wait until up is half-way: some hosts exist, not all swtpms are running yet.
         deadline = time.monotonic() + 30
@@ -114,7 +116,7 @@ def test_down_cleans_up_after_up_was_killed_half_way(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        subprocess.run([sys.executable, "-m", "lab", "--name", "tkill", "down"], cwd=REPO_ROOT, env=env,
+        subprocess.run([sys.executable, "-m", "lab", "--name", "tkill", "down"], cwd=ROOT, env=env,
                        check=True, capture_output=True)
     assert _wait_gone(lab, before) == before
 
@@ -155,10 +157,10 @@ def test_inventory_holds_hosts_endpoints_tcti_and_the_image_policy(tmp_path, lab
 def test_a_named_lab_writes_its_inventory_in_its_state_dir():
     """`python -m lab --name NAME up` writes an inventory for any lab name, not only the default."""
     lab = Lab("tname")
-    env = dict(os.environ, PATH="%s:%s" % (REPO_ROOT / ".venv" / "bin", os.environ["PATH"]))
+    env = dict(os.environ, PATH="%s:%s" % (ROOT / ".venv" / "bin", os.environ["PATH"]))
     try:
         out = subprocess.run([sys.executable, "-m", "lab", "--name", "tname", "up", "--hosts", "2", "--no-tpm"],
-                             cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, check=True).stdout
+                             cwd=str(ROOT), env=env, capture_output=True, text=True, check=True).stdout
         inv = lab.state_dir / "inventory"
         assert "inventory: %s" % inv in out
         hosts = yaml.safe_load((inv / "hosts.yml").read_text())["all"]["children"]
@@ -168,10 +170,10 @@ def test_a_named_lab_writes_its_inventory_in_its_state_dir():
         # kubeadm cannot run on lab hosts: the lab turns Kubernetes off explicitly.
         assert lab_vars["constellation_kubernetes"] is False
         # The default lab's inventory is untouched by another lab.
-        default_inv = REPO_ROOT / "inventories" / "lab" / "hosts.yml"
+        default_inv = ROOT / "inventories" / "lab" / "hosts.yml"
         assert "tname" not in (default_inv.read_text() if default_inv.exists() else "")
     finally:
-        subprocess.run([sys.executable, "-m", "lab", "--name", "tname", "down"], cwd=str(REPO_ROOT), env=env,
+        subprocess.run([sys.executable, "-m", "lab", "--name", "tname", "down"], cwd=str(ROOT), env=env,
                        check=False, capture_output=True)
     assert not (lab.state_dir / "inventory").exists()
 
@@ -194,10 +196,10 @@ def test_prove_verifies_quotes_and_refuses_a_tampered_host(lab_factory):
 
 def test_ansible_runs_tasks_inside_lab_hosts_through_the_inventory(tmp_path, lab_factory):
     lab = lab_factory("tans", hosts=2, inventory_dir=tmp_path / "inv")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"),
-               PATH="%s:%s" % (REPO_ROOT / ".venv" / "bin", os.environ["PATH"]))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+               PATH="%s:%s" % (ROOT / ".venv" / "bin", os.environ["PATH"]))
     proc = subprocess.run(["ansible", "all", "-i", str(lab.local_inventory), "-m", "ansible.builtin.command",
-                           "-a", "ip -o -4 addr show eth0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                           "-a", "ip -o -4 addr show eth0"], cwd=ROOT, env=env, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "10.42.0.11/24" in proc.stdout and "10.42.0.12/24" in proc.stdout

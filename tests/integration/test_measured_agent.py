@@ -14,28 +14,22 @@ import shutil
 
 import pytest
 
-from lab.admin import LabCluster
 from lab.agent import agent_dir, copy_agent, read_sealed, start_agent, tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab
+from tests.support.cluster import lab_cluster
+from tests.support.wait import until
 
 pytestmark = pytest.mark.lab
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    lab = Lab("magent", inventory_dir=None)
-    lab.up(hosts=3, tpm=True)  # the default variant, qemu-vtpm-ek
-    made = LabCluster(lab)
-    try:
+    with lab_cluster("magent", 3) as made:  # the default variant, qemu-vtpm-ek
+        lab = made.lab
         made.start("h1", trust=True)
         with made.client("h1") as c:
             c.activate_as_coordinator(made.secret.to_uri(), made.salt, made.admin_pem,
                                       init_secret=base64.b64decode(lab.init_secret()))
         yield made
-    finally:
-        made.close()
-        lab.down()
 
 
 @pytest.fixture(scope="module")

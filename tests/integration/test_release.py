@@ -20,10 +20,10 @@ import tarfile
 
 import pytest
 import yaml
+from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 
 if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):  # pragma: no cover

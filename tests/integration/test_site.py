@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 from ansible.parsing.vault import VaultLib, VaultSecret
 
-from lab.lab import REPO_ROOT, Lab
+from lab.lab import Lab
+from tests.support import ROOT
+from tests.support.playbook import PlayRun, run_playbook
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
@@ -34,7 +36,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import M
 
 pytestmark = pytest.mark.lab
 
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+VENV_BIN = ROOT / ".venv" / "bin"
 CLUSTER = "!h5"  # every run but the tampered one leaves h5 out (--limit)
 # Step 6's mesh check (playbooks/tasks/verify_peer.yml): one command per peer waits for its WireGuard
 # peers, pings them and reads the handshakes.
@@ -51,23 +53,10 @@ class Site:
         self.hosts_file = inv / "hosts.yml"
         self.vault_pass = inv / "vault_pass"
 
-    def env(self):
-        env = dict(os.environ)
-        env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
-        env["ANSIBLE_CONFIG"] = str(REPO_ROOT / "ansible.cfg")
-        env["ANSIBLE_FORCE_COLOR"] = "0"
-        env["ANSIBLE_NOCOLOR"] = "1"
-        return env
-
-    def cmdline(self, playbook: str, *extra: str):
-        return [str(VENV_BIN / "ansible-playbook"), "-i", str(self.hosts_file), str(REPO_ROOT / playbook),
-                "--vault-password-file", str(self.vault_pass),
-                "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")] + list(extra)
-
-    def play(self, playbook: str, *extra: str, limit: str = CLUSTER) -> subprocess.CompletedProcess:
-        args = list(extra) + (["--limit", limit] if limit else [])
-        return subprocess.run(self.cmdline(playbook, *args), cwd=REPO_ROOT, env=self.env(), capture_output=True,
-                              text=True, timeout=300, check=False)
+    def play(self, playbook: str, *extra: str, limit: str = CLUSTER) -> PlayRun:
+        args = ["--vault-password-file", str(self.vault_pass), "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")]
+        return run_playbook(ROOT / playbook, str(self.hosts_file), self.inv.parent / ("%s-runs" % self.inv.name),
+                            args + list(extra) + (["--limit", limit] if limit else []))
 
     def status(self, name: str, cluster_id=None):
         settings = settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
@@ -82,14 +71,6 @@ class Site:
         master = MasterSecret.from_json(vault.decrypt((self.inv / "constellation-mastersecret.json").read_bytes()))
         salt_doc = json.loads(vault.decrypt((self.inv / "constellation-measurement-salt.json").read_bytes()))
         return master, base64.b64decode(salt_doc["measurementSalt"])
-
-
-def recap(output: str):
-    """host -> {ok, changed, unreachable, failed, ...} from the PLAY RECAP."""
-    rows = {}
-    for match in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", output, re.M):
-        rows[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
-    return rows
 
 
 def wg_peers(lab: Lab, name: str):
@@ -146,7 +127,7 @@ def test_tampered_host_stops_the_run_before_any_secret(site):
     assert re.search(r"h5.*attestation refused.*PCR 9", out, re.S)
     assert "activate the Coordinator" not in out.split("PLAY RECAP")[0].split("Step 1")[-1]
     assert not (site.inv / "constellation-mastersecret.json").exists()
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert all(rows[h]["failed"] == 1 and rows[h]["changed"] == 0 for h in ("h1", "h2", "h3", "h4", "h5"))
     for name in ("h1", "h2"):
         status = site.status(name)
@@ -162,7 +143,7 @@ def test_check_mode_on_a_fresh_cluster_predicts_and_writes_nothing(site):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert secret_files(site.inv) == []
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert set(rows) == {"h1", "h2", "h3", "h4"}
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values())
     # Every peer was attested in check mode too (steps 1 and 6): each is reported from its attested state.
@@ -190,7 +171,7 @@ def test_first_run_activates_everything_and_leaks_nothing(site):
     proc = site.play("site.yml", "-vvv")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert set(rows) == {"h1", "h2", "h3", "h4"}
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values())
     assert rows["h1"]["changed"] >= 3  # master secret, salt, activation
@@ -230,7 +211,7 @@ def test_vpn_mesh_carries_traffic(site):
 def test_second_run_changes_nothing(site):
     proc = site.play("site.yml")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert set(rows) == {"h1", "h2", "h3", "h4"}
     assert sum(r["changed"] for r in rows.values()) == 0
     assert "already activated" in proc.stdout
@@ -250,7 +231,7 @@ def test_check_mode_on_the_converged_cluster_changes_nothing(site):
         proc = site.play(playbook, *extra)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, (playbook, out[-4000:])
-        rows = recap(proc.stdout)
+        rows = proc.recap()
         assert set(rows) == {"h1", "h2", "h3", "h4"}, playbook
         assert sum(r["changed"] for r in rows.values()) == 0, (playbook, rows)
         assert "RETRYING" not in out, playbook
@@ -273,7 +254,7 @@ def test_tags_select_the_steps(site):
                  "The Coordinator activates the fresh nodes and further Coordinators (ActivateAdditionalNodes)",
                  COORDINATOR_VPN_CHECK):
         assert step not in ran, step
-    assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+    assert sum(r["changed"] for r in proc.recap().values()) == 0
 
     proc = site.play("site.yml", "--tags", "attest")
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -292,13 +273,13 @@ def test_tags_select_the_steps(site):
     assert task_hosts(proc.stdout, "The peer passed every check") == {"h1", "h2", "h3", "h4"}
     assert "The Coordinator activates the fresh nodes and further Coordinators (ActivateAdditionalNodes)" not in ran
     assert not task_hosts(proc.stdout, COORDINATOR_VPN_CHECK) and not task_hosts(proc.stdout, NODE_VPN_CHECK)
-    assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+    assert sum(r["changed"] for r in proc.recap().values()) == 0
     # Skipping a later step never skips the Coordinator's activation and facts the others need.
     for skipped in ("kubernetes", "verify", "wireguard", "nodes"):
         proc = site.play("site.yml", "--skip-tags", skipped)
         assert proc.returncode == 0, (skipped, proc.stdout[-3000:])
         assert task_hosts(proc.stdout, ACTIVATE_COORDINATOR) == {"h1"}, skipped
-        assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0, skipped
+        assert sum(r["changed"] for r in proc.recap().values()) == 0, skipped
     # Without step 6 the roles check the interfaces themselves.
     proc = site.play("site.yml", "--tags", "coordinator,nodes")
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -341,11 +322,10 @@ def test_module_defaults_group_reaches_the_action_plugins(site, tmp_path):
           - refused is failed
           - "'PCR 9' in refused.msg"
 """ % {"wrong": tmp_path / "wrong.json", "inv": site.inv, "netns": site.lab.bridge_netns})
-    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(site.hosts_file), str(playbook),
-                           "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")],
-                          cwd=REPO_ROOT, env=site.env(), capture_output=True, text=True, timeout=120, check=False)
+    proc = run_playbook(playbook, str(site.hosts_file), tmp_path / "runs",
+                        ["-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")], timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert recap(proc.stdout)["h1"]["failed"] == 0
+    assert proc.recap()["h1"]["failed"] == 0
 
 
 def test_kubernetes_on_without_kubeadm_fails_naming_the_host(site):
@@ -354,21 +334,13 @@ def test_kubernetes_on_without_kubeadm_fails_naming_the_host(site):
     proc = site.play("site.yml", "-e", '{"constellation_kubernetes": true}')
     assert proc.returncode != 0
     assert "host h1: no kubeadm (kubeadm on PATH not found)" in proc.stdout
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert rows["h1"]["failed"] == 1
 
 
-def test_ansible_runner_event_stream_and_stats(site, tmp_path):
-    import ansible_runner
-
-    (tmp_path / "runner").mkdir()
-    runner = ansible_runner.run(
-        private_data_dir=str(tmp_path / "runner"), project_dir=str(REPO_ROOT), playbook=str(REPO_ROOT / "site.yml"),
-        inventory=str(site.hosts_file), limit=CLUSTER, quiet=True,
-        cmdline="--vault-password-file %s" % site.vault_pass,
-        extravars={"ansible_python_interpreter": str(VENV_BIN / "python")},
-        envvars={"PATH": site.env()["PATH"], "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg")})
-    assert runner.status == "successful", runner.stdout.read()[-3000:]
+def test_ansible_runner_event_stream_and_stats(site):
+    runner = site.play("site.yml")  # through ansible-runner (tests/support/playbook.py)
+    assert runner.status == "successful", runner.stdout[-3000:]
     assert runner.rc == 0
     oks = [e["event_data"] for e in runner.events if e["event"] == "runner_on_ok"]
     activation = [e for e in oks if e.get("task", "").startswith("Activate the Coordinator")]
@@ -389,7 +361,7 @@ def test_add_nodes_joins_one_host_and_changes_nothing_else(site):
     # --check first: h6 alone would be activated; nothing is sent.
     proc = site.play("playbooks/add_nodes.yml", "--check")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert {h: r["changed"] for h, r in rows.items()} == {"h1": 0, "h2": 0, "h3": 0, "h4": 0, "h6": 1}
     assert "h6: would be activated by the Coordinator (check mode: nothing sent)" in proc.stdout
     assert "RETRYING" not in proc.stdout
@@ -397,7 +369,7 @@ def test_add_nodes_joins_one_host_and_changes_nothing_else(site):
 
     proc = site.play("playbooks/add_nodes.yml")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert set(rows) == {"h1", "h2", "h3", "h4", "h6"}
     # The one activation, credited to the node activated (one line per node), nothing else.
     assert {h: r["changed"] for h, r in rows.items()} == {"h1": 0, "h2": 0, "h3": 0, "h4": 0, "h6": 1}
@@ -440,7 +412,7 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     # handshake per pair) and the verdict.
     for task in VERIFY_MESH_TASKS + ("Every check passed (a peer with problems fails, one line per problem)",):
         assert task_hosts(proc.stdout, task) == set(peers), task
-    assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+    assert sum(r["changed"] for r in proc.recap().values()) == 0
 
     # JSON: one record per peer, with the per-PCR table.
     assert report_json.stat().st_mode & 0o777 == 0o644
@@ -491,7 +463,8 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
     import signal
     import xml.etree.ElementTree as ET
 
-    from lab.agent import start_agent, wait_until
+    from lab.agent import start_agent
+    from tests.support.wait import until as wait_until
 
     h2_key = site.lab.host("h2").run(["wg", "show", "wg0", "public-key"]).stdout.strip()
     ips = {name: vpn_ip(site.lab, name) for name in ("h2", "h3")}
@@ -526,7 +499,7 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
             assert re.search(r"^\s*%s\s.*\sFAIL\s" % name, proc.stdout, re.M), name
         assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+refused$" % re.escape(h4.public_endpoint), proc.stdout, re.M)
         # Each broken peer fails, naming itself and what is wrong; the others pass.
-        rows = recap(proc.stdout)
+        rows = proc.recap()
         assert {name: rows[name]["failed"] for name in rows} == {"h1": 0, "h2": 1, "h3": 1, "h4": 1, "h6": 0}
         for name, line in expected.items():
             assert re.search(r"fatal: \[%s\]: FAILED!" % name, proc.stdout), name
@@ -586,7 +559,7 @@ def test_a_peer_whose_interface_lost_its_vpn_ip_fails_verify_and_site(site, tmp_
         # site.yml: h2 fails in step 6 with that line among its problems (the others too: no ping to h2).
         proc = site.play("site.yml")
         assert proc.returncode != 0
-        assert recap(proc.stdout)["h2"]["failed"] == 1
+        assert proc.recap()["h2"]["failed"] == 1
         verdict = re.search(r"^fatal: \[h2\]: FAILED!.*?(?=^(?:fatal|ok|changed|skipping): |^PLAY RECAP)",
                             proc.stdout.split("TASK [The peer passed every check]", 1)[1], re.M | re.S)
         assert verdict and line in verdict.group(0), proc.stdout[-3000:]
@@ -616,7 +589,7 @@ def test_foreign_tpm_is_refused_by_add_nodes_and_verify(site, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert re.search(r"h7.*EK certificate does not chain to the trusted CAs", out, re.S), out[-3000:]
-    assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0
+    assert sum(r["changed"] for r in proc.recap().values()) == 0
     pcr15 = new.run(["tpm2_pcrread", "-T", new.tcti, "sha256:15"], env=dict(os.environ, TSS2_LOG="all+none"))
     assert pcr15.stdout.strip().endswith("0x" + "0" * 64)  # never locked: nothing was activated
     for name, peers in before.items():
@@ -636,7 +609,7 @@ def test_foreign_tpm_is_refused_by_add_nodes_and_verify(site, tmp_path):
     # h7 fails for that reason alone; the others pass every check (the mesh among the attested peers).
     assert records["h7"]["problems"] == ["h7: not attested: " + records["h7"]["error"]]
     assert all(records[n]["problems"] == [] for n in ("h1", "h2", "h3", "h4", "h6"))
-    assert {name: row["failed"] for name, row in recap(proc.stdout).items()} == {
+    assert {name: row["failed"] for name, row in proc.recap().items()} == {
         "h1": 0, "h2": 0, "h3": 0, "h4": 0, "h6": 0, "h7": 1}
     suite = ET.parse(report_junit).getroot()
     failed = {c.get("name"): c.find("failure") for c in suite.findall(".//testcase")}
@@ -663,11 +636,12 @@ def _restart_agents_with_the_kubeadm_double(site, tmp_path, monkeypatch):
     nodes checks their joins against h1's cluster (through /proc/<h1 agent>/root: h1's private /run)."""
     import signal
 
-    from lab.agent import start_agent, wait_until
+    from lab.agent import start_agent
+    from tests.support.wait import until as wait_until
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "kubeadm").symlink_to(REPO_ROOT / "tests" / "doubles" / "kubeadm")
+    (bin_dir / "kubeadm").symlink_to(ROOT / "tests" / "doubles" / "kubeadm")
     monkeypatch.setenv("PATH", "%s:%s:%s" % (bin_dir, VENV_BIN, os.environ.get("PATH", "")))
     monkeypatch.setenv("KUBEADM_DOUBLE_LOG", str(tmp_path / "kubeadm-double.log"))
     for name in _kube_hosts(site):
@@ -696,7 +670,7 @@ def test_kubernetes_joins_inside_the_chain_of_trust(site, tmp_path, monkeypatch)
     proc = site.play("site.yml", "-v", "-e", json.dumps(KUBE_VARS), limit=limit)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert set(rows) == set(hosts) and all(rows[h]["failed"] == 0 for h in hosts), rows
     assert all(rows[h]["changed"] >= 1 for h in hosts), rows  # kubeadm init on h1, a join on each node
     calls = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
@@ -721,7 +695,7 @@ def test_kubernetes_joins_inside_the_chain_of_trust(site, tmp_path, monkeypatch)
         assert re.search(r"CN ?= ?system:node:%s\b" % name, subject) and "IP Address:%s" % vpn_ip(site.lab, name) in subject
 
     # The STAND-IN for the Kubernetes API server (not Kubernetes) on h1's VPN IP, serving h1's cluster.
-    standin = [str(VENV_BIN / "python"), str(REPO_ROOT / "tests" / "doubles" / "kube_apiserver.py"),
+    standin = [str(VENV_BIN / "python"), str(ROOT / "tests" / "doubles" / "kube_apiserver.py"),
                "--cluster", KUBE_DIR, "--listen", "10.118.0.1:6443", "--lifetime", "600",
                "--pid-file", "/run/kube-apiserver-standin.pid"]
     site.lab.host("h1").run(standin + ["--background", "--log", str(tmp_path / "standin.log")])
@@ -729,12 +703,12 @@ def test_kubernetes_joins_inside_the_chain_of_trust(site, tmp_path, monkeypatch)
         again = dict(KUBE_VARS, constellation_kubernetes_wait_ready=True)
         proc = site.play("site.yml", "-e", json.dumps(again), limit=limit)
         assert proc.returncode == 0, proc.stdout[-5000:]
-        assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0, recap(proc.stdout)
+        assert sum(r["changed"] for r in proc.recap().values()) == 0, proc.recap()
         for name in hosts:
             assert re.search(r"node %s: Ready \(KubeletReady\)" % name, proc.stdout), name
         proc = site.play("site.yml", "--check", "-e", json.dumps(KUBE_VARS), limit=limit)
         assert proc.returncode == 0, proc.stdout[-5000:]
-        assert sum(r["changed"] for r in recap(proc.stdout).values()) == 0, recap(proc.stdout)
+        assert sum(r["changed"] for r in proc.recap().values()) == 0, proc.recap()
     finally:
         site.lab.host("h1").run(standin + ["--stop"], check=False)
     calls = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
@@ -754,7 +728,7 @@ def test_a_host_tampered_since_is_refused_by_the_next_run_before_anything(site):
     assert proc.returncode != 0
     assert re.search(r"h4.*attestation refused.*PCR 9", out, re.S), out[-4000:]
     assert "Master secret on the controller" not in "\n".join(tasks_run(proc.stdout))
-    rows = recap(proc.stdout)
+    rows = proc.recap()
     assert {name: (row["failed"], row["changed"]) for name, row in rows.items()} == {
         "h1": (1, 0), "h2": (1, 0), "h3": (1, 0), "h4": (1, 0)}
 
@@ -786,7 +760,7 @@ def test_site_activates_further_coordinators_with_their_etcd_members(tmp_path_fa
         out = first.stdout + proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
         assert re.search(r"h3: activated as a further Coordinator by the Coordinator", proc.stdout), proc.stdout[-3000:]
-        rows = recap(proc.stdout)
+        rows = proc.recap()
         assert all(r["failed"] == 0 for r in rows.values()), rows
         master, salt = site.secrets()
         from ansible_collections.constellation.cluster.plugins.module_utils.kms import open_kms
@@ -808,12 +782,13 @@ def test_site_activates_further_coordinators_with_their_etcd_members(tmp_path_fa
                 assert key in routes and any(r.startswith(ip + "/") for r in routes[key]), (node, coordinator, allowed)
         again = site.play("site.yml", limit="")
         assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-        rows = recap(again.stdout)
+        rows = again.recap()
         assert set(rows) == {"h1", "h2", "h3", "h4", "h5"}, rows
         assert all(r["changed"] == 0 and r["failed"] == 0 for r in rows.values()), rows
         # Two of the three Coordinators reboot (TPM reset, agent and etcd member gone): recover.yml gives both
         # the KMS URI back at once (neither alone has the etcd majority it waits for), the mesh stays as it was.
-        from lab.agent import agent_dir, start_agent, wait_until
+        from lab.agent import agent_dir, start_agent
+        from tests.support.wait import until as wait_until
         before = {name: (states[name].vpn_ip, states[name].vpn_pub_key) for name in ("h1", "h2")}
         for name in ("h1", "h2"):
             host = lab.host(name)

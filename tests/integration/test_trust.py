@@ -26,11 +26,11 @@ import os
 import time
 
 import pytest
-from lab.admin import LabCluster
 from lab.agent import agent_dir, agent_vpn_priv_key, start_agent, tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab, lab_measurements
+from lab.image import lab_measurements
 from lab.netns import NetNS
+from tests.support.cluster import LabCluster, lab_cluster
+from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils import init_secret as init_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
@@ -80,16 +80,10 @@ class Trust(LabCluster):
 
 @pytest.fixture(scope="module")
 def trust():
-    lab = Lab("ttrust", inventory_dir=None)
-    lab.up(hosts=5, tpm=True, variant="qemu-vtpm")
-    t = Trust(lab)
-    try:
+    with lab_cluster("ttrust", 5, Trust, variant="qemu-vtpm") as t:
         for name in ("h1", "h2", "h3", "h4"):
             t.start(name)
         yield t
-    finally:
-        t.close()
-        lab.down()
 
 
 def _refused(err) -> str:
@@ -290,7 +284,7 @@ def test_an_altered_signed_policy_is_refused_naming_the_file(trust):
     trust.stop("h5")
     policy.write_text(policy.read_text().replace(lab_measurements()["9"]["expected"], "00" * 32))
     with pytest.raises(RuntimeError) as err:
-        start_agent(trust.lab, h5, trust=False, measurements_public_key=str(trust.lab.measurements_pub_path))
+        start_agent(trust.lab, h5, trust=False, measurements_pub_key=str(trust.lab.measurements_pub_path))
     assert str(policy) in str(err.value) and "does not verify" in str(err.value), str(err.value)
     # The controller's loader (site.yml's actions, verify.yml) refuses it too, and an unsigned file.
     args = {"measurements_file": str(policy), "measurements_pub_key_file": str(trust.lab.measurements_pub_path),

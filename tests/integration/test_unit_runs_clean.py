@@ -17,8 +17,8 @@ import re
 import subprocess
 
 import pytest
+from tests.support import ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNIT_TESTS = ["tests/unit/store/test_contract.py", "tests/unit/attestation/test_ek.py",
               "tests/unit/attestation/test_vtpm.py", "tests/unit/fuzz/test_fuzz_parsers.py"]
 
@@ -47,7 +47,7 @@ def _shm() -> set:
 def test_unit_tests_leave_no_swtpm_etcd_or_tmpfs_data():
     names = {"swtpm", "etcd"}
     before_pids, before_shm = _live_pids(names), _shm()
-    proc = subprocess.run(["sh", "scripts/ansible-test.sh", "units"] + UNIT_TESTS, cwd=REPO,
+    proc = subprocess.run(["sh", "scripts/ansible-test.sh", "units"] + UNIT_TESTS, cwd=ROOT,
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     summary = [line for line in proc.stdout.splitlines() if re.match(r"^=+ .* in [0-9.]+s", line)]

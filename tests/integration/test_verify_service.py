@@ -18,14 +18,18 @@ import sys
 
 import pytest
 
-from lab.agent import start_agent, stop_agent, tail_log, wait_until
-from lab.lab import REPO_ROOT, Lab, lab_measurements
+from lab.agent import start_agent, stop_agent, tail_log
+from lab.image import lab_measurements
+from lab.lab import Lab
 from lab.netns import NetNS
+from tests.support import ROOT
+from tests.support.playbook import run_tasks
+from tests.support.wait import until as wait_until
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service as vs
 
 pytestmark = pytest.mark.lab
 
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+VENV_BIN = ROOT / ".venv" / "bin"
 PYTHON = str(VENV_BIN / "python") if (VENV_BIN / "python").exists() else sys.executable
 SYSTEM_PYTHON = "/usr/bin/python3"
 REPLAY_GRPC_PORT, REPLAY_HTTP_PORT = 9190, 8180
@@ -66,7 +70,7 @@ def _replayer(lab, tmp):
     with NetNS(lab.bridge_netns) as admin:
         recorded = admin.run(vs.fetch_attestation, "%s:%d" % (h1.public_ip, vs.HTTP_PORT), os.urandom(32), "http")
     (tmp / "recorded.json").write_bytes(recorded)
-    proc = h1.popen(["env", "PYTHONPATH=%s" % (REPO_ROOT / "collections"), PYTHON, "-c", REPLAYER,
+    proc = h1.popen(["env", "PYTHONPATH=%s" % (ROOT / "collections"), PYTHON, "-c", REPLAYER,
                      str(tmp / "recorded.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()
     if line.strip() != "ready":
@@ -97,26 +101,16 @@ def test_constellation_verify_attests_real_agents_and_refuses_attacks(tvs):
                       _verify(h3, port, transport, "h3_" + transport, ignore_errors=True)]
         tasks += [_verify(h1, REPLAY_GRPC_PORT, "grpc", "replay_grpc", ignore_errors=True),
                   _verify(h1, REPLAY_HTTP_PORT, "http", "replay_http", ignore_errors=True)]
-        names = [task["register"] for task in tasks]
-        tasks.append({"name": "results", "ansible.builtin.copy": {
-            "content": "{{ {%s} | to_json }}" % ", ".join("'%s': %s" % (name, name) for name in names),
-            "dest": str(tmp / "results.json"), "mode": "0600"}})
-        play = [{"hosts": "localhost", "gather_facts": False, "tasks": tasks,
-                 # The action group's defaults reach the module (meta/runtime.yml).
-                 "module_defaults": {"group/constellation.cluster.attestation": {
-                     "measurements_file": str(tmp / "measurements.json"), "variant": "qemu-vtpm",
-                     "insecure_trust_any_ak": True, "netns": lab.bridge_netns}}}]
-        (tmp / "play.yml").write_text(json.dumps(play))
-        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", TSS2_LOG="all+none",
-                   PATH=str(VENV_BIN) + os.pathsep + os.environ.get("PATH", ""))
-        proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-e", "ansible_connection=local",
-                               "-e", "ansible_python_interpreter=%s" % PYTHON, str(tmp / "play.yml")],
-                              cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=300, check=False)
+        # The action group's defaults reach the module (meta/runtime.yml).
+        play = {"module_defaults": {"group/constellation.cluster.attestation": {
+            "measurements_file": str(tmp / "measurements.json"), "variant": "qemu-vtpm",
+            "insecure_trust_any_ak": True, "netns": lab.bridge_netns}}}
+        proc = run_tasks(tmp, tasks, play=play, python=PYTHON, env={"TSS2_LOG": "all+none"})
     finally:
         replayer.kill()
         replayer.wait(timeout=10)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    results = json.loads((tmp / "results.json").read_text())
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    results = {task["register"]: proc.results()[task["name"]] for task in tasks}
 
     # The genuine agents pass over both transports, on both Pythons, with the table of verify.yml.
     for name in ("h1_grpc", "h1_http", "h2_grpc", "h2_http"):

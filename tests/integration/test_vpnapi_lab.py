@@ -14,10 +14,10 @@ import base64
 import json
 
 import pytest
-from lab.admin import LabCluster
-from lab.agent import REPO_ROOT, agent_dir, agent_vpn_priv_key, tail_log
-from lab.agent import wait_until as until
-from lab.lab import Lab
+from lab.agent import agent_dir, agent_vpn_priv_key, tail_log
+from tests.support import ROOT
+from tests.support.cluster import lab_cluster
+from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 
 pytestmark = pytest.mark.lab
@@ -50,10 +50,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def cluster():
-    lab = Lab("vpnauth", inventory_dir=None)
-    lab.up(hosts=3, tpm=True, variant="qemu-vtpm")
-    made = LabCluster(lab)
-    try:
+    with lab_cluster("vpnauth", 3, variant="qemu-vtpm") as made:
+        lab = made.lab
         for name in ("h1", "h2", "h3"):
             made.start(name, trust=True, reattest_interval=0)
         with made.client("h1") as c:
@@ -62,9 +60,6 @@ def cluster():
         rows = made.activate("h1", nodes=("h2", "h3"))["nodes"]
         assert [r["ok"] for r in rows] == [True, True], rows
         yield made
-    finally:
-        made.close()
-        lab.down()
 
 
 def test_an_unprivileged_process_on_a_node_gets_nothing_from_the_vpnapi(cluster):
@@ -72,7 +67,7 @@ def test_an_unprivileged_process_on_a_node_gets_nothing_from_the_vpnapi(cluster)
     coordinator_vpn_ip = cluster.state("h1")["vpn_ip"]
     key_file = agent_dir(node) / "state" / "store.json"  # the sealed store: the agent keeps its key nowhere else
     proc = node.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] + cluster.lab.host_python()
-                    + ["-c", ATTACKER, str(REPO_ROOT), coordinator_vpn_ip, json.dumps(ATTACKS), str(key_file)],
+                    + ["-c", ATTACKER, str(ROOT), coordinator_vpn_ip, json.dumps(ATTACKS), str(key_file)],
                     check=False, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)

@@ -20,10 +20,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
     parse_peer_list,
     ensure_key_file,
 )
+from tests.support import ROOT
+from tests.support.playbook import PlayRun, run_playbook
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
 VPN_IPS = ["10.118.0.1", "10.118.0.11", "10.118.0.12"]
 
 
@@ -186,25 +187,13 @@ def _local_inventory(inv: Path, hosts) -> Path:
         shell.write_text("#!/bin/sh\nexec %s /bin/sh \"$@\"\n" % " ".join(h.nsenter_prefix))
         shell.chmod(0o755)
         host_vars[h.name] = {"ansible_connection": "local", "ansible_shell_executable": str(shell),
-                             "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python")}
+                             "ansible_python_interpreter": str(ROOT / ".venv" / "bin" / "python")}
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"wg_lab": {"hosts": host_vars}}}}))
     return inv
 
 
-def _playbook(inv: Path, play: Path, extra: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH="%s:%s" % (REPO / ".venv" / "bin", os.environ.get("PATH", "")))
-    return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inv / "hosts.yml"), str(play),
-                           "-e", "@%s" % extra] + list(args), capture_output=True, text=True, env=env, timeout=300, check=False)
-
-
-def _recap(out: str) -> dict:
-    recap = {}
-    for line in out.split("PLAY RECAP", 1)[1].splitlines():
-        parts = line.split()
-        if len(parts) > 2 and parts[1] == ":":
-            recap[parts[0]] = {k: int(v) for k, v in (p.split("=") for p in parts[2:] if "=" in p)}
-    return recap
+def _playbook(inv: Path, play: Path, extra: Path, *args: str) -> PlayRun:
+    return run_playbook(play, str(inv / "hosts.yml"), inv.parent / "runs", ["-e", "@%s" % extra] + list(args))
 
 
 def test_modules_through_ansible_playbook(lab_factory, tmp_path):
@@ -221,18 +210,18 @@ def test_modules_through_ansible_playbook(lab_factory, tmp_path):
     # Check mode: reports the change, creates neither key files nor interfaces.
     run = _playbook(inv, tmp_path / "iface.yml", extra, "--check", "--diff")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert all(r["changed"] == 1 for r in _recap(run.stdout).values())
+    assert all(r["changed"] == 1 for r in run.recap().values())
     assert list(key_dir.iterdir()) == []
     assert hosts[0].run(["ip", "link", "show", "wg0"], check=False).returncode != 0
 
     run = _playbook(inv, tmp_path / "iface.yml", extra, "--diff", "-v")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert all(r["changed"] == 1 for r in _recap(run.stdout).values())
+    assert all(r["changed"] == 1 for r in run.recap().values())
     priv_keys = [(key_dir / ("%s.key" % h.name)).read_text().strip() for h in hosts]
     assert len(set(priv_keys)) == 3
     assert not any(k in run.stdout + run.stderr for k in priv_keys), "a private key was printed"
     run = _playbook(inv, tmp_path / "iface.yml", extra, "-v")
-    assert run.returncode == 0 and all(r["changed"] == 0 for r in _recap(run.stdout).values()), run.stdout[-3000:]
+    assert run.returncode == 0 and all(r["changed"] == 0 for r in run.recap().values()), run.stdout[-3000:]
     for h in hosts:
         assert (key_dir / ("%s.key" % h.name)).stat().st_mode & 0o777 == 0o600
     pub_keys = {h.name: h.run(["wg", "show", "wg0", "public-key"]).stdout.strip() for h in hosts}
@@ -250,10 +239,10 @@ def test_modules_through_ansible_playbook(lab_factory, tmp_path):
             if other is not h:
                 assert _ping(h, VPN_IPS[j])
     run = _playbook(inv, tmp_path / "peers.yml", extra)
-    assert run.returncode == 0 and all(r["changed"] == 0 for r in _recap(run.stdout).values()), run.stdout[-3000:]
+    assert run.returncode == 0 and all(r["changed"] == 0 for r in run.recap().values()), run.stdout[-3000:]
     # --limit cannot drop peers: h1 still gets its full list.
     run = _playbook(inv, tmp_path / "peers.yml", extra, "--limit", "h1")
-    assert run.returncode == 0 and _recap(run.stdout)["h1"]["changed"] == 0
+    assert run.returncode == 0 and run.recap()["h1"]["changed"] == 0
     assert len(WireGuard(CommandRunner(hosts[0].nsenter_prefix)).show("wg0").peers) == 2
 
     live_before = {h.name: _config(WireGuard(CommandRunner(h.nsenter_prefix)).show("wg0")) for h in hosts}
@@ -262,7 +251,7 @@ def test_modules_through_ansible_playbook(lab_factory, tmp_path):
     data["wg_peers"]["h1"] = data["wg_peers"]["h1"][:1]
     extra.write_text(yaml.safe_dump(data))
     run = _playbook(inv, tmp_path / "peers.yml", extra, "--check", "--diff", "--limit", "h1")
-    assert run.returncode == 0 and _recap(run.stdout)["h1"]["changed"] == 1
+    assert run.returncode == 0 and run.recap()["h1"]["changed"] == 1
     assert _config(WireGuard(CommandRunner(hosts[0].nsenter_prefix)).show("wg0")) == live_before["h1"]
 
     # Bad input on every host: a clear error naming the field, nothing touched anywhere.
@@ -285,7 +274,7 @@ def test_modules_through_ansible_playbook(lab_factory, tmp_path):
     # state: absent removes the interfaces (wireguard-go exits with them) and keeps the keys.
     for expected in (1, 0):
         run = _playbook(inv, tmp_path / "iface.yml", extra, "-e", "wg_state=absent")
-        assert run.returncode == 0 and all(r["changed"] == expected for r in _recap(run.stdout).values()), run.stdout
+        assert run.returncode == 0 and all(r["changed"] == expected for r in run.recap().values()), run.stdout
     for h in hosts:
         assert h.run(["ip", "link", "show", "wg0"], check=False).returncode != 0
         assert (key_dir / ("%s.key" % h.name)).exists()
@@ -305,8 +294,8 @@ os.killpg(os.getpgrp(), signal.SIGTERM)  # what Ansible's worker does to its gro
 def test_interface_survives_the_callers_process_group(lab_factory, tmp_path):
     lab = lab_factory("wgs", hosts=1, tpm=False)
     h = lab.hosts[0]
-    env = dict(os.environ, PYTHONPATH="%s:%s" % (REPO / "collections", REPO))
-    proc = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", CREATE_THEN_KILL_GROUP, "x",
+    env = dict(os.environ, PYTHONPATH="%s:%s" % (ROOT / "collections", ROOT))
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", CREATE_THEN_KILL_GROUP, "x",
                            str(tmp_path / "h1.key")] + h.nsenter_prefix,
                           env=env, start_new_session=True, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -15, proc.stderr

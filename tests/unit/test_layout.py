@@ -164,3 +164,36 @@ def test_nothing_imports_the_tests_or_the_benches_but_tests():
     offenders = ["%s imports %s" % (rel, name) for rel, path in _python_files() if not rel.startswith(("tests/", "bench/"))
                  for imported, name in _imported_rooms(path) if imported.startswith(("tests", "bench"))]
     assert not offenders, offenders
+
+
+def _lab_imports():
+    """lab/<module> -> the lab modules it imports (anywhere in the file, a function's body included)."""
+    graph = {}
+    for path in sorted((ROOT / "lab").glob("*.py")):
+        name = path.stem
+        deps = set()
+        for imported in _imports(path):
+            parts = imported.split(".")
+            if parts[0] == "lab" and len(parts) > 1 and (ROOT / "lab" / (parts[1] + ".py")).exists():
+                deps.add(parts[1])
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_the_lab_has_no_import_cycle_and_imports_no_test_kit():
+    graph = _lab_imports()
+    cycles = []
+
+    def visit(name, path):
+        for dep in sorted(graph.get(name, ())):
+            if dep in path:
+                cycles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif len(path) < len(graph):
+                visit(dep, path + [dep])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    assert not cycles, sorted(set(cycles))
+    kit = ["lab/%s imports %s" % (path.name, name) for path in sorted((ROOT / "lab").glob("*.py"))
+           for name in _imports(path) if name == "tests" or name.startswith("tests.")]
+    assert not kit, kit

@@ -20,8 +20,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMIssuer, VTPMValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
-from lab import swtpm as swtpm_mod
 from lab.swtpm import SwTPM, free_port
+from tests.support.procs import alive
 
 CLUSTER_ID = bytes.fromhex("128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6")
 
@@ -90,7 +90,7 @@ def test_swtpm_start_stop_leaves_nothing(tmp_path):
     pid = int((tmp_path / "state" / "swtpm.pid").read_text())
     assert tpm_mod.read_pcrs(tpm.tcti)[0] == bytes(32)
     tpm.stop()
-    assert not swtpm_mod._alive(pid)
+    assert not alive(pid)
     assert not (tmp_path / "state" / "swtpm.pid").exists()
     tpm.start()  # state survives a restart; PCRs are reset by startup-clear
     assert tpm_mod.read_pcrs(tpm.tcti)[0] == bytes(32)

@@ -23,6 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_p
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore, MemoryStore, StoreError
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_argv import initial_cluster
 from lab.etcd import Etcd, EtcdCluster, free_ports, tmpfs_dir
+from tests.support.procs import is_zombie
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/etcd"), reason="/usr/bin/etcd is missing")
 
@@ -298,7 +299,7 @@ def test_the_agents_etcd_member_starts_a_cluster_and_a_learner_joins_it():
         pid = first.pid
         first._proc = None  # pylint: disable=protected-access  # the agent "dies", its member runs on
         first.start("127.0.0.1", kms)  # ends the member left behind, starts from the same data
-        assert first.pid != pid and not os.path.exists("/proc/%d/cmdline" % pid) or _zombie(pid)
+        assert first.pid != pid and not os.path.exists("/proc/%d/cmdline" % pid) or is_zombie(pid)
         store = first.open_store("127.0.0.1")
         assert store.get("peersResourceVersion") == b"8"
         # A learner that starts (127.0.0.2: another loopback address, as another Coordinator's VPN IP)
@@ -315,14 +316,6 @@ def test_the_agents_etcd_member_starts_a_cluster_and_a_learner_joins_it():
         first.stop()
         second.stop()
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _zombie(pid):
-    try:
-        with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_a_member_removal_survives_a_crash_right_after_it():

@@ -3,23 +3,29 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The admin's side of a lab cluster, for tests that drive real agents without Ansible: the admin
 key pair, the cluster's master secret and measurement salt (so its cluster ID and the disk keys the
-KMS derives), sockets from the admin machine (the bridge namespace) and the agents it started."""
+KMS derives), sockets from the admin machine (the bridge namespace) and the agents it started.
+
+``lab_cluster(...)`` is the one way a test module builds its lab and cluster (a module fixture's body)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import time
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional, Type, TypeVar
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from lab.agent import agent_dir, read_sealed, start_agent, stop_agent
+from lab.image import lab_measurements
 from lab.lab import Lab
 from lab.netns import NetNS
-from ansible_collections.constellation.cluster.plugins.module_utils import kms
+from tests.support.procs import wait_gone
+
+_C = TypeVar("_C", bound="LabCluster")
 
 
 class LabCluster:
@@ -53,7 +59,6 @@ class LabCluster:
             Measurements)
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
         from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy
-        from lab.lab import lab_measurements
 
         h = self.hosts[name]
         policy = coordinator_policy(Measurements.from_dict(lab_measurements()))
@@ -107,9 +112,7 @@ class LabCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 return
-            deadline = time.monotonic() + timeout
-            while os.path.exists("/proc/%d" % pid) and not _zombie(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_gone(pid, timeout, interval=0.05)
 
     def events(self, name: str, event: str) -> list:
         """The agent log records of ``event`` on ``name``."""
@@ -150,9 +153,19 @@ class LabCluster:
         self.admin.close()
 
 
-def _zombie(pid: int) -> bool:
+@contextlib.contextmanager
+def lab_cluster(name: str, hosts: int, cls: Type[_C] = LabCluster, **up) -> Iterator[_C]:
+    """``with lab_cluster(name, hosts, variant=...) as cluster:`` a lab of ``hosts`` hosts with TPMs (``up``:
+    Lab.up's other options) and its ``cls`` cluster; when the block ends (a failed set-up in it included) the
+    cluster's agents are stopped and the lab is removed."""
+    lab = Lab(name, inventory_dir=None)
+    up.setdefault("tpm", True)
     try:
-        with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+        lab.up(hosts=hosts, **up)
+        made = cls(lab)
+        try:
+            yield made
+        finally:
+            made.close()
+    finally:
+        lab.down()
