@@ -23,7 +23,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -40,43 +39,27 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (  # noqa: E402
     AK_ALGS, VTPMIssuer, VTPMValidator)
 from lab.swtpm import SwTPM, free_port  # noqa: E402
+from tests.support.loopback import LoopbackServer  # noqa: E402
 
 IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
 
 
-class PingServer:
+class PingServer(LoopbackServer):
     """Serial accept loop: handshake, answer b"ping" with b"pong", close."""
 
     def __init__(self, wrap):
         self._wrap = wrap
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
-        self.address = self._listener.getsockname()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _loop(self):
-        while not self._stop.is_set():
-            try:
-                sock, _addr = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                tls = self._wrap(sock)
-                if tls.recv(4) == b"ping":
-                    tls.sendall(b"pong")
-                tls.close()
-            except (OSError, atls.AttestationError):
-                sock.close()
-
-    def close(self):
-        self._stop.set()
-        self._listener.close()
-        self._thread.join(timeout=2)
+    def serve(self, sock):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tls = self._wrap(sock)
+            if tls.recv(4) == b"ping":
+                tls.sendall(b"pong")
+            tls.close()
+        except (OSError, atls.AttestationError):
+            sock.close()
 
 
 def percentile(samples, pct):

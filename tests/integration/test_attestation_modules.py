@@ -10,9 +10,7 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import sys
-import threading
 
 import pytest
 
@@ -31,6 +29,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer  # noqa: E402
 from lab.swtpm import SwTPM, free_port  # noqa: E402
 from tests.support import ROOT  # noqa: E402
+from tests.support.loopback import LoopbackServer  # noqa: E402
 from tests.support.playbook import run_tasks  # noqa: E402
 
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
@@ -41,50 +40,36 @@ TAMPERED_DIGEST = hashlib.sha256(b"modified kernel").digest()
 PCR4 = extend_digest(bytes(32), IMAGE_DIGEST)
 
 
-class Server:
+class Server(LoopbackServer):
     """aTLS server on 127.0.0.1 in a thread; records bytes received after each handshake."""
 
     def __init__(self, issuer):
         self.ctx = atls.AttestedServerContext(issuer)
         self.received = []
         self.handshakes = 0
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
-        self.endpoint = "127.0.0.1:%d" % self._listener.getsockname()[1]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _loop(self):
-        while not self._stop.is_set():
-            try:
-                sock, _addr = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            try:
-                tls = self.ctx.accept_handshake(sock)
-            except AttestationError:
-                continue
-            self.handshakes += 1
-            data = b""
-            tls.settimeout(5)
-            try:
-                while True:
-                    chunk = tls.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-            except OSError:
-                pass
-            tls.close()
-            self.received.append(data)
+    def serve(self, sock):
+        try:
+            tls = self.ctx.accept_handshake(sock)
+        except AttestationError:
+            return
+        self.handshakes += 1
+        data = b""
+        tls.settimeout(5)
+        try:
+            while True:
+                chunk = tls.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            pass
+        tls.close()
+        self.received.append(data)
 
     def close(self):
-        self._stop.set()
-        self._listener.close()
-        self._thread.join(timeout=2)
+        super().close()
         self.ctx.close()
 
 

@@ -23,6 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin 
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
+from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
 
 # The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes).
 from ansible_collections.constellation.cluster.tests.unit.agent.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
@@ -188,35 +189,24 @@ def test_the_accept_loop_never_waits_for_a_slot_while_every_connection_is_busy(s
 # ------------------------------------------------- attack (b): unreachable is not a failed attestation
 
 
-class BlackHole:
+class BlackHole(LoopbackServer):
     """Accepts TCP and never answers the handshake (or, ``reset``, closes each connection at once)."""
 
     def __init__(self, reset=False):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.2)
-        self.endpoint = "127.0.0.1:%d" % self.listener.getsockname()[1]
         self.held = []
         self.reset = reset
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _loop(self):
-        while not self._stop.is_set():
-            try:
-                sock, _addr = self.listener.accept()
-            except OSError:
-                continue
-            if self.reset:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                sock.close()
-            else:
-                self.held.append(sock)
+    def serve(self, sock):
+        if self.reset:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.close()
+        else:
+            self.held.append(sock)
 
     def close(self):
-        self._stop.set()
-        self._thread.join(5)
-        close_all(self.held + [self.listener])
+        super().close()
+        close_all(self.held)
 
 
 def connect_to(endpoint, validators, timeout=1.0):

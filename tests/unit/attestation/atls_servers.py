@@ -9,7 +9,6 @@ find it."""
 from __future__ import annotations
 
 import datetime
-import socket
 import ssl
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
+from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
 
 
 class ConnectionRecord:
@@ -29,7 +29,7 @@ class ConnectionRecord:
         self.alpn: Optional[str] = None
 
 
-class RecordingServer:
+class RecordingServer(LoopbackServer):
     """Accepts on 127.0.0.1, runs the aTLS server handshake, records every byte received
     after it and answers b"pong" to b"ping". Bounded: stops when closed."""
 
@@ -37,24 +37,12 @@ class RecordingServer:
         self.server_ctx = server_ctx
         self.read_timeout = read_timeout
         self.records: List[ConnectionRecord] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
-        self.endpoint = "127.0.0.1:%d" % self._listener.getsockname()[1]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _accept_loop(self):
-        while not self._stop.is_set():
-            try:
-                sock, _addr = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            record = ConnectionRecord()
-            self.records.append(record)
-            threading.Thread(target=self._serve, args=(sock, record), daemon=True).start()
+    def serve(self, sock):
+        record = ConnectionRecord()
+        self.records.append(record)
+        threading.Thread(target=self._serve, args=(sock, record), daemon=True).start()
 
     def _serve(self, sock, record):
         try:
@@ -89,9 +77,7 @@ class RecordingServer:
         return self.records[:count]
 
     def close(self):
-        self._stop.set()
-        self._listener.close()
-        self._thread.join(timeout=2)
+        super().close()
         self.server_ctx.close()
 
 
