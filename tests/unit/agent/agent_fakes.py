@@ -7,6 +7,7 @@ own (not conftest.py): test files import it by a name no other test folder uses.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import List
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
@@ -46,3 +47,55 @@ class MemoryTPM(ports.TPM):
 
     def pcr15(self) -> bytes:
         return self.pcr
+
+
+class FakePeerClient:
+    """An aTLS connection to a peer as the Coordinator's re-attestation sees it (``connect_peer``): validated,
+    PCR 15 ``pcr15``, GetState's details ``state`` (only after AdminAuth as a Coordinator), or ``error`` on
+    connecting."""
+
+    def __init__(self, pcr15=None, state=None, error=None):
+        self.pcr15, self.state, self.error = pcr15, state, error
+        self.authenticated = False
+
+    def __enter__(self):
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def attested_pcrs(self):
+        return {15: self.pcr15}
+
+    def coordinator_auth(self, sign_auth):  # the peer's details need AdminAuth role coordinator (agent/admin.py)
+        sign_auth(os.urandom(32), os.urandom(32))
+        self.authenticated = True
+
+    def get_state(self):
+        assert self.authenticated, "GetState's details before AdminAuth"
+        return dict(self.state)
+
+
+class FakeRejoinChannel:
+    """The Coordinator's side of IssueRejoinTicket without a socket (``ports.JoinChannel``): the 'node' answers
+    the nonce with ``document``, under the OID of the fake validators (``document_for`` gives the one they
+    accept for a peer)."""
+
+    peer_ip = "10.42.0.12"
+
+    def __init__(self, document: bytes = b"", peer_ip: str = ""):
+        self.document = document
+        self.peer_ip = peer_ip or self.peer_ip
+        self.delivered = None
+
+    @staticmethod
+    def user_data(vpn_ip, pub_key, disk_uuid):
+        return hashlib.sha256(("%s|%s|%s" % (vpn_ip, pub_key, disk_uuid)).encode()).digest()
+
+    def challenge(self, nonce):  # pylint: disable=unused-argument
+        return "1.2.3", self.document
+
+    def deliver(self, ticket):
+        self.delivered = ticket

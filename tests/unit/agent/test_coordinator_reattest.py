@@ -21,29 +21,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
-
-
-class Peer:
-    def __init__(self, pcr15=None, state=None, error=None):
-        self.pcr15, self.state, self.error = pcr15, state, error
-
-    def __enter__(self):
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def attested_pcrs(self):
-        return {15: self.pcr15}
-
-    def coordinator_auth(self, sign_auth):  # the peer's details need AdminAuth role coordinator
-        sign_auth(os.urandom(32), os.urandom(32))
-
-    def get_state(self):
-        return dict(self.state)
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import FakePeerClient, MemoryTPM
 
 
 @pytest.fixture
@@ -70,8 +48,8 @@ def test_a_tampered_coordinator_is_re_attested_and_evicted(leader):
     def connect(public_ip):
         asked.append(public_ip)
         if public_ip == "10.42.0.3":
-            return Peer(error=AttestationError("measurements mismatch: PCR 11: expected aa, found bb"))
-        return Peer(ours, peers[public_ip])
+            return FakePeerClient(error=AttestationError("measurements mismatch: PCR 11: expected aa, found bb"))
+        return FakePeerClient(ours, peers[public_ip])
 
     rows = {r["public_ip"]: r for r in c.trust.reattest_peers(connect)}
     assert sorted(asked) == ["10.42.0.2", "10.42.0.3"]  # the other Coordinators, never itself
@@ -93,8 +71,8 @@ def test_an_unreachable_coordinator_is_never_evicted(leader):
 
     def connect(public_ip):
         if public_ip == "10.42.0.2":
-            return Peer(error=ConstellationError("cannot connect to 10.42.0.2:9000: timed out"))
-        return Peer(ours, peers[public_ip])
+            return FakePeerClient(error=ConstellationError("cannot connect to 10.42.0.2:9000: timed out"))
+        return FakePeerClient(ours, peers[public_ip])
 
     for _round in range(5):
         rows = {r["public_ip"]: r["outcome"] for r in c.trust.reattest_peers(connect, unreachable_limit=3)}
@@ -110,7 +88,7 @@ def test_a_coordinator_whose_activation_is_under_way_is_not_evicted(leader):
     joining = dict(peers["10.42.0.3"], state="AcceptingInit", vpn_ip=None, vpn_pub_key=None)
 
     def connect(public_ip):
-        return Peer(ours, joining if public_ip == "10.42.0.3" else peers[public_ip])
+        return FakePeerClient(ours, joining if public_ip == "10.42.0.3" else peers[public_ip])
 
     rows = {r["public_ip"]: r for r in c.trust.reattest_peers(connect, unreachable_limit=1)}
     assert rows["10.42.0.3"]["outcome"] == "unreachable" and "not finished" in rows["10.42.0.3"]["error"]

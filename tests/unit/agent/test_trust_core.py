@@ -28,7 +28,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import (
+    FakePeerClient,
+    FakeRejoinChannel,
+    MemoryTPM,
+)
 
 State = core.State
 INIT_SECRET = os.urandom(32)
@@ -105,30 +109,6 @@ def test_join_ticket_of_a_coordinator_without_our_init_secret_is_refused_before_
 # ------------------------------------------------------------------ re-attestation, eviction (item 1)
 
 
-class FakeClient:
-    def __init__(self, pcr15=None, state=None, error=None):
-        self.pcr15, self.state, self.error = pcr15, state, error
-
-    def __enter__(self):
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def attested_pcrs(self):
-        return {15: self.pcr15}
-
-    def coordinator_auth(self, sign_auth):  # the peer's details need AdminAuth role coordinator (agent/admin.py)
-        sign_auth(os.urandom(32), os.urandom(32))
-        self.authenticated = True
-
-    def get_state(self):
-        assert getattr(self, "authenticated", False), "GetState's details before AdminAuth"
-        return dict(self.state)
-
-
 @pytest.fixture
 def cluster(make_core):
     c, vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
@@ -151,8 +131,8 @@ def test_a_failed_attestation_evicts_at_once_and_the_vpnapi_refuses_the_peer(clu
 
     def connect(public_ip):
         if public_ip == bad:
-            return FakeClient(error=AttestationError("measurements mismatch: PCR 9: expected aa, found bb"))
-        return FakeClient(ours, nodes[public_ip])
+            return FakePeerClient(error=AttestationError("measurements mismatch: PCR 9: expected aa, found bb"))
+        return FakePeerClient(ours, nodes[public_ip])
 
     rows = {r["public_ip"]: r["outcome"] for r in c.trust.reattest_peers(connect)}
     assert rows == {"10.42.0.12": "passed", bad: "evicted"}
@@ -179,8 +159,8 @@ def test_an_unreachable_peer_is_evicted_only_after_the_limit_and_a_success_reset
 
     def connect(public_ip):
         if public_ip in down:
-            return FakeClient(error=ConstellationError("cannot connect to %s:9000: timed out" % public_ip))
-        return FakeClient(ours, nodes[public_ip])
+            return FakePeerClient(error=ConstellationError("cannot connect to %s:9000: timed out" % public_ip))
+        return FakePeerClient(ours, nodes[public_ip])
 
     for _round in range(2):
         c.trust.reattest_peers(connect, unreachable_limit=3)
@@ -202,8 +182,8 @@ def test_a_peer_with_another_identity_or_cluster_is_evicted_and_readmission_need
 
     def connect(public_ip):
         if public_ip == "10.42.0.12":
-            return FakeClient(ours, imposter)
-        return FakeClient(os.urandom(32), nodes[public_ip])  # PCR 15 of another cluster
+            return FakePeerClient(ours, imposter)
+        return FakePeerClient(os.urandom(32), nodes[public_ip])  # PCR 15 of another cluster
 
     assert {r["outcome"] for r in c.trust.reattest_peers(connect)} == {"evicted"}
     vpn_ip = nodes["10.42.0.12"]["vpn_ip"]
@@ -238,26 +218,6 @@ def test_evictions_survive_a_coordinator_restart(make_core):
 # ------------------------------------------------------------------ rejoin (item 3)
 
 
-class FakeRejoinChannel:
-    """The Coordinator's side of IssueRejoinTicket without a socket: the 'node' answers the nonce with
-    a document the fake validator accepts iff it carries the expected user data."""
-
-    peer_ip = "10.42.0.12"
-
-    def __init__(self, user_data):
-        self._user_data = user_data
-        self.delivered = None
-
-    def user_data(self, vpn_ip, pub_key, disk_uuid):
-        return hashlib.sha256(("%s|%s|%s" % (vpn_ip, pub_key, disk_uuid)).encode()).digest()
-
-    def challenge(self, nonce):  # pylint: disable=unused-argument
-        return "1.2.3", self._user_data
-
-    def deliver(self, ticket):
-        self.delivered = ticket
-
-
 class FakeValidator:
     oid = "1.2.3"
 
@@ -276,7 +236,7 @@ def test_rejoin_ticket_goes_only_to_a_recorded_peer_and_holds_only_what_it_needs
     vpn_ip = c.coordinator.reserve_node_ip()
     c.activation.record_node(vpn_ip, key, "10.42.0.12", uuid)
     good = FakeRejoinChannel(b"")
-    good._user_data = good.user_data(vpn_ip, key, uuid)
+    good.document = good.user_data(vpn_ip, key, uuid)
     with pytest.raises(AccessDenied):  # not the recorded key
         c.trust.serve_rejoin(vpn_ip, pub_key_from_priv_key(generate_priv_key()), uuid, good, FakeValidator())
     with pytest.raises(AttestationError):  # cannot attest
@@ -314,8 +274,8 @@ def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
 
     def request_ticket(vpn_ip, pub_key, disk_uuid, on_ticket):
         channel = FakeRejoinChannel(b"")
-        channel._user_data = channel.user_data(vpn_ip, pub_key, disk_uuid)
-        channel.deliver = lambda ticket: on_ticket(ticket.to_dict(), channel._user_data)
+        channel.document = channel.user_data(vpn_ip, pub_key, disk_uuid)
+        channel.deliver = lambda ticket: on_ticket(ticket.to_dict(), channel.document)
         return coordinator.trust.serve_rejoin(vpn_ip, pub_key, disk_uuid, channel, FakeValidator())
 
     assert rebooted.recovery.rejoin(request_ticket)["state"] == "IsNode"

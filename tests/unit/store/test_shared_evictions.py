@@ -13,7 +13,6 @@ stand for their VPN IPs) share the cluster's state.
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import shutil
 import tempfile
@@ -34,7 +33,12 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import member_name
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import (
+    FakePeerClient,
+    FakeRejoinChannel,
+    MemoryTPM,
+    RecordingVPN,
+)
 from ansible_collections.constellation.cluster.tests.unit.store.test_coordinator_members import HOSTS, Coordinators
 from lab.etcd import tmpfs_dir
 
@@ -161,24 +165,6 @@ class Recorder:
         self.sent.append(result)
 
 
-class RejoinChannel:
-    """The Coordinator's side of IssueRejoinTicket without a socket; the 'node' attests what is asked."""
-
-    peer_ip = NODE_PUBLIC_IP
-
-    def __init__(self):
-        self.delivered = None
-
-    def user_data(self, vpn_ip, pub_key, disk_uuid):
-        return hashlib.sha256(("%s|%s|%s" % (vpn_ip, pub_key, disk_uuid)).encode()).digest()
-
-    def challenge(self, nonce):  # pylint: disable=unused-argument
-        return "1.2.3", self._document
-
-    def deliver(self, ticket):
-        self.delivered = ticket
-
-
 class PassingValidator:
     oid = "1.2.3"
 
@@ -199,8 +185,8 @@ def _attack_from_evicted_node(coordinator, node):
         with pytest.raises(AccessDenied) as err:
             call()
         assert err.value.reason == "evicted"
-    channel = RejoinChannel()
-    channel._document = channel.user_data(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"])  # pylint: disable=protected-access
+    channel = FakeRejoinChannel(FakeRejoinChannel.user_data(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"]),
+                                peer_ip=NODE_PUBLIC_IP)
     with pytest.raises(AccessDenied) as err:
         coordinator.trust.serve_rejoin(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"], channel, PassingValidator())
     assert err.value.reason == "evicted"
@@ -249,30 +235,6 @@ def test_a_readmission_through_another_coordinator_clears_the_eviction_everywher
     assert first.coordinator.is_known_peer_ip(node["vpn_ip"]) and first.get_state()["evicted"] == []
 
 
-class Peer:
-    """An aTLS connection to a peer as the leader's re-attestation sees it (validated, PCR 15 ours)."""
-
-    def __init__(self, pcr15, state, error=None):
-        self.pcr15, self.state, self.error = pcr15, state, error
-
-    def __enter__(self):
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def attested_pcrs(self):
-        return {15: self.pcr15}
-
-    def coordinator_auth(self, sign_auth):  # the peer's details need AdminAuth role coordinator
-        sign_auth(os.urandom(32), os.urandom(32))
-
-    def get_state(self):
-        return dict(self.state)
-
-
 def _connect(cores, node, tampered):
     first = cores[HOSTS[0]]
     ours = expected_pcr15(first.context.cluster_id)
@@ -282,8 +244,8 @@ def _connect(cores, node, tampered):
 
     def connect(public_ip):
         if public_ip == PUBLIC[tampered]:
-            return Peer(None, {}, AttestationError("measurements mismatch: PCR 4: expected aa, found bb"))
-        return Peer(ours, states[public_ip])
+            return FakePeerClient(None, {}, AttestationError("measurements mismatch: PCR 4: expected aa, found bb"))
+        return FakePeerClient(ours, states[public_ip])
 
     return connect
 
