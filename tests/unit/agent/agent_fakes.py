@@ -6,6 +6,7 @@ own (not conftest.py): test files import it by a name no other test folder uses.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from typing import List
@@ -99,3 +100,24 @@ class FakeRejoinChannel:
 
     def deliver(self, ticket):
         self.delivered = ticket
+
+
+@contextlib.contextmanager
+def pubapi_server(core, **limits):
+    """A peer's pubapi and admin channel on loopback as the agent builds them (dummy attestation; the
+    server's default limits unless ``limits`` says otherwise): yields the started ``FrameServer``."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
+
+    admin = AdminHandlers.for_core(core)
+    handlers = dict(PubAPI.for_core(core, DummyValidator(), admin=admin).handlers())
+    handlers.update(admin.handlers())
+    tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
+    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, **limits).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        tls.close()

@@ -26,20 +26,15 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import pubapi_server
 
 
 @pytest.fixture
 def agent(swtpm, make_core):
     c, _vpn = make_core(swtpm)
     c.recovery.load()
-    admin = AdminHandlers.for_core(c)
-    handlers = dict(PubAPI.for_core(c, DummyValidator(), admin=admin).handlers())
-    handlers.update(admin.handlers())
-    tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
-    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
-    yield "127.0.0.1:%d" % server.address[1], c
-    server.stop()
-    tls.close()
+    with pubapi_server(c) as server:
+        yield "127.0.0.1:%d" % server.address[1], c
 
 
 def keypair():

@@ -19,11 +19,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import server as rpc_server
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import pubapi_server
 
 # The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes).
 from ansible_collections.constellation.cluster.tests.unit.agent.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
@@ -34,14 +34,8 @@ def pubapi(swtpm, make_core):
     """A Node's pubapi + admin listener as the agent builds it (default limits)."""
     c, _vpn = make_core(swtpm)
     c.recovery.load()
-    admin = AdminHandlers.for_core(c)
-    handlers = dict(PubAPI.for_core(c, DummyValidator(), admin=admin).handlers())
-    handlers.update(admin.handlers())
-    tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
-    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
-    yield server
-    server.stop()
-    tls.close()
+    with pubapi_server(c) as server:
+        yield server
 
 
 def endpoint_of(server) -> str:
