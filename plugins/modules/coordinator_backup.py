@@ -12,7 +12,7 @@ short_description: Back up the Coordinator's state, encrypted on the controller
 version_added: "0.3.0"
 description:
   - Attests the Coordinator (aTLS), checks that its PCR 15 holds this cluster's ID, proves the admin key
-    (C(AdminAuth)) and reads its whole store with the admin channel's C(ExportState): node state with its
+    (C(AdminAuth)) and reads its whole store with the admin channel's C(ExportState) - node state with its
     WireGuard key and VPN IP, KMS settings, init secret, peer registry, disk UUIDs, evictions.
   - Encrypts it on the controller with AES-256-GCM under a key derived from the master secret (HKDF-SHA256 with
     its own info label, docs/kms.md; never the secret itself) and writes it with a manifest (what, when,
