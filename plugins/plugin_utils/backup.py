@@ -158,8 +158,8 @@ def open_backup(path: str, master: kms_mod.MasterSecret, cluster_id: bytes) -> T
     except OSError as err:
         raise BackupRefused("%s: cannot read the backup's data: %s" % (data_path, err.strerror)) from None
     if len(data) != manifest.get("data_size"):
-        raise BackupRefused("%s: %d bytes, the manifest says %s: damaged or changed" % (data_path, len(data),
-                                                                                          manifest.get("data_size")))
+        raise BackupRefused("%s: %d bytes, the manifest says %s: damaged or changed"
+                            % (data_path, len(data), manifest.get("data_size")))
     if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(manifest.get("data_sha256"))):
         raise BackupRefused("%s: its SHA-256 does not match the manifest's data_sha256 (%s): damaged or changed"
                             % (data_path, os.path.basename(path)))

@@ -28,8 +28,9 @@ def master():
 def export_of(master, extra=b"peer"):
     cluster_id = kms.ClusterKMS(master).cluster_id(SALT)
     return {"format": "constellation.cluster/coordinator-state/v1", "cluster_id": base64.b64encode(cluster_id).decode(),
-            "vpn_ip": "10.118.0.1", "items": {"nodeState": base64.b64encode(b"wireguard-private-key").decode(),
-                                               "peer10.118.0.1": base64.b64encode(extra).decode()}}
+            "vpn_ip": "10.118.0.1",
+            "items": {"nodeState": base64.b64encode(b"wireguard-private-key").decode(),
+                      "peer10.118.0.1": base64.b64encode(extra).decode()}}
 
 
 def written(tmp_path, master, exported):
