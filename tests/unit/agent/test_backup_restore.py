@@ -208,6 +208,13 @@ def test_restore_attacks_are_refused_before_the_node_lock(cluster, fresh, make_c
             assert "restore_state" in str(refused.value)
             assert coordinator.context.node.vpn_priv_key not in str(refused.value)  # never echoed
             assert_still_fresh(core)
+    # An activated Node is no fresh peer: refused, and it stays the Node it was.
+    node = cluster["node"]
+    with pubapi_server(node) as server:
+        with pytest.raises(RemoteError) as refused:
+            restore_over_the_wire(server, cluster, exported)
+    assert refused.value.kind == "StateError" and "AcceptingInit" in str(refused.value)
+    assert node.context.state.wire_name == "IsNode" and node.context.vpn_ip != coordinator.context.vpn_ip
     # A peer that holds a cluster's state and waits for Recover is not restored over (recover.yml instead).
     store = MemoryStore()
     waiting, _vpn = make_core(MemoryTPM(), store=store)
