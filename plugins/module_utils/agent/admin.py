@@ -76,9 +76,10 @@ class AdminHandlers:
     (the pinned Coordinators' key, core/status.py)."""
 
     def __init__(self, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = "", *, context=None,
-                 status=None):
+                 status=None, backup=None):
         self.context = context
         self.status = status
+        self.backup = backup  # core/backup.py: ExportState
         self._issue = issue
         self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
@@ -95,11 +96,12 @@ class AdminHandlers:
     @classmethod
     def for_core(cls, core, *args: Any, **kwargs: Any) -> "AdminHandlers":
         """The handlers over ``core``'s context and status (None: no Core, e.g. to list the handlers)."""
-        return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None))
+        return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None),
+                   backup=getattr(core, "backup", None))
 
     def handlers(self) -> Dict[str, Any]:
         return {"AdminAuth": self.admin_auth, "Attest": self.attest, "Exec": self.exec_, "ExecModule": self.exec_module,
-                "PutFile": self.put_file, "FetchFile": self.fetch_file}
+                "PutFile": self.put_file, "FetchFile": self.fetch_file, "ExportState": self.export_state}
 
     def _require_activated(self, method: str) -> None:
         if self.context.state not in ACTIVATED:
@@ -168,6 +170,13 @@ class AdminHandlers:
             raise AccessDenied("Attest: only over aTLS on an agent with an attestation issuer")
         document = self._issue(conn.server_spki_hash, request.nonce)
         conn.stream.send_result({"attestation": b64e(document), "variant_oid": self._variant_oid})
+
+    def export_state(self, conn: Connection, request: schema.Empty) -> None:  # pylint: disable=unused-argument
+        """The Coordinator's whole store (backup.yml): admin-authenticated, activated Coordinators only."""
+        self.require_admin(conn, "ExportState")
+        state = self.backup.export_state()
+        self._log("state_exported_to_admin", peer=conn.peer_ip)
+        conn.stream.send_result(state)
 
     # -- Exec, ExecModule
     def _exec_params(self, conn: Connection, method: str, request):

@@ -143,11 +143,12 @@ class Agent:
         self._reattest_started = False
         # Each server's handlers get the Core's services they call (core/__init__.py), not the Core.
         self.admin = AdminHandlers(self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
-                                   context=context, status=core.status)
+                                   context=context, status=core.status, backup=core.backup)
         self.pubapi = PubAPI(self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
-                             node=core.node, join_service=core.join_service, trust=core.trust, recovery=core.recovery)
+                             node=core.node, join_service=core.join_service, trust=core.trust, recovery=core.recovery,
+                             backup=core.backup)
         provider = JoinProvider(config.kubeadm_path, config.kubernetes_dir, kubelet_cert_days=config.kubelet_cert_days)
         self.vpnapi = VPNAPI(kubeadm=provider, log=self.log, coordinator=core.coordinator, access=core.access,
                              evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation)

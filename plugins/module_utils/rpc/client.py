@@ -165,12 +165,14 @@ class PubAPIClient(Channel):
     def activate_as_coordinator(self, kms_uri: str, measurement_salt: bytes, admin_pub_key: str,
                                 storage_uri: Optional[str] = None, cluster_config: Optional[Dict] = None,
                                 on_log: Optional[Callable[[str], None]] = None,
-                                init_secret: Optional[bytes] = None) -> Dict[str, Any]:
+                                init_secret: Optional[bytes] = None,
+                                restore_state: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """``init_secret``: the cluster's init secret (32 bytes), required by a node provisioned with
-        an ``init_secret_hash`` (docs/agent.md, "Init secret")."""
+        an ``init_secret_hash`` (docs/agent.md, "Init secret"). ``restore_state``: an ``export_state``
+        answer the fresh peer resumes instead of starting a cluster (restore.yml)."""
         return self.invoke("ActivateAsCoordinator", on_log, kms_uri=kms_uri, measurement_salt=measurement_salt,
                            admin_pub_key=admin_pub_key, storage_uri=storage_uri or None,
-                           cluster_config=cluster_config or {}, init_secret=init_secret)
+                           cluster_config=cluster_config or {}, init_secret=init_secret, restore_state=restore_state)
 
     def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str, str], bytes]) -> Dict[str, Any]:
         """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid, node_vpn_pub_key)``
@@ -297,6 +299,10 @@ class AdminClient(Channel):
         self.stream.send_msg({"signature": b64e(sign_admin(priv_key, admin_auth_message(challenge,
                                                                                         self.server_spki_hash)))})
         return self.stream.recv_end()
+
+    def export_state(self) -> Dict[str, Any]:
+        """The Coordinator's whole store (after ``admin_auth``; backup.yml). Secret: keep it no longer than needed."""
+        return self.invoke("ExportState")
 
     def coordinator_auth(self, sign_auth: Callable[[bytes, bytes], bytes]) -> Dict[str, Any]:
         """AdminAuth as the Coordinators (core/signing.py): ``sign_auth(challenge, server_spki_hash)``
