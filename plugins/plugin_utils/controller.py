@@ -24,7 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, StateError)
+    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, PeerUnreachable, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
 
 
@@ -79,7 +79,7 @@ def open_peer(endpoint: str, settings: AttestationSettings):
         try:
             sock = create_connection((host, port), settings.timeout, settings.netns)
         except OSError as err:
-            raise ConstellationError("cannot connect to %s: %s" % (endpoint, err.strerror or err)) from None
+            raise PeerUnreachable("cannot connect to %s: %s" % (endpoint, err.strerror or err)) from None
         return AgentClient.connect(endpoint, validators, sock=sock, timeout=settings.timeout)
 
     try:
@@ -357,3 +357,81 @@ def _wait_for_rejoin(endpoint: str, settings: AttestationSettings, cluster_id: O
     raise StateError("%s did not rejoin within %d s (it is %s, PCR 15 %s): its agent pulls a rejoin ticket from the "
                      "Coordinator, which must be recovered and reachable; its agent log says why"
                      % (endpoint, timeout, status.state if status else "?", status.membership if status else "?"))
+
+
+def remove_peer(coordinator_public_endpoint: str, settings: AttestationSettings, admin_priv_key,
+                node_public_ip: Optional[str] = None, node_vpn_ip: Optional[str] = None,
+                cluster_id: Optional[bytes] = None, check_mode: bool = False) -> Dict[str, Any]:
+    """Asks the Coordinator (attested, admin-authenticated) to remove the Node with this public or VPN IP
+    (RemovePeer, core/peer_removal.py); ``check_mode``: it only reports. The Coordinator's answer:
+    changed, msg, peer, kubernetes_node_names, disk_uuid, control_plane, evicted."""
+    with open_peer(coordinator_public_endpoint, settings) as client:
+        coordinator = status_of(client, coordinator_public_endpoint, cluster_id)
+        if coordinator.role != ROLE_COORDINATOR or coordinator.state != ACTIVATING_NODES \
+                or (cluster_id is not None and coordinator.membership != OURS):
+            raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)"
+                             % (coordinator_public_endpoint, coordinator.state, coordinator.role, coordinator.membership))
+        client.admin_auth(admin_priv_key)
+        fields: Dict[str, Any] = {"check": bool(check_mode)}
+        if node_public_ip:
+            fields["node_public_ip"] = node_public_ip
+        if node_vpn_ip:
+            fields["node_vpn_ip"] = node_vpn_ip
+        return dict(client.invoke("RemovePeer", **fields))
+
+
+RESET_POLL = 0.5
+
+
+def reset_agent(endpoint: str, settings: AttestationSettings, admin_priv_key, public_ip: str,
+                cluster_id: Optional[bytes] = None, force: bool = False, check_mode: bool = False,
+                wait_timeout: float = 60.0) -> Dict[str, Any]:
+    """Resets the agent at ``endpoint`` (ResetAgent; attested, admin-authenticated): it stops, wipes its state
+    and WireGuard interface and starts fresh; this waits until it answers again. Nothing to do for a peer
+    that holds no state (fresh, or reset and not rebooted yet: Failed). ``reboot_needed``: PCR 15 still holds
+    a cluster ID (only a reboot resets it; until then the host cannot be activated)."""
+    import time
+
+    with open_peer(endpoint, settings) as client:
+        status = status_of(client, endpoint, cluster_id)
+        result: Dict[str, Any] = {"changed": False, "state_before": status.state, "state": status.state,
+                                  "role_before": status.role, "wiped": [],
+                                  "reboot_needed": status.membership != FRESH}
+        if status.membership == OTHER and cluster_id is not None:
+            raise StateError("%s is locked to another cluster (PCR 15 %s): not reset" % (endpoint, status.pcr15))
+        if status.state == ACCEPTING_INIT and status.role not in (ROLE_COORDINATOR, ROLE_NODE):
+            result["msg"] = "holds no cluster state (fresh)"
+            return result
+        if status.state == constants.STATE_FAILED:
+            result["msg"] = ("Failed: reset already and waiting for a reboot, or holding a state it cannot use; "
+                             "after a reboot it is fresh or says why")
+            return result
+        if status.role == ROLE_COORDINATOR and not force:
+            raise StateError("%s is a Coordinator: resetting it takes the cluster's state with it (take it out "
+                             "first: remove_coordinator.yml; or force)" % endpoint)
+        result["changed"] = True
+        if check_mode:
+            result["msg"] = "would be reset"
+            return result
+        client.admin_auth(admin_priv_key)
+        answer = client.invoke("ResetAgent", confirm=public_ip, force=bool(force))
+    result["wiped"] = list(answer.get("wiped") or [])
+    deadline = time.monotonic() + wait_timeout
+    last: Any = None
+    time.sleep(RESET_POLL)
+    while True:
+        try:
+            with open_peer(endpoint, settings) as client:
+                after = status_of(client, endpoint, cluster_id)
+            if after.role not in (ROLE_COORDINATOR, ROLE_NODE):
+                result.update(state=after.state, reboot_needed=after.membership != FRESH)
+                break
+            last = "%s (role %s): not reset yet" % (after.state, after.role)
+        except (ConstellationError, OSError) as err:
+            last = err
+        if time.monotonic() > deadline:
+            raise StateError("%s did not come back fresh within %d s after its reset: %s" % (endpoint, wait_timeout, last))
+        time.sleep(RESET_POLL)
+    result["msg"] = "reset: %s%s" % (result["state"], "; PCR 15 keeps the old cluster ID until a reboot: activate it "
+                                     "again after one" if result["reboot_needed"] else "")
+    return result

@@ -111,6 +111,10 @@ class AdminHandlers:
             raise StateError("%s: the admin channel opens only after activation; this node is %s"
                              % (method, self.context.state.wire_name))
 
+    def _holds_state(self) -> bool:
+        """A rebooted peer that holds a cluster's state and waits for Recover or its rejoin (PCR 15 reset)."""
+        return bool(getattr(self.context, "recovery_pending", False)) and self.context.admin_pub_key() is not None
+
     def require_admin(self, conn: Connection, method: str) -> None:
         self._require_activated(method)
         if not conn.admin:
@@ -125,8 +129,10 @@ class AdminHandlers:
         if role == "coordinator":
             self._coordinator_auth(conn)
             return
-        if self.context.state != State.NODE_WAITING_FOR_CLUSTER_JOIN:  # its admin key is pinned: GetState's details
-            self._require_activated("AdminAuth")  # (Exec, PutFile, FetchFile still need an activated node)
+        if self.context.state != State.NODE_WAITING_FOR_CLUSTER_JOIN and not self._holds_state():
+            # Its admin key is pinned: GetState's details and ResetAgent (Exec, PutFile, FetchFile still need an
+            # activated node).
+            self._require_activated("AdminAuth")
         if conn.server_spki_hash is None:
             raise AccessDenied("AdminAuth: only over aTLS")
         pub_key = self.context.admin_pub_key()
@@ -188,7 +194,13 @@ class AdminHandlers:
     def reset_agent(self, conn: Connection, request: schema.ResetAgentRequest) -> None:
         """The admin resets this agent (agent/daemon.py ``request_reset``): ``confirm`` must be this peer's
         public IP. A Coordinator refuses: its reset would end the cluster (remove_coordinator.yml first)."""
-        self.require_admin(conn, "ResetAgent")
+        if self.context.state in ACTIVATED or self.context.state == State.NODE_WAITING_FOR_CLUSTER_JOIN \
+                or self._holds_state():
+            if not conn.admin:
+                raise AccessDenied("ResetAgent: this connection has not proven possession of the admin key (AdminAuth "
+                                   "first)")
+        else:
+            self._require_activated("ResetAgent")
         public_ip = self.context.public_ip
         if request.confirm != public_ip:
             raise InputError("confirm", "this peer's public IP %s" % public_ip,
