@@ -51,6 +51,8 @@ class PeerStatus:
     vpn_pub_key: Optional[str] = None
     # The Coordinator's evicted peers (failed re-attestation): [{vpn_ip, vpn_pub_key, public_ip, reason, ts}].
     evicted: List[Dict[str, Any]] = field(default_factory=list)
+    # The Nodes the admin removed (remove_node.yml): [{vpn_ip, vpn_pub_key, public_ip, role, disk_uuid, ts}].
+    removed: List[Dict[str, Any]] = field(default_factory=list)
     # A Coordinator sharing the state in etcd: its member is "running" or "stopped" (one member less).
     etcd_member: Optional[str] = None
     # Whether the peer's state is on its encrypted state disk: {encrypted, device, luks_uuid, open, message}.
@@ -63,6 +65,7 @@ class PeerStatus:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
                 "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings),
                 "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted),
+                "removed": list(self.removed),
                 "etcd_member": self.etcd_member, "state_disk": self.state_disk,
                 "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest}
 
@@ -117,6 +120,7 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
                       vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
                       evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)],
+                      removed=[dict(e) for e in state.get("removed") or () if isinstance(e, dict)],
                       etcd_member=_opt_str(state.get("etcd_member")),
                       state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None,
                       agent_measurement=_opt_dict(state.get("agent_measurement")),
@@ -235,14 +239,20 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
                            % (endpoint, status.state, status.role, status.membership))
         rows.append(row)
     # Nodes the Coordinator evicted (failed re-attestation) come back only this way, once they pass again.
-    evicted = set()
+    evicted, removed = set(), set()
     if node_public_endpoints:
-        evicted = {e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id,
-                                                                  admin_priv_key)}
+        evicted_rows, removed_rows = _coordinator_outcasts(coordinator_public_endpoint, settings, cluster_id, admin_priv_key)
+        evicted = {e.get("vpn_ip") for e in evicted_rows}
+        removed = {e.get("vpn_pub_key") for e in removed_rows}
     for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
         status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
         row = {"endpoint": endpoint, "role": "node", "state_before": status.state, "node_vpn_ip": status.vpn_ip}
-        if status.membership == OURS and status.state == IS_NODE and status.vpn_ip in evicted:
+        if status.membership == OURS and status.vpn_pub_key and status.vpn_pub_key in removed:
+            # Removed by the admin (remove_node.yml): it comes back only as a new peer.
+            row["action"] = "refused"
+            refused.append("%s was removed from this cluster (remove_node.yml): reset it (reset.yml), reboot it, then "
+                           "run add_nodes.yml again" % endpoint)
+        elif status.membership == OURS and status.state == IS_NODE and status.vpn_ip in evicted:
             row["action"] = "readmit"
             fresh.append(endpoint)
         elif status.membership == OURS and status.state == IS_NODE:
@@ -295,13 +305,20 @@ def coordinator_evictions(endpoint: str, settings: AttestationSettings,
                           cluster_id: Optional[bytes], admin_priv_key=None) -> List[Dict[str, Any]]:
     """The Coordinator's evicted peers, from its attested GetState after AdminAuth ([] if it is not an
     activated Coordinator of this cluster: activate_nodes then says why)."""
+    return _coordinator_outcasts(endpoint, settings, cluster_id, admin_priv_key)[0]
+
+
+def _coordinator_outcasts(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes],
+                          admin_priv_key=None):
+    """(evicted, removed) from the Coordinator's attested GetState after AdminAuth (([], []) if it is not an
+    activated Coordinator of this cluster)."""
     try:
         status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
     except ConstellationError:
-        return []
+        return [], []
     if status.role != ROLE_COORDINATOR or (cluster_id is not None and status.membership != OURS):
-        return []
-    return status.evicted
+        return [], []
+    return status.evicted, status.removed
 
 
 REJOIN_TIMEOUT = 60.0
