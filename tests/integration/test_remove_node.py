@@ -149,3 +149,4 @@ def test_remove_with_reset_then_reset_and_add_nodes_reuse_the_freed_ips(cluster)
     assert {s.vpn_ip for s in after.values()} == {h2.vpn_ip, h3.vpn_ip}
     assert {s.vpn_pub_key for s in after.values()}.isdisjoint({h2.vpn_pub_key, h3.vpn_pub_key})
     assert all(s.state == "IsNode" for s in after.values())
+    until(lambda: {s.vpn_pub_key for s in after.values()} <= cluster.wg_peers("h1"), what="h1's WireGuard has both")
