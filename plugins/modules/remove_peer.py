@@ -18,9 +18,9 @@ description:
     (its kubelet node names, its control-plane designation, its disk UUID and that UUID's ownership), then takes
     its entry out of the peer registry and frees its VPN IP (every peer drops it from WireGuard on its next update;
     the next node activated gets the address).
-  - Refused, naming the host, for a Coordinator (the last one, or any: a dead one goes with
-    M(constellation.cluster.coordinator_member)/C(remove_coordinator.yml); a live further Coordinator is not
-    supported).
+  - Refused, naming the host, for a Coordinator - the last one, or any other. A dead one is taken out with
+    M(constellation.cluster.coordinator_member) (C(remove_coordinator.yml)); removing a live further Coordinator is
+    not supported.
   - Runs on the controller (an action plugin); the module file only documents it.
 author:
   - constellation.cluster contributors (@constellation-cluster)
