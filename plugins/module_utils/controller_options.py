@@ -75,3 +75,20 @@ COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
     backup=dict(type="path"),
     backup_dir=dict(type="path"),
 )
+# Day-2 (issue 28): the admin removes a Node through the Coordinator; resets a peer's agent.
+REMOVE_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
+    coordinator_public_endpoint=dict(type="str", required=True),
+    node_public_ip=dict(type="str"),
+    node_vpn_ip=dict(type="str"),
+    admin_priv_key_file=dict(type="path", required=True),
+    cluster_id=dict(type="str"),
+)
+RESET_AGENT_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+    public_ip=dict(type="str", required=True),
+    admin_priv_key_file=dict(type="path", required=True),
+    cluster_id=dict(type="str"),
+    force=dict(type="bool", default=False),
+    unreachable_ok=dict(type="bool", default=False),
+    wait_timeout=dict(type="float", default=60.0),
+)

@@ -100,6 +100,12 @@ evicted:
   returned: success
   type: list
   elements: dict
+removed:
+  description: The Nodes the admin removed from an activated Coordinator's cluster (remove_node.yml; only with
+    O(admin_priv_key_file)).
+  returned: success
+  type: list
+  elements: dict
 etcd_member:
   description:
     - V(running) or V(stopped) for an activated Coordinator that shares the cluster's state with other Coordinators

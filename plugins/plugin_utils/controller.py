@@ -24,7 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, StateError)
+    REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, PeerUnreachable, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
 
 
@@ -51,6 +51,8 @@ class PeerStatus:
     vpn_pub_key: Optional[str] = None
     # The Coordinator's evicted peers (failed re-attestation): [{vpn_ip, vpn_pub_key, public_ip, reason, ts}].
     evicted: List[Dict[str, Any]] = field(default_factory=list)
+    # The Nodes the admin removed (remove_node.yml): [{vpn_ip, vpn_pub_key, public_ip, role, disk_uuid, ts}].
+    removed: List[Dict[str, Any]] = field(default_factory=list)
     # A Coordinator sharing the state in etcd: its member is "running" or "stopped" (one member less).
     etcd_member: Optional[str] = None
     # Whether the peer's state is on its encrypted state disk: {encrypted, device, luks_uuid, open, message}.
@@ -63,6 +65,7 @@ class PeerStatus:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
                 "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings),
                 "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted),
+                "removed": list(self.removed),
                 "etcd_member": self.etcd_member, "state_disk": self.state_disk,
                 "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest}
 
@@ -79,7 +82,7 @@ def open_peer(endpoint: str, settings: AttestationSettings):
         try:
             sock = create_connection((host, port), settings.timeout, settings.netns)
         except OSError as err:
-            raise ConstellationError("cannot connect to %s: %s" % (endpoint, err.strerror or err)) from None
+            raise PeerUnreachable("cannot connect to %s: %s" % (endpoint, err.strerror or err)) from None
         return AgentClient.connect(endpoint, validators, sock=sock, timeout=settings.timeout)
 
     try:
@@ -117,6 +120,7 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
                       vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
                       evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)],
+                      removed=[dict(e) for e in state.get("removed") or () if isinstance(e, dict)],
                       etcd_member=_opt_str(state.get("etcd_member")),
                       state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None,
                       agent_measurement=_opt_dict(state.get("agent_measurement")),
@@ -235,14 +239,20 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
                            % (endpoint, status.state, status.role, status.membership))
         rows.append(row)
     # Nodes the Coordinator evicted (failed re-attestation) come back only this way, once they pass again.
-    evicted = set()
+    evicted, removed = set(), set()
     if node_public_endpoints:
-        evicted = {e.get("vpn_ip") for e in coordinator_evictions(coordinator_public_endpoint, settings, cluster_id,
-                                                                  admin_priv_key)}
+        evicted_rows, removed_rows = _coordinator_outcasts(coordinator_public_endpoint, settings, cluster_id, admin_priv_key)
+        evicted = {e.get("vpn_ip") for e in evicted_rows}
+        removed = {e.get("vpn_pub_key") for e in removed_rows}
     for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
         status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
         row = {"endpoint": endpoint, "role": "node", "state_before": status.state, "node_vpn_ip": status.vpn_ip}
-        if status.membership == OURS and status.state == IS_NODE and status.vpn_ip in evicted:
+        if status.membership == OURS and status.vpn_pub_key and status.vpn_pub_key in removed:
+            # Removed by the admin (remove_node.yml): it comes back only as a new peer.
+            row["action"] = "refused"
+            refused.append("%s was removed from this cluster (remove_node.yml): reset it (reset.yml), reboot it, then "
+                           "run add_nodes.yml again" % endpoint)
+        elif status.membership == OURS and status.state == IS_NODE and status.vpn_ip in evicted:
             row["action"] = "readmit"
             fresh.append(endpoint)
         elif status.membership == OURS and status.state == IS_NODE:
@@ -295,13 +305,20 @@ def coordinator_evictions(endpoint: str, settings: AttestationSettings,
                           cluster_id: Optional[bytes], admin_priv_key=None) -> List[Dict[str, Any]]:
     """The Coordinator's evicted peers, from its attested GetState after AdminAuth ([] if it is not an
     activated Coordinator of this cluster: activate_nodes then says why)."""
+    return _coordinator_outcasts(endpoint, settings, cluster_id, admin_priv_key)[0]
+
+
+def _coordinator_outcasts(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes],
+                          admin_priv_key=None):
+    """(evicted, removed) from the Coordinator's attested GetState after AdminAuth (([], []) if it is not an
+    activated Coordinator of this cluster)."""
     try:
         status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
     except ConstellationError:
-        return []
+        return [], []
     if status.role != ROLE_COORDINATOR or (cluster_id is not None and status.membership != OURS):
-        return []
-    return status.evicted
+        return [], []
+    return status.evicted, status.removed
 
 
 REJOIN_TIMEOUT = 60.0
@@ -357,3 +374,81 @@ def _wait_for_rejoin(endpoint: str, settings: AttestationSettings, cluster_id: O
     raise StateError("%s did not rejoin within %d s (it is %s, PCR 15 %s): its agent pulls a rejoin ticket from the "
                      "Coordinator, which must be recovered and reachable; its agent log says why"
                      % (endpoint, timeout, status.state if status else "?", status.membership if status else "?"))
+
+
+def remove_peer(coordinator_public_endpoint: str, settings: AttestationSettings, admin_priv_key,
+                node_public_ip: Optional[str] = None, node_vpn_ip: Optional[str] = None,
+                cluster_id: Optional[bytes] = None, check_mode: bool = False) -> Dict[str, Any]:
+    """Asks the Coordinator (attested, admin-authenticated) to remove the Node with this public or VPN IP
+    (RemovePeer, core/peer_removal.py); ``check_mode``: it only reports. The Coordinator's answer:
+    changed, msg, peer, kubernetes_node_names, disk_uuid, control_plane, evicted."""
+    with open_peer(coordinator_public_endpoint, settings) as client:
+        coordinator = status_of(client, coordinator_public_endpoint, cluster_id)
+        if coordinator.role != ROLE_COORDINATOR or coordinator.state != ACTIVATING_NODES \
+                or (cluster_id is not None and coordinator.membership != OURS):
+            raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)"
+                             % (coordinator_public_endpoint, coordinator.state, coordinator.role, coordinator.membership))
+        client.admin_auth(admin_priv_key)
+        fields: Dict[str, Any] = {"check": bool(check_mode)}
+        if node_public_ip:
+            fields["node_public_ip"] = node_public_ip
+        if node_vpn_ip:
+            fields["node_vpn_ip"] = node_vpn_ip
+        return dict(client.invoke("RemovePeer", **fields))
+
+
+RESET_POLL = 0.5
+
+
+def reset_agent(endpoint: str, settings: AttestationSettings, admin_priv_key, public_ip: str,
+                cluster_id: Optional[bytes] = None, force: bool = False, check_mode: bool = False,
+                wait_timeout: float = 60.0) -> Dict[str, Any]:
+    """Resets the agent at ``endpoint`` (ResetAgent; attested, admin-authenticated): it stops, wipes its state
+    and WireGuard interface and starts fresh; this waits until it answers again. Nothing to do for a peer
+    that holds no state (fresh, or reset and not rebooted yet: Failed). ``reboot_needed``: PCR 15 still holds
+    a cluster ID (only a reboot resets it; until then the host cannot be activated)."""
+    import time
+
+    with open_peer(endpoint, settings) as client:
+        status = status_of(client, endpoint, cluster_id)
+        result: Dict[str, Any] = {"changed": False, "state_before": status.state, "state": status.state,
+                                  "role_before": status.role, "wiped": [],
+                                  "reboot_needed": status.membership != FRESH}
+        if status.membership == OTHER and cluster_id is not None:
+            raise StateError("%s is locked to another cluster (PCR 15 %s): not reset" % (endpoint, status.pcr15))
+        if status.state == ACCEPTING_INIT and status.role not in (ROLE_COORDINATOR, ROLE_NODE):
+            result["msg"] = "holds no cluster state (fresh)"
+            return result
+        if status.state == constants.STATE_FAILED:
+            result["msg"] = ("Failed: reset already and waiting for a reboot, or holding a state it cannot use; "
+                             "after a reboot it is fresh or says why")
+            return result
+        if status.role == ROLE_COORDINATOR and not force:
+            raise StateError("%s is a Coordinator: resetting it takes the cluster's state with it (take it out "
+                             "first: remove_coordinator.yml; or force)" % endpoint)
+        result["changed"] = True
+        if check_mode:
+            result["msg"] = "would be reset"
+            return result
+        client.admin_auth(admin_priv_key)
+        answer = client.invoke("ResetAgent", confirm=public_ip, force=bool(force))
+    result["wiped"] = list(answer.get("wiped") or [])
+    deadline = time.monotonic() + wait_timeout
+    last: Any = None
+    time.sleep(RESET_POLL)
+    while True:
+        try:
+            with open_peer(endpoint, settings) as client:
+                after = status_of(client, endpoint, cluster_id)
+            if after.role not in (ROLE_COORDINATOR, ROLE_NODE):
+                result.update(state=after.state, reboot_needed=after.membership != FRESH)
+                break
+            last = "%s (role %s): not reset yet" % (after.state, after.role)
+        except (ConstellationError, OSError) as err:
+            last = err
+        if time.monotonic() > deadline:
+            raise StateError("%s did not come back fresh within %d s after its reset: %s" % (endpoint, wait_timeout, last))
+        time.sleep(RESET_POLL)
+    result["msg"] = "reset: %s%s" % (result["state"], "; PCR 15 keeps the old cluster ID until a reboot: activate it "
+                                     "again after one" if result["reboot_needed"] else "")
+    return result

@@ -76,10 +76,13 @@ class AdminHandlers:
     (the pinned Coordinators' key, core/status.py)."""
 
     def __init__(self, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = "", *, context=None,
-                 status=None, backup=None):
+                 status=None, backup=None, removal=None, reset=None):
         self.context = context
         self.status = status
         self.backup = backup  # core/backup.py: ExportState
+        self.removal = removal  # core/peer_removal.py (RemovePeer)
+        # ResetAgent: the agent's ``request_reset()`` (agent/daemon.py): after the answer it stops, wipes, starts fresh.
+        self.reset = reset
         self._issue = issue
         self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
@@ -96,17 +99,23 @@ class AdminHandlers:
     @classmethod
     def for_core(cls, core, *args: Any, **kwargs: Any) -> "AdminHandlers":
         """The handlers over ``core``'s context and status (None: no Core, e.g. to list the handlers)."""
+        kwargs.setdefault("removal", getattr(core, "removal", None))
         return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None),
                    backup=getattr(core, "backup", None))
 
     def handlers(self) -> Dict[str, Any]:
         return {"AdminAuth": self.admin_auth, "Attest": self.attest, "Exec": self.exec_, "ExecModule": self.exec_module,
-                "PutFile": self.put_file, "FetchFile": self.fetch_file, "ExportState": self.export_state}
+                "PutFile": self.put_file, "FetchFile": self.fetch_file, "ExportState": self.export_state,
+                "RemovePeer": self.remove_peer, "ResetAgent": self.reset_agent}
 
     def _require_activated(self, method: str) -> None:
         if self.context.state not in ACTIVATED:
             raise StateError("%s: the admin channel opens only after activation; this node is %s"
                              % (method, self.context.state.wire_name))
+
+    def _holds_state(self) -> bool:
+        """A rebooted peer that holds a cluster's state and waits for Recover or its rejoin (PCR 15 reset)."""
+        return bool(getattr(self.context, "recovery_pending", False)) and self.context.admin_pub_key() is not None
 
     def require_admin(self, conn: Connection, method: str) -> None:
         self._require_activated(method)
@@ -122,8 +131,10 @@ class AdminHandlers:
         if role == "coordinator":
             self._coordinator_auth(conn)
             return
-        if self.context.state != State.NODE_WAITING_FOR_CLUSTER_JOIN:  # its admin key is pinned: GetState's details
-            self._require_activated("AdminAuth")  # (Exec, PutFile, FetchFile still need an activated node)
+        if self.context.state != State.NODE_WAITING_FOR_CLUSTER_JOIN and not self._holds_state():
+            # Its admin key is pinned: GetState's details and ResetAgent (Exec, PutFile, FetchFile still need an
+            # activated node).
+            self._require_activated("AdminAuth")
         if conn.server_spki_hash is None:
             raise AccessDenied("AdminAuth: only over aTLS")
         pub_key = self.context.admin_pub_key()
@@ -177,6 +188,40 @@ class AdminHandlers:
         state = self.backup.export_state()
         self._log("state_exported_to_admin", peer=conn.peer_ip)
         conn.stream.send_result(state)
+
+    # -- Day-2: RemovePeer (on the Coordinator), ResetAgent (on the peer to reset)
+    def remove_peer(self, conn: Connection, request: schema.RemovePeerRequest) -> None:
+        """The admin removes a Node (core/peer_removal.py); a Node refuses (the Core: not a Coordinator)."""
+        self.require_admin(conn, "RemovePeer")
+        if self.removal is None:
+            raise AccessDenied("RemovePeer: this agent removes no peers")
+        result = self.removal.remove_node(public_ip=request.node_public_ip, vpn_ip=request.node_vpn_ip,
+                                          check=bool(request.check))
+        self._log("remove_peer", peer=conn.peer_ip, check=bool(request.check), changed=result["changed"])
+        conn.stream.send_result(result)
+
+    def reset_agent(self, conn: Connection, request: schema.ResetAgentRequest) -> None:
+        """The admin resets this agent (agent/daemon.py ``request_reset``): ``confirm`` must be this peer's
+        public IP. A Coordinator refuses: its reset would end the cluster (remove_coordinator.yml first)."""
+        if self.context.state in ACTIVATED or self.context.state == State.NODE_WAITING_FOR_CLUSTER_JOIN \
+                or self._holds_state():
+            if not conn.admin:
+                raise AccessDenied("ResetAgent: this connection has not proven possession of the admin key (AdminAuth "
+                                   "first)")
+        else:
+            self._require_activated("ResetAgent")
+        public_ip = self.context.public_ip
+        if request.confirm != public_ip:
+            raise InputError("confirm", "this peer's public IP %s" % public_ip,
+                             request.confirm if len(request.confirm) <= 64 else None)
+        if self.context.role == "coordinator" and not request.force:
+            raise StateError("ResetAgent: %s is a Coordinator: resetting it would take the cluster's state with it "
+                             "(take it out first: remove_coordinator.yml; force: reset it anyway)" % public_ip)
+        if self.reset is None:
+            raise AccessDenied("ResetAgent: this agent cannot reset itself")
+        wiped = self.reset()
+        self._log("reset_requested", level="warning", peer=conn.peer_ip)
+        conn.stream.send_result({"state": "resetting", "wiped": wiped})
 
     # -- Exec, ExecModule
     def _exec_params(self, conn: Connection, method: str, request):

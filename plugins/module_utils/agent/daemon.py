@@ -42,7 +42,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
     normalize_disk_uuid,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
@@ -143,7 +143,9 @@ class Agent:
         self._reattest_started = False
         # Each server's handlers get the Core's services they call (core/__init__.py), not the Core.
         self.admin = AdminHandlers(self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
-                                   context=context, status=core.status, backup=core.backup)
+                                   context=context, status=core.status, backup=core.backup, removal=core.removal,
+                                   reset=self.request_reset)
+        self.reset_requested = False
         self.pubapi = PubAPI(self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
@@ -373,6 +375,52 @@ class Agent:
             self.core.context.etcd_member.stop()
         self.log("agent_stopped")
 
+    # -- ResetAgent (agent/admin.py): answer, stop, wipe, start fresh
+    RESET_DELAY = 0.5  # the answer goes out before the servers stop
+
+    def reset_paths(self) -> List[str]:
+        """What a reset wipes: everything in the state directory (store, sealed storage key, disk key, disk UUID,
+        warm interpreters, etcd member data) and a file store or disk UUID file kept elsewhere."""
+        paths = [os.path.join(self.config.state_dir, name) for name in sorted(os.listdir(self.config.state_dir))]
+        store = self.config.store or {}
+        for extra in (store.get("path") if store.get("type", "file") == "file" else None, self.config.state_disk_uuid_file):
+            if extra and os.path.lexists(extra) and os.path.abspath(extra) not in paths:
+                paths.append(os.path.abspath(extra))
+        return paths
+
+    def request_reset(self) -> List[str]:
+        """Refused (StateError) with a state disk or an etcd store (their data is not this agent's to wipe);
+        otherwise the agent stops shortly after the answer and ``main`` wipes and starts it again."""
+        if self.config.state_disk_device:
+            raise StateError("ResetAgent: this agent keeps its state on the state disk %s: wipe it by hand (docs/site.md, "
+                             "reset.yml)" % self.config.state_disk_device)
+        if (self.config.store or {}).get("type") == "etcd":
+            raise StateError("ResetAgent: this agent keeps its state in an etcd cluster (store type etcd): not reset")
+        self.reset_requested = True
+        timer = threading.Timer(self.RESET_DELAY, self._stop.set)
+        timer.daemon = True
+        timer.start()
+        return self.reset_paths()
+
+    def wipe(self) -> List[str]:
+        """After ``stop``: the WireGuard interface goes, then the state. Returns what was removed."""
+        import shutil
+
+        removed = []
+        with contextlib.suppress(ConstellationError):
+            if self.vpn.teardown():
+                removed.append("wireguard interface %s" % self.config.vpn_interface)
+        for path in self.reset_paths():
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            removed.append(path)
+        self.log("agent_reset", level="warning", removed=removed,
+                 message="PCR 15 keeps the old cluster ID until a reboot: activate this host again after one")
+        return removed
+
     def wait(self) -> None:
         while not self._stop.is_set():
             self._stop.wait(1.0)
@@ -405,4 +453,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     agent.wait()
     agent.stop()
+    if agent.reset_requested:
+        agent.wipe()
+        if argv is None:
+            # Start fresh in this process (its pid, its supervisor): a new agent on an empty state directory.
+            os.execv(sys.executable, [sys.executable] + sys.argv)
     return 0

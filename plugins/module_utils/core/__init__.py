@@ -28,7 +28,7 @@ Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, 
 ``activation`` (the Coordinator activates and resumes nodes), ``backup`` (the Coordinator's state exported
 and restored onto a fresh peer), ``shared_store`` (its etcd member),
 ``coordinator_cluster`` (further Coordinators on one etcd cluster), ``coordinator_removal`` (a Coordinator taken
-out: its etcd member and registry entry), ``node`` (the Node's side), ``evictions``,
+out: its etcd member and registry entry), ``peer_removal`` (the admin removes a Node), ``node`` (the Node's side), ``evictions``,
 ``trust`` (re-attestation, eviction, rejoin tickets; ``reattest_loop`` drives it), ``recovery`` (start-up,
 Recover, rejoin) and ``status`` (GetState). ``Core`` is the composition root only: it builds the context and
 the services and exposes them as attributes.
@@ -52,6 +52,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.evictio
 from ansible_collections.constellation.cluster.plugins.module_utils.core.join_service import JoinService
 from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KubernetesJoin
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import RESERVED_DATA_KEY_IDS, PeerAccess
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import PeerRemoval
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ADMIN_PUB_KEY_MAX,
     CLUSTER_ID_LENGTH,
@@ -118,6 +119,7 @@ class Core:
         self.status = PeerStatus(context, self.shared_store, self.evictions, self.signing)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
         self.backup = StateBackup(context, self.recovery, self.access, self.coordinator)
+        self.removal = PeerRemoval(context, self.coordinator, self.kubernetes, self.evictions)
 
     # The few read-only accessors every side uses; everything else: the services above.
     @property

@@ -19,6 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.constants im
     STATE_NODE_WAITING_FOR_CLUSTER_JOIN,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import require_not_removed
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import ConnectNode, NodeClient
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConnectionLost,
@@ -189,6 +190,8 @@ class NodeActivation:
                 or not isinstance(disk_uuid, str):
             raise StateError("%s holds our node lock but is %s: it cannot resume (reset the node and run "
                              "add_nodes.yml)" % (endpoint, name))
+        # Removed by the admin (core/peer_removal.py): it comes back only reset, rebooted and as a new peer.
+        require_not_removed(self.context.store, vpn_pub_key, vpn_ip, "ActivateAdditionalNodes")
         readmit = self.evictions.check_readmission(vpn_ip, vpn_pub_key)  # evicted (core/trust.py): it passed again
         recorded = self.record_node(vpn_ip, vpn_pub_key, host, normalize_disk_uuid(disk_uuid), control_plane)
         if readmit:

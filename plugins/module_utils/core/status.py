@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol
 
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import removed_peers
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import NOT_ENCRYPTED
 
@@ -71,6 +72,8 @@ class PeerStatus:
         answer.update(self.shared_store.state_fields())
         if ctx.role == ROLE_COORDINATOR and ctx.state == State.ACTIVATING_NODES:
             answer["evicted"] = [dict(record) for _ip, record in sorted(self.evictions.evicted.items())]
+            # The Nodes the admin removed (core/peer_removal.py): add_nodes.yml refuses them, naming the way back.
+            answer["removed"] = [dict(record) for _key, record in sorted(removed_peers(ctx.store).items())]
         return answer
 
     def pinned_coordinator_pub_key(self) -> Optional[str]:

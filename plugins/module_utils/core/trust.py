@@ -35,6 +35,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
     MEMBER_KEPT, MEMBER_REMOVED, remove_coordinator_member)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import require_not_removed
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel, NodeClient
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import RejoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
@@ -247,6 +248,7 @@ class PeerTrust:
         method = "IssueRejoinTicket"
         kms = self.context.require_coordinator(method)
         self.evictions.require_not_evicted(vpn_ip, method)
+        require_not_removed(self.context.store, node_vpn_pub_key, vpn_ip, method)  # core/peer_removal.py
         normalized_uuid = normalize_disk_uuid(disk_uuid)
         registry = self.context.peer_registry.current()
         record = registry.peers.get(vpn_ip) if registry is not None else None

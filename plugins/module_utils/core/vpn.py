@@ -42,6 +42,14 @@ class WireGuardVPN:
         with self._lock:
             self.wg.ensure_interface(spec, None, pub_key_from_priv_key(priv_key), priv_key=priv_key)
 
+    def teardown(self) -> bool:
+        """Deletes the interface (a reset: ResetAgent); False if there was none."""
+        with self._lock:
+            if self.wg.show(self.interface) is None:
+                return False
+            self.wg.delete(self.interface)
+        return True
+
     def set_peers(self, records: List[PeerRecord], own_pub_key: str) -> bool:
         """Makes the interface's peers exactly ``records`` (minus ourselves), changing in place."""
         wanted = [PeerRequest(r.to_peer(self.listen_port)) for r in records if r.vpn_pub_key != own_pub_key]

@@ -133,6 +133,7 @@ class StateAnswer(Record):
     vpn_pub_key: Optional[str] = wire("str")
     state_disk_uuid: Optional[str] = wire("str")
     evicted: Optional[list] = wire("list", doc="the Coordinator's evicted peers")
+    removed: Optional[list] = wire("list", doc="the Nodes the admin removed (RemovePeer; a Coordinator's details)")
     etcd_member: Optional[str] = wire("str", doc="running or stopped: a Coordinator's etcd member (several Coordinators)")
     state_disk: Optional[dict] = wire("object", doc="whether the state is on the encrypted state disk: {encrypted, device, "
                                       "luks_uuid, open, message} (details only)")
@@ -323,6 +324,37 @@ class ExportStateAnswer(Record):
     cluster_items: Optional[dict] = wire("object", doc="secret: the keys its etcd members share (several Coordinators)")
 
 
+@dataclass(frozen=True)
+class RemovePeerRequest(Record):
+    node_public_ip: Optional[str] = wire("str", doc="the Node's public IP (or node_vpn_ip)")
+    node_vpn_ip: Optional[str] = wire("str")
+    check: Optional[bool] = wire("bool", doc="only report what would be removed")
+
+
+@dataclass(frozen=True)
+class RemovePeerAnswer(Record):
+    changed: bool = wire("bool", True)
+    msg: str = wire("str", True)
+    peer: Optional[dict] = wire("object", doc="{vpn_ip, vpn_pub_key, public_ip, role} of the removed Node")
+    kubernetes_node_names: Optional[List[str]] = wire("strlist")
+    disk_uuid: Optional[str] = wire("str")
+    control_plane: Optional[bool] = wire("bool")
+    evicted: Optional[bool] = wire("bool")
+    resource_version: Optional[int] = wire("int")
+
+
+@dataclass(frozen=True)
+class ResetAgentRequest(Record):
+    confirm: str = wire("str", True, doc="this peer's public IP (a reset sent to the wrong host is refused)")
+    force: Optional[bool] = wire("bool", doc="reset a Coordinator too")
+
+
+@dataclass(frozen=True)
+class ResetAgentAnswer(Record):
+    state: str = wire("str", True)
+    wiped: List[str] = wire("strlist", True)
+
+
 # ------------------------------------------------------------------ vpnapi
 
 
@@ -455,6 +487,12 @@ for _method in (
         Method("FetchFile", ADMIN, FetchFileRequest, FetchFileAnswer, STREAMS_STDOUT, "reads a file"),
         Method("ExportState", ADMIN, Empty, ExportStateAnswer, STREAMS_NONE,
                "an activated Coordinator's whole store, for backup.yml (the controller encrypts it); admin only"),
+        Method("RemovePeer", ADMIN, RemovePeerRequest, RemovePeerAnswer, STREAMS_NONE,
+               "the admin removes a Node from the Coordinator's cluster: its registry entry and VPN IP, its Kubernetes "
+               "Node, what it held (kubelet names, control-plane designation, disk UUID); check: only reports"),
+        Method("ResetAgent", ADMIN, ResetAgentRequest, ResetAgentAnswer, STREAMS_NONE,
+               "the admin resets this agent: it answers, stops, wipes its state (store, sealed key, disk UUID), takes "
+               "its WireGuard interface down and starts fresh (AcceptingInit; PCR 15 only after a reboot)"),
         Method("PeerAuth", VPNAPI, Empty, PeerAuthAnswer, STREAMS_EXCHANGE,
                "proves the caller's WireGuard private key (the one recorded for its VPN IP) for this connection: "
                "a MAC over a fresh challenge; every other vpnapi method requires it"),

@@ -49,10 +49,12 @@ def relayed_methods() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     process only: the task workers, which import this module, never build the schema."""
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 
-    # AdminAuth and Attest are the relay's own business on its TLS connections; ExportState (the Coordinator's
-    # whole store) is only for the coordinator_backup action's own connection, never a task's.
+    # Only what a task needs is relayed (an allowlist: a new admin method is the controller actions' own until
+    # it is added here). AdminAuth and Attest are the relay's own business on its TLS connections; ExportState
+    # (the Coordinator's whole store), RemovePeer and ResetAgent are for the backup, remove_peer and reset_agent
+    # actions' own connections, never a task's.
     relayed = tuple(m.name for m in schema.methods_of(schema.ADMIN)
-                    if m.name not in ("AdminAuth", "Attest", "ExportState")) \
+                    if m.name in ("Exec", "ExecModule", "PutFile", "FetchFile")) \
         + ("GetState",)
     return relayed, tuple(m.name for m in schema.METHODS.values() if m.name in relayed and m.stdin)
 

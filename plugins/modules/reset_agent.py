@@ -1,0 +1,123 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: reset_agent
+short_description: Reset a peer's agent so that the host can be activated again (ResetAgent)
+version_added: "0.3.0"
+description:
+  - Attests the peer, proves the admin key and sends the ADMIN-channel method C(ResetAgent); the agent answers,
+    stops, deletes its WireGuard interface, wipes its state folder (the sealed store, the sealed storage key, the
+    disk key, its disk UUID, the warm interpreters) and starts again in the same process; this waits until it
+    answers without a cluster state.
+  - PCR 15 keeps the old cluster ID until the host reboots, so the agent comes back C(Failed) ("PCR 15 is set but
+    no node state is stored") and the host can be activated again only after a reboot (then it is
+    C(AcceptingInit)). RV(reboot_needed) says so.
+  - A peer without a cluster state (fresh, or reset and not rebooted yet) is left alone. A Coordinator is refused
+    unless O(force). An agent that keeps its state on a state disk or in etcd refuses (wipe those by hand).
+  - Runs on the controller (an action plugin); the module file only documents it.
+author:
+  - constellation.cluster contributors (@constellation-cluster)
+requirements:
+  - The Python package cryptography on the controller (attested TLS and the signatures it checks)
+  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
+    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
+extends_documentation_fragment:
+  - constellation.cluster.attestation
+options:
+  endpoint:
+    description: The peer's public endpoint (host:port).
+    type: str
+    required: true
+  public_ip:
+    description: The peer's public IP; the agent refuses a reset that names another (a request sent to the wrong host).
+    type: str
+    required: true
+  admin_priv_key_file:
+    description: The admin's private key file (the key pinned at activation).
+    type: path
+    required: true
+  cluster_id:
+    description: The cluster ID (standard base64); a peer locked to another cluster is refused.
+    type: str
+  force:
+    description: Reset a Coordinator too (its cluster state goes with it).
+    type: bool
+    default: false
+  unreachable_ok:
+    description: A peer that does not answer is reported (RV(reachable) false, not changed) instead of failing.
+    type: bool
+    default: false
+  wait_timeout:
+    description: Seconds to wait until the reset agent answers again.
+    type: float
+    default: 60.0
+attributes:
+  check_mode:
+    support: full
+    description: Attests and reports whether the peer would be reset; nothing is sent.
+  diff_mode:
+    support: none
+    description: No file changes on the controller.
+  idempotent:
+    support: full
+    description: A reset peer holds no cluster state and is left alone.
+"""
+
+EXAMPLES = r"""
+- name: Reset the host h4 (then reboot it before it is activated again)
+  constellation.cluster.reset_agent:
+    endpoint: 192.0.2.14:9000
+    public_ip: 192.0.2.14
+    admin_priv_key_file: inventories/prod/admin_key
+    measurements_file: measurements.json
+"""
+
+RETURN = r"""
+state_before:
+  description: The peer's state before.
+  returned: success
+  type: str
+state:
+  description: The peer's state after (C(Failed) until a reboot resets PCR 15, C(AcceptingInit) after).
+  returned: success
+  type: str
+wiped:
+  description: The paths the agent wiped.
+  returned: success
+  type: list
+  elements: str
+reboot_needed:
+  description: PCR 15 still holds a cluster ID; the host can be activated again only after a reboot.
+  returned: success
+  type: bool
+reachable:
+  description: False when the peer did not answer and O(unreachable_ok) was set.
+  returned: when unreachable
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **controller_options.RESET_AGENT_ARGS),
+        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
+        supports_check_mode=True,
+    )
+    module.fail_json(msg="reset_agent runs on the controller through its action plugin; "
+                         "it cannot run as a module on a host")
+
+
+if __name__ == "__main__":
+    main()
