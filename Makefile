@@ -18,7 +18,7 @@ demo: setup
 # Unit tests run through ansible-test units (as collection users run them), integration tests
 # through pytest, then ansible-lint, and ansible-test sanity and the build while Molecule runs.
 test: setup
-	sh scripts/ansible-test.sh units
+	sh scripts/units.sh
 	$(VENV)/pytest -q -p no:cacheprovider tests/integration
 	sh scripts/checks-and-molecule.sh
 
@@ -26,7 +26,7 @@ pytest: setup
 	$(VENV)/pytest -q -p no:cacheprovider || [ $$? -eq 5 ]  # 5: no test collected
 
 units: setup
-	sh scripts/ansible-test.sh units
+	sh scripts/units.sh
 
 sanity: setup
 	sh scripts/sanity.sh
