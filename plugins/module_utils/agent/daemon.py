@@ -30,7 +30,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT
-from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage, sealed_pcrs
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import (
+    PlainStorage, SealedStorage, seal_predictions, sealed_pcr_sets)
 from ansible_collections.constellation.cluster.plugins.module_utils.core import (
     ROLE_NODE,
     Core,
@@ -117,6 +118,7 @@ class Agent:
         require_dm_crypt(config)  # state_disk_device: refused here without dm-crypt, naming the key
         self.measurement: Optional[AgentMeasurement] = None  # PCR 13 (attestation/agent_measurement.py)
         self._sealed_pcrs: List[int] = []  # the PCRs the storage key is sealed to
+        self.policy = None  # the accepted measurement sets as the policy file holds them (before PCR 13 and 15)
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
         # Before anything is served or read: the agent measures itself, then unseals its storage key.
         self.at_rest = self._measure_and_unseal()
@@ -169,7 +171,8 @@ class Agent:
             policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
             # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
             self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
-            self._sealed_pcrs = sealed_pcrs(policy)
+            self.policy = policy
+            self._sealed_pcrs = sorted({i for pcrs in sealed_pcr_sets(policy).values() for i in pcrs})
             policy = with_agent_pcr(policy, self.measurement.value)
         issuer_options = {"ak_alg": self.config.ak_alg} if variant != "dummy" else {}
         return (choose.issuer(variant, self.config.tcti, **issuer_options),
@@ -190,7 +193,14 @@ class Agent:
                      "measurement since the boot: no policy accepts this host until it reboots" % PCR_INDEX_AGENT, **fields)
         else:
             self.log("agent_measured", outcome=outcome, **fields)
-        return SealedStorage.open(self.config.state_dir, lambda: open_tpm(self.config.tcti), self._sealed_pcrs, log=self.log)
+        storage = SealedStorage.open(self.config.state_dir, lambda: open_tpm(self.config.tcti), self._sealed_pcrs, log=self.log)
+        self._reseal(storage)
+        return storage
+
+    def _reseal(self, storage: SealedStorage) -> None:
+        """The storage key sealed to each accepted set's predicted values (an image upgrade's next boot)."""
+        if self.policy is not None and storage.reseal(seal_predictions(self.policy)):
+            self.log("storage_key_resealed", sets=",".join(storage.sealed_sets), unsealed_with=storage.unsealed_with)
 
     def _issue_for_connection(self, user_data: bytes, nonce: bytes) -> bytes:
         """Attest (admin channel): a quote as the aTLS server context issues it (with its deadline)."""
