@@ -76,9 +76,10 @@ class AdminHandlers:
     (the pinned Coordinators' key, core/status.py)."""
 
     def __init__(self, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = "", *, context=None,
-                 status=None):
+                 status=None, measurements=None):
         self.context = context
         self.status = status
+        self.measurements = measurements  # core/accepted_measurements.py (SetMeasurements)
         self._issue = issue
         self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
@@ -95,11 +96,12 @@ class AdminHandlers:
     @classmethod
     def for_core(cls, core, *args: Any, **kwargs: Any) -> "AdminHandlers":
         """The handlers over ``core``'s context and status (None: no Core, e.g. to list the handlers)."""
-        return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None))
+        return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None),
+                   measurements=getattr(core, "measurements", None))
 
     def handlers(self) -> Dict[str, Any]:
         return {"AdminAuth": self.admin_auth, "Attest": self.attest, "Exec": self.exec_, "ExecModule": self.exec_module,
-                "PutFile": self.put_file, "FetchFile": self.fetch_file}
+                "PutFile": self.put_file, "FetchFile": self.fetch_file, "SetMeasurements": self.set_measurements}
 
     def _require_activated(self, method: str) -> None:
         if self.context.state not in ACTIVATED:
@@ -168,6 +170,15 @@ class AdminHandlers:
             raise AccessDenied("Attest: only over aTLS on an agent with an attestation issuer")
         document = self._issue(conn.server_spki_hash, request.nonce)
         conn.stream.send_result({"attestation": b64e(document), "variant_oid": self._variant_oid})
+
+    def set_measurements(self, conn: Connection, request: schema.SetMeasurementsRequest) -> None:
+        """The accepted measurement sets (an image upgrade): admin only, on a Coordinator (the Core checks the role,
+        the signature, the version and that no peer still runs a set the document drops)."""
+        self.require_admin(conn, "SetMeasurements")
+        answer = self.measurements.set_measurements(request.document, request.signature, bool(request.check))
+        self._log("set_measurements", peer=conn.peer_ip, version=answer["version"], changed=answer["changed"],
+                  check=bool(request.check))
+        conn.stream.send_result(schema.SetMeasurementsAnswer.decode(answer).encode())
 
     # -- Exec, ExecModule
     def _exec_params(self, conn: Connection, method: str, request):
@@ -392,3 +403,4 @@ def _drain_stdin(conn: Connection) -> None:
         conn.stream.recv_data_until_eof(CHANNEL_STDIN, lambda _d: None)
     except Exception:  # pylint: disable=broad-except
         pass
+

@@ -27,7 +27,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     measure,
     with_agent_pcr,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+    MeasurementsMismatch, policy_version)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
+from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import check_document
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import (
@@ -119,6 +123,8 @@ class Agent:
         self.measurement: Optional[AgentMeasurement] = None  # PCR 13 (attestation/agent_measurement.py)
         self._sealed_pcrs: List[int] = []  # the PCRs the storage key is sealed to
         self.policy = None  # the accepted measurement sets as the policy file holds them (before PCR 13 and 15)
+        self._measurements_key = None  # the pinned measurements key (attestation/signature.py), or None
+        self._policy_lock = threading.Lock()
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
         # Before anything is served or read: the agent measures itself, then unseals its storage key.
         self.at_rest = self._measure_and_unseal()
@@ -144,15 +150,21 @@ class Agent:
             context.state_disk = self.state_disk
         self._reattest_started = False
         # Each server's handlers get the Core's services they call (core/__init__.py), not the Core.
+        # The accepted measurement sets: set by the admin on a Coordinator, fetched by Nodes, applied without a restart.
+        core.measurements.pub_key = self._measurements_key
+        core.measurements.current = lambda: self.policy
+        core.measurements.on_apply = self.apply_measurements
+        core.measurements.own_set = self._own_measurement_set
         self.admin = AdminHandlers(self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
-                                   context=context, status=core.status)
+                                   context=context, status=core.status, measurements=core.measurements)
         self.pubapi = PubAPI(self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
                              node=core.node, join_service=core.join_service, trust=core.trust, recovery=core.recovery)
         provider = JoinProvider(config.kubeadm_path, config.kubernetes_dir, kubelet_cert_days=config.kubelet_cert_days)
         self.vpnapi = VPNAPI(kubeadm=provider, log=self.log, coordinator=core.coordinator, access=core.access,
-                             evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation)
+                             evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation,
+                             measurements=core.measurements)
         core.activation.activation_workers = config.activation_workers
         context.etcd_member = (EtcdMember.from_config(config.etcd_member, config.state_dir)
                                if config.etcd_member is not None else None)
@@ -169,6 +181,11 @@ class Agent:
         if choose.spec(variant).needs_policy:
             # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
             policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
+            if self.config.measurements_pub_key:
+                from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
+
+                self._measurements_key = signature.load_public_key_file(self.config.measurements_pub_key,
+                                                                        "measurements_pub_key")
             # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
             self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
             self.policy = policy
@@ -197,10 +214,62 @@ class Agent:
         self._reseal(storage)
         return storage
 
-    def _reseal(self, storage: SealedStorage) -> None:
+    def _reseal(self, storage: SealedStorage, policy=None) -> None:
         """The storage key sealed to each accepted set's predicted values (an image upgrade's next boot)."""
-        if self.policy is not None and storage.reseal(seal_predictions(self.policy)):
+        policy = policy if policy is not None else self.policy
+        if policy is not None and storage.reseal(seal_predictions(policy)):
             self.log("storage_key_resealed", sets=",".join(storage.sealed_sets), unsealed_with=storage.unsealed_with)
+
+    # -- the accepted measurement sets (core/accepted_measurements.py), applied without a restart
+    def apply_measurements(self, document: bytes, signature: Optional[str], sets=None) -> bool:
+        """Checks a new policy document (with the pinned key: its signature first; a version not below ours),
+        seals the storage key to its sets ahead of a reboot, writes the policy file (and its signature)
+        atomically and swaps the validators of the aTLS server, the clients and re-attestation. Returns
+        whether anything changed."""
+        with self._policy_lock:
+            if sets is None:
+                sets = check_document(document, signature, self._measurements_key, self.policy)
+            if self.policy is not None and sets == self.policy:
+                return False
+            self._reseal(self.at_rest, sets)  # first: a reboot after the file changed must find its key
+            path = self.config.measurements
+            if path:
+                if signature:
+                    atomic_write(path + ".sig", signature.encode("ascii") + b"\n", 0o644)
+                atomic_write(path, bytes(document), 0o644)
+            self.policy = sets
+            if self.measurement is not None:
+                full = with_agent_pcr(sets, self.measurement.value)
+                self.node_validator.measurements = fresh_node_policy(full)  # one attribute write each
+                self.peer_validator.measurements = coordinator_policy(full)
+            self.log("measurements_applied", version=sets.version, sets=",".join(sets.sets))
+            return True
+
+    def _own_measurement_set(self) -> Optional[str]:
+        """The accepted set this peer's own PCRs match (the Coordinator is not re-attested by itself)."""
+        if self.measurement is None or self.policy is None:
+            return None
+        policy = with_agent_pcr(self.policy, self.measurement.value)
+        indices = sorted({i for m in policy.sets.values() for i in m.pcrs})
+        with open_tpm(self.config.tcti) as dev:
+            pcrs = {}
+            for start in range(0, len(indices), 8):
+                pcrs.update(dev.pcr_read("sha256", indices[start:start + 8]))
+        try:
+            return policy.match(pcrs)[0]
+        except MeasurementsMismatch:
+            return None
+
+    def _follow_measurements(self, version: Optional[int]) -> None:
+        """A newer document than ours (GetUpdate's version on a Node; the shared store on a further Coordinator)."""
+        if not version or version <= policy_version(self.policy):
+            return
+        if self.core.state == State.IS_NODE:
+            answer = self._ask_coordinators(lambda client: client.get_measurements())
+        else:
+            answer = self.core.measurements.stored() or {}
+        if answer.get("document") is not None:
+            self.apply_measurements(answer["document"], answer.get("signature"))
 
     def _issue_for_connection(self, user_data: bytes, nonce: bytes) -> bytes:
         """Attest (admin channel): a quote as the aTLS server context issues it (with its deadline)."""
@@ -304,6 +373,7 @@ class Agent:
                 if state == State.IS_NODE:
                     self._update_once()
                 elif state == State.ACTIVATING_NODES and self.core.context.etcd_member is not None:
+                    self._follow_measurements(self.core.measurements.version())  # another Coordinator set them
                     self.core.shared_store.supervise_etcd_member()  # its member died: started again, it rejoins
                     self.core.cluster.sync_coordinator_peers()  # another Coordinator may have changed the peers
                 elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.context.coordinator_vpn_ip:
@@ -342,7 +412,9 @@ class Agent:
         return answer
 
     def _update_once(self) -> None:
-        self.core.node.apply_update(self._ask_coordinators(lambda client: client.get_update(self.core.context.resource_version)))
+        answer = self._ask_coordinators(lambda client: client.get_update(self.core.context.resource_version))
+        self.core.node.apply_update(answer)
+        self._follow_measurements(answer.get("measurements_version"))
 
     def _finish_activation_once(self) -> None:
         """An interrupted activation: our disk key from a Coordinator, through the WireGuard tunnel."""

@@ -35,6 +35,7 @@ _INDEX = re.compile(r"\A[0-9]{1,2}\Z")  # ASCII digits only: "²" is a digit to 
 # The name a plain (single-set) policy's one set gets, and what a set's name may be (an image version).
 DEFAULT_SET_NAME = "default"
 ACCEPTED_KEY = "accepted"
+VERSION_KEY = "version"
 _SET_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
 MAX_SETS = 16
 
@@ -158,7 +159,10 @@ class MeasurementSets:
     """Several named accepted sets (an image upgrade: the old image's and the new one's). A peer passes when
     it matches any set; ``match`` says which. Immutable: a new document is a new object (the agent swaps it)."""
 
-    def __init__(self, sets: Mapping[str, Measurements]):
+    def __init__(self, sets: Mapping[str, Measurements], version: int = 0):
+        if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2 ** 53:
+            raise InputError("measurements.version", "an integer >= 0", type(version).__name__)
+        self.version = version  # raised by every new document: agents refuse an older one (a replayed, retired set)
         if not isinstance(sets, Mapping) or not sets:
             raise InputError("measurements.accepted", "at least one named set", sets)
         if len(sets) > MAX_SETS:
@@ -174,15 +178,16 @@ class MeasurementSets:
         return dict(self._sets)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, MeasurementSets) and self._sets == other._sets
+        return isinstance(other, MeasurementSets) and self._sets == other._sets and self.version == other.version
 
     def __repr__(self) -> str:
-        return "MeasurementSets(%s)" % ", ".join(sorted(self._sets))
+        return "MeasurementSets(%s, version=%d)" % (", ".join(self._sets), self.version)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "MeasurementSets":
-        """``{"accepted": {name: <set>}}``; the plain form becomes one set named DEFAULT_SET_NAME."""
-        if isinstance(data, Mapping) and set(data) == {ACCEPTED_KEY}:
+        """``{"version": N, "accepted": {name: <set>}}`` (version optional, 0); the plain form becomes one set
+        named DEFAULT_SET_NAME, version 0."""
+        if isinstance(data, Mapping) and ACCEPTED_KEY in data and set(data) <= {ACCEPTED_KEY, VERSION_KEY}:
             accepted = data[ACCEPTED_KEY]
             if not isinstance(accepted, Mapping):
                 raise InputError("measurements.accepted", "a mapping of set name to measurements",
@@ -194,11 +199,16 @@ class MeasurementSets:
                     sets[name] = Measurements.from_dict(value)
                 except InputError as err:
                     raise InputError("measurements.accepted[%s]" % name, "a valid set", str(err)) from None
-            return cls(sets)
+            return cls(sets, data.get(VERSION_KEY, 0))
+        if isinstance(data, Mapping) and ACCEPTED_KEY in data:
+            raise InputError("measurements", "only the keys accepted and version next to accepted",
+                             sorted(str(k) for k in set(data) - {ACCEPTED_KEY, VERSION_KEY}))
         return cls({DEFAULT_SET_NAME: Measurements.from_dict(data)})
 
     def to_dict(self) -> Dict[str, object]:
-        return {ACCEPTED_KEY: {name: policy.to_dict() for name, policy in self._sets.items()}}
+        out: Dict[str, object] = {VERSION_KEY: self.version} if self.version else {}
+        out[ACCEPTED_KEY] = {name: policy.to_dict() for name, policy in self._sets.items()}
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -237,6 +247,11 @@ def parse_policy(data: Mapping) -> Policy:
     return Measurements.from_dict(data)
 
 
+def policy_version(policy: Optional[Policy]) -> int:
+    """The version of a named-sets document (0 for a plain policy or none)."""
+    return getattr(policy, "version", 0) or 0
+
+
 def as_sets(policy: Policy) -> MeasurementSets:
     """Any policy as named sets (a plain one: one set named DEFAULT_SET_NAME)."""
     return policy if isinstance(policy, MeasurementSets) else MeasurementSets({DEFAULT_SET_NAME: policy})
@@ -247,7 +262,7 @@ def per_set(policy: Optional[Policy], transform: Callable[[Measurements], Measur
     if policy is None:
         return None
     if isinstance(policy, MeasurementSets):
-        return MeasurementSets({name: transform(m) for name, m in policy.sets.items()})
+        return MeasurementSets({name: transform(m) for name, m in policy.sets.items()}, policy.version)
     return transform(policy)
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import AcceptedMeasurements
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import (
     ACTIVATION_WORKERS,
     MAX_NODES_PER_CALL,
@@ -115,6 +116,8 @@ class Core:
         self.trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions, self.kubernetes)
         self.status = PeerStatus(context, self.shared_store, self.evictions, self.signing)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
+        self.measurements = AcceptedMeasurements(context)  # the accepted measurement sets (image upgrades)
+        self.trust.record_measurement_set = self.measurements.record_peer_set
 
     # The few read-only accessors every side uses; everything else: the services above.
     @property

@@ -116,6 +116,10 @@ class Channel:
         """The PCR values of the peer's verified attestation ({} on a plain connection)."""
         return dict(self.attested.validation.pcrs) if self.attested is not None else {}
 
+    @property
+    def measurement_set(self) -> Optional[str]:  # the accepted set the peer's attestation matched (None: plain)
+        return self.attested.validation.measurement_set if self.attested is not None else None
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -288,6 +292,9 @@ class AdminClient(Channel):
 
     APIS = (apis.ADMIN,)
 
+    def set_measurements(self, document: bytes, signature: Optional[str] = None, check: bool = False) -> Dict[str, Any]:
+        return self.invoke("SetMeasurements", document=bytes(document), signature=signature, check=bool(check))
+
     def admin_auth(self, priv_key) -> Dict[str, Any]:
         if self.server_spki_hash is None:
             raise ProtocolError("AdminAuth needs an aTLS connection")
@@ -407,6 +414,10 @@ class VPNAPIClient(PeerAuthClient, Channel):
 
     def get_update(self, resource_version: int) -> Dict[str, Any]:
         return self.invoke("GetUpdate", resource_version=int(resource_version))
+
+    def get_measurements(self) -> Dict[str, Any]:  # the accepted measurement sets: {version, document, signature?}
+        answer = self.invoke("GetMeasurements")
+        return dict(answer, document=b64d(answer["document"], "document", max_size=1024 * 1024))
 
     def get_state_disk_key(self) -> bytes:
         """A node whose activation was interrupted: its own disk key (the caller's VPN IP says whose)."""

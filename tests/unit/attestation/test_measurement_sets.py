@@ -170,3 +170,15 @@ def test_a_real_quote_matches_the_second_set(swtpm):
     with pytest.raises(AttestationError) as err:
         VTPMValidator(MeasurementSets({"old": old, "older": old})).validate(document, nonce)
     assert "no accepted set matches (old, older)" in str(err.value)
+
+
+def test_the_version_is_part_of_the_signed_document():
+    doc = dict(_doc(), version=3)
+    policy = parse_policy(doc)
+    assert policy.version == 3 and policy.to_dict()["version"] == 3
+    assert fresh_node_policy(policy).version == 3  # the transforms keep it
+    assert parse_policy(_doc()).version == 0
+    with pytest.raises(InputError):
+        parse_policy(dict(_doc(), version=-1))
+    with pytest.raises(InputError):
+        parse_policy(dict(_doc(), version=True))
