@@ -12,8 +12,8 @@ short_description: Set the accepted measurement sets of a running cluster (rolli
 version_added: "0.5.0"
 description:
   - Attests the Coordinator from the controller, authenticates with the admin key (C(AdminAuth)) and gives it a
-    measurements policy document with its named accepted sets (C(SetMeasurements)): the file's exact bytes and its
-    detached signature (O(accepted_measurements_file)C(.sig)).
+    measurements policy document with its named accepted sets (C(SetMeasurements)), that is the file's exact bytes
+    and its detached signature (O(accepted_measurements_file)C(.sig)).
   - The Coordinator checks the signature with its pinned measurements key, refuses a version below the one in force,
     keeps the document in its store and applies it without a restart; every Node fetches it, checks it with its own
     pinned key, seals its storage key ahead to each set and reloads its validators.
@@ -39,8 +39,8 @@ options:
     required: true
   accepted_measurements_file:
     description:
-      - The policy document to set, JSON or YAML, in the named form C({"version": N, "accepted": {NAME: {PCR: ...}}}).
-        Each new document must raise C(version).
+      - 'The policy document to set, JSON or YAML, in the named form C({"version": N, "accepted": {NAME: {PCR: ...}}}).
+        Each new document must raise C(version).'
       - Its detached signature (C(cosign sign-blob)) is read from the same path with C(.sig) appended; where the peers
         pin a measurements key an unsigned document is refused.
     type: path

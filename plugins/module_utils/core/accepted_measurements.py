@@ -137,11 +137,14 @@ class AcceptedMeasurements:
             if current_sets is not None and new.version == current_sets.version:
                 raise InputError("version", "a version above %d: version %d is in force with other sets (raise the "
                                  "document's version)" % (current_sets.version, new.version), new.version)
-            if answer["removed"]:
-                running = self.running(answer["removed"], answer["peers"])
+            # A set dropped by name whose measurements another set of the document holds is renamed, not retired
+            # (the plain policy's "default" named after its image): no peer can be left behind by it.
+            retired = [n for n in answer["removed"] if current_sets.sets[n] not in new.sets.values()]
+            if retired:
+                running = self.running(retired, answer["peers"])
                 if running:
                     raise StateError("SetMeasurements: cannot retire %s: these peers still run it or were not "
-                                     "re-attested since: %s" % (", ".join(answer["removed"]), ", ".join(
+                                     "re-attested since: %s" % (", ".join(retired), ", ".join(
                                          "%s (%s)" % (ip, running[ip]) for ip in sorted(running))))
             answer["changed"] = True
             if check:

@@ -171,6 +171,15 @@ def test_retiring_a_set_a_peer_still_runs_is_refused_naming_the_peers(cluster, a
     assert admin.set_measurements(document(3, "v2"))["removed"] == ["v1"]
 
 
+def test_a_set_renamed_is_not_retired(cluster, admin):
+    """The plain policy's one set ("default") named after its image: the same measurements, no peer left behind."""
+    admin.admin_auth(cluster.admin_key)
+    cluster.add_node("10.42.0.21")  # not re-attested yet: would block a real retirement
+    cluster.policy = parse_policy({k: v for k, v in json.loads(document(1, "v1"))["accepted"]["v1"].items()})
+    answer = admin.set_measurements(document(2, "v1", "v2"))
+    assert answer["changed"] and answer["removed"] == ["default"]
+
+
 def test_a_node_cannot_set_measurements(swtpm, make_core):
     node, _vpn = make_core(MemoryTPM())
     node.recovery.load()
