@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from lab import network, tpms
-from lab.agent import start_agent
+from lab.agent import agent_dir, launch_agent, start_agent
 from lab.etcd import Etcd, tmpfs_dir
 from lab.image import LAB_IMAGE
 from lab.inventory import local_inventory_path, write_inventory
@@ -251,7 +251,7 @@ class Lab:
     def reimage(self, name: str, image: str) -> None:
         """A reboot of the host's machine into another image (its boot chain measures ``image`` into PCRs 4, 9,
         11: image.lab_measurements(image) is its policy). A running lab agent is stopped before and started after,
-        as the machine's init would; an agent a test started itself must be stopped and started by the test."""
+        as the machine's init would, with the configuration it had (a test's agent included)."""
         if not image or "/" in image:
             raise LabError("image: expected an image name, got %r" % image)
         h = self.host(name)
@@ -263,7 +263,7 @@ class Lab:
         self._save()
         tpms.reboot(h, image, self.trust, self.host_python())
         if agent_pids:
-            self._start_agents([h])
+            launch_agent(self, h, agent_dir(h) / "config.json")
 
     def tamper(self, name: str, pcr: int = 9) -> None:
         """Stands for a modified host: its boot chain measured something else."""

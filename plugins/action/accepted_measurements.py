@@ -20,7 +20,7 @@ class ActionModule(ClusterAction):
     SPEC = dict(
         endpoint=dict(type="str", required=True),
         admin_priv_key_file=dict(type="path", required=True),
-        accepted_measurements_file=dict(type="path", required=True),
+        accepted_measurements_file=dict(type="path"),
     )
     _VALID_ARGS = valid_args(SPEC)
 
@@ -28,13 +28,15 @@ class ActionModule(ClusterAction):
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation.signature import signature_path
         from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import open_peer
 
-        path = args["accepted_measurements_file"]
-        if not os.path.isabs(path):
-            path = os.path.join(self._loader.get_basedir(), path)
-        document = _read(path, "accepted_measurements_file", MAX_DOCUMENT)
-        sig_path = signature_path(path)
-        signature = _read(sig_path, "accepted_measurements_file", 4096).decode("ascii", "replace").strip() \
-            if os.path.exists(sig_path) else None
+        path = args.get("accepted_measurements_file")
+        document = signature = None
+        if path:  # without a document: only what is in force and which set each peer runs
+            if not os.path.isabs(path):
+                path = os.path.join(self._loader.get_basedir(), path)
+            document = _read(path, "accepted_measurements_file", MAX_DOCUMENT)
+            sig_path = signature_path(path)
+            signature = _read(sig_path, "accepted_measurements_file", 4096).decode("ascii", "replace").strip() \
+                if os.path.exists(sig_path) else None
         priv_key = self.load_admin_priv_key(args["admin_priv_key_file"])
         with open_peer(args["endpoint"], settings) as client:
             client.admin_auth(priv_key)

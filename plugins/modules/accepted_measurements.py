@@ -43,8 +43,8 @@ options:
         Each new document must raise C(version).'
       - Its detached signature (C(cosign sign-blob)) is read from the same path with C(.sig) appended; where the peers
         pin a measurements key an unsigned document is refused.
+      - Without it nothing is set; RV(version), RV(sets) and RV(peers) report what is in force.
     type: path
-    required: true
 attributes:
   check_mode:
     support: full
@@ -69,7 +69,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 version:
-  description: The document's version.
+  description: The document's version (without O(accepted_measurements_file), the one in force).
   returned: success
   type: int
 sets:

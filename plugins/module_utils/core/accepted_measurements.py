@@ -113,16 +113,21 @@ class AcceptedMeasurements:
         return int(stored["version"]) if stored is not None else policy_version(self.current())
 
     # -- SetMeasurements (admin channel, Coordinator)
-    def set_measurements(self, document: bytes, signature: Optional[str], check: bool = False) -> Dict[str, Any]:
+    def set_measurements(self, document: Optional[bytes], signature: Optional[str], check: bool = False) -> Dict[str, Any]:
         """Checks, stores and applies a new document; idempotent (the same document again changes nothing); in
-        check mode predicts only. Refuses an older version, another document under the version in force, and the
-        retirement of a set a peer still runs, naming the peers."""
+        check mode predicts only; without a document only reports what is in force. Refuses an older version,
+        another document under the version in force, and the retirement of a set a peer still runs, naming the
+        peers."""
         self.context.require_coordinator("SetMeasurements")
         with self._lock:
             stored = self.stored()
             current = self.current()
             if stored is not None:
                 current = check_document(stored["document"], stored.get("signature"), None)
+            if document is None:
+                sets = as_sets(current) if current is not None else None
+                return {"changed": False, "version": policy_version(current), "sets": list(sets.sets) if sets else [],
+                        "added": [], "removed": [], "peers": self.peer_sets()}
             new = check_document(document, signature, self.pub_key, current)
             current_sets = as_sets(current) if current is not None else None
             old_names = list(current_sets.sets) if current_sets is not None else []

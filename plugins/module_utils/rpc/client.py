@@ -293,7 +293,8 @@ class AdminClient(Channel):
     APIS = (apis.ADMIN,)
 
     def set_measurements(self, document: bytes, signature: Optional[str] = None, check: bool = False) -> Dict[str, Any]:
-        return self.invoke("SetMeasurements", document=bytes(document), signature=signature, check=bool(check))
+        return self.invoke("SetMeasurements", document=None if document is None else bytes(document), signature=signature,
+                           check=bool(check))
 
     def admin_auth(self, priv_key) -> Dict[str, Any]:
         if self.server_spki_hash is None:

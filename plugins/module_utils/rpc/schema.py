@@ -379,7 +379,7 @@ class GetStateDiskKeyAnswer(Record):
 
 @dataclass(frozen=True)
 class SetMeasurementsRequest(Record):
-    document: bytes = wire("b64", True, doc="the policy file's exact bytes (at most 1 MiB)")
+    document: Optional[bytes] = wire("b64", doc="the policy file's exact bytes (at most 1 MiB); none: only report")
     signature: Optional[str] = wire("str", doc="its detached signature (cosign sign-blob); required where a "
                                     "measurements key is pinned")
     check: Optional[bool] = wire("bool", doc="predict only (check mode)")

@@ -127,6 +127,9 @@ def test_the_admin_sets_new_sets_idempotently_and_check_mode_changes_nothing(clu
     assert cluster.applied == [(document(2, "v1", "v2"), None)]
     again = admin.set_measurements(document(2, "v1", "v2"))
     assert again["changed"] is False and len(cluster.applied) == 1
+    report = admin.set_measurements(None)  # no document: what is in force, and who runs what
+    assert (report["changed"], report["version"], report["sets"]) == (False, 2, ["v1", "v2"])
+    assert report["peers"] == {cluster.core.context.vpn_ip: "v1"}
 
 
 def test_without_the_admin_key_nothing_is_set(cluster, admin):
