@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: accepted_measurements
 short_description: Set the accepted measurement sets of a running cluster (rolling image upgrades)
-version_added: "0.5.0"
+version_added: "0.3.0"
 description:
   - Attests the Coordinator from the controller, authenticates with the admin key (C(AdminAuth)) and gives it a
     measurements policy document with its named accepted sets (C(SetMeasurements)), that is the file's exact bytes

@@ -182,3 +182,18 @@ def test_the_version_is_part_of_the_signed_document():
         parse_policy(dict(_doc(), version=-1))
     with pytest.raises(InputError):
         parse_policy(dict(_doc(), version=True))
+
+
+def test_the_controller_and_the_connection_plugin_take_named_sets(tmp_path):
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import SettingsError, validate_policy
+
+    assert list(validate_policy(_doc(), "inventory").sets) == ["lab-v1", "lab-v2"]
+    with pytest.raises(SettingsError, match="in set lab-v2"):
+        validate_policy({"accepted": {"lab-v1": _set(V1), "lab-v2": _set(V2, warn=(4, 9))}}, "inventory")
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(_doc()))
+    settings = settings_from_args({"measurements_file": str(path), "variant": "qemu-vtpm", "insecure_trust_any_ak": True,
+                                   "timeout": 10.0, "attestation_timeout": 30.0})
+    assert isinstance(settings.policy, MeasurementSets)
+    assert all(13 in m.pcrs for m in settings.policy.sets.values())  # the agent's PCR, per set
