@@ -121,7 +121,8 @@ def test_server_refuses_other_apis_methods_naming_its_own(vpn_server):
         with pytest.raises(RemoteError) as err:
             client.get_state()
         assert err.value.kind == "InputError"
-        assert "method: expected one of Echo, GetCertificateKey, GetDataKey, GetJoinArgs, GetMeasurements, GetStateDiskKey, GetUpdate, PeerAuth" in str(err.value)
+        assert ("method: expected one of Echo, GetCertificateKey, GetDataKey, GetJoinArgs, GetMeasurements, "
+                "GetStateDiskKey, GetUpdate, PeerAuth") in str(err.value)
 
 
 def test_client_refuses_a_method_of_another_api(vpn_server):
