@@ -70,6 +70,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.disk.attach 
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import StateDisk
 
 MAX_BACKOFF = 30.0
+NEXT_SIGNATURE = ".next.sig"  # a new policy document's signature until the document is in place
 KILL_AFTER_EVENT_ENV = "CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT"
 
 
@@ -180,7 +181,12 @@ class Agent:
         policy = None
         if choose.spec(variant).needs_policy:
             # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
-            policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
+            try:
+                policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
+            except ConstellationError:
+                if not self._finish_policy_swap():
+                    raise
+                policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
             if self.config.measurements_pub_key:
                 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
 
@@ -233,10 +239,11 @@ class Agent:
                 return False
             self._reseal(self.at_rest, sets)  # first: a reboot after the file changed must find its key
             path = self.config.measurements
-            if path:
+            if path:  # two files: the signature waits beside until the document is in place (_finish_policy_swap)
                 if signature:
-                    atomic_write(path + ".sig", signature.encode("ascii") + b"\n", 0o644)
+                    atomic_write(path + NEXT_SIGNATURE, signature.encode("ascii") + b"\n", 0o644)
                 atomic_write(path, bytes(document), 0o644)
+                self._finish_policy_swap()
             self.policy = sets
             if self.measurement is not None:
                 full = with_agent_pcr(sets, self.measurement.value)
@@ -244,6 +251,15 @@ class Agent:
                 self.peer_validator.measurements = coordinator_policy(full)
             self.log("measurements_applied", version=sets.version, sets=",".join(sets.sets))
             return True
+
+    def _finish_policy_swap(self) -> bool:
+        """A new policy document's signature goes to ``FILE.sig`` only after the document is in ``FILE``; a stop in
+        between leaves it at ``FILE.next.sig``, put in place at the next start. Whether there was one."""
+        pending = (self.config.measurements or "") + NEXT_SIGNATURE
+        if not self.config.measurements or not os.path.exists(pending):
+            return False
+        os.replace(pending, self.config.measurements + ".sig")
+        return True
 
     def _own_measurement_set(self) -> Optional[str]:
         """The accepted set this peer's own PCRs match (the Coordinator is not re-attested by itself)."""

@@ -124,44 +124,52 @@ class AcceptedMeasurements:
             current = self.current()
             if stored is not None:
                 current = check_document(stored["document"], stored.get("signature"), None)
-            if document is None:
-                sets = as_sets(current) if current is not None else None
-                return {"changed": False, "version": policy_version(current), "sets": list(sets.sets) if sets else [],
-                        "added": [], "removed": [], "peers": self.peer_sets()}
-            new = check_document(document, signature, self.pub_key, current)
             current_sets = as_sets(current) if current is not None else None
+            if document is None:
+                return {"changed": False, "version": policy_version(current),
+                        "sets": list(current_sets.sets) if current_sets else [], "added": [], "removed": [],
+                        "peers": self.peer_sets()}
+            new = check_document(document, signature, self.pub_key, current)
             old_names = list(current_sets.sets) if current_sets is not None else []
-            answer = {"version": new.version, "sets": list(new.sets),
+            answer = {"version": new.version, "sets": list(new.sets), "changed": True,
                       "added": [n for n in new.sets if n not in old_names],
                       "removed": [n for n in old_names if n not in new.sets],
                       "peers": self.peer_sets()}
             same = stored is not None and bytes(stored["document"]) == bytes(document)
             if same or (current_sets is not None and new == current_sets and stored is None):
                 answer["changed"] = False
-                return answer
-            if current_sets is not None and new.version == current_sets.version:
-                raise InputError("version", "a version above %d: version %d is in force with other sets (raise the "
-                                 "document's version)" % (current_sets.version, new.version), new.version)
-            # A set dropped by name whose measurements another set of the document holds is renamed, not retired
-            # (the plain policy's "default" named after its image): no peer can be left behind by it.
-            retired = [n for n in answer["removed"] if current_sets.sets[n] not in new.sets.values()]
-            if retired:
-                running = self.running(retired, answer["peers"])
-                if running:
-                    raise StateError("SetMeasurements: cannot retire %s: these peers still run it or were not "
-                                     "re-attested since: %s" % (", ".join(retired), ", ".join(
-                                         "%s (%s)" % (ip, running[ip]) for ip in sorted(running))))
-            answer["changed"] = True
-            if check:
-                return answer
-            record = {"version": new.version, "document": base64.b64encode(bytes(document)).decode("ascii"),
-                      "signature": signature}
-            self.context.store.put(KEY_DOCUMENT, json.dumps(record).encode("utf-8"))
-            self.context.log("measurements_set", version=new.version, sets=",".join(new.sets),
-                             added=",".join(answer["added"]), removed=",".join(answer["removed"]))
-        if self.on_apply is not None:
-            self.on_apply(bytes(document), signature, new)
+                # Stored, but not in force here (an apply that failed half-way): applied again below.
+                if check or not same or policy_version(self.current()) >= new.version:
+                    return answer
+            else:
+                self._check_change(current_sets, new, answer)
+                if check:
+                    return answer
+                record = {"version": new.version, "document": base64.b64encode(bytes(document)).decode("ascii"),
+                          "signature": signature}
+                self.context.store.put(KEY_DOCUMENT, json.dumps(record).encode("utf-8"))
+                self.context.log("measurements_set", version=new.version, sets=",".join(new.sets),
+                                 added=",".join(answer["added"]), removed=",".join(answer["removed"]))
+            if self.on_apply is not None:
+                self.on_apply(bytes(document), signature, new)
         return answer
+
+    def _check_change(self, current_sets: Optional[MeasurementSets], new: MeasurementSets, answer: Dict[str, Any]) -> None:
+        """Another document than the one in force: its version must be above, and no peer may be left on a set it
+        retires."""
+        if current_sets is None:
+            return
+        if new.version == current_sets.version:
+            raise InputError("version", "a version above %d: version %d is in force with other sets (raise the "
+                             "document's version)" % (current_sets.version, new.version), new.version)
+        # A set dropped by name whose measurements another set of the document holds is renamed, not retired
+        # (the plain policy's "default" named after its image): no peer can be left behind by it.
+        retired = [n for n in answer["removed"] if current_sets.sets[n] not in new.sets.values()]
+        running = self.running(retired, answer["peers"]) if retired else {}
+        if running:
+            raise StateError("SetMeasurements: cannot retire %s: these peers still run it or were not re-attested "
+                             "since: %s" % (", ".join(retired), ", ".join("%s (%s)" % (ip, running[ip])
+                                                                        for ip in sorted(running))))
 
     # -- GetMeasurements (vpnapi, Coordinator)
     def get_measurements(self) -> Dict[str, Any]:

@@ -174,6 +174,22 @@ def test_retiring_a_set_a_peer_still_runs_is_refused_naming_the_peers(cluster, a
     assert admin.set_measurements(document(3, "v2"))["removed"] == ["v1"]
 
 
+def test_a_document_stored_but_not_applied_is_applied_on_the_next_call(cluster, admin):
+    admin.admin_auth(cluster.admin_key)
+    apply = cluster.core.measurements.on_apply
+
+    def fail_once(doc, sig, sets):
+        cluster.core.measurements.on_apply = apply
+        raise OSError("disk full")
+
+    cluster.core.measurements.on_apply = fail_once
+    with pytest.raises(RemoteError):
+        admin.set_measurements(document(2, "v1", "v2"))
+    assert cluster.applied == [] and cluster.core.measurements.version() == 2  # stored, not in force here
+    assert admin.set_measurements(document(2, "v1", "v2"))["changed"] is False
+    assert cluster.applied == [(document(2, "v1", "v2"), None)]
+
+
 def test_a_set_renamed_is_not_retired(cluster, admin):
     """The plain policy's one set ("default") named after its image: the same measurements, no peer left behind."""
     admin.admin_auth(cluster.admin_key)
