@@ -40,7 +40,8 @@ class ActionModule(ClusterAction):
         priv_key = self.load_admin_priv_key(args["admin_priv_key_file"])
         with open_peer(args["endpoint"], settings) as client:
             client.admin_auth(priv_key)
-            answer = client.set_measurements(document, signature, check=bool(self._task.check_mode))
+            answer = client.invoke("SetMeasurements", document=document, signature=signature,
+                                   check=bool(self._task.check_mode))
         before = [n for n in answer["sets"] if n not in (answer.get("added") or [])] + list(answer.get("removed") or [])
         return {"changed": answer["changed"], "version": answer["version"], "sets": answer["sets"],
                 "added": answer.get("added") or [], "removed": answer.get("removed") or [],

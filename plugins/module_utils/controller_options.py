@@ -57,3 +57,21 @@ RECOVER_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
     kms_uri=dict(type="str", required=True, no_log=True),
     measurement_salt=dict(type="str", required=True, no_log=True),
 )
+# Backup and restore of the Coordinator's state (backup.yml, restore.yml; plugins/plugin_utils/backup.py).
+COORDINATOR_BACKUP_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+    kms_uri=dict(type="str", required=True, no_log=True),
+    measurement_salt=dict(type="str", required=True, no_log=True),
+    admin_priv_key_file=dict(type="path", required=True),
+    backup_dir=dict(type="path", required=True),
+    kubernetes=dict(type="bool", default=False),
+)
+COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+    kms_uri=dict(type="str", required=True, no_log=True),
+    measurement_salt=dict(type="str", required=True, no_log=True),
+    admin_priv_key_file=dict(type="path", required=True),
+    init_secret=dict(type="str", no_log=True),
+    backup=dict(type="path"),
+    backup_dir=dict(type="path"),
+)

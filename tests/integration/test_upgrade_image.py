@@ -75,7 +75,7 @@ class Upgrade(LabCluster):
         with self.client("h1") as c:
             c.admin_auth(self.admin_key)
             with open(path, "rb") as handle:
-                return c.set_measurements(handle.read(), signature, check=check)
+                return c.invoke("SetMeasurements", document=handle.read(), signature=signature, check=check)
 
     def play(self, *args: str):
         reboot = "env PYTHONPATH=%s:%s %s -m lab --name timg reimage {{ inventory_hostname }} --image %s" % (

@@ -76,9 +76,10 @@ class AdminHandlers:
     (the pinned Coordinators' key, core/status.py)."""
 
     def __init__(self, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = "", *, context=None,
-                 status=None, measurements=None):
+                 status=None, backup=None, measurements=None):
         self.context = context
         self.status = status
+        self.backup = backup  # core/backup.py: ExportState
         self.measurements = measurements  # core/accepted_measurements.py (SetMeasurements)
         self._issue = issue
         self._variant_oid = variant_oid
@@ -97,11 +98,12 @@ class AdminHandlers:
     def for_core(cls, core, *args: Any, **kwargs: Any) -> "AdminHandlers":
         """The handlers over ``core``'s context and status (None: no Core, e.g. to list the handlers)."""
         return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None),
-                   measurements=getattr(core, "measurements", None))
+                   backup=getattr(core, "backup", None), measurements=getattr(core, "measurements", None))
 
     def handlers(self) -> Dict[str, Any]:
         return {"AdminAuth": self.admin_auth, "Attest": self.attest, "Exec": self.exec_, "ExecModule": self.exec_module,
-                "PutFile": self.put_file, "FetchFile": self.fetch_file, "SetMeasurements": self.set_measurements}
+                "PutFile": self.put_file, "FetchFile": self.fetch_file, "ExportState": self.export_state,
+                "SetMeasurements": self.set_measurements}
 
     def _require_activated(self, method: str) -> None:
         if self.context.state not in ACTIVATED:
@@ -170,6 +172,13 @@ class AdminHandlers:
             raise AccessDenied("Attest: only over aTLS on an agent with an attestation issuer")
         document = self._issue(conn.server_spki_hash, request.nonce)
         conn.stream.send_result({"attestation": b64e(document), "variant_oid": self._variant_oid})
+
+    def export_state(self, conn: Connection, request: schema.Empty) -> None:  # pylint: disable=unused-argument
+        """The Coordinator's whole store (backup.yml): admin-authenticated, activated Coordinators only."""
+        self.require_admin(conn, "ExportState")
+        state = self.backup.export_state()
+        self._log("state_exported_to_admin", peer=conn.peer_ip)
+        conn.stream.send_result(state)
 
     def set_measurements(self, conn: Connection, request: schema.SetMeasurementsRequest) -> None:
         """The accepted measurement sets (an image upgrade): admin only, on a Coordinator (the Core checks the role,

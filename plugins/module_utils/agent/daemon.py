@@ -27,11 +27,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     measure,
     with_agent_pcr,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    MeasurementsMismatch, policy_version)
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
-from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import check_document
-from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import policy_version
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile, own_measurement_set
+from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import MAX_DOCUMENT, check_document
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import (
@@ -70,7 +69,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.disk.attach 
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import StateDisk
 
 MAX_BACKOFF = 30.0
-NEXT_SIGNATURE = ".next.sig"  # a new policy document's signature until the document is in place
 KILL_AFTER_EVENT_ENV = "CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT"
 
 
@@ -124,7 +122,7 @@ class Agent:
         self.measurement: Optional[AgentMeasurement] = None  # PCR 13 (attestation/agent_measurement.py)
         self._sealed_pcrs: List[int] = []  # the PCRs the storage key is sealed to
         self.policy = None  # the accepted measurement sets as the policy file holds them (before PCR 13 and 15)
-        self._measurements_key = None  # the pinned measurements key (attestation/signature.py), or None
+        self.policy_file = PolicyFile(config.measurements, config.measurements_pub_key)  # agent/policy_file.py
         self._policy_lock = threading.Lock()
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
         # Before anything is served or read: the agent measures itself, then unseals its storage key.
@@ -152,16 +150,17 @@ class Agent:
         self._reattest_started = False
         # Each server's handlers get the Core's services they call (core/__init__.py), not the Core.
         # The accepted measurement sets: set by the admin on a Coordinator, fetched by Nodes, applied without a restart.
-        core.measurements.pub_key = self._measurements_key
+        core.measurements.pub_key = self.policy_file.pub_key
         core.measurements.current = lambda: self.policy
         core.measurements.on_apply = self.apply_measurements
         core.measurements.own_set = self._own_measurement_set
         self.admin = AdminHandlers(self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
-                                   context=context, status=core.status, measurements=core.measurements)
+                                   context=context, status=core.status, backup=core.backup, measurements=core.measurements)
         self.pubapi = PubAPI(self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
-                             node=core.node, join_service=core.join_service, trust=core.trust, recovery=core.recovery)
+                             node=core.node, join_service=core.join_service, trust=core.trust, recovery=core.recovery,
+                             backup=core.backup)
         provider = JoinProvider(config.kubeadm_path, config.kubernetes_dir, kubelet_cert_days=config.kubelet_cert_days)
         self.vpnapi = VPNAPI(kubeadm=provider, log=self.log, coordinator=core.coordinator, access=core.access,
                              evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation,
@@ -181,17 +180,7 @@ class Agent:
         policy = None
         if choose.spec(variant).needs_policy:
             # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
-            try:
-                policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
-            except ConstellationError:
-                if not self._finish_policy_swap():
-                    raise
-                policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
-            if self.config.measurements_pub_key:
-                from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
-
-                self._measurements_key = signature.load_public_key_file(self.config.measurements_pub_key,
-                                                                        "measurements_pub_key")
+            policy = self.policy_file.load()
             # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
             self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
             self.policy = policy
@@ -234,16 +223,11 @@ class Agent:
         whether anything changed."""
         with self._policy_lock:
             if sets is None:
-                sets = check_document(document, signature, self._measurements_key, self.policy)
+                sets = check_document(document, signature, self.policy_file.pub_key, self.policy)
             if self.policy is not None and sets == self.policy:
                 return False
             self._reseal(self.at_rest, sets)  # first: a reboot after the file changed must find its key
-            path = self.config.measurements
-            if path:  # two files: the signature waits beside until the document is in place (_finish_policy_swap)
-                if signature:
-                    atomic_write(path + NEXT_SIGNATURE, signature.encode("ascii") + b"\n", 0o644)
-                atomic_write(path, bytes(document), 0o644)
-                self._finish_policy_swap()
+            self.policy_file.write(document, signature)
             self.policy = sets
             if self.measurement is not None:
                 full = with_agent_pcr(sets, self.measurement.value)
@@ -252,36 +236,19 @@ class Agent:
             self.log("measurements_applied", version=sets.version, sets=",".join(sets.sets))
             return True
 
-    def _finish_policy_swap(self) -> bool:
-        """A new policy document's signature goes to ``FILE.sig`` only after the document is in ``FILE``; a stop in
-        between leaves it at ``FILE.next.sig``, put in place at the next start. Whether there was one."""
-        pending = (self.config.measurements or "") + NEXT_SIGNATURE
-        if not self.config.measurements or not os.path.exists(pending):
-            return False
-        os.replace(pending, self.config.measurements + ".sig")
-        return True
-
     def _own_measurement_set(self) -> Optional[str]:
         """The accepted set this peer's own PCRs match (the Coordinator is not re-attested by itself)."""
         if self.measurement is None or self.policy is None:
             return None
-        policy = with_agent_pcr(self.policy, self.measurement.value)
-        indices = sorted({i for m in policy.sets.values() for i in m.pcrs})
-        with open_tpm(self.config.tcti) as dev:
-            pcrs = {}
-            for start in range(0, len(indices), 8):
-                pcrs.update(dev.pcr_read("sha256", indices[start:start + 8]))
-        try:
-            return policy.match(pcrs)[0]
-        except MeasurementsMismatch:
-            return None
+        return own_measurement_set(with_agent_pcr(self.policy, self.measurement.value), self.config.tcti)
 
     def _follow_measurements(self, version: Optional[int]) -> None:
         """A newer document than ours (GetUpdate's version on a Node; the shared store on a further Coordinator)."""
         if not version or version <= policy_version(self.policy):
             return
         if self.core.state == State.IS_NODE:
-            answer = self._ask_coordinators(lambda client: client.get_measurements())
+            answer = self._ask_coordinators(lambda client: client.invoke("GetMeasurements"))
+            answer["document"] = b64decode(answer["document"], "document", max_size=MAX_DOCUMENT)
         else:
             answer = self.core.measurements.stored() or {}
         if answer.get("document") is not None:

@@ -63,7 +63,7 @@ class PubAPI:
 
     def __init__(self, validator_for_nodes=None, connect_node: Optional[Callable[[str], AgentClient]] = None,
                  admin=None, log=None, issuer=None, validator_for_activation=None, *, status=None, coordinator=None,
-                 activation=None, cluster=None, node=None, join_service=None, trust=None, recovery=None):
+                 activation=None, cluster=None, node=None, join_service=None, trust=None, recovery=None, backup=None):
         self.status = status
         self.coordinator = coordinator
         self.activation = activation
@@ -72,6 +72,7 @@ class PubAPI:
         self.join_service = join_service
         self.trust = trust
         self.recovery = recovery
+        self.backup = backup  # core/backup.py: ActivateAsCoordinator with restore_state
         self.validator_for_nodes = validator_for_nodes
         self.issuer = issuer
         activation_validator = validator_for_activation or validator_for_nodes
@@ -83,7 +84,7 @@ class PubAPI:
     @classmethod
     def for_core(cls, core, *args: Any, **kwargs: Any) -> "PubAPI":
         """The handlers over ``core``'s services (None: no Core, e.g. to list the handlers)."""
-        names = ("status", "coordinator", "activation", "cluster", "node", "join_service", "trust", "recovery")
+        names = ("status", "coordinator", "activation", "cluster", "node", "join_service", "trust", "recovery", "backup")
         return cls(*args, **kwargs, **{name: getattr(core, name, None) for name in names})
 
     def handlers(self) -> Dict[str, Any]:
@@ -101,6 +102,11 @@ class PubAPI:
         conn.stream.send_result(self.status.get_state() if full else self.status.public_state())
 
     def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:
+        if request.restore_state is not None:  # restore.yml: a backup's state onto this fresh peer
+            result = self.backup.restore(request.kms_uri, request.admin_pub_key, request.restore_state,
+                                         request.init_secret, request.measurement_salt)
+            conn.stream.send_result(result.to_dict())
+            return
         result = self.coordinator.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,
                                                           request.storage_uri, request.cluster_config, request.init_secret)
         conn.stream.send_result(result.to_dict())

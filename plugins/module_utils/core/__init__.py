@@ -25,7 +25,8 @@ Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, 
 ``PeerContext`` (``context``) and its collaborators through small Protocols declared where they are used:
 ``coordinator`` (one Coordinator: activation as Coordinator, registry, updates), ``join_service``
 (IssueJoinTicket), ``peer_access`` (who gets what, data keys), ``kubernetes`` (join material), ``signing``,
-``activation`` (the Coordinator activates and resumes nodes), ``shared_store`` (its etcd member),
+``activation`` (the Coordinator activates and resumes nodes), ``backup`` (the Coordinator's state exported
+and restored onto a fresh peer), ``shared_store`` (its etcd member),
 ``coordinator_cluster`` (further Coordinators on one etcd cluster), ``coordinator_removal`` (a Coordinator taken
 out: its etcd member and registry entry), ``node`` (the Node's side), ``evictions``,
 ``trust`` (re-attestation, eviction, rejoin tickets; ``reattest_loop`` drives it), ``recovery`` (start-up,
@@ -45,6 +46,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.activat
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage
 from ansible_collections.constellation.cluster.plugins.module_utils.core.context import STATE_DISK_KEY_FILE, PeerContext
+from ansible_collections.constellation.cluster.plugins.module_utils.core.backup import StateBackup
 from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import Coordinator
 from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator_cluster import CoordinatorCluster
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import Evictions
@@ -116,6 +118,7 @@ class Core:
         self.trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions, self.kubernetes)
         self.status = PeerStatus(context, self.shared_store, self.evictions, self.signing)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
+        self.backup = StateBackup(context, self.recovery, self.access, self.coordinator)
         self.measurements = AcceptedMeasurements(context)  # the accepted measurement sets (image upgrades)
         self.trust.record_measurement_set = self.measurements.record_peer_set
 

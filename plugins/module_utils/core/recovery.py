@@ -114,6 +114,10 @@ class Recovery:
             ctx.advance(State.FAILED)
         return ctx.state
 
+    def resume(self) -> None:
+        """Resumes the stored state now in the store (a restore, core/backup.py): KMS, VPN, registry."""
+        self._resume()
+
     def _resume(self) -> None:
         ctx = self.context
         node = ctx.stored_node()

@@ -20,9 +20,9 @@ from __future__ import annotations
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.backends import (  # noqa: F401
     BACKENDS, KMS, Backend, KMSBackendUnavailable, open_kms, register_backend, unregister_backend)
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.cluster import (  # noqa: F401
-    ClusterKMS, MasterSecret, coordinator_pub_key, coordinator_signing_priv_key)
+    ClusterKMS, MasterSecret, backup_key, coordinator_pub_key, coordinator_signing_priv_key)
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.derive import (  # noqa: F401
-    CLUSTER_ID_KEY_ID, COORDINATOR_SIGNING_KEY_ID, DEK_PREFIX, DERIVED_KEY_LENGTH_DEFAULT, DERIVED_KEY_LENGTH_MAX, EMERGENCY_SSH_CA_KEY_ID,
+    BACKUP_KEY_INFO, CLUSTER_ID_KEY_ID, COORDINATOR_SIGNING_KEY_ID, DEK_PREFIX, DERIVED_KEY_LENGTH_DEFAULT, DERIVED_KEY_LENGTH_MAX, EMERGENCY_SSH_CA_KEY_ID,
     HAS_CRYPTOGRAPHY, KEY_ID_LENGTH_MAX, MASTER_SECRET_FILE_NAME, MASTER_SECRET_FILE_SIZE_MAX,
     MASTER_SECRET_LENGTH_DEFAULT, MASTER_SECRET_LENGTH_MAX, MASTER_SECRET_LENGTH_MIN, MEASUREMENT_SECRET_KEY_ID,
     NO_STORE_URI, RNG_LENGTH_DEFAULT, SALT_LENGTH_MAX, STATE_DISK_KEY_LENGTH, URI_LENGTH_MAX, URI_VALUE_LENGTH_MAX,

@@ -15,6 +15,7 @@ from typing import Mapping, Union
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.derive import (
+    BACKUP_KEY_INFO,
     COORDINATOR_SIGNING_KEY_ID,
     DEK_PREFIX,
     DERIVED_KEY_LENGTH_DEFAULT,
@@ -191,6 +192,13 @@ class ClusterKMS:
     def coordinator_pub_key(self) -> str:
         """Its public key as Nodes pin it: standard base64 of the 32 raw bytes."""
         return coordinator_pub_key(self)
+
+
+def backup_key(master: MasterSecret) -> bytes:
+    """The 32-byte AES-256-GCM key of the cluster's backups (backup.yml, restore.yml):
+    HKDF-SHA256(IKM = master key, salt = master salt, info = BACKUP_KEY_INFO). Not a ``key-`` ID: no KMS
+    ``derive_key`` call (and so no GetDataKey) can produce it."""
+    return hkdf_sha256(master.key, master.salt, BACKUP_KEY_INFO, 32)
 
 
 def coordinator_signing_priv_key(kms) -> "Ed25519PrivateKey":

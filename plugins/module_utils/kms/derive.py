@@ -33,6 +33,9 @@ EMERGENCY_SSH_CA_KEY_ID = "ca_emergency_ssh"
 # KMS and derives the same key; Nodes pin its public key (``coordinator_pub_key``) and check with it every
 # ticket and peer update (docs/protocol.md, "Coordinator signatures"). GetDataKey never hands it out.
 COORDINATOR_SIGNING_KEY_ID = "coordinator_signing_key"
+# Ours: the key backup.yml encrypts the Coordinators' state with (docs/kms.md). HKDF of the master secret with an
+# info label of its own, outside Constellation's ``key-`` namespace, so no derive_key / GetDataKey ID reaches it.
+BACKUP_KEY_INFO = b"constellation.cluster/backup-encryption-key/v1"
 MASTER_SECRET_FILE_NAME = "constellation-mastersecret.json"
 NO_STORE_URI = "storage://no-store"
 

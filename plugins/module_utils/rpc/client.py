@@ -169,12 +169,14 @@ class PubAPIClient(Channel):
     def activate_as_coordinator(self, kms_uri: str, measurement_salt: bytes, admin_pub_key: str,
                                 storage_uri: Optional[str] = None, cluster_config: Optional[Dict] = None,
                                 on_log: Optional[Callable[[str], None]] = None,
-                                init_secret: Optional[bytes] = None) -> Dict[str, Any]:
+                                init_secret: Optional[bytes] = None,
+                                restore_state: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """``init_secret``: the cluster's init secret (32 bytes), required by a node provisioned with
-        an ``init_secret_hash`` (docs/agent.md, "Init secret")."""
+        an ``init_secret_hash`` (docs/agent.md, "Init secret"). ``restore_state``: an ``export_state``
+        answer the fresh peer resumes instead of starting a cluster (restore.yml)."""
         return self.invoke("ActivateAsCoordinator", on_log, kms_uri=kms_uri, measurement_salt=measurement_salt,
                            admin_pub_key=admin_pub_key, storage_uri=storage_uri or None,
-                           cluster_config=cluster_config or {}, init_secret=init_secret)
+                           cluster_config=cluster_config or {}, init_secret=init_secret, restore_state=restore_state)
 
     def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str, str], bytes]) -> Dict[str, Any]:
         """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid, node_vpn_pub_key)``
@@ -292,10 +294,6 @@ class AdminClient(Channel):
 
     APIS = (apis.ADMIN,)
 
-    def set_measurements(self, document: bytes, signature: Optional[str] = None, check: bool = False) -> Dict[str, Any]:
-        return self.invoke("SetMeasurements", document=None if document is None else bytes(document), signature=signature,
-                           check=bool(check))
-
     def admin_auth(self, priv_key) -> Dict[str, Any]:
         if self.server_spki_hash is None:
             raise ProtocolError("AdminAuth needs an aTLS connection")
@@ -305,6 +303,10 @@ class AdminClient(Channel):
         self.stream.send_msg({"signature": b64e(sign_admin(priv_key, admin_auth_message(challenge,
                                                                                         self.server_spki_hash)))})
         return self.stream.recv_end()
+
+    def export_state(self) -> Dict[str, Any]:
+        """The Coordinator's whole store (after ``admin_auth``; backup.yml). Secret: keep it no longer than needed."""
+        return self.invoke("ExportState")
 
     def coordinator_auth(self, sign_auth: Callable[[bytes, bytes], bytes]) -> Dict[str, Any]:
         """AdminAuth as the Coordinators (core/signing.py): ``sign_auth(challenge, server_spki_hash)``
@@ -415,10 +417,6 @@ class VPNAPIClient(PeerAuthClient, Channel):
 
     def get_update(self, resource_version: int) -> Dict[str, Any]:
         return self.invoke("GetUpdate", resource_version=int(resource_version))
-
-    def get_measurements(self) -> Dict[str, Any]:  # the accepted measurement sets: {version, document, signature?}
-        answer = self.invoke("GetMeasurements")
-        return dict(answer, document=b64d(answer["document"], "document", max_size=1024 * 1024))
 
     def get_state_disk_key(self) -> bytes:
         """A node whose activation was interrupted: its own disk key (the caller's VPN IP says whose)."""

@@ -150,6 +150,8 @@ class ActivateAsCoordinatorRequest(Record):
     storage_uri: Optional[str] = wire("str", doc="secret")
     cluster_config: Optional[dict] = wire("object")
     init_secret: Optional[bytes] = wire("b64", False, 32, doc="secret")
+    restore_state: Optional[dict] = wire("object", doc="secret: a Coordinator's ExportState answer; the fresh peer "
+                                         "resumes it (restore.yml) instead of starting a cluster")
 
 
 @dataclass(frozen=True)
@@ -312,6 +314,15 @@ class FetchFileAnswer(Record):
     sha256: str = wire("str", True)
 
 
+@dataclass(frozen=True)
+class ExportStateAnswer(Record):
+    format: str = wire("str", True)
+    cluster_id: bytes = wire("b64", True, 32)
+    vpn_ip: str = wire("str", True)
+    items: dict = wire("object", True, doc="secret: every key of the Coordinator's store, values in base64")
+    cluster_items: Optional[dict] = wire("object", doc="secret: the keys its etcd members share (several Coordinators)")
+
+
 # ------------------------------------------------------------------ vpnapi
 
 
@@ -472,6 +483,8 @@ for _method in (
                "runs a pipelined Ansible module, in a pre-warmed interpreter where possible"),
         Method("PutFile", ADMIN, PutFileRequest, PutFileAnswer, STREAMS_STDIN, "writes a file atomically"),
         Method("FetchFile", ADMIN, FetchFileRequest, FetchFileAnswer, STREAMS_STDOUT, "reads a file"),
+        Method("ExportState", ADMIN, Empty, ExportStateAnswer, STREAMS_NONE,
+               "an activated Coordinator's whole store, for backup.yml (the controller encrypts it); admin only"),
         Method("PeerAuth", VPNAPI, Empty, PeerAuthAnswer, STREAMS_EXCHANGE,
                "proves the caller's WireGuard private key (the one recorded for its VPN IP) for this connection: "
                "a MAC over a fresh challenge; every other vpnapi method requires it"),

@@ -49,8 +49,10 @@ def relayed_methods() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     process only: the task workers, which import this module, never build the schema."""
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 
-    # AdminAuth and Attest are the relay's own business on its TLS connections.
-    relayed = tuple(m.name for m in schema.methods_of(schema.ADMIN) if m.name not in ("AdminAuth", "Attest")) \
+    # AdminAuth and Attest are the relay's own business on its TLS connections; ExportState (the Coordinator's
+    # whole store) is only for the coordinator_backup action's own connection, never a task's.
+    relayed = tuple(m.name for m in schema.methods_of(schema.ADMIN)
+                    if m.name not in ("AdminAuth", "Attest", "ExportState")) \
         + ("GetState",)
     return relayed, tuple(m.name for m in schema.METHODS.values() if m.name in relayed and m.stdin)
 

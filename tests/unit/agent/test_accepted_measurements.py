@@ -9,6 +9,7 @@ stranger, a Node's own vpnapi). A real Core (Coordinator, in-memory TPM and stor
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -46,6 +47,16 @@ def _set(byte):
 def document(version, *names):
     sets = {"v1": _set(0x10), "v2": _set(0x20), "v3": _set(0x30)}
     return json.dumps({"version": version, "accepted": {n: sets[n] for n in names}}, indent=2).encode()
+
+
+def set_measurements(client, doc, sig=None, check=False):
+    """SetMeasurements as the accepted_measurements action calls it (the generic client of the table)."""
+    return client.invoke("SetMeasurements", document=doc, signature=sig, check=check)
+
+
+def get_measurements(client):
+    answer = client.invoke("GetMeasurements")
+    return dict(answer, document=base64.b64decode(answer["document"]))
 
 
 def admin_keypair():
@@ -119,59 +130,59 @@ def admin(cluster):
 
 def test_the_admin_sets_new_sets_idempotently_and_check_mode_changes_nothing(cluster, admin):
     admin.admin_auth(cluster.admin_key)
-    predicted = admin.set_measurements(document(2, "v1", "v2"), check=True)
+    predicted = set_measurements(admin, document(2, "v1", "v2"), check=True)
     assert predicted["changed"] is True and predicted["added"] == ["v2"] and predicted["removed"] == []
     assert cluster.applied == [] and cluster.core.measurements.stored() is None
-    answer = admin.set_measurements(document(2, "v1", "v2"))
+    answer = set_measurements(admin, document(2, "v1", "v2"))
     assert answer["changed"] is True and answer["sets"] == ["v1", "v2"] and answer["version"] == 2
     assert cluster.applied == [(document(2, "v1", "v2"), None)]
-    again = admin.set_measurements(document(2, "v1", "v2"))
+    again = set_measurements(admin, document(2, "v1", "v2"))
     assert again["changed"] is False and len(cluster.applied) == 1
-    report = admin.set_measurements(None)  # no document: what is in force, and who runs what
+    report = set_measurements(admin, None)  # no document: what is in force, and who runs what
     assert (report["changed"], report["version"], report["sets"]) == (False, 2, ["v1", "v2"])
     assert report["peers"] == {cluster.core.context.vpn_ip: "v1"}
 
 
 def test_without_the_admin_key_nothing_is_set(cluster, admin):
     with pytest.raises(RemoteError) as err:
-        admin.set_measurements(document(2, "v1", "v2"))
+        set_measurements(admin, document(2, "v1", "v2"))
     assert err.value.kind == "AccessDenied" and "AdminAuth first" in str(err.value)
     other, _pem = admin_keypair()
     with pytest.raises(RemoteError):
         admin.admin_auth(other)
     with pytest.raises(RemoteError) as err:
-        admin.set_measurements(document(2, "v1", "v2"))
+        set_measurements(admin, document(2, "v1", "v2"))
     assert err.value.kind == "AccessDenied"
     assert cluster.applied == [] and cluster.core.measurements.stored() is None
 
 
 def test_a_stale_or_reused_version_is_refused(cluster, admin):
     admin.admin_auth(cluster.admin_key)
-    admin.set_measurements(document(3, "v1", "v2"))
+    set_measurements(admin, document(3, "v1", "v2"))
     with pytest.raises(RemoteError, match="a version of at least 3"):
-        admin.set_measurements(document(2, "v1", "v3"))  # an old document replayed
+        set_measurements(admin, document(2, "v1", "v3"))  # an old document replayed
     with pytest.raises(RemoteError, match="version 3 is in force with other sets"):
-        admin.set_measurements(document(3, "v1", "v3"))
+        set_measurements(admin, document(3, "v1", "v3"))
     assert len(cluster.applied) == 1
 
 
 def test_retiring_a_set_a_peer_still_runs_is_refused_naming_the_peers(cluster, admin):
     admin.admin_auth(cluster.admin_key)
     node_a, node_b = cluster.add_node("10.42.0.21"), cluster.add_node("10.42.0.22")
-    admin.set_measurements(document(2, "v1", "v2"))
+    set_measurements(admin, document(2, "v1", "v2"))
     with pytest.raises(RemoteError) as err:
-        admin.set_measurements(document(3, "v2"))
+        set_measurements(admin, document(3, "v2"))
     text = str(err.value)
     assert "cannot retire v1" in text and node_a in text and node_b in text and UNKNOWN in text
     cluster.core.measurements.record_peer_set(node_a, "v2")
     cluster.core.measurements.record_peer_set(node_b, "v1")
     with pytest.raises(RemoteError) as err:
-        admin.set_measurements(document(3, "v2"))
+        set_measurements(admin, document(3, "v2"))
     assert "%s (v1)" % node_b in str(err.value) and node_a not in str(err.value)
     assert "%s (v1)" % cluster.core.context.vpn_ip in str(err.value)  # the Coordinator itself runs v1
     cluster.core.measurements.record_peer_set(node_b, "v2")
     cluster.core.measurements.own_set = lambda: "v2"
-    assert admin.set_measurements(document(3, "v2"))["removed"] == ["v1"]
+    assert set_measurements(admin, document(3, "v2"))["removed"] == ["v1"]
 
 
 def test_a_document_stored_but_not_applied_is_applied_on_the_next_call(cluster, admin):
@@ -184,9 +195,9 @@ def test_a_document_stored_but_not_applied_is_applied_on_the_next_call(cluster, 
 
     cluster.core.measurements.on_apply = fail_once
     with pytest.raises(RemoteError):
-        admin.set_measurements(document(2, "v1", "v2"))
+        set_measurements(admin, document(2, "v1", "v2"))
     assert cluster.applied == [] and cluster.core.measurements.version() == 2  # stored, not in force here
-    assert admin.set_measurements(document(2, "v1", "v2"))["changed"] is False
+    assert set_measurements(admin, document(2, "v1", "v2"))["changed"] is False
     assert cluster.applied == [(document(2, "v1", "v2"), None)]
 
 
@@ -195,7 +206,7 @@ def test_a_set_renamed_is_not_retired(cluster, admin):
     admin.admin_auth(cluster.admin_key)
     cluster.add_node("10.42.0.21")  # not re-attested yet: would block a real retirement
     cluster.policy = parse_policy({k: v for k, v in json.loads(document(1, "v1"))["accepted"]["v1"].items()})
-    answer = admin.set_measurements(document(2, "v1", "v2"))
+    answer = set_measurements(admin, document(2, "v1", "v2"))
     assert answer["changed"] and answer["removed"] == ["default"]
 
 
@@ -205,7 +216,7 @@ def test_a_node_cannot_set_measurements(swtpm, make_core):
     with pubapi_server(node) as server:
         with AgentClient.connect("127.0.0.1:%d" % server.address[1], [DummyValidator()]) as client:
             with pytest.raises(RemoteError) as err:
-                client.set_measurements(document(2, "v1", "v2"))
+                set_measurements(client, document(2, "v1", "v2"))
     assert "only after activation" in str(err.value)
 
 
@@ -218,12 +229,12 @@ def test_with_a_pinned_key_only_a_signed_document_is_taken(tmp_path):
                 admin.admin_auth(cluster.admin_key)
                 doc = document(2, "v1", "v2")
                 with pytest.raises(RemoteError, match="an unsigned document is never accepted"):
-                    admin.set_measurements(doc)
+                    set_measurements(admin, doc)
                 forged = document(2, "v1", "v3")
                 with pytest.raises(RemoteError, match="does not verify"):
-                    admin.set_measurements(forged, signature.sign_blob(key, doc))  # a signature of another file
+                    set_measurements(admin, forged, signature.sign_blob(key, doc))  # a signature of another file
                 signed = signature.sign_blob(key, doc)
-                assert admin.set_measurements(doc, signed)["changed"] is True
+                assert set_measurements(admin, doc, signed)["changed"] is True
         assert cluster.applied == [(doc, signed)]
     finally:
         cluster.close()
@@ -235,15 +246,37 @@ def test_get_measurements_only_for_an_authenticated_peer_and_get_update_says_the
     with cluster.vpn_client(node) as client:
         assert client.get_update(0)["measurements_version"] == 1  # the policy in force
         with pytest.raises(RemoteError, match="no measurements document was set"):
-            client.get_measurements()
-    admin.set_measurements(document(2, "v1", "v2"))
+            get_measurements(client)
+    set_measurements(admin, document(2, "v1", "v2"))
     with cluster.vpn_client(node) as client:
         assert client.get_update(0)["measurements_version"] == 2
-        answer = client.get_measurements()
+        answer = get_measurements(client)
         assert answer["version"] == 2 and answer["document"] == document(2, "v1", "v2")
     with cluster.vpn_client(node, authenticate=False) as client:  # the node's address, not its WireGuard key
         with pytest.raises(RemoteError, match="PeerAuth first"):
-            client.get_measurements()
+            get_measurements(client)
     with pytest.raises((RemoteError, OSError)):  # a stranger's address: refused at accept
         with cluster.vpn_client("127.78.9.9", authenticate=False) as client:
-            client.get_measurements()
+            get_measurements(client)
+
+
+def test_the_policy_file_and_its_signature_change_together_even_across_a_stop(tmp_path):
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import NEXT_SIGNATURE, PolicyFile
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    pub = tmp_path / "m.pub"
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    path = tmp_path / "measurements.json"
+    policy_file = PolicyFile(str(path), str(pub))
+    policy_file.write(document(1, "v1"), signature.sign_blob(key, document(1, "v1")))
+    assert list(policy_file.load().sets) == ["v1"] and not (tmp_path / ("measurements.json" + NEXT_SIGNATURE)).exists()
+    # A stop after the document was written, before its signature was put in place: finished at the next start.
+    (tmp_path / ("measurements.json" + NEXT_SIGNATURE)).write_text(signature.sign_blob(key, document(2, "v1", "v2")))
+    path.write_bytes(document(2, "v1", "v2"))
+    assert list(PolicyFile(str(path), str(pub)).load().sets) == ["v1", "v2"]
+    # Without a pending signature an altered file is still refused.
+    path.write_bytes(document(3, "v3"))
+    with pytest.raises(InputError, match="does not verify"):
+        PolicyFile(str(path), str(pub)).load()

@@ -1,0 +1,56 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin coordinator_backup: the attested Coordinator's state (ExportState over the admin channel),
+encrypted on the controller into the backup folder (plugins/plugin_utils/backup.py).
+Documentation is in plugins/modules/coordinator_backup.py.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
+from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
+
+KUBERNETES_NOT_TAKEN = {"name": "kubernetes_etcd", "included": False,
+                        "reason": "Kubernetes etcd snapshots are not taken by this version: back up the control plane's "
+                                  "etcd with etcdctl snapshot save and its /etc/kubernetes/pki yourself"}
+
+
+class ActionModule(ClusterAction):
+    SPEC = controller_options.COORDINATOR_BACKUP_ARGS
+    _VALID_ARGS = valid_args(SPEC)
+
+    def act(self, args, settings):
+        from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
+        from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import decode_salt
+
+        master = MasterSecret.from_uri(args["kms_uri"])
+        cluster_id = ClusterKMS(master).cluster_id(decode_salt(args["measurement_salt"]))
+        exported = backup.export_state(args["endpoint"], settings, self.load_admin_priv_key(args["admin_priv_key_file"]),
+                                       cluster_id)
+        out = {"changed": False, "endpoint": args["endpoint"], "cluster_id": base64.b64encode(cluster_id).decode()}
+        warnings = []
+        if args["kubernetes"]:
+            warnings.append(KUBERNETES_NOT_TAKEN["reason"])
+        current = backup.fingerprint(master, exported)
+        for path, _manifest in reversed(backup.backups(args["backup_dir"], out["cluster_id"])):
+            try:
+                manifest, _state = backup.open_backup(path, master, cluster_id)
+            except backup.BackupRefused as err:  # a damaged newest backup is no reason to skip this one
+                warnings.append("the newest backup is not usable, a new one is made: %s" % err)
+                break
+            if manifest.get("state_fingerprint") == current:
+                out.update(path=path, manifest=manifest, note="the Coordinator's state is unchanged since this backup")
+                return dict(out, warnings=warnings) if warnings else out
+            break
+        out["changed"] = True
+        manifest, data, name = backup.seal(master, exported, args["endpoint"],
+                                           KUBERNETES_NOT_TAKEN if args["kubernetes"] else None)
+        if self._task.check_mode:
+            out.update(path=None, manifest=manifest, note="check mode: a new backup would be written")
+        else:
+            out.update(path=backup.write(args["backup_dir"], manifest, data, name), manifest=manifest)
+        return dict(out, warnings=warnings) if warnings else out

@@ -1,0 +1,53 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin coordinator_restore: a verified backup's Coordinator state onto an attested fresh peer
+(ActivateAsCoordinator with restore_state; plugins/plugin_utils/backup.py).
+Documentation is in plugins/modules/coordinator_restore.py.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
+
+
+class ActionModule(ClusterAction):
+    SPEC = controller_options.COORDINATOR_RESTORE_ARGS
+    _VALID_ARGS = valid_args(SPEC)
+
+    def act(self, args, settings):
+        from cryptography.hazmat.primitives import serialization
+
+        from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret
+        from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
+        from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import decode_salt
+
+        master = MasterSecret.from_uri(args["kms_uri"])
+        salt = decode_salt(args["measurement_salt"])
+        cluster_id = ClusterKMS(master).cluster_id(salt)
+        path = args["backup"]
+        if not path:
+            if not args["backup_dir"]:
+                raise InputError("backup", "the backup's manifest file, or backup_dir to take the newest of this cluster")
+            found = backup.backups(args["backup_dir"], base64.b64encode(cluster_id).decode())
+            if not found:
+                raise InputError("backup_dir", "a folder with a backup of this cluster", args["backup_dir"])
+            path = found[-1][0]
+        # Every check before anything is sent: a refused backup never reaches a host.
+        try:
+            manifest, exported = backup.open_backup(path, master, cluster_id)
+        except backup.BackupRefused as err:
+            raise backup.BackupRefused("backup refused, nothing was sent: %s" % err) from None
+        priv_key = self.load_admin_priv_key(args["admin_priv_key_file"])
+        pub_key = priv_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        init_secret = parse_init_secret(args["init_secret"]) if args["init_secret"] else None
+        out = backup.restore(args["endpoint"], settings, args["kms_uri"], salt, cluster_id, pub_key, exported,
+                             init_secret, check_mode=bool(self._task.check_mode))
+        out.update(backup=path, manifest=manifest, cluster_id=base64.b64encode(cluster_id).decode())
+        return out

@@ -1,0 +1,122 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: coordinator_restore
+short_description: Restore the Coordinator's state from a backup onto a fresh, attested peer
+version_added: "0.3.0"
+description:
+  - Opens the backup first, on the controller - its manifest's format, the data file's size and SHA-256, the cluster
+    ID against the one derived from O(kms_uri) and O(measurement_salt), the AES-256-GCM decryption with the manifest
+    as associated data, the state's fingerprint. A tampered, damaged or foreign backup is refused, naming the file
+    and the reason, and nothing is sent.
+  - Then attests the peer at O(endpoint) (aTLS); a fresh peer (AcceptingInit, PCR 15 unset, no stored state) gets
+    C(ActivateAsCoordinator) with the backup's state (C(restore_state)), the KMS URI and the proof of the init
+    secret. It checks all of it, takes the node lock and comes back with the backup's VPN IP, WireGuard key, peer
+    registry and KMS settings; the Nodes reconnect by themselves.
+  - A Coordinator of this cluster is left alone (C(changed=false)); any other peer is refused, naming its state.
+author:
+  - constellation.cluster contributors (@constellation-cluster)
+requirements:
+  - The Python package cryptography on the controller (attested TLS, AES-GCM, the signatures it checks)
+  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
+    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
+extends_documentation_fragment:
+  - constellation.cluster.attestation
+options:
+  endpoint:
+    description: The fresh peer's public endpoint.
+    type: str
+    required: true
+  kms_uri:
+    description: SECRET. The cluster's KMS URI (C(kms://cluster-kms)).
+    type: str
+    required: true
+  measurement_salt:
+    description: SECRET. The cluster's measurement salt (standard base64).
+    type: str
+    required: true
+  admin_priv_key_file:
+    description: The admin's private key (PEM); its public key must be the one the backup's Coordinator pinned.
+    type: path
+    required: true
+  init_secret:
+    description: SECRET. The cluster's init secret (standard base64), proven to a peer provisioned with an init secret hash.
+    type: str
+  backup:
+    description: The backup's manifest file (C(*.manifest.json)).
+    type: path
+  backup_dir:
+    description: Without O(backup), the newest backup of this cluster in this folder is restored.
+    type: path
+attributes:
+  check_mode:
+    support: full
+    description: Verifies the backup, attests the peer and reports whether it would be restored; nothing is sent.
+  diff_mode:
+    support: none
+    description: No file changes.
+  idempotent:
+    support: full
+    description: A Coordinator of this cluster is left alone.
+"""
+
+EXAMPLES = r"""
+- name: Restore the newest backup onto the fresh first Coordinator
+  constellation.cluster.coordinator_restore:
+    endpoint: 192.0.2.10:9000
+    kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
+    measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
+    admin_priv_key_file: admin_key
+    backup_dir: "{{ inventory_dir }}/backups"
+    measurements_file: measurements.json
+  no_log: true
+"""
+
+RETURN = r"""
+backup:
+  description: The manifest of the backup that was verified (and restored).
+  returned: success
+  type: str
+manifest:
+  description: Its manifest (no secret in it).
+  returned: success
+  type: dict
+state_before:
+  description: The peer's state before.
+  returned: success
+  type: str
+state:
+  description: The peer's state after.
+  returned: success
+  type: str
+coordinator_vpn_ip:
+  description: The restored Coordinator's VPN IP (the backup's).
+  returned: when restored
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
+    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **controller_options.COORDINATOR_RESTORE_ARGS),
+        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
+        supports_check_mode=True,
+    )
+    module.fail_json(msg="coordinator_restore runs on the controller through its action plugin; "
+                         "it cannot run as a module on a host")
+
+
+if __name__ == "__main__":
+    main()

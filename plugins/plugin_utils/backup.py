@@ -1,0 +1,233 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Backups of the Coordinator's state on the controller (backup.yml, restore.yml; docs/site.md).
+
+A backup is two files in the backup folder (0700), both 0600, written atomically, the data first:
+
+* ``<name>.enc``: ``AES-256-GCM(key, nonce, plaintext, aad)``, the key ``kms.backup_key(master secret)``
+  (HKDF with an info label of its own, docs/kms.md; never the master secret itself), the plaintext the
+  canonical JSON of ``{"coordinator_state": <ExportState answer>}``;
+* ``<name>.manifest.json``: what (the contents, key counts), when, the cluster ID, the Coordinator, the format
+  version, the cipher and nonce, a keyed fingerprint of the state and the data file's size and SHA-256. The
+  associated data of the AEAD is the canonical JSON of the manifest without its two data fields (which
+  depend on the ciphertext): changing any other field of the manifest fails the decryption.
+
+The manifest is the commit marker: a data file without one is no backup. Opening a backup checks, in order,
+the manifest's format, the data file's size and digest, the cluster ID against the one the controller
+derives, the AEAD and the fingerprint; each refusal (``BackupRefused``) names the file and the reason, and
+nothing is sent before all of them passed. "A second run changes nothing": when the Coordinator's state
+has the same fingerprint as the newest backup of this cluster in the folder, no new backup is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from typing import Any, Dict, List, Optional, Tuple
+
+from ansible_collections.constellation.cluster.plugins.module_utils import constants
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
+
+FORMAT = "constellation.cluster/backup/v1"
+CIPHER = "AES-256-GCM"
+KEY_DERIVATION = "HKDF-SHA256(master key, master salt, info=%s)" % kms_mod.BACKUP_KEY_INFO.decode()
+MANIFEST_SUFFIX = ".manifest.json"
+DATA_SUFFIX = ".enc"
+MAX_MANIFEST = 1 << 20
+MAX_DATA = 64 << 20
+_DATA_FIELDS = ("data_sha256", "data_size")
+_FINGERPRINT_INFO = b"constellation.cluster/backup-fingerprint/v1"
+
+
+class BackupRefused(ConstellationError):
+    """A backup that is not opened (names the file and the reason); nothing was sent."""
+
+
+def canonical(doc: Any) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _aad(manifest: Dict[str, Any]) -> bytes:
+    return canonical({k: v for k, v in manifest.items() if k not in _DATA_FIELDS})
+
+
+def fingerprint(master: kms_mod.MasterSecret, exported: Dict[str, Any]) -> str:
+    """A keyed digest of the state (HMAC-SHA256 under a key derived from the backup key): says whether two
+    exports hold the same state without saying anything about it to whoever reads the manifest."""
+    key = kms_mod.hkdf_sha256(kms_mod.backup_key(master), b"", _FINGERPRINT_INFO, 32)
+    return hmac.new(key, canonical(exported), hashlib.sha256).hexdigest()
+
+
+def _now() -> Tuple[str, str]:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), now.strftime("backup-%Y%m%dT%H%M%S%fZ")
+
+
+def seal(master: kms_mod.MasterSecret, exported: Dict[str, Any], endpoint: str,
+         kubernetes: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], bytes, str]:
+    """(manifest, data, name) of a new backup of ``exported`` (an ExportState answer)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    created, name = _now()
+    nonce = secrets.token_bytes(12)
+    contents = [{"name": "coordinator_state", "what": "the Coordinator's store (ExportState over the admin channel)",
+                 "keys": len(exported.get("items") or {}) + len(exported.get("cluster_items") or {}),
+                 "format": exported.get("format")}]
+    contents.append(dict(kubernetes or {"name": "kubernetes_etcd", "included": False,
+                                        "reason": "Kubernetes is not managed by this inventory"}))
+    manifest = {"format": FORMAT, "created": created, "cluster_id": exported.get("cluster_id"),
+                "coordinator": {"endpoint": endpoint, "vpn_ip": exported.get("vpn_ip")}, "contents": contents,
+                "state_fingerprint": fingerprint(master, exported),
+                "cipher": {"algorithm": CIPHER, "key": KEY_DERIVATION, "nonce": base64.b64encode(nonce).decode(),
+                           "aad": "the canonical JSON of this manifest without %s" % " and ".join(_DATA_FIELDS)},
+                "data_file": name + DATA_SUFFIX}
+    data = nonce + AESGCM(kms_mod.backup_key(master)).encrypt(nonce, canonical({"coordinator_state": exported}),
+                                                              _aad(manifest))
+    manifest.update(data_sha256=hashlib.sha256(data).hexdigest(), data_size=len(data))
+    return manifest, data, name
+
+
+def write(backup_dir: str, manifest: Dict[str, Any], data: bytes, name: str) -> str:
+    """Writes the data, then the manifest (0600, atomically) into ``backup_dir`` (made 0700); the manifest's path."""
+    os.makedirs(backup_dir, mode=0o700, exist_ok=True)
+    atomic_write(os.path.join(backup_dir, name + DATA_SUFFIX), data, 0o600, exclusive=True)
+    path = os.path.join(backup_dir, name + MANIFEST_SUFFIX)
+    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n", 0o600, exclusive=True)
+    return path
+
+
+def read_manifest(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_MANIFEST + 1)
+    except OSError as err:
+        raise BackupRefused("%s: cannot read the backup's manifest: %s" % (path, err.strerror)) from None
+    try:
+        manifest = json.loads(raw) if len(raw) <= MAX_MANIFEST else None
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise BackupRefused("%s: not a backup manifest (not a JSON object of at most 1 MiB)" % path)
+    if manifest.get("format") != FORMAT:
+        raise BackupRefused("%s: not a backup of format %s (format %r)" % (path, FORMAT, str(manifest.get("format"))[:80]))
+    return manifest
+
+
+def backups(backup_dir: str, cluster_id: Optional[str] = None) -> List[Tuple[str, Dict[str, Any]]]:
+    """(manifest path, manifest) of the readable backups in ``backup_dir`` (of ``cluster_id``), oldest first."""
+    found = []
+    try:
+        names = sorted(os.listdir(backup_dir))
+    except FileNotFoundError:
+        return []
+    for entry in names:
+        if not entry.endswith(MANIFEST_SUFFIX):
+            continue
+        path = os.path.join(backup_dir, entry)
+        try:
+            manifest = read_manifest(path)
+        except BackupRefused:
+            continue
+        if cluster_id is None or manifest.get("cluster_id") == cluster_id:
+            found.append((path, manifest))
+    return sorted(found, key=lambda item: (str(item[1].get("created")), item[0]))
+
+
+def open_backup(path: str, master: kms_mod.MasterSecret, cluster_id: bytes) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(manifest, the Coordinator's exported state) of the backup whose manifest is ``path``, after every
+    check (module docstring); BackupRefused naming the file and the reason otherwise."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    manifest = read_manifest(path)
+    data_name = manifest.get("data_file")
+    if not isinstance(data_name, str) or os.path.basename(data_name) != data_name or not data_name.endswith(DATA_SUFFIX):
+        raise BackupRefused("%s: the manifest names no data file in its folder" % path)
+    data_path = os.path.join(os.path.dirname(path), data_name)
+    try:
+        with open(data_path, "rb") as handle:
+            data = handle.read(MAX_DATA + 1)
+    except OSError as err:
+        raise BackupRefused("%s: cannot read the backup's data: %s" % (data_path, err.strerror)) from None
+    if len(data) != manifest.get("data_size"):
+        raise BackupRefused("%s: %d bytes, the manifest says %s: damaged or changed"
+                            % (data_path, len(data), manifest.get("data_size")))
+    if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), str(manifest.get("data_sha256"))):
+        raise BackupRefused("%s: its SHA-256 does not match the manifest's data_sha256 (%s): damaged or changed"
+                            % (data_path, os.path.basename(path)))
+    if manifest.get("cluster_id") != base64.b64encode(cluster_id).decode():
+        raise BackupRefused("%s: a backup of another cluster (cluster ID %s, this inventory's is %s)"
+                            % (path, str(manifest.get("cluster_id"))[:64], base64.b64encode(cluster_id).decode()))
+    try:
+        plain = AESGCM(kms_mod.backup_key(master)).decrypt(data[:12], data[12:], _aad(manifest))
+    except (InvalidTag, ValueError):
+        raise BackupRefused("%s: the authenticated decryption failed: the manifest or the data was changed, or the "
+                            "backup was made with another master secret" % path) from None
+    try:
+        exported = json.loads(plain)["coordinator_state"]
+    except (ValueError, KeyError, TypeError):
+        raise BackupRefused("%s: the decrypted backup holds no Coordinator state" % path) from None
+    if not isinstance(exported, dict) or exported.get("cluster_id") != manifest.get("cluster_id") \
+            or not hmac.compare_digest(fingerprint(master, exported), str(manifest.get("state_fingerprint"))):
+        raise BackupRefused("%s: the decrypted state does not match the manifest (cluster ID, fingerprint)" % path)
+    return manifest, exported
+
+
+def export_state(endpoint: str, settings, admin_priv_key, cluster_id: bytes) -> Dict[str, Any]:
+    """The attested Coordinator's state (ExportState after AdminAuth); StateError if it is not an activated
+    Coordinator of this cluster (PCR 15)."""
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
+        ACTIVATING_NODES, OURS, ROLE_COORDINATOR, open_peer, status_of)
+
+    with open_peer(endpoint, settings) as client:
+        status = status_of(client, endpoint, cluster_id)
+        if status.membership != OURS or status.role != ROLE_COORDINATOR or status.state != ACTIVATING_NODES:
+            raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s): nothing to "
+                             "back up from it" % (endpoint, status.state, status.role, status.membership))
+        client.admin_auth(admin_priv_key)
+        exported = client.export_state()
+    if exported.get("cluster_id") != base64.b64encode(cluster_id).decode():
+        raise StateError("%s exported another cluster's state" % endpoint)
+    return exported
+
+
+def restore(endpoint: str, settings, kms_uri: str, measurement_salt: bytes, cluster_id: bytes, admin_pub_key: str,
+            exported: Dict[str, Any], init_secret: Optional[bytes], check_mode: bool) -> Dict[str, Any]:
+    """Restores ``exported`` (from ``open_backup``) onto the attested fresh peer at ``endpoint``
+    (ActivateAsCoordinator with restore_state). A Coordinator of this cluster is left alone (changed False);
+    anything but a fresh peer is refused, naming it."""
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
+        ACCEPTING_INIT, ACTIVATING_NODES, FRESH, OURS, ROLE_COORDINATOR, open_peer, status_of)
+
+    result: Dict[str, Any] = {"changed": False, "endpoint": endpoint}
+    with open_peer(endpoint, settings) as client:
+        status = status_of(client, endpoint, cluster_id)
+        result.update(state_before=status.state, state=status.state)
+        if status.membership == OURS and status.role == ROLE_COORDINATOR and status.state == ACTIVATING_NODES:
+            result["note"] = "already a Coordinator of this cluster: nothing to restore"
+            return result
+        if status.membership != FRESH or status.state != ACCEPTING_INIT:
+            raise StateError("%s is %s (role %s, PCR 15 %s): a backup is restored only onto a fresh peer; reset it "
+                             "(or recover a rebooted Coordinator with recover.yml)"
+                             % (endpoint, status.state, status.role, status.membership))
+        if status.role != constants.ROLE_UNKNOWN:
+            raise StateError("%s holds a %s's state and waits for recovery: recover it with recover.yml instead of "
+                             "restoring a backup over it" % (endpoint, status.role))
+        result["changed"] = True
+        if check_mode:
+            return result
+        answer = client.activate_as_coordinator(kms_uri, measurement_salt, admin_pub_key, init_secret=init_secret,
+                                                restore_state=exported)
+    if base64.b64decode(answer.get("cluster_id", "")) != cluster_id or answer.get("coordinator_vpn_ip") != exported.get("vpn_ip"):
+        raise StateError("%s answered another cluster ID or VPN IP than the backup's" % endpoint)
+    result.update(state=answer.get("state"), coordinator_vpn_ip=answer.get("coordinator_vpn_ip"),
+                  coordinator_vpn_pub_key=answer.get("coordinator_vpn_pub_key"))
+    return result
