@@ -78,7 +78,7 @@ def measure(hosts: int, tmp: Path) -> dict:
             doc["reattest_unreachable_limit"] = 60
             config.write_text(json.dumps(doc, indent=2))
             lab.reimage(h.name, LAB_IMAGE)
-        first, _ = play(inv, ROOT / "site.yml")
+        first = play(inv, ROOT / "site.yml")[0]
         second, second_changed = play(inv, ROOT / "site.yml")
         upgrade = signed(lab, tmp / ("upgrade%d.json" % hosts),
                          {"version": 1, "accepted": {"v1": lab_measurements(LAB_IMAGE), "v2": lab_measurements(NEXT_IMAGE)}})
@@ -146,11 +146,11 @@ def main() -> int:
         for hosts in sizes:
             rows.append(measure(hosts, Path(tmp)))
     print("%-6s %12s %12s %12s %14s %14s" % ("hosts", "upgrade s", "per host s", "site 2nd s", "gap others s",
-                                              "gap rebooting s"))
+                                             "gap rebooting s"))
     for row in rows:
-        print("%-6d %12.2f %12.2f %12.2f %14.2f %14.2f" % (row["hosts"], row["upgrade_s"], row["upgrade_per_host_s"],
-                                                            row["site_second_run_s"], row["ping_gap_others_s"],
-                                                            row["ping_gap_rebooting_s"]))
+        cells = (row["hosts"], row["upgrade_s"], row["upgrade_per_host_s"], row["site_second_run_s"],
+                 row["ping_gap_others_s"], row["ping_gap_rebooting_s"])
+        print("%-6d %12.2f %12.2f %12.2f %14.2f %14.2f" % cells)
     print("load average (1 min) before: %.2f" % load)
     print(json.dumps({"labs": rows, "load_before": round(load, 2)}))
     return 0

@@ -48,8 +48,8 @@ options:
 attributes:
   check_mode:
     support: full
-    description: The Coordinator checks the document and predicts RV(changed) (and a refused retirement) without
-      storing anything.
+    description: The Coordinator checks the document and predicts whether it changes anything (and a refused
+      retirement) without storing anything.
   diff_mode:
     support: full
     description: The accepted set names before and after.

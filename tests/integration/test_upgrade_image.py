@@ -22,7 +22,7 @@ import subprocess
 import time
 
 import pytest
-from lab.agent import agent_dir, start_agent, tail_log
+from lab.agent import agent_dir, start_agent
 from lab.image import LAB_IMAGE, lab_measurements
 from lab import tpms
 from tests.support import ROOT, VENV_BIN
@@ -90,7 +90,6 @@ class Upgrade(LabCluster):
 
     def sealed_sets(self, name: str) -> list:
         return self.state(name)["secrets_at_rest"]["sets"]
-
 
 
 def _doc(version, *names):

@@ -412,4 +412,3 @@ def _drain_stdin(conn: Connection) -> None:
         conn.stream.recv_data_until_eof(CHANNEL_STDIN, lambda _d: None)
     except Exception:  # pylint: disable=broad-except
         pass
-

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import make_selection
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError

@@ -167,9 +167,9 @@ class AcceptedMeasurements:
         retired = [n for n in answer["removed"] if current_sets.sets[n] not in new.sets.values()]
         running = self.running(retired, answer["peers"]) if retired else {}
         if running:
+            peers = ", ".join("%s (%s)" % (ip, running[ip]) for ip in sorted(running))
             raise StateError("SetMeasurements: cannot retire %s: these peers still run it or were not re-attested "
-                             "since: %s" % (", ".join(retired), ", ".join("%s (%s)" % (ip, running[ip])
-                                                                        for ip in sorted(running))))
+                             "since: %s" % (", ".join(retired), peers))
 
     # -- GetMeasurements (vpnapi, Coordinator)
     def get_measurements(self) -> Dict[str, Any]:

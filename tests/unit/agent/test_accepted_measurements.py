@@ -205,7 +205,7 @@ def test_a_set_renamed_is_not_retired(cluster, admin):
     """The plain policy's one set ("default") named after its image: the same measurements, no peer left behind."""
     admin.admin_auth(cluster.admin_key)
     cluster.add_node("10.42.0.21")  # not re-attested yet: would block a real retirement
-    cluster.policy = parse_policy({k: v for k, v in json.loads(document(1, "v1"))["accepted"]["v1"].items()})
+    cluster.policy = parse_policy(json.loads(document(1, "v1"))["accepted"]["v1"])
     answer = set_measurements(admin, document(2, "v1", "v2"))
     assert answer["changed"] and answer["removed"] == ["default"]
 
