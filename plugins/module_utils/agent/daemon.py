@@ -46,7 +46,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
     normalize_disk_uuid,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
@@ -123,6 +123,7 @@ class Agent:
         self._sealed_pcrs: List[int] = []  # the PCRs the storage key is sealed to
         self.policy = None  # the accepted measurement sets as the policy file holds them (before PCR 13 and 15)
         self.policy_file = PolicyFile(config.measurements, config.measurements_pub_key)  # agent/policy_file.py
+        self._refused_version: Optional[int] = None  # a document version this agent refused (logged once)
         self._policy_lock = threading.Lock()
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
         # Before anything is served or read: the agent measures itself, then unseals its storage key.
@@ -243,16 +244,22 @@ class Agent:
         return own_measurement_set(with_agent_pcr(self.policy, self.measurement.value), self.config.tcti)
 
     def _follow_measurements(self, version: Optional[int]) -> None:
-        """A newer document than ours (GetUpdate's version on a Node; the shared store on a further Coordinator)."""
-        if not version or version <= policy_version(self.policy):
+        """A newer document than ours (GetUpdate's version on a Node; the shared store on a further Coordinator).
+        One this agent refuses (no valid signature, an older version) is logged once per version and never stops
+        the peer updates."""
+        if not version or version <= policy_version(self.policy) or version == self._refused_version:
             return
-        if self.core.state == State.IS_NODE:
-            answer = self._ask_coordinators(lambda client: client.invoke("GetMeasurements"))
-            answer["document"] = b64decode(answer["document"], "document", max_size=MAX_DOCUMENT)
-        else:
-            answer = self.core.measurements.stored() or {}
-        if answer.get("document") is not None:
-            self.apply_measurements(answer["document"], answer.get("signature"))
+        try:
+            if self.core.state == State.IS_NODE:
+                answer = self._ask_coordinators(lambda client: client.invoke("GetMeasurements"))
+                answer["document"] = b64decode(answer["document"], "document", max_size=MAX_DOCUMENT)
+            else:
+                answer = self.core.measurements.stored() or {}
+            if answer.get("document") is not None:
+                self.apply_measurements(answer["document"], answer.get("signature"))
+        except InputError as err:
+            self._refused_version = version
+            self.log("measurements_refused", level="error", version=version, error=str(err)[:300])
 
     def _issue_for_connection(self, user_data: bytes, nonce: bytes) -> bytes:
         """Attest (admin channel): a quote as the aTLS server context issues it (with its deadline)."""

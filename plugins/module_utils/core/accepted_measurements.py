@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
@@ -35,6 +36,7 @@ KEY_DOCUMENT = "measurementsDocument"
 KEY_PEER_SET_PREFIX = "measurementSetOf"
 MAX_DOCUMENT = 1024 * 1024
 UNKNOWN = "(not re-attested since the sets were last set)"
+VERSION_CACHE_SECONDS = 1.0  # GetUpdate says the version on every poll: read from the store at most this often
 
 
 def check_document(document: bytes, signature: Optional[str], pub_key: Any, current: Any = None) -> MeasurementSets:
@@ -76,6 +78,7 @@ class AcceptedMeasurements:
         self.own_set: Callable[[], Optional[str]] = lambda: None
         self._lock = threading.Lock()
         self._recorded: Dict[str, str] = {}  # vpn_ip -> set, as last written to the store
+        self._version = (0.0, 0)  # (when read, version): version()'s cache
 
     # -- the Coordinator's record of who runs what
     def record_peer_set(self, vpn_ip: str, name: Optional[str]) -> None:
@@ -109,8 +112,14 @@ class AcceptedMeasurements:
         return doc
 
     def version(self) -> int:
-        stored = self.stored()
-        return int(stored["version"]) if stored is not None else policy_version(self.current())
+        """The version in force (the stored document's, else the policy file's); at most one store read a second."""
+        read_at, version = self._version
+        now = time.monotonic()
+        if now - read_at >= VERSION_CACHE_SECONDS or read_at == 0.0:
+            stored = self.stored()
+            version = int(stored["version"]) if stored is not None else policy_version(self.current())
+            self._version = (now, version)
+        return version
 
     # -- SetMeasurements (admin channel, Coordinator)
     def set_measurements(self, document: Optional[bytes], signature: Optional[str], check: bool = False) -> Dict[str, Any]:
@@ -148,6 +157,7 @@ class AcceptedMeasurements:
                 record = {"version": new.version, "document": base64.b64encode(bytes(document)).decode("ascii"),
                           "signature": signature}
                 self.context.store.put(KEY_DOCUMENT, json.dumps(record).encode("utf-8"))
+                self._version = (time.monotonic(), new.version)
                 self.context.log("measurements_set", version=new.version, sets=",".join(new.sets),
                                  added=",".join(answer["added"]), removed=",".join(answer["removed"]))
             if self.on_apply is not None:
