@@ -112,7 +112,12 @@ def start_agent(lab: AgentLab, host: Host, wait: bool = True, kill_after_event: 
     ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it.
     ``agent_root``: run another copy of the agent (``bin/constellation-agent`` and ``collections/``
     under it, as ``copy_agent`` makes) instead of the checkout's."""
-    path = write_config(lab, host, trust, **config)
+    return launch_agent(lab, host, write_config(lab, host, trust, **config), wait, kill_after_event, agent_root)
+
+
+def launch_agent(lab: AgentLab, host: Host, path: Path, wait: bool = True, kill_after_event: Optional[str] = None,
+                 agent_root: Optional[Path] = None) -> subprocess.Popen:
+    """Starts the agent on host with the configuration file ``path`` as it is (a reboot keeps the configuration)."""
     log = open(agent_dir(host) / "agent.log", "ab")
     # GOMAXPROCS=1 for the host's wireguard-go (started by the agent, which passes its environment
     # on): a simulated host shares the machine's cores with every other one, and a Go runtime that

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
         if not os.path.exists(os.path.join(folder, SEALED_KEY_FILE)):
             sys.stderr.write("%s: no sealed storage key in %s\n" % (args.unseal_file, folder))
             return 1
-        storage = SealedStorage.open(folder, lambda: tpm.open_tpm(args.tcti), [])
+        storage = SealedStorage.open(folder, lambda: tpm.open_tpm(args.tcti), [])  # any blob of the key file
         sys.stdout.write(base64.b64encode(storage.read_file(args.unseal_file) or b"").decode() + "\n")
     return 0
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from lab import network, tpms
-from lab.agent import start_agent
+from lab.agent import agent_dir, launch_agent, start_agent
 from lab.etcd import Etcd, tmpfs_dir
 from lab.image import LAB_IMAGE
 from lab.inventory import local_inventory_path, write_inventory
@@ -244,8 +244,26 @@ class Lab:
         tpms.measure(h, digests, self.host_python())
 
     def reboot_tpm(self, name: str) -> None:
-        """A reboot of the host's machine (tpms.reboot). Stop the host's agent first and start it after."""
-        tpms.reboot(self.host(name), self.state.image, self.trust, self.host_python())
+        """A reboot of the host's machine (tpms.reboot) into the image it booted last. Stop the host's agent first
+        and start it after."""
+        tpms.reboot(self.host(name), self.state.image_of(name), self.trust, self.host_python())
+
+    def reimage(self, name: str, image: str) -> None:
+        """A reboot of the host's machine into another image (its boot chain measures ``image`` into PCRs 4, 9,
+        11: image.lab_measurements(image) is its policy). A running lab agent is stopped before and started after,
+        as the machine's init would, with the configuration it had (a test's agent included)."""
+        if not image or "/" in image:
+            raise LabError("image: expected an image name, got %r" % image)
+        h = self.host(name)
+        agent_pids = self._agent_pids(h)
+        kill_all(agent_pids)
+        self.state.host_images[name] = image
+        if image == self.state.image:
+            self.state.host_images.pop(name)
+        self._save()
+        tpms.reboot(h, image, self.trust, self.host_python())
+        if agent_pids:
+            launch_agent(self, h, agent_dir(h) / "config.json")
 
     def tamper(self, name: str, pcr: int = 9) -> None:
         """Stands for a modified host: its boot chain measured something else."""

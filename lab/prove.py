@@ -54,9 +54,10 @@ def prove(lab: ProvedLab) -> Dict:
     hosts = lab.hosts
     if not hosts:
         raise LabError("lab %r has no hosts: run `python -m lab up` first" % lab.name)
-    validator = VTPMValidator(Measurements.from_dict(lab_measurements(lab.state.image)))
+    # Each host against the image it booted last (`lab reimage`).
+    validators = {h.name: VTPMValidator(Measurements.from_dict(lab_measurements(lab.state.image_of(h.name)))) for h in hosts}
     with ThreadPoolExecutor(max_workers=4) as pool:
-        attestations = list(pool.map(lambda h: attest(lab, h, validator), hosts))
+        attestations = list(pool.map(lambda h: attest(lab, h, validators[h.name]), hosts))
         pings = list(pool.map(lambda h: ping_all(h, [o for o in hosts if o is not h]), hosts))
     rows = []
     for h, att, ping in zip(hosts, attestations, pings):

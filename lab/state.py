@@ -33,6 +33,12 @@ class LabState:
     # The agents the lab starts itself are provisioned with the lab's init secret hash and signed policy.
     trust: bool = False
     coordinators: int = 1
+    # Hosts rebooted into another image than ``image`` (`lab reimage`): host name -> image name.
+    host_images: dict = dataclasses.field(default_factory=dict)
+
+    def image_of(self, host: str) -> str:
+        """The image host ``host`` booted last."""
+        return self.host_images.get(host, self.image)
 
     @classmethod
     def load(cls, state_dir: Path) -> "LabState":
@@ -53,7 +59,7 @@ class LabState:
     def same_build(self, other: "LabState") -> bool:
         """Whether ``other`` asks for the lab this record describes (phase aside)."""
         mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
-        for key in ("phase", "trust"):
+        for key in ("phase", "trust", "host_images"):
             mine.pop(key)
             theirs.pop(key)
         return mine == theirs

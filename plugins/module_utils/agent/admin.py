@@ -76,13 +76,14 @@ class AdminHandlers:
     (the pinned Coordinators' key, core/status.py)."""
 
     def __init__(self, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = "", *, context=None,
-                 status=None, backup=None, removal=None, reset=None):
+                 status=None, backup=None, removal=None, reset=None, measurements=None):
         self.context = context
         self.status = status
         self.backup = backup  # core/backup.py: ExportState
         self.removal = removal  # core/peer_removal.py (RemovePeer)
         # ResetAgent: the agent's ``request_reset()`` (agent/daemon.py): after the answer it stops, wipes, starts fresh.
         self.reset = reset
+        self.measurements = measurements  # core/accepted_measurements.py (SetMeasurements)
         self._issue = issue
         self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
@@ -101,12 +102,12 @@ class AdminHandlers:
         """The handlers over ``core``'s context and status (None: no Core, e.g. to list the handlers)."""
         kwargs.setdefault("removal", getattr(core, "removal", None))
         return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None),
-                   backup=getattr(core, "backup", None))
+                   backup=getattr(core, "backup", None), measurements=getattr(core, "measurements", None))
 
     def handlers(self) -> Dict[str, Any]:
         return {"AdminAuth": self.admin_auth, "Attest": self.attest, "Exec": self.exec_, "ExecModule": self.exec_module,
                 "PutFile": self.put_file, "FetchFile": self.fetch_file, "ExportState": self.export_state,
-                "RemovePeer": self.remove_peer, "ResetAgent": self.reset_agent}
+                "RemovePeer": self.remove_peer, "ResetAgent": self.reset_agent, "SetMeasurements": self.set_measurements}
 
     def _require_activated(self, method: str) -> None:
         if self.context.state not in ACTIVATED:
@@ -222,6 +223,15 @@ class AdminHandlers:
         wiped = self.reset()
         self._log("reset_requested", level="warning", peer=conn.peer_ip)
         conn.stream.send_result({"state": "resetting", "wiped": wiped})
+
+    def set_measurements(self, conn: Connection, request: schema.SetMeasurementsRequest) -> None:
+        """The accepted measurement sets (an image upgrade): admin only, on a Coordinator (the Core checks the role,
+        the signature, the version and that no peer still runs a set the document drops)."""
+        self.require_admin(conn, "SetMeasurements")
+        answer = self.measurements.set_measurements(request.document, request.signature, bool(request.check))
+        self._log("set_measurements", peer=conn.peer_ip, version=answer["version"], changed=answer["changed"],
+                  check=bool(request.check))
+        conn.stream.send_result(schema.SetMeasurementsAnswer.decode(answer).encode())
 
     # -- Exec, ExecModule
     def _exec_params(self, conn: Connection, method: str, request):

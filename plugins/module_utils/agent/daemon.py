@@ -27,10 +27,14 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     measure,
     with_agent_pcr,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import policy_version
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile, own_measurement_set
+from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import MAX_DOCUMENT, check_document
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT
-from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage, sealed_pcrs
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import (
+    PlainStorage, SealedStorage, seal_predictions, sealed_pcr_sets)
 from ansible_collections.constellation.cluster.plugins.module_utils.core import (
     ROLE_NODE,
     Core,
@@ -42,11 +46,12 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
     normalize_disk_uuid,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, ask_in_turn, connect_enrolling
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.reset import AgentReset
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import (
     PubAPI,
     coordinator_policy,
@@ -117,6 +122,10 @@ class Agent:
         require_dm_crypt(config)  # state_disk_device: refused here without dm-crypt, naming the key
         self.measurement: Optional[AgentMeasurement] = None  # PCR 13 (attestation/agent_measurement.py)
         self._sealed_pcrs: List[int] = []  # the PCRs the storage key is sealed to
+        self.policy = None  # the accepted measurement sets as the policy file holds them (before PCR 13 and 15)
+        self.policy_file = PolicyFile(config.measurements, config.measurements_pub_key)  # agent/policy_file.py
+        self._refused_version: Optional[int] = None  # a document version this agent refused (logged once)
+        self._policy_lock = threading.Lock()
         self.issuer, self.node_validator, self.peer_validator = self._attestation()
         # Before anything is served or read: the agent measures itself, then unseals its storage key.
         self.at_rest = self._measure_and_unseal()
@@ -131,6 +140,7 @@ class Agent:
         with contextlib.suppress(FileNotFoundError):  # an agent before issue 26 kept the WireGuard key in plain form
             os.unlink(os.path.join(config.state_dir, "%s.key" % config.vpn_interface))
         self.vpn = WireGuardVPN(config.vpn_interface, listen_port=config.vpn_listen_port, vpn_cidr=config.vpn_cidr)
+        self.reset = AgentReset(config, self.vpn, self._stop, self.log)  # ResetAgent (agent/reset.py)
         self.core = Core(self.store, TPMDevice(config.tcti), self.vpn, config.state_dir, config.public_ip,
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash,
                          at_rest=self.at_rest)
@@ -142,10 +152,14 @@ class Agent:
             context.state_disk = self.state_disk
         self._reattest_started = False
         # Each server's handlers get the Core's services they call (core/__init__.py), not the Core.
+        # The accepted measurement sets: set by the admin on a Coordinator, fetched by Nodes, applied without a restart.
+        core.measurements.pub_key = self.policy_file.pub_key
+        core.measurements.current = lambda: self.policy
+        core.measurements.on_apply = self.apply_measurements
+        core.measurements.own_set = self._own_measurement_set
         self.admin = AdminHandlers(self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
                                    context=context, status=core.status, backup=core.backup, removal=core.removal,
-                                   reset=self.request_reset)
-        self.reset_requested = False
+                                   reset=self.reset.request, measurements=core.measurements)
         self.pubapi = PubAPI(self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
@@ -153,7 +167,8 @@ class Agent:
                              backup=core.backup)
         provider = JoinProvider(config.kubeadm_path, config.kubernetes_dir, kubelet_cert_days=config.kubelet_cert_days)
         self.vpnapi = VPNAPI(kubeadm=provider, log=self.log, coordinator=core.coordinator, access=core.access,
-                             evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation)
+                             evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation,
+                             measurements=core.measurements)
         core.activation.activation_workers = config.activation_workers
         context.etcd_member = (EtcdMember.from_config(config.etcd_member, config.state_dir)
                                if config.etcd_member is not None else None)
@@ -169,10 +184,11 @@ class Agent:
         policy = None
         if choose.spec(variant).needs_policy:
             # The one policy loader: with a pinned key the file's signature is checked before it is parsed.
-            policy = load_policy_file(self.config.measurements, public_key_path=self.config.measurements_pub_key)
+            policy = self.policy_file.load()
             # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
             self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
-            self._sealed_pcrs = sealed_pcrs(policy)
+            self.policy = policy
+            self._sealed_pcrs = sorted({i for pcrs in sealed_pcr_sets(policy).values() for i in pcrs})
             policy = with_agent_pcr(policy, self.measurement.value)
         issuer_options = {"ak_alg": self.config.ak_alg} if variant != "dummy" else {}
         return (choose.issuer(variant, self.config.tcti, **issuer_options),
@@ -193,7 +209,60 @@ class Agent:
                      "measurement since the boot: no policy accepts this host until it reboots" % PCR_INDEX_AGENT, **fields)
         else:
             self.log("agent_measured", outcome=outcome, **fields)
-        return SealedStorage.open(self.config.state_dir, lambda: open_tpm(self.config.tcti), self._sealed_pcrs, log=self.log)
+        storage = SealedStorage.open(self.config.state_dir, lambda: open_tpm(self.config.tcti), self._sealed_pcrs, log=self.log)
+        self._reseal(storage)
+        return storage
+
+    def _reseal(self, storage: SealedStorage, policy=None) -> None:
+        """The storage key sealed to each accepted set's predicted values (an image upgrade's next boot)."""
+        policy = policy if policy is not None else self.policy
+        if policy is not None and storage.reseal(seal_predictions(policy)):
+            self.log("storage_key_resealed", sets=",".join(storage.sealed_sets), unsealed_with=storage.unsealed_with)
+
+    # -- the accepted measurement sets (core/accepted_measurements.py), applied without a restart
+    def apply_measurements(self, document: bytes, signature: Optional[str], sets=None) -> bool:
+        """Checks a new policy document (with the pinned key: its signature first; a version not below ours),
+        seals the storage key to its sets ahead of a reboot, writes the policy file (and its signature)
+        atomically and swaps the validators of the aTLS server, the clients and re-attestation. Returns
+        whether anything changed."""
+        with self._policy_lock:
+            if sets is None:
+                sets = check_document(document, signature, self.policy_file.pub_key, self.policy)
+            if self.policy is not None and sets == self.policy:
+                return False
+            self._reseal(self.at_rest, sets)  # first: a reboot after the file changed must find its key
+            self.policy_file.write(document, signature)
+            self.policy = sets
+            if self.measurement is not None:
+                full = with_agent_pcr(sets, self.measurement.value)
+                self.node_validator.measurements = fresh_node_policy(full)  # one attribute write each
+                self.peer_validator.measurements = coordinator_policy(full)
+            self.log("measurements_applied", version=sets.version, sets=",".join(sets.sets))
+            return True
+
+    def _own_measurement_set(self) -> Optional[str]:
+        """The accepted set this peer's own PCRs match (the Coordinator is not re-attested by itself)."""
+        if self.measurement is None or self.policy is None:
+            return None
+        return own_measurement_set(with_agent_pcr(self.policy, self.measurement.value), self.config.tcti)
+
+    def _follow_measurements(self, version: Optional[int]) -> None:
+        """A newer document than ours (GetUpdate's version on a Node; the shared store on a further Coordinator).
+        One this agent refuses (no valid signature, an older version) is logged once per version and never stops
+        the peer updates."""
+        if not version or version <= policy_version(self.policy) or version == self._refused_version:
+            return
+        try:
+            if self.core.state == State.IS_NODE:
+                answer = self._ask_coordinators(lambda client: client.invoke("GetMeasurements"))
+                answer["document"] = b64decode(answer["document"], "document", max_size=MAX_DOCUMENT)
+            else:
+                answer = self.core.measurements.stored() or {}
+            if answer.get("document") is not None:
+                self.apply_measurements(answer["document"], answer.get("signature"))
+        except InputError as err:
+            self._refused_version = version
+            self.log("measurements_refused", level="error", version=version, error=str(err)[:300])
 
     def _issue_for_connection(self, user_data: bytes, nonce: bytes) -> bytes:
         """Attest (admin channel): a quote as the aTLS server context issues it (with its deadline)."""
@@ -297,6 +366,7 @@ class Agent:
                 if state == State.IS_NODE:
                     self._update_once()
                 elif state == State.ACTIVATING_NODES and self.core.context.etcd_member is not None:
+                    self._follow_measurements(self.core.measurements.version())  # another Coordinator set them
                     self.core.shared_store.supervise_etcd_member()  # its member died: started again, it rejoins
                     self.core.cluster.sync_coordinator_peers()  # another Coordinator may have changed the peers
                 elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.context.coordinator_vpn_ip:
@@ -335,7 +405,9 @@ class Agent:
         return answer
 
     def _update_once(self) -> None:
-        self.core.node.apply_update(self._ask_coordinators(lambda client: client.get_update(self.core.context.resource_version)))
+        answer = self._ask_coordinators(lambda client: client.get_update(self.core.context.resource_version))
+        self.core.node.apply_update(answer)
+        self._follow_measurements(answer.get("measurements_version"))
 
     def _finish_activation_once(self) -> None:
         """An interrupted activation: our disk key from a Coordinator, through the WireGuard tunnel."""
@@ -375,51 +447,6 @@ class Agent:
             self.core.context.etcd_member.stop()
         self.log("agent_stopped")
 
-    # -- ResetAgent (agent/admin.py): answer, stop, wipe, start fresh
-    RESET_DELAY = 0.5  # the answer goes out before the servers stop
-
-    def reset_paths(self) -> List[str]:
-        """What a reset wipes: everything in the state directory (store, sealed storage key, disk key, disk UUID,
-        warm interpreters, etcd member data) and a file store or disk UUID file kept elsewhere."""
-        paths = [os.path.join(self.config.state_dir, name) for name in sorted(os.listdir(self.config.state_dir))]
-        store = self.config.store or {}
-        for extra in (store.get("path") if store.get("type", "file") == "file" else None, self.config.state_disk_uuid_file):
-            if extra and os.path.lexists(extra) and os.path.abspath(extra) not in paths:
-                paths.append(os.path.abspath(extra))
-        return paths
-
-    def request_reset(self) -> List[str]:
-        """Refused (StateError) with a state disk or an etcd store (their data is not this agent's to wipe);
-        otherwise the agent stops shortly after the answer and ``main`` wipes and starts it again."""
-        if self.config.state_disk_device:
-            raise StateError("ResetAgent: this agent keeps its state on the state disk %s: wipe it by hand (docs/site.md, "
-                             "reset.yml)" % self.config.state_disk_device)
-        if (self.config.store or {}).get("type") == "etcd":
-            raise StateError("ResetAgent: this agent keeps its state in an etcd cluster (store type etcd): not reset")
-        self.reset_requested = True
-        timer = threading.Timer(self.RESET_DELAY, self._stop.set)
-        timer.daemon = True
-        timer.start()
-        return self.reset_paths()
-
-    def wipe(self) -> List[str]:
-        """After ``stop``: the WireGuard interface goes, then the state. Returns what was removed."""
-        import shutil
-
-        removed = []
-        with contextlib.suppress(ConstellationError):
-            if self.vpn.teardown():
-                removed.append("wireguard interface %s" % self.config.vpn_interface)
-        for path in self.reset_paths():
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            removed.append(path)
-        self.log("agent_reset", level="warning", removed=removed,
-                 message="PCR 15 keeps the old cluster ID until a reboot: activate this host again after one")
-        return removed
 
     def wait(self) -> None:
         while not self._stop.is_set():
@@ -453,8 +480,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     agent.wait()
     agent.stop()
-    if agent.reset_requested:
-        agent.wipe()
+    if agent.reset.requested:
+        agent.reset.wipe()
         if argv is None:
             # Start fresh in this process (its pid, its supervisor): a new agent on an empty state directory.
             os.execv(sys.executable, [sys.executable] + sys.argv)

@@ -16,6 +16,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     PCR_INDEX_CLUSTER_ID,
     Measurement,
     Measurements,
+    per_set,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core import JoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
@@ -36,16 +37,19 @@ MAX_ATTESTATION_SIZE = 4 * 1024 * 1024 // 3 * 2
 
 def fresh_node_policy(policy: Measurements) -> Measurements:
     """The policy a Coordinator checks nodes against: its own, plus PCR 15 = zeros (a node that
-    already belongs to a cluster is never activated again)."""
-    pcrs = dict(policy.pcrs)
-    pcrs[PCR_INDEX_CLUSTER_ID] = Measurement(bytes(32), False)
-    return Measurements(pcrs)
+    already belongs to a cluster is never activated again). Each accepted set alike."""
+    def one(measurements: Measurements) -> Measurements:
+        pcrs = dict(measurements.pcrs)
+        pcrs[PCR_INDEX_CLUSTER_ID] = Measurement(bytes(32), False)
+        return Measurements(pcrs)
+
+    return per_set(policy, one)
 
 
 def coordinator_policy(policy: Measurements) -> Measurements:
     """The policy a joining node checks the Coordinator against: PCR 15 of an activated
-    Coordinator holds its cluster ID, which a fresh node cannot know yet."""
-    return Measurements({i: m for i, m in policy.pcrs.items() if i != PCR_INDEX_CLUSTER_ID})
+    Coordinator holds its cluster ID, which a fresh node cannot know yet. Each accepted set alike."""
+    return per_set(policy, lambda m: Measurements({i: v for i, v in m.pcrs.items() if i != PCR_INDEX_CLUSTER_ID}))
 
 
 class PubAPI:

@@ -31,7 +31,8 @@ class VPNAPI:
     ``kubernetes`` (join material), ``activation`` (GetStateDiskKey)."""
 
     def __init__(self, kubeadm=None, log=None, *, coordinator=None, access=None, evictions=None, kubernetes=None,
-                 activation=None):
+                 activation=None, measurements=None):
+        self.measurements = measurements  # core/accepted_measurements.py (GetMeasurements, GetUpdate's version)
         self.coordinator = coordinator
         self.access = access
         self.evictions = evictions
@@ -44,7 +45,7 @@ class VPNAPI:
     @classmethod
     def for_core(cls, core, *args: Any, **kwargs: Any) -> "VPNAPI":
         """The handlers over ``core``'s services (None: no Core, e.g. to list the handlers)."""
-        names = ("coordinator", "access", "evictions", "kubernetes", "activation")
+        names = ("coordinator", "access", "evictions", "kubernetes", "activation", "measurements")
         return cls(*args, **kwargs, **{name: getattr(core, name, None) for name in names})
 
     @property
@@ -78,7 +79,7 @@ class VPNAPI:
     def handlers(self) -> Dict[str, Any]:
         return {"PeerAuth": self.peer_auth, "GetUpdate": self.get_update, "GetJoinArgs": self.get_join_args,
                 "GetCertificateKey": self.get_certificate_key, "GetDataKey": self.get_data_key,
-                "GetStateDiskKey": self.get_state_disk_key}
+                "GetStateDiskKey": self.get_state_disk_key, "GetMeasurements": self.get_measurements}
 
     # Every handler gets its request decoded by the server (schema.py records).
     def peer_auth(self, conn: Connection, request: schema.Empty) -> None:
@@ -101,7 +102,11 @@ class VPNAPI:
 
     def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
         self._authenticated(conn, "GetUpdate")
-        conn.stream.send_result(self.coordinator.get_update(request.resource_version))
+        answer = self.coordinator.get_update(request.resource_version)
+        version = self.measurements.version() if self.measurements is not None else 0
+        if version:
+            answer = dict(answer, measurements_version=version)
+        conn.stream.send_result(answer)
 
     def _kubeadm(self, method: str, conn: Connection) -> str:
         self.coordinator.require_coordinator(method)
@@ -136,3 +141,11 @@ class VPNAPI:
         # The caller proved its WireGuard key: a node gets only its own key.
         self._authenticated(conn, "GetStateDiskKey")
         conn.stream.send_result({"state_disk_key": b64e(self.activation.node_state_disk_key(conn.peer_ip))})
+
+    def get_measurements(self, conn: Connection, request: schema.Empty) -> None:
+        """The accepted measurement sets, for a peer that proved its WireGuard key (the document is public; the
+        node checks its signature with its own pinned key)."""
+        self.coordinator.require_coordinator("GetMeasurements")
+        self._authenticated(conn, "GetMeasurements")
+        answer = self.measurements.get_measurements()
+        conn.stream.send_result(schema.GetMeasurementsAnswer(**answer).encode())

@@ -122,15 +122,17 @@ def replay(events: Sequence[Dict[str, str]]) -> bytes:
 
 
 def with_agent_pcr(policy, value: bytes):
-    """``policy`` (a Measurements) with PCR 13 enforced at ``value``; a policy file's own entry is replaced."""
+    """``policy`` (a Measurements, or each set of a MeasurementSets) with PCR 13 enforced at ``value``; a
+    policy file's own entry is replaced."""
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-        Measurement, Measurements)
+        Measurement, Measurements, per_set)
 
-    if policy is None:
-        return None
-    pcrs = dict(policy.pcrs)
-    pcrs[PCR_INDEX_AGENT] = Measurement(value, False)
-    return Measurements(pcrs)
+    def one(measurements):
+        pcrs = dict(measurements.pcrs)
+        pcrs[PCR_INDEX_AGENT] = Measurement(value, False)
+        return Measurements(pcrs)
+
+    return per_set(policy, one)
 
 
 def measure(tpm, measurement: AgentMeasurement) -> str:

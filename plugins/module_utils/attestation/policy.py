@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    PCR_INDEX_CLUSTER_ID, Measurements, expected_pcr15)
+    DEFAULT_SET_NAME, PCR_INDEX_CLUSTER_ID, Policy, expected_pcr15, parse_policy)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import check_netns_name
@@ -54,29 +54,34 @@ OURS = "ours"
 OTHER = "other"
 
 
-def enforced_pcrs(policy: Measurements) -> List[int]:
+def enforced_pcrs(policy) -> List[int]:
     """The PCRs a policy enforces about what booted: not warnOnly, and not PCR 15 (the cluster ID,
     which the agent and the controller set themselves: zeros for a fresh node, ignored for a
-    Coordinator a node joins, the cluster's own for a member)."""
-    return sorted(i for i, m in policy.pcrs.items() if not m.warn_only and i != PCR_INDEX_CLUSTER_ID)
+    Coordinator a node joins, the cluster's own for a member). Of named sets: those every set enforces."""
+    common = None
+    for measurements in policy.sets.values():
+        mine = {i for i, m in measurements.pcrs.items() if not m.warn_only and i != PCR_INDEX_CLUSTER_ID}
+        common = mine if common is None else common & mine
+    return sorted(common or ())
 
 
-def require_enforced_pcr(policy: Measurements, source: str, field: str = "measurements_file") -> Measurements:
+def require_enforced_pcr(policy: Policy, source: str, field: str = "measurements_file") -> Policy:
     """Refuses a policy that enforces nothing (empty, all warnOnly, or only PCR 15): with it any TPM
     that runs anything would pass. ``source`` names the file (or "inline measurements")."""
-    if not enforced_pcrs(policy):
-        raise InputError(field, "a measurements policy that enforces at least one PCR other than %d (warnOnly: "
-                         "false); an empty, all-warnOnly or PCR-%d-only policy would accept any TPM"
-                         % (PCR_INDEX_CLUSTER_ID, PCR_INDEX_CLUSTER_ID),
-                         "%s (enforced: none)" % source)
+    for name, measurements in policy.sets.items():
+        if not enforced_pcrs(measurements):
+            raise InputError(field, "a measurements policy that enforces at least one PCR other than %d (warnOnly: "
+                             "false) in every accepted set; an empty, all-warnOnly or PCR-%d-only set would accept "
+                             "any TPM" % (PCR_INDEX_CLUSTER_ID, PCR_INDEX_CLUSTER_ID),
+                             "%s (enforced: none%s)" % (source, "" if name == DEFAULT_SET_NAME else " in set %s" % name))
     return policy
 
 
-def load_policy_file(path: str, basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Measurements:
+def load_policy_file(path: str, basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Policy:
     """A JSON or YAML policy file; a relative path is relative to ``basedir``. With
     ``public_key_path`` the file must carry a valid detached signature (``path.sig``). A policy that
     enforces no PCR is refused, naming the file (require_enforced_pcr)."""
-    policy = Measurements.from_dict(read_policy_document(path, basedir, public_key_path))
+    policy = parse_policy(read_policy_document(path, basedir, public_key_path))
     return require_enforced_pcr(policy, _resolve(path, basedir))
 
 
@@ -111,7 +116,7 @@ def read_policy_document(path: str, basedir: Optional[str] = None, public_key_pa
 
 
 def load_policy(measurements: Optional[Mapping] = None, measurements_file: Optional[str] = None,
-                basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Measurements:
+                basedir: Optional[str] = None, public_key_path: Optional[str] = None) -> Policy:
     """The policy from inline measurements or a file (exactly one); never empty. With a pinned
     ``public_key_path`` only a signed file is accepted (inline measurements carry no signature)."""
     if measurements is not None and measurements_file:
@@ -122,8 +127,8 @@ def load_policy(measurements: Optional[Mapping] = None, measurements_file: Optio
     if measurements_file:
         policy = load_policy_file(measurements_file, basedir, public_key_path)
     elif measurements is not None:
-        policy = Measurements.from_dict(measurements)
-        if not policy.pcrs:
+        policy = parse_policy(measurements)
+        if not all(m.pcrs for m in policy.sets.values()):
             raise InputError("measurements", "at least one PCR: an empty policy would accept any TPM", {})
         require_enforced_pcr(policy, "inline measurements", "measurements")
     else:
@@ -136,7 +141,7 @@ class AttestationSettings:
     """Validated attestation options of one plugin call."""
 
     variant: str
-    policy: Optional[Measurements]
+    policy: Optional[Policy]
     netns: Optional[str]
     timeout: float
     attestation_timeout: float

@@ -11,13 +11,19 @@ whose only authorisation is TPM2_PolicyPCR over the SHA-256 bank's current value
 session: the TPM releases the data only while those PCRs hold the values they held when it was sealed. The blob
 (public and private area, and the PCR list) is no secret: its sensitive part is encrypted to the storage root
 key, which never leaves this TPM.
+
+``seal(..., values=...)`` seals to PREDICTED values instead of the current ones (a rolling image upgrade: the key
+sealed ahead of the reboot to the next image's boot PCRs): the trial session's TPM2_PolicyPCR then takes an
+explicit pcrDigest, SHA-256 over the selected values in selection order (``pcr_digest``), as TPM 2.0 Part 3,
+23.7 defines it; the TPM computes the same digest from its real PCRs when ``unseal`` satisfies the policy.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
-from typing import List, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import make_selection
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
@@ -65,18 +71,29 @@ def _primary(esapi):
     return handle
 
 
-def seal(tpm, data: bytes, pcrs: Sequence[int]) -> bytes:
+def pcr_digest(values: Mapping[int, bytes], pcrs: Sequence[int]) -> bytes:
+    """TPM2_PolicyPCR's pcrDigest: SHA-256 over the SHA-256 bank's values of ``pcrs``, ascending (selection order)."""
+    missing = [i for i in sorted(set(pcrs)) if len(values.get(i, b"")) != 32]
+    if missing:
+        raise SealError("predicted values must give 32 bytes for each sealed PCR; missing or malformed: %s"
+                        % ", ".join(str(i) for i in missing))
+    return hashlib.sha256(b"".join(values[i] for i in sorted(set(pcrs)))).digest()
+
+
+def seal(tpm, data: bytes, pcrs: Sequence[int], values: Optional[Mapping[int, bytes]] = None) -> bytes:
     """``data`` (at most 128 bytes) sealed to the current values of ``pcrs`` (SHA-256 bank) of ``tpm``
-    (attestation/tpm.py's TPM). Returns the blob to keep (JSON, no secret in it)."""
+    (attestation/tpm.py's TPM), or to the predicted ``values`` of those PCRs. Returns the blob to keep (JSON,
+    no secret in it)."""
     if not 0 < len(data) <= MAX_SEALED_DATA:
         raise SealError("sealed data must be 1 to %d bytes, got %d" % (MAX_SEALED_DATA, len(data)))
     pcrs = sorted(set(pcrs))
+    expected = TPM2B_DIGEST(pcr_digest(values, pcrs)) if values is not None else TPM2B_DIGEST()
     esapi = tpm.esapi
     with tpm.lock:
         try:
             session = _policy_session(esapi, trial=True)
             try:
-                esapi.policy_pcr(session, TPM2B_DIGEST(), make_selection({TPM2_ALG.SHA256: pcrs}))
+                esapi.policy_pcr(session, expected, make_selection({TPM2_ALG.SHA256: pcrs}))
                 policy = esapi.policy_get_digest(session)
             finally:
                 esapi.flush_context(session)

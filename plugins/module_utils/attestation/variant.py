@@ -12,7 +12,7 @@ Which variants exist, and looking one up by name, is the chooser's (choose.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Protocol
+from typing import Dict, List, Optional, Protocol
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class Validation:
     pcrs: Dict[int, bytes] = field(default_factory=dict)  # SHA-256 bank as quoted and verified
     checks: List[PCRCheck] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    # The name of the accepted measurements set the peer matched (measurements.py; "default" for a plain policy).
+    measurement_set: Optional[str] = None
 
 
 class Issuer(Protocol):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements, MeasurementSets
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import (
     BANK_IDS,
     BANK_NAMES,
@@ -440,8 +440,9 @@ class VTPMValidator:
         require_tpm2_pytss()
         if not HAS_CRYPTOGRAPHY:
             raise AttestationError("the Python package cryptography is required")
-        if not isinstance(measurements, Measurements):
+        if not isinstance(measurements, (Measurements, MeasurementSets)):
             raise InputError("measurements", "a Measurements policy", type(measurements).__name__)
+        # Swapped as a whole when the accepted sets change (the agent's hot reload): one attribute write.
         self.measurements = measurements
         self.pcr_selection = tuple(sorted(set(pcr_selection)))
         if not self.pcr_selection or any(not 0 <= i < PCR_COUNT for i in self.pcr_selection):
@@ -481,8 +482,9 @@ class VTPMValidator:
         if self.check_event_log and raw_log:
             eventlog.replay_and_check(_unb64(raw_log, "Attestation.event_log"), pcrs)
         # 6. measurements policy
-        checks, warnings = self.measurements.compare(pcrs)
-        return Validation(user_data=user_data, pcrs=pcrs, checks=checks, warnings=warnings)
+        measurement_set, checks, warnings = self.measurements.match(pcrs)
+        return Validation(user_data=user_data, pcrs=pcrs, checks=checks, warnings=warnings,
+                          measurement_set=measurement_set)
 
     def _verify_quote(self, ak: AKInfo, quote: Dict, tpm_nonce: bytes) -> Dict[int, bytes]:
         attest_raw = _unb64(quote.get("quote"), "quote")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import AcceptedMeasurements
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import (
     ACTIVATION_WORKERS,
     MAX_NODES_PER_CALL,
@@ -120,6 +121,8 @@ class Core:
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
         self.backup = StateBackup(context, self.recovery, self.access, self.coordinator)
         self.removal = PeerRemoval(context, self.coordinator, self.kubernetes, self.evictions)
+        self.measurements = AcceptedMeasurements(context)  # the accepted measurement sets (image upgrades)
+        self.trust.record_measurement_set = self.measurements.record_peer_set
 
     # The few read-only accessors every side uses; everything else: the services above.
     @property

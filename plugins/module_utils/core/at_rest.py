@@ -16,19 +16,30 @@ write, the file's purpose as associated data, so a ciphertext cannot be swapped 
 another TPM, after a tampered boot, and under a changed agent or trust configuration: the TPM does not unseal the
 key, and ``open`` says which of these it is.
 
+A rolling image upgrade (docs/site.md "Upgrade the image") seals the SAME key ahead of the reboot: ``reseal``
+keeps one blob per accepted measurements set, sealed to that set's predicted values (its enforced boot PCRs as
+the set expects them, PCR 13 as it is now: the agent does not change), and drops the blobs of retired sets. The
+key file then holds several blobs (format 2: ``{"version": 2, "blobs": [{"set", "pcrs", "digest", "blob"}]}``;
+a format-1 file is one blob) and ``open`` unseals with the one the TPM accepts. While the booted values match no
+accepted set's prediction, a blob named ``booted`` sealed to the current values is kept too, so that the agent
+restarts without a reboot.
+
 ``PlainStorage`` (no encryption) exists only for the test suite's ``dummy`` variant, which has no TPM.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
 SEALED_KEY_FILE = "sealed_storage_key.json"
+KEY_FILE_VERSION = 2
+BOOTED = "booted"  # the blob sealed to the values of the boot the key was made or last unsealed in
 MAGIC = b"CSEALED1"  # sealed-file format, version 1: MAGIC || nonce (12) || AES-256-GCM ciphertext+tag
 _NONCE = 12
 
@@ -39,16 +50,45 @@ def sealed_pcrs(policy) -> List[int]:
                   | {PCR_INDEX_AGENT})
 
 
+def sealed_pcr_sets(policy) -> Dict[str, List[int]]:
+    """``sealed_pcrs`` of each accepted set of ``policy`` (a Measurements is the one set "default")."""
+    return {name: sealed_pcrs(measurements) for name, measurements in policy.sets.items()}
+
+
+def seal_predictions(policy) -> Dict[str, Tuple[List[int], Dict[int, bytes]]]:
+    """What ``SealedStorage.reseal`` takes: per accepted set, its sealed PCRs and their values as the set expects
+    them (PCR 13 is left to reseal, which reads the agent's current value)."""
+    predictions = {}
+    for name, measurements in policy.sets.items():
+        pcrs = [i for i in sealed_pcrs(measurements) if i != PCR_INDEX_AGENT]
+        predictions[name] = (pcrs, {i: measurements.pcrs[i].expected for i in pcrs})
+    return predictions
+
+
 class SealedStorage:
     """Encrypts and decrypts the agent's secrets at rest with a key only this TPM, in this measured state, unseals."""
 
     sealed = True
 
-    def __init__(self, key: bytes, pcrs: Sequence[int] = ()):
+    def __init__(self, key: bytes, pcrs: Sequence[int] = (), path: Optional[str] = None,
+                 tpm_factory: Optional[Callable] = None, entries: Optional[List[Dict]] = None, unsealed_with: str = BOOTED):
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         self._aead = AESGCM(key)
+        self._key = bytes(key)  # kept for reseal; never logged, never written but sealed
         self.pcrs = list(pcrs)
+        self._path = path
+        self._tpm_factory = tpm_factory
+        self._entries: List[Dict] = list(entries or [])
+        self.unsealed_with = unsealed_with  # the name of the blob this start unsealed
+
+    def __repr__(self) -> str:
+        return "SealedStorage(pcrs=%s, sets=%s)" % (self.pcrs, ",".join(self.sealed_sets))
+
+    @property
+    def sealed_sets(self) -> List[str]:
+        """The names of the blobs in the key file (accepted sets, and ``booted`` when kept)."""
+        return [entry["set"] for entry in self._entries]
 
     @classmethod
     def open(cls, state_dir: str, tpm_factory: Callable, pcrs: Sequence[int],
@@ -60,24 +100,78 @@ class SealedStorage:
         path = os.path.join(state_dir, SEALED_KEY_FILE)
         try:
             with open(path, "rb") as handle:
-                blob: Optional[bytes] = handle.read()
+                data: Optional[bytes] = handle.read()
         except FileNotFoundError:
-            blob = None
+            data = None
         with tpm_factory() as tpm:
-            if blob is None:
+            if data is None:
                 key = os.urandom(32)
-                atomic_write(path, sealing.seal(tpm, key, pcrs), 0o600)
+                pcrs = sorted(set(pcrs))
+                entries = [{"set": BOOTED, "pcrs": pcrs, "digest": None, "blob": sealing.seal(tpm, key, pcrs).decode("ascii")}]
+                _write_entries(path, entries)
                 if log:
-                    log("storage_key_sealed", pcrs=",".join(str(i) for i in sorted(set(pcrs))))
-                return cls(key, sorted(set(pcrs)))
-            try:
-                key = sealing.unseal(tpm, blob)
-            except sealing.SealError as err:
-                raise StateError("the secrets in %s cannot be read here: %s. A state folder copied from another "
-                                 "host, a tampered boot or a changed agent cannot unseal them; on the host they "
-                                 "belong to, boot the measured image with the installed agent, or reset the state "
-                                 "folder to start this host fresh" % (state_dir, err)) from None
-            return cls(key, sealing.blob_pcrs(blob))
+                    log("storage_key_sealed", pcrs=",".join(str(i) for i in pcrs))
+                return cls(key, pcrs, path, tpm_factory, entries)
+            entries = _read_entries(data)
+            errors = []
+            for entry in entries:
+                blob = entry["blob"].encode("ascii")
+                try:
+                    key = sealing.unseal(tpm, blob)
+                except sealing.SealError as err:
+                    errors.append(str(err) if len(entries) == 1 else "%s: %s" % (entry["set"], err))
+                    continue
+                return cls(key, sealing.blob_pcrs(blob), path, tpm_factory, entries, entry["set"])
+            raise StateError("the secrets in %s cannot be read here: %s. A state folder copied from another "
+                             "host, a tampered boot or a changed agent cannot unseal them; on the host they "
+                             "belong to, boot the measured image with the installed agent, or reset the state "
+                             "folder to start this host fresh" % (state_dir, "; ".join(errors) or "no sealed blob"))
+
+    def reseal(self, predictions: Mapping[str, Tuple[Sequence[int], Mapping[int, bytes]]]) -> bool:
+        """Seals this storage key to each accepted set's predicted values (``{set name: (pcrs, {pcr: value})}``,
+        values for every PCR but 13, which is read now), drops the blobs of sets no longer accepted, and keeps a
+        ``booted`` blob while the current values match no prediction. Unchanged blobs are kept as they are.
+        Returns whether the key file changed. Raises StateError when the TPM refuses."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sealing
+
+        if self._path is None or self._tpm_factory is None:
+            raise StateError("this storage key was not opened from a key file: it cannot be sealed again")
+        old = {entry["set"]: entry for entry in self._entries}
+        entries: List[Dict] = []
+        try:
+            with self._tpm_factory() as tpm:
+                wanted = sorted({i for pcrs, _values in predictions.values() for i in pcrs}
+                                | set(old.get(BOOTED, {}).get("pcrs") or []) | set(self.pcrs) | {PCR_INDEX_AGENT})
+                current = {}
+                for start in range(0, len(wanted), 8):  # pcr_read returns at most 8 PCRs per call
+                    current.update(tpm.pcr_read("sha256", wanted[start:start + 8]))
+                booted_matches = False
+                for name, (pcrs, values) in predictions.items():
+                    pcrs = sorted(set(pcrs) | {PCR_INDEX_AGENT})
+                    predicted = dict(values)
+                    predicted[PCR_INDEX_AGENT] = current[PCR_INDEX_AGENT]
+                    digest = sealing.pcr_digest(predicted, pcrs).hex()
+                    booted_matches = booted_matches or all(predicted[i] == current[i] for i in pcrs)
+                    entry = old.get(name)
+                    if entry is None or entry.get("digest") != digest or entry.get("pcrs") != pcrs:
+                        entry = {"set": name, "pcrs": pcrs, "digest": digest,
+                                 "blob": sealing.seal(tpm, self._key, pcrs, predicted).decode("ascii")}
+                    entries.append(entry)
+                if not booted_matches:
+                    pcrs = sorted(set(self.pcrs) or {PCR_INDEX_AGENT})
+                    digest = sealing.pcr_digest(current, pcrs).hex()
+                    entry = old.get(BOOTED)
+                    if entry is None or entry.get("digest") != digest or entry.get("pcrs") != pcrs:
+                        entry = {"set": BOOTED, "pcrs": pcrs, "digest": digest,
+                                 "blob": sealing.seal(tpm, self._key, pcrs, current).decode("ascii")}
+                    entries.append(entry)
+        except sealing.SealError as err:
+            raise StateError("the storage key could not be sealed to the accepted measurement sets: %s" % err) from None
+        if entries == self._entries:
+            return False
+        _write_entries(self._path, entries)
+        self._entries = entries
+        return True
 
     def encrypt(self, data: bytes, purpose: str) -> bytes:
         nonce = os.urandom(_NONCE)
@@ -108,6 +202,30 @@ class SealedStorage:
         return self.decrypt(blob, os.path.basename(path))
 
 
+def _write_entries(path: str, entries: List[Dict]) -> None:
+    atomic_write(path, json.dumps({"version": KEY_FILE_VERSION, "blobs": entries}).encode("ascii"), 0o600)
+
+
+def _read_entries(data: bytes) -> List[Dict]:
+    """The blobs of a key file: format 2 (several), or format 1 (the file is one blob, named ``booted``)."""
+    try:
+        doc = json.loads(data.decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        doc = None
+    if isinstance(doc, dict) and doc.get("version") == KEY_FILE_VERSION and isinstance(doc.get("blobs"), list):
+        entries = doc["blobs"]
+        if entries and all(isinstance(e, dict) and isinstance(e.get("set"), str) and isinstance(e.get("blob"), str)
+                           for e in entries):
+            return entries
+        raise StateError("the sealed key file holds no valid blob (corrupt): reset this host's state folder")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise StateError("the sealed key file is not one this agent wrote (corrupt): reset this host's state folder") \
+            from None
+    return [{"set": BOOTED, "pcrs": None, "digest": None, "blob": text}]
+
+
 class PlainStorage(SealedStorage):
     """No encryption: the test suite's ``dummy`` variant only (no TPM); the agent refuses it otherwise."""
 
@@ -115,6 +233,11 @@ class PlainStorage(SealedStorage):
 
     def __init__(self):  # pylint: disable=super-init-not-called
         self.pcrs = []
+        self._entries = []
+        self.unsealed_with = BOOTED
+
+    def reseal(self, predictions) -> bool:
+        return False
 
     def encrypt(self, data: bytes, purpose: str) -> bytes:
         return bytes(data)

@@ -68,7 +68,9 @@ class PeerStatus:
         answer["state_disk"] = ctx.state_disk.status() if ctx.state_disk is not None else dict(NOT_ENCRYPTED)
         # What this peer runs (PCR 13's two events, replayable) and whether its secrets at rest are sealed.
         answer["agent_measurement"] = ctx.agent_measurement
-        answer["secrets_at_rest"] = {"sealed": ctx.at_rest.sealed, "pcrs": list(ctx.at_rest.pcrs)}
+        # sets: the accepted measurement sets the storage key is sealed to ahead (a host may reboot into any of them).
+        answer["secrets_at_rest"] = {"sealed": ctx.at_rest.sealed, "pcrs": list(ctx.at_rest.pcrs),
+                                     "sets": list(ctx.at_rest.sealed_sets)}
         answer.update(self.shared_store.state_fields())
         if ctx.role == ROLE_COORDINATOR and ctx.state == State.ACTIVATING_NODES:
             answer["evicted"] = [dict(record) for _ip, record in sorted(self.evictions.evicted.items())]

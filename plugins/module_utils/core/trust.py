@@ -113,6 +113,8 @@ class PeerTrust:
         self.evictions = evictions
         self.kubernetes = kubernetes
         self._unreachable: Dict[str, int] = {}  # consecutive unreachable rounds by VPN IP
+        # (vpn_ip, set name): which accepted measurement set a peer matched (core/accepted_measurements.py)
+        self.record_measurement_set: Callable[[str, Optional[str]], None] = lambda vpn_ip, name: None
 
     @property
     def state(self) -> State:
@@ -156,6 +158,8 @@ class PeerTrust:
                 if state.get("vpn_ip") != peer.vpn_ip or state.get("vpn_pub_key") != peer.vpn_pub_key:
                     raise AttestationError("the attested peer at %s is not the one recorded at %s (another VPN IP or "
                                            "WireGuard key)" % (peer.public_ip, peer.vpn_ip))
+                row["measurement_set"] = getattr(client, "measurement_set", None)
+                self.record_measurement_set(peer.vpn_ip, row["measurement_set"])
         except AttestationError as err:
             row.update(outcome=EVICTED, error="attestation failed: %s" % err)
         except (ConstellationError, OSError) as err:

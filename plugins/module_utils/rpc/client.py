@@ -116,6 +116,10 @@ class Channel:
         """The PCR values of the peer's verified attestation ({} on a plain connection)."""
         return dict(self.attested.validation.pcrs) if self.attested is not None else {}
 
+    @property
+    def measurement_set(self) -> Optional[str]:  # the accepted set the peer's attestation matched (None: plain)
+        return self.attested.validation.measurement_set if self.attested is not None else None
+
     def close(self) -> None:
         try:
             self.sock.close()

@@ -376,6 +376,8 @@ class GetUpdateAnswer(Record):
     removed: Optional[List[str]] = wire("strlist")
     changed: Optional[list] = wire("list")
     signature: Optional[str] = wire("str", doc="the Coordinators' signature of the peer set at this version")
+    measurements_version: Optional[int] = wire("int", doc="the version of the accepted measurement sets "
+                                               "(GetMeasurements when above the node's)")
 
 
 @dataclass(frozen=True)
@@ -413,6 +415,34 @@ class GetDataKeyAnswer(Record):
 @dataclass(frozen=True)
 class GetStateDiskKeyAnswer(Record):
     state_disk_key: bytes = wire("b64", True, 32, doc="secret")
+
+
+# ------------------------------------------------------------------ accepted measurement sets (image upgrades)
+
+
+@dataclass(frozen=True)
+class SetMeasurementsRequest(Record):
+    document: Optional[bytes] = wire("b64", doc="the policy file's exact bytes (at most 1 MiB); none: only report")
+    signature: Optional[str] = wire("str", doc="its detached signature (cosign sign-blob); required where a "
+                                    "measurements key is pinned")
+    check: Optional[bool] = wire("bool", doc="predict only (check mode)")
+
+
+@dataclass(frozen=True)
+class SetMeasurementsAnswer(Record):
+    changed: bool = wire("bool", True)
+    version: int = wire("int", True)
+    sets: List[str] = wire("strlist", True)
+    added: Optional[List[str]] = wire("strlist")
+    removed: Optional[List[str]] = wire("strlist")
+    peers: Optional[dict] = wire("object", doc="{vpn_ip: the set it matched at its last re-attestation}")
+
+
+@dataclass(frozen=True)
+class GetMeasurementsAnswer(Record):
+    version: int = wire("int", True)
+    document: bytes = wire("b64", True)
+    signature: Optional[str] = wire("str")
 
 
 # ------------------------------------------------------------------ the table
@@ -507,6 +537,12 @@ for _method in (
                "a data key derived by the Coordinator's KMS (never a disk key or a reserved ID)"),
         Method("GetStateDiskKey", VPNAPI, Empty, GetStateDiskKeyAnswer, STREAMS_NONE,
                "the caller's own state disk key, for a node whose activation was interrupted (docs/agent.md)"),
+        Method("SetMeasurements", ADMIN, SetMeasurementsRequest, SetMeasurementsAnswer, STREAMS_NONE,
+               "the admin (authenticated) sets the accepted measurement sets on a Coordinator: checked (signature, "
+               "version), kept in its store, applied; retiring a set a peer still runs is refused, naming the peers"),
+        Method("GetMeasurements", VPNAPI, Empty, GetMeasurementsAnswer, STREAMS_NONE,
+               "the accepted measurement sets the Coordinators hold (the document and its signature; each node "
+               "checks them with its own pinned key)"),
 ):
     register(_method)
 

@@ -206,14 +206,14 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
 
 
 def validate_policy(measurements: Dict[str, Any], source: str = "inline measurements"):
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 
     try:
-        policy = Measurements.from_dict(measurements)
+        policy = parse_policy(measurements)
     except (ConstellationError, ValueError, TypeError) as err:
         raise SettingsError("measurements: %s" % err) from None
-    if not policy.pcrs:
+    if not all(m.pcrs for m in policy.sets.values()):
         raise SettingsError("measurements: expected at least one PCR: an empty policy would accept any TPM")
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import require_enforced_pcr
 

@@ -44,7 +44,7 @@ def test_every_api_handler_set_equals_the_table():
 
 def test_relay_passes_on_what_the_table_says():
     relayed, with_stdin = relay.relayed_methods()
-    assert set(relayed) == {"Exec", "ExecModule", "PutFile", "FetchFile", "GetState"}
+    assert set(relayed) == {"Exec", "ExecModule", "PutFile", "FetchFile", "GetState"}  # an allowlist: no new method by default
     assert set(with_stdin) == {"Exec", "ExecModule", "PutFile"}
 
 
@@ -100,7 +100,7 @@ def vpn_server(echo_method):
         conn.stream.send_result({"resource_version": request.resource_version})
 
     handlers = {"Echo": echo, "GetUpdate": get_update, "PeerAuth": None, "GetJoinArgs": None, "GetCertificateKey": None,
-                "GetDataKey": None, "GetStateDiskKey": None}
+                "GetDataKey": None, "GetStateDiskKey": None, "GetMeasurements": None}
     server = FrameServer("vpnapi", ("127.0.0.1", 0), handlers, apis=(schema.VPNAPI,)).start()
     yield "127.0.0.1:%d" % server.address[1]
     server.stop()
@@ -121,7 +121,8 @@ def test_server_refuses_other_apis_methods_naming_its_own(vpn_server):
         with pytest.raises(RemoteError) as err:
             client.get_state()
         assert err.value.kind == "InputError"
-        assert "method: expected one of Echo, GetCertificateKey, GetDataKey, GetJoinArgs, GetStateDiskKey, GetUpdate, PeerAuth" in str(err.value)
+        assert ("method: expected one of Echo, GetCertificateKey, GetDataKey, GetJoinArgs, GetMeasurements, "
+                "GetStateDiskKey, GetUpdate, PeerAuth") in str(err.value)
 
 
 def test_client_refuses_a_method_of_another_api(vpn_server):
