@@ -28,12 +28,12 @@ NOT_READY_MESSAGE = ("container runtime network not ready: NetworkReady=false re
 class ApiServerStandIn:
     """A running stand-in process (killed by ``stop``), serving the cluster in ``cluster_dir``."""
 
-    def __init__(self, cluster_dir: str, work_dir: str, lifetime: int = 120):
+    def __init__(self, cluster_dir: str, work_dir: str, lifetime: int = 120, listen: str = "127.0.0.1:0"):
         self.cluster_dir = cluster_dir
         self.admin_conf = os.path.join(cluster_dir, "admin.conf")
         self.not_ready_file = os.path.join(work_dir, "not-ready-nodes")
         self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, KUBE_APISERVER_STANDIN, "--cluster", cluster_dir, "--listen", "127.0.0.1:0",
+            [sys.executable, KUBE_APISERVER_STANDIN, "--cluster", cluster_dir, "--listen", listen,
              "--not-ready-file", self.not_ready_file, "--lifetime", str(lifetime)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready = select.select([self.proc.stdout], [], [], 30)[0]
