@@ -19,11 +19,10 @@ import subprocess
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.roll import read_cluster_versions
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.upgrade import UpgradeRefused, Version, plan_upgrade
 from ansible_collections.constellation.cluster.plugins.modules import kubeadm_upgrade, kubernetes_node_drain
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import KUBEADM_DOUBLE, ApiServerStandIn
+from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import KUBEADM_DOUBLE, ApiServerStandIn, build_double_cluster
 
 KUBELET_PACKAGE = os.path.join(os.path.dirname(KUBEADM_DOUBLE), "kubelet_package")
 REAL_KUBECONFIG = os.environ.get("CONSTELLATION_TEST_KUBECONFIG")
@@ -46,22 +45,7 @@ class Template:
     def __init__(self, root):
         self.endpoint = "127.0.0.1:%d" % _free_port()
         self.root = root
-        dirs = {name: os.path.join(root, name, "kubernetes") for name in NODES}
-        cp0 = dirs["control-plane-0"]
-        with pytest.MonkeyPatch.context() as env:
-            env.delenv("KUBEADM_DOUBLE_LOG", raising=False)
-            env.delenv("KUBEADM_DOUBLE_CLUSTER", raising=False)
-            init = kubeadm.init_control_plane(kubeadm.Kubeadm(KUBEADM_DOUBLE, cp0), kubeadm.InitParams(
-                kubernetes_version=OLD, node_name="control-plane-0", node_vpn_ip="10.118.0.1", kubernetes_dir=cp0,
-                patches_dir=None, control_plane_endpoint=self.endpoint), upload_certs=True)
-            env.setenv("KUBEADM_DOUBLE_CLUSTER", cp0)
-            for name, ip in (("control-plane-1", "10.118.0.2"), ("worker-0", "10.118.0.11"), ("worker-1", "10.118.0.12")):
-                control_plane = name.startswith("control-plane")
-                kubeadm.join_node(kubeadm.Kubeadm(KUBEADM_DOUBLE, dirs[name]), kubeadm.JoinParams(
-                    api_server_endpoint=self.endpoint, token=init.token, ca_cert_hash=init.ca_cert_hash, node_name=name,
-                    node_vpn_ip=ip, control_plane=control_plane,
-                    certificate_key=init.certificate_key if control_plane else None, kubernetes_dir=dirs[name],
-                    patches_dir=None))
+        build_double_cluster(root, self.endpoint, OLD, control_planes=NODES[:2], workers=NODES[2:])
 
 
 class Cluster:
