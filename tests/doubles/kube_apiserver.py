@@ -11,6 +11,11 @@ read-only part of the API as the real one answers it:
 * ``GET /api/v1/nodes`` (a ``v1`` ``NodeList``), ``GET /api/v1/nodes/<name>`` and ``GET /version``;
   ``DELETE /api/v1/nodes/<name>`` (the Coordinator deletes an evicted Node: the node leaves the
   double's state, a success ``Status``; only ``system:masters`` and ``kubeadm:cluster-admins`` may);
+  ``GET /api/v1/pods`` and ``/api/v1/namespaces/kube-system/pods`` (each control plane's kube-apiserver mirror
+  pod, its image tagged with the control plane's version, and the workload pods a test put in the state's
+  ``pods``; ``fieldSelector=spec.nodeName=N``, ``labelSelector=k=v``), ``PATCH /api/v1/nodes/<name>`` of
+  ``spec.unschedulable`` (cordon, uncordon) and ``POST .../pods/<name>/eviction`` (the pod leaves the state;
+  ``pdb_blocked`` pods answer 429 as a PodDisruptionBudget would), for admins only;
   any other path is a 404 ``Status``, any other method a 405.
 * the nodes are those the kubeadm TEST DOUBLE (tests/doubles/kubeadm) registered in its "cluster"
   (``<cluster>/.kubeadm-double/state.json``: ``init`` registers its node, a ``join`` with
