@@ -20,13 +20,13 @@ description:
     V(kubelet-skew), and for O(node_name) V(control-planes-first) (a worker's kubelet only once every API
     server is at the version) and V(apply-first) (a further control plane only after the first one). While
     the first control plane still needs C(kubeadm upgrade apply), it also runs C(kubeadm upgrade plan vX -o json)
-    there and returns kubeadm's plan. Read-only: never changed.
+    there and returns kubeadm's plan. Read-only, never changed.
   - V(apply) runs C(kubeadm upgrade apply vX --yes) on the first control plane, unless its kube-apiserver is at
     the version already.
   - V(node) runs C(kubeadm upgrade node) on a further control plane (unless its kube-apiserver is at the version)
     or on a worker (unless the API server reports its kubelet at the version).
   - V(apply) and V(node) refuse when the host's kubeadm is older than the version (V(kubeadm-version)).
-  - The kubelet itself is the environment's (a package, an image): the playbook upgrades it with a command the
+  - The kubelet itself is the environment's (a package, an image); the playbook upgrades it with a command the
     operator sets, after this module.
 options:
   kubernetes_version:
