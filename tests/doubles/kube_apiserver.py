@@ -331,13 +331,13 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/api/v1/namespaces/"):
             pods = [p for p in pods if p["metadata"]["namespace"] == path.split("/")[4]]
         for selector in filter(None, (query.get("fieldSelector") or "").split(",")):
-            key, _, value = selector.partition("=")
+            key, _sep, value = selector.partition("=")
             if key != "spec.nodeName":
                 self._send(400, status_object(400, "BadRequest", "the STAND-IN selects by spec.nodeName only"))
                 return
             pods = [p for p in pods if p["spec"]["nodeName"] == value]
         for selector in filter(None, (query.get("labelSelector") or "").split(",")):
-            key, _, value = selector.partition("=")
+            key, _sep, value = selector.partition("=")
             pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(key) == value]
         self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
                          "items": [dict({"kind": "Pod", "apiVersion": "v1"}, **p) for p in pods]})

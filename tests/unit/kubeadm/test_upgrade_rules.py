@@ -100,7 +100,7 @@ def test_two_minors_at_once_are_refused_naming_host_versions_and_rule():
 
 
 def test_a_downgrade_is_refused_for_control_planes_and_kubelets():
-    found, _ = refusals([cp("cp-0", "v1.31.2"), worker("w-0", "v1.31.3")], "v1.31.1")
+    found, _message = refusals([cp("cp-0", "v1.31.2"), worker("w-0", "v1.31.3")], "v1.31.1")
     assert found == [("cp-0", "API server v1.31.2", "v1.31.1", "downgrade"),
                      ("cp-0", "kubelet v1.31.2", "v1.31.1", "downgrade"),
                      ("w-0", "kubelet v1.31.3", "v1.31.1", "downgrade")]
@@ -118,7 +118,7 @@ def test_a_kubelet_too_far_behind_the_new_api_server_is_refused():
 
 
 def test_every_broken_rule_is_named_at_once():
-    found, _ = refusals([cp("cp-0", "v1.29.0"), cp("cp-1", "v1.33.0"), worker("w", "v1.27.0")], "v1.31.0")
+    found, _message = refusals([cp("cp-0", "v1.29.0"), cp("cp-1", "v1.33.0"), worker("w", "v1.27.0")], "v1.31.0")
     assert {r[3] for r in found} == {"one-minor", "downgrade", "kubelet-skew"} and len(found) == 4
 
 
@@ -130,7 +130,7 @@ def test_a_control_plane_whose_version_is_unknown_is_refused():
 
 
 def test_the_first_control_plane_must_be_a_control_plane():
-    found, _ = refusals([cp("cp-0", "v1.31.1"), worker("w-0", "v1.31.1")], "v1.31.2", first="w-0")
+    found, _message = refusals([cp("cp-0", "v1.31.1"), worker("w-0", "v1.31.1")], "v1.31.2", first="w-0")
     assert found == [("w-0", "a worker", "v1.31.2", "apply-first")]
 
 
@@ -138,8 +138,8 @@ def test_a_worker_waits_for_every_control_plane():
     nodes = [cp("cp-0", "v1.32.0"), cp("cp-1", "v1.31.1"), worker("w-0", "v1.31.1")]
     plan = plan_upgrade(nodes, V("v1.32.0"), "cp-0")
     (refusal,) = check_node_step(plan, "w-0", "cp-0")
-    assert (refusal.node, refusal.found, refusal.wanted, refusal.rule) == ("w-0", "kubelet v1.31.1", "v1.32.0",
-                                                                         "control-planes-first")
+    assert (refusal.node, refusal.found, refusal.wanted, refusal.rule) == (
+        "w-0", "kubelet v1.31.1", "v1.32.0", "control-planes-first")
     assert str(refusal).endswith("control planes first: a kubelet is never newer than the API server "
                                  "(control-planes-first): API server of cp-1 at v1.31.1")
     assert check_node_step(plan, "cp-1", "cp-0") == []  # the further control plane may go now
