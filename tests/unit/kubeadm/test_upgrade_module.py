@@ -280,9 +280,19 @@ def test_real_cluster_versions_are_read_and_its_own_version_plans_nothing_to_do(
     planes = [n for n in nodes if n.control_plane]
     assert planes and all(n.control_plane_version for n in planes) and all(n.kubelet_version for n in nodes)
     current = min(n.control_plane_version for n in planes)
-    plan = plan_upgrade(nodes, current)
-    assert all(n.control_plane_version == current for n in plan.pending if n.control_plane) or plan.pending == [] \
-        or any(n.kubelet_version != current for n in plan.pending)
+    plan = plan_upgrade(nodes, current)  # the cluster's own version: never refused
+    assert plan.cluster_version == current
+    assert {n.name for n in plan.pending} == {n.name for n in nodes if n.needs(current)}
+
+
+@REAL
+def test_real_cluster_plan_through_the_module_changes_nothing(capsys):
+    current = min(n.control_plane_version for n in read_cluster_versions(REAL_KUBECONFIG) if n.control_plane)
+    for check_mode in (True, False):
+        result = run(capsys, kubeadm_upgrade, {"kubernetes_version": str(current), "step": "plan",
+                                               "kubeconfig": REAL_KUBECONFIG}, check_mode)
+        assert not result.get("failed") and result["changed"] is False and result["cluster_version"] == str(current)
+        assert result["kubeadm_plan"] == []  # no first control plane named: kubeadm is not asked
 
 
 @REAL
