@@ -11,6 +11,11 @@ read-only part of the API as the real one answers it:
 * ``GET /api/v1/nodes`` (a ``v1`` ``NodeList``), ``GET /api/v1/nodes/<name>`` and ``GET /version``;
   ``DELETE /api/v1/nodes/<name>`` (the Coordinator deletes an evicted Node: the node leaves the
   double's state, a success ``Status``; only ``system:masters`` and ``kubeadm:cluster-admins`` may);
+  ``GET /api/v1/pods`` and ``/api/v1/namespaces/kube-system/pods`` (each control plane's kube-apiserver mirror
+  pod, its image tagged with the control plane's version, and the workload pods a test put in the state's
+  ``pods``; ``fieldSelector=spec.nodeName=N``, ``labelSelector=k=v``), ``PATCH /api/v1/nodes/<name>`` of
+  ``spec.unschedulable`` (cordon, uncordon) and ``POST .../pods/<name>/eviction`` (the pod leaves the state;
+  ``pdb_blocked`` pods answer 429 as a PodDisruptionBudget would), for admins only;
   any other path is a 404 ``Status``, any other method a 405.
 * the nodes are those the kubeadm TEST DOUBLE (tests/doubles/kubeadm) registered in its "cluster"
   (``<cluster>/.kubeadm-double/state.json``: ``init`` registers its node, a ``join`` with
@@ -48,7 +53,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -133,7 +138,49 @@ def node_object(record, not_ready, resource_version):
     return {"metadata": {"name": name, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "node/" + name)),
                          "resourceVersion": str(resource_version), "creationTimestamp": record["registered"],
                          "labels": labels},
-            "spec": {}, "status": status}
+            "spec": {"unschedulable": True} if record.get("unschedulable") else {}, "status": status}
+
+
+def pod_objects(cluster):
+    """The pods the stand-in knows: the kube-apiserver static pod of each control plane (a mirror pod whose
+    image carries the control plane's version, as the real one) and the workload pods a test put in the
+    double's state (``pods``: namespace, name, node; ``daemonset: true`` for a DaemonSet's)."""
+    pods = []
+    for record in sorted((cluster.get("nodes") or {}).values(), key=lambda r: r["name"]):
+        if record.get("control_plane") and record.get("control_plane_version"):
+            name = "kube-apiserver-" + record["name"]
+            pods.append({"metadata": {"name": name, "namespace": "kube-system",
+                                      "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "pod/kube-system/" + name)),
+                                      "labels": {"component": "kube-apiserver", "tier": "control-plane"},
+                                      "annotations": {"kubernetes.io/config.mirror": "stand-in"}},
+                         "spec": {"nodeName": record["name"], "containers": [
+                             {"name": "kube-apiserver",
+                              "image": "registry.k8s.io/kube-apiserver:%s" % record["control_plane_version"]}]},
+                         "status": {"phase": "Running"}})
+    for item in cluster.get("pods") or []:
+        meta = {"name": item["name"], "namespace": item["namespace"],
+                "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "pod/%s/%s" % (item["namespace"], item["name"]))),
+                "labels": {"app": item["name"]}}
+        if item.get("daemonset"):
+            meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": item["name"],
+                                        "uid": meta["uid"], "controller": True}]
+        pods.append({"metadata": meta, "spec": {"nodeName": item["node"], "containers": [
+            {"name": "app", "image": "registry.example/app:1"}]}, "status": {"phase": "Running"}})
+    return pods
+
+
+def update_cluster(cluster_dir, change):
+    """change(state) under the kubeadm double's lock; returns what change returned."""
+    state_dir = os.path.join(cluster_dir, ".kubeadm-double")
+    with open(os.path.join(state_dir, "lock"), "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster = load_cluster(cluster_dir)
+        result = change(cluster)
+        path = os.path.join(state_dir, "state.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(cluster, handle)
+        os.replace(path + ".tmp", path)
+        return result
 
 
 def status_object(code, reason, message, details=None):
@@ -269,7 +316,111 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(404, status_object(404, "NotFound", 'nodes "%s" not found' % name,
                                               {"name": name, "kind": "nodes"}))
             return
+        if path in ("/api/v1/pods", "/api/v1/namespaces/kube-system/pods"):
+            self._list_pods(path, groups, cluster)
+            return
         self._send(404, status_object(404, "NotFound", "the server could not find the requested resource"))
+
+    def _list_pods(self, path, groups, cluster):
+        """Pods, filtered as the client asks: ``fieldSelector=spec.nodeName=N``, ``labelSelector=k=v``."""
+        if not set(groups) & set(DELETE_GROUPS):
+            self._send(403, status_object(403, "Forbidden", "pods is forbidden for this user"))
+            return
+        query = dict(parse_qsl(urlsplit(self.path).query))
+        pods = pod_objects(cluster)
+        if path.startswith("/api/v1/namespaces/"):
+            pods = [p for p in pods if p["metadata"]["namespace"] == path.split("/")[4]]
+        for selector in filter(None, (query.get("fieldSelector") or "").split(",")):
+            key, _sep, value = selector.partition("=")
+            if key != "spec.nodeName":
+                self._send(400, status_object(400, "BadRequest", "the STAND-IN selects by spec.nodeName only"))
+                return
+            pods = [p for p in pods if p["spec"]["nodeName"] == value]
+        for selector in filter(None, (query.get("labelSelector") or "").split(",")):
+            key, _sep, value = selector.partition("=")
+            pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(key) == value]
+        self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
+                         "items": [dict({"kind": "Pod", "apiVersion": "v1"}, **p) for p in pods]})
+
+    def _body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= 65536:
+            return None
+        try:
+            return json.loads(self.rfile.read(length))
+        except ValueError:
+            return None
+
+    def do_PATCH(self):  # noqa: N802  (http.server's name)
+        """Cordon / uncordon: a merge patch of a Node's ``spec.unschedulable`` (admins only)."""
+        path = urlsplit(self.path).path.rstrip("/")
+        body = self._body()
+        user, groups = self._user()
+        if user is None:
+            self._send(401, status_object(401, "Unauthorized", "Unauthorized"))
+            return
+        if not path.startswith("/api/v1/nodes/"):
+            self._not_allowed()
+            return
+        name = path[len("/api/v1/nodes/"):]
+        if not set(groups) & set(DELETE_GROUPS):
+            self._send(403, status_object(403, "Forbidden", 'nodes "%s" is forbidden: User "%s" cannot patch resource '
+                                          '"nodes"' % (name, user), {"name": name, "kind": "nodes"}))
+            return
+        spec = (body or {}).get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict) or set(spec) != {"unschedulable"} or not isinstance(spec["unschedulable"], bool):
+            self._send(422, status_object(422, "Invalid", "the STAND-IN patches spec.unschedulable only"))
+            return
+
+        def change(cluster):
+            record = (cluster.get("nodes") or {}).get(name)
+            if record is not None:
+                record["unschedulable"] = spec["unschedulable"]
+            return record is not None
+        if not update_cluster(self.server.cluster_dir, change):
+            self._send(404, status_object(404, "NotFound", 'nodes "%s" not found' % name, {"name": name, "kind": "nodes"}))
+            return
+        self.log_message("PATCH node %s unschedulable=%s by %s", name, spec["unschedulable"], user)
+        cluster = load_cluster(self.server.cluster_dir)
+        records = sorted(cluster["nodes"].values(), key=lambda r: r["registered"])
+        node = next(node_object(r, set(), i + 1) for i, r in enumerate(records) if r["name"] == name)
+        self._send(200, dict({"kind": "Node", "apiVersion": "v1"}, **node))
+
+    def do_POST(self):  # noqa: N802  (http.server's name)
+        """An Eviction of a workload pod (``.../pods/<name>/eviction``): the pod leaves the state; a pod with
+        ``pdb_blocked: true`` is refused 429 as a PodDisruptionBudget would."""
+        parts = urlsplit(self.path).path.rstrip("/").split("/")
+        self._body()
+        user, groups = self._user()
+        if user is None:
+            self._send(401, status_object(401, "Unauthorized", "Unauthorized"))
+            return
+        if len(parts) != 8 or parts[1:4] != ["api", "v1", "namespaces"] or parts[5] != "pods" or parts[7] != "eviction":
+            self._not_allowed()
+            return
+        namespace, name = parts[4], parts[6]
+        if not set(groups) & set(DELETE_GROUPS):
+            self._send(403, status_object(403, "Forbidden", "pods/eviction is forbidden for this user"))
+            return
+
+        def change(cluster):
+            pods = cluster.get("pods") or []
+            match = [p for p in pods if p["namespace"] == namespace and p["name"] == name]
+            if not match:
+                return 404
+            if match[0].get("pdb_blocked"):
+                return 429
+            cluster["pods"] = [p for p in pods if p is not match[0]]
+            return 201
+        code = update_cluster(self.server.cluster_dir, change)
+        if code == 404:
+            self._send(404, status_object(404, "NotFound", 'pods "%s" not found' % name, {"name": name, "kind": "pods"}))
+        elif code == 429:
+            self._send(429, status_object(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
+                                          "disruption budget."))
+        else:
+            self.log_message("EVICT pod %s/%s by %s", namespace, name, user)
+            self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 
     def do_DELETE(self):  # noqa: N802  (http.server's name)
         path = urlsplit(self.path).path.rstrip("/")
@@ -302,9 +453,10 @@ class Handler(BaseHTTPRequestHandler):
             self.rfile.read(length)
 
     def _not_allowed(self):
-        self._send(405, status_object(405, "MethodNotAllowed", "this STAND-IN serves GET and DELETE of a node only"))
+        self._send(405, status_object(405, "MethodNotAllowed", "this STAND-IN serves GET, DELETE and PATCH "
+                                      "(unschedulable) of a node and evictions only"))
 
-    do_POST = do_PUT = do_PATCH = _not_allowed  # noqa: N815
+    do_PUT = _not_allowed  # noqa: N815
 
 
 class StandInServer(ThreadingHTTPServer):

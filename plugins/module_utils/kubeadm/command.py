@@ -143,6 +143,27 @@ class Kubeadm:
         self.run(["token", "delete", validate_token_id(tid), "--kubeconfig", self.admin_kubeconfig_path],
                  timeout=120)
 
+    def version(self) -> str:
+        """``kubeadm version -o short``: the executable's own version (``v1.31.1``)."""
+        return self.run(["version", "-o", "short"], timeout=60).stdout.strip()
+
+    def upgrade_plan(self, version: str) -> str:
+        """``kubeadm upgrade plan vX -o json`` (read-only): its output, for ``upgrade.parse_upgrade_plan``."""
+        return self.run(["upgrade", "plan", version, "-o", "json", "--kubeconfig", self.admin_kubeconfig_path],
+                        timeout=300).stdout
+
+    def upgrade_apply(self, version: str) -> CommandResult:
+        """``kubeadm upgrade apply vX --yes`` on the first control plane (``--yes``: no prompt)."""
+        return self.run(["upgrade", "apply", version, "--yes", "-v=%d" % self._verbosity,
+                         "--kubeconfig", self.admin_kubeconfig_path], timeout=1800)
+
+    def upgrade_node(self, control_plane: bool) -> CommandResult:
+        """``kubeadm upgrade node``: a further control plane's static pods, or a worker's kubelet
+        configuration, to the cluster's version (what apply wrote to the kubeadm-config ConfigMap). A
+        worker has no admin.conf: it talks to the API server as its kubelet (``kubelet.conf``)."""
+        kubeconfig = self.admin_kubeconfig_path if control_plane else os.path.join(self.kubernetes_dir, "kubelet.conf")
+        return self.run(["upgrade", "node", "-v=%d" % self._verbosity, "--kubeconfig", kubeconfig], timeout=1800)
+
     def upload_certs(self, config_path: str) -> None:
         self.run(["init", "phase", "upload-certs", "--upload-certs", "--config", config_path,
                   "--kubeconfig", self.admin_kubeconfig_path], timeout=300)

@@ -28,12 +28,12 @@ NOT_READY_MESSAGE = ("container runtime network not ready: NetworkReady=false re
 class ApiServerStandIn:
     """A running stand-in process (killed by ``stop``), serving the cluster in ``cluster_dir``."""
 
-    def __init__(self, cluster_dir: str, work_dir: str, lifetime: int = 120):
+    def __init__(self, cluster_dir: str, work_dir: str, lifetime: int = 120, listen: str = "127.0.0.1:0"):
         self.cluster_dir = cluster_dir
         self.admin_conf = os.path.join(cluster_dir, "admin.conf")
         self.not_ready_file = os.path.join(work_dir, "not-ready-nodes")
         self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, KUBE_APISERVER_STANDIN, "--cluster", cluster_dir, "--listen", "127.0.0.1:0",
+            [sys.executable, KUBE_APISERVER_STANDIN, "--cluster", cluster_dir, "--listen", listen,
              "--not-ready-file", self.not_ready_file, "--lifetime", str(lifetime)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready = select.select([self.proc.stdout], [], [], 30)[0]
@@ -101,3 +101,34 @@ def kubeconfig_for(admin_conf: str, url: str, out_path, ca_pem: bytes = None, us
         yaml.safe_dump(doc, handle)
     os.chmod(out_path, 0o600)
     return str(out_path)
+
+
+def build_double_cluster(root: str, endpoint: str, kubernetes_version: str, control_planes=("control-plane-0",),
+                         workers=()) -> dict:
+    """A cluster made by the kubeadm TEST DOUBLE under ``root`` (``root/<node>/kubernetes``): the first of
+    ``control_planes`` initialised with ``endpoint`` as its control plane endpoint (every kubeconfig points
+    there: start the stand-in on it), the others joined as control planes, ``workers`` joined as workers.
+    Returns node name -> kubernetes directory. $KUBEADM_DOUBLE_CLUSTER is set only while it joins."""
+    from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
+
+    dirs = {name: os.path.join(root, name, "kubernetes") for name in tuple(control_planes) + tuple(workers)}
+    first = dirs[control_planes[0]]
+    saved = {key: os.environ.pop(key, None) for key in ("KUBEADM_DOUBLE_LOG", "KUBEADM_DOUBLE_CLUSTER")}
+    try:
+        init = kubeadm.init_control_plane(kubeadm.Kubeadm(KUBEADM_DOUBLE, first), kubeadm.InitParams(
+            kubernetes_version=kubernetes_version, node_name=control_planes[0], node_vpn_ip="10.118.0.1",
+            kubernetes_dir=first, patches_dir=None, control_plane_endpoint=endpoint), upload_certs=True)
+        os.environ["KUBEADM_DOUBLE_CLUSTER"] = first
+        for index, name in enumerate(tuple(control_planes[1:]) + tuple(workers)):
+            control_plane = name in control_planes
+            kubeadm.join_node(kubeadm.Kubeadm(KUBEADM_DOUBLE, dirs[name]), kubeadm.JoinParams(
+                api_server_endpoint=endpoint, token=init.token, ca_cert_hash=init.ca_cert_hash, node_name=name,
+                node_vpn_ip="10.118.0.%d" % (index + 2), control_plane=control_plane,
+                certificate_key=init.certificate_key if control_plane else None, kubernetes_dir=dirs[name],
+                patches_dir=None))
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
+    return dirs
