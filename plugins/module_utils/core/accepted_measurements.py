@@ -31,6 +31,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.store import StoreError
 
 KEY_DOCUMENT = "measurementsDocument"
 KEY_PEER_SET_PREFIX = "measurementSetOf"
@@ -79,6 +80,7 @@ class AcceptedMeasurements:
         self._lock = threading.Lock()
         self._recorded: Dict[str, str] = {}  # vpn_ip -> set, as last written to the store
         self._version = (0.0, 0)  # (when read, version): version()'s cache
+        self._unread = False  # the last store read failed (logged once)
 
     # -- the Coordinator's record of who runs what
     def record_peer_set(self, vpn_ip: str, name: Optional[str]) -> None:
@@ -112,13 +114,25 @@ class AcceptedMeasurements:
         return doc
 
     def version(self) -> int:
-        """The version in force (the stored document's, else the policy file's); at most one store read a second."""
+        """The version in force (the stored document's, else the policy file's), for GetUpdate's answer: at most one
+        store read a second, and that one a ``peek`` (the member's own copy, no majority needed); when the store
+        cannot answer, the version last read (a poll never waits for, or fails with, the store)."""
         read_at, version = self._version
         now = time.monotonic()
-        if now - read_at >= VERSION_CACHE_SECONDS or read_at == 0.0:
-            stored = self.stored()
-            version = int(stored["version"]) if stored is not None else policy_version(self.current())
-            self._version = (now, version)
+        if read_at != 0.0 and now - read_at < VERSION_CACHE_SECONDS:
+            return version
+        try:
+            raw = self.context.store.peek(KEY_DOCUMENT)
+            version = int(json.loads(raw.decode("utf-8"))["version"]) if raw is not None else policy_version(self.current())
+        except (StoreError, ValueError, KeyError, TypeError) as err:
+            if read_at == 0.0:
+                version = policy_version(self.current())
+            if not self._unread:  # once until the store answers again
+                self.context.log("measurements_version_unread", level="warning", error=str(err)[:200])
+            self._unread = True
+        else:
+            self._unread = False
+        self._version = (now, version)
         return version
 
     # -- SetMeasurements (admin channel, Coordinator)

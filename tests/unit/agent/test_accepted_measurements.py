@@ -280,3 +280,28 @@ def test_the_policy_file_and_its_signature_change_together_even_across_a_stop(tm
     path.write_bytes(document(3, "v3"))
     with pytest.raises(InputError, match="does not verify"):
         PolicyFile(str(path), str(pub)).load()
+
+
+def test_get_update_says_the_version_in_memory_when_the_store_cannot_answer(cluster, admin, monkeypatch):
+    """A poll never waits for, or fails with, the store (an etcd without a majority): GetUpdate's version is the
+    last one read, from a peek (the member's own copy) at most once a second."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.core import accepted_measurements
+    from ansible_collections.constellation.cluster.plugins.module_utils.store import StoreError
+
+    admin.admin_auth(cluster.admin_key)
+    set_measurements(admin, document(2, "v1", "v2"))
+    node = cluster.add_node("10.42.0.22")
+    monkeypatch.setattr(accepted_measurements, "VERSION_CACHE_SECONDS", 0.0)
+    store = cluster.core.context.store
+    peeks = []
+
+    def no_majority(key, default=None):
+        peeks.append(key)
+        raise StoreError("etcd has no quorum")
+
+    monkeypatch.setattr(store, "peek", no_majority)
+    monkeypatch.setattr(store, "get_default", lambda *a, **k: pytest.fail("a poll read the store with a majority read"))
+    with cluster.vpn_client(node) as client:
+        assert client.get_update(0)["measurements_version"] == 2
+        assert client.get_update(0)["measurements_version"] == 2
+    assert peeks  # it did ask, and answered from memory when the store could not
