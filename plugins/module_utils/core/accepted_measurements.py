@@ -87,7 +87,11 @@ class AcceptedMeasurements:
         """The set ``vpn_ip`` matched at its re-attestation (written only when it changed)."""
         if not name or self._recorded.get(vpn_ip) == name:
             return
-        self.context.store.put(KEY_PEER_SET_PREFIX + vpn_ip, name.encode("utf-8"))
+        try:
+            self.context.store.put(KEY_PEER_SET_PREFIX + vpn_ip, name.encode("utf-8"))
+        except StoreError as err:  # no majority (etcd): the attestation stands; written at a later round
+            self.context.log("measurement_set_unrecorded", level="warning", peer=vpn_ip, error=str(err)[:200])
+            return
         self._recorded[vpn_ip] = name
 
     def peer_sets(self) -> Dict[str, str]:

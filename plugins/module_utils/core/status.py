@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import removed_peers
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import NOT_ENCRYPTED
+from ansible_collections.constellation.cluster.plugins.module_utils.store import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
@@ -75,7 +76,11 @@ class PeerStatus:
         if ctx.role == ROLE_COORDINATOR and ctx.state == State.ACTIVATING_NODES:
             answer["evicted"] = [dict(record) for _ip, record in sorted(self.evictions.evicted.items())]
             # The Nodes the admin removed (core/peer_removal.py): add_nodes.yml refuses them, naming the way back.
-            answer["removed"] = [dict(record) for _key, record in sorted(removed_peers(ctx.store).items())]
+            # Read from the store: without its majority (etcd) GetState still answers, without this list.
+            try:
+                answer["removed"] = [dict(record) for _key, record in sorted(removed_peers(ctx.store).items())]
+            except StoreError as err:
+                ctx.log("removed_peers_unread", level="warning", error=str(err)[:200])
         return answer
 
     def pinned_coordinator_pub_key(self) -> Optional[str]:
