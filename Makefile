@@ -19,7 +19,7 @@ demo: setup
 # through pytest, then ansible-lint, and ansible-test sanity and the build while Molecule runs.
 test: setup
 	sh scripts/units.sh
-	$(VENV)/pytest -q -p no:cacheprovider tests/integration
+	$(VENV)/pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/integration
 	sh scripts/checks-and-molecule.sh
 
 pytest: setup

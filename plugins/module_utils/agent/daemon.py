@@ -447,7 +447,6 @@ class Agent:
             self.core.context.etcd_member.stop()
         self.log("agent_stopped")
 
-
     def wait(self) -> None:
         while not self._stop.is_set():
             self._stop.wait(1.0)
