@@ -65,6 +65,8 @@ COORDINATOR_BACKUP_ARGS: Dict[str, Dict[str, Any]] = dict(
     admin_priv_key_file=dict(type="path", required=True),
     backup_dir=dict(type="path", required=True),
     kubernetes=dict(type="bool", default=False),
+    kubernetes_etcd_snapshot=dict(type="str", no_log=True),
+    kubernetes_etcd_source=dict(type="dict"),
 )
 COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),

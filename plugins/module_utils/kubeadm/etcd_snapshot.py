@@ -32,6 +32,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
 DEFAULT_ENDPOINT = "127.0.0.1:2379"
 DEFAULT_MAX_SIZE = 128 << 20
@@ -202,3 +203,28 @@ def verify(data: bytes, what: str = "the snapshot") -> str:
                             "(truncated or altered)" % (what, HASH_SIZE))
     return hashlib.sha256(data).hexdigest()
 
+
+
+def write(dest: str, data: bytes, check_mode: bool = False) -> Dict[str, Any]:
+    """Writes the verified snapshot ``data`` to ``dest`` (0600, atomically) for ``etcdutl snapshot restore``;
+    a file there with the same SHA-256 (and mode 0600) is left alone. {"changed", "dest", "size", "sha256",
+    "before": {"size", "sha256"} or None} - metadata only, never the data."""
+    sha256 = verify(data, "the snapshot to write to %s" % dest)
+    if not os.path.isabs(dest) or dest.endswith("/"):
+        raise InputError("dest", "an absolute file path", dest)
+    if not os.path.isdir(os.path.dirname(dest)):
+        raise InputError("dest", "a path in an existing folder", dest)
+    before = None
+    if os.path.lexists(dest):
+        if os.path.islink(dest) or not os.path.isfile(dest):
+            raise InputError("dest", "a path that is a regular file or nothing (not a link, not a folder)", dest)
+        digest = hashlib.sha256()
+        with open(dest, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        before = {"size": os.path.getsize(dest), "sha256": digest.hexdigest(),
+                  "mode": "%04o" % (os.stat(dest).st_mode & 0o7777)}
+    changed = before is None or before["sha256"] != sha256 or before["mode"] != "0600"
+    if changed and not check_mode:
+        atomic_write(dest, data, 0o600)
+    return {"changed": changed, "dest": dest, "size": len(data), "sha256": sha256, "before": before}

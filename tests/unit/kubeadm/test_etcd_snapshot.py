@@ -7,11 +7,14 @@ check etcd's appended SHA-256 allows, and the refusals - another CA, no client c
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
 import ipaddress
+import json
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 
@@ -175,3 +178,58 @@ def test_bounds_and_inputs(kubernetes_etcd, tls, tmp_path):
     port = free_ports(1)[0]
     with pytest.raises(etcd_snapshot.SnapshotError, match="https://127.0.0.1:%d did not answer" % port):
         etcd_snapshot.take("127.0.0.1:%d" % port, tls)
+
+
+def test_a_real_snapshot_goes_into_the_encrypted_backup_and_comes_back(kubernetes_etcd, tls, tmp_path):
+    from ansible_collections.constellation.cluster.plugins.module_utils import kms
+    from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
+
+    master, salt = kms.MasterSecret.generate(), os.urandom(32)
+    cluster_id = kms.ClusterKMS(master).cluster_id(salt)
+    exported = {"format": "constellation.cluster/coordinator-state/v1", "vpn_ip": "10.118.0.1", "items": {},
+                "cluster_id": base64.b64encode(cluster_id).decode()}
+    snap = etcd_snapshot.take(kubernetes_etcd["etcd"].endpoint, tls)
+    manifest, data, name = backup.seal(master, exported, "192.0.2.10:9000", {"revision": snap.revision}, snap.data)
+    path = backup.write(str(tmp_path), manifest, data, name)
+    assert backup.kubernetes_etcd_entry(manifest)["sha256"] == snap.sha256
+    assert backup.open_all(path, master, cluster_id)[2] == snap.data
+
+
+def _run(capsys, args, check_mode=False, diff=False):
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.constellation.cluster.plugins.modules import kubernetes_etcd_snapshot
+
+    with patch_module_args(dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)), pytest.raises(SystemExit) as done:
+        kubernetes_etcd_snapshot.main()
+    out = capsys.readouterr().out
+    result = json.loads(out)
+    assert (done.value.code == 0) != bool(result.get("failed"))
+    return result, out
+
+
+def test_the_module_takes_a_snapshot_and_writes_one_back(kubernetes_etcd, capsys, tmp_path):
+    args = {"endpoint": kubernetes_etcd["etcd"].endpoint, "kubernetes_dir": kubernetes_etcd["kubernetes_dir"]}
+    taken, _out = _run(capsys, args, check_mode=True)  # read-only: check mode takes it as well
+    assert taken["changed"] is False and taken["size"] > 4096 and taken["revision"] >= 1
+    data = base64.b64decode(taken["snapshot"])
+    assert hashlib.sha256(data).hexdigest() == taken["sha256"] == etcd_snapshot.verify(data)
+    dest = str(tmp_path / "etcd-restore.db")
+    write = {"dest": dest, "snapshot": taken["snapshot"]}
+    predicted, out = _run(capsys, write, check_mode=True, diff=True)
+    assert predicted["changed"] is True and not os.path.exists(dest)
+    assert taken["snapshot"][:64] not in out  # the secret argument is never echoed
+    written, _out = _run(capsys, write, diff=True)
+    assert written["changed"] is True and written["diff"]["after"] == {"size": len(data), "sha256": taken["sha256"],
+                                                                       "mode": "0600"}
+    assert open(dest, "rb").read() == data and stat.S_IMODE(os.stat(dest).st_mode) == 0o600
+    again, _out = _run(capsys, write)
+    assert again["changed"] is False
+    damaged = bytearray(data)
+    damaged[len(damaged) // 2] ^= 1
+    refused, out = _run(capsys, {"dest": dest, "snapshot": base64.b64encode(bytes(damaged)).decode()})
+    assert refused["failed"] and "dest %s: the snapshot to write to %s is damaged" % (dest, dest) in refused["msg"]
+    assert open(dest, "rb").read() == data  # left as it was
+    failed, _out = _run(capsys, dict(args, kubernetes_dir=kubernetes_etcd["other_dir"]))
+    assert failed["failed"] and failed["msg"].startswith("Kubernetes etcd snapshot: etcd at https://%s: the TLS handshake failed"
+                                                         % kubernetes_etcd["etcd"].endpoint)
