@@ -60,7 +60,7 @@ options:
     default: false
   kubernetes_etcd_snapshot:
     description:
-      - SECRET. Kubernetes' etcd snapshot in base64 (RV(constellation.cluster.kubernetes_etcd_snapshot#module:snapshot)),
+      - SECRET. Kubernetes' etcd snapshot in base64 (the C(snapshot) that M(constellation.cluster.kubernetes_etcd_snapshot) returns),
         with O(kubernetes). It holds every Kubernetes Secret; it is written only encrypted.
     type: str
   kubernetes_etcd_source:
