@@ -24,7 +24,7 @@ description:
     M(constellation.cluster.kubernetes_etcd_snapshot) on the first control plane (O(kubernetes_etcd_snapshot)) goes
     into the same encrypted data; the manifest's C(contents) lists it with its size, SHA-256 and where it was taken,
     and the state's fingerprint covers its SHA-256. Its integrity (the SHA-256 etcd appends) is checked before
-    anything is written. O(kubernetes) without a snapshot: the manifest says none is included, and a warning.
+    anything is written. With O(kubernetes) and no snapshot, the manifest says none is included, and a warning too.
 author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
