@@ -204,7 +204,6 @@ def verify(data: bytes, what: str = "the snapshot") -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-
 def write(dest: str, data: bytes, check_mode: bool = False) -> Dict[str, Any]:
     """Writes the verified snapshot ``data`` to ``dest`` (0600, atomically) for ``etcdutl snapshot restore``;
     a file there with the same SHA-256 (and mode 0600) is left alone. {"changed", "dest", "size", "sha256",
