@@ -11,11 +11,14 @@ from __future__ import annotations
 import base64
 
 from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
 KUBERNETES_NOT_TAKEN = {"name": "kubernetes_etcd", "included": False,
-                        "reason": "Kubernetes etcd snapshots are not taken by this version: back up the control plane's "
-                                  "etcd with etcdctl snapshot save and its /etc/kubernetes/pki yourself"}
+                        "reason": "Kubernetes is managed but no snapshot of its etcd was given (kubernetes_etcd_snapshot): "
+                                  "the backup holds the Coordinator's state only"}
+# What the manifest says about where the snapshot was taken (the kubernetes_etcd_snapshot module's result).
+_SOURCE_FIELDS = ("control_plane", "endpoint", "revision", "etcd_version")
 
 
 class ActionModule(ClusterAction):
@@ -33,9 +36,21 @@ class ActionModule(ClusterAction):
                                        cluster_id)
         out = {"changed": False, "endpoint": args["endpoint"], "cluster_id": base64.b64encode(cluster_id).decode()}
         warnings = []
-        if args["kubernetes"]:
+        kubernetes, snapshot, snapshot_sha256 = None, None, None
+        if args["kubernetes"] and args["kubernetes_etcd_snapshot"]:
+            try:
+                snapshot = base64.b64decode(args["kubernetes_etcd_snapshot"], validate=True)
+            except ValueError:
+                raise InputError("kubernetes_etcd_snapshot", "the snapshot in standard base64", "(not shown)") from None
+            # Verified before anything is compared or written: a damaged snapshot makes no backup.
+            snapshot_sha256 = backup.check_snapshot(snapshot, "the Kubernetes etcd snapshot given")
+            source = args["kubernetes_etcd_source"] or {}
+            kubernetes = {k: source[k] for k in _SOURCE_FIELDS
+                          if isinstance(source.get(k), (str, int)) and not isinstance(source.get(k), bool)}
+        elif args["kubernetes"]:
+            kubernetes = KUBERNETES_NOT_TAKEN
             warnings.append(KUBERNETES_NOT_TAKEN["reason"])
-        current = backup.fingerprint(master, exported)
+        current = backup.fingerprint(master, exported, snapshot_sha256)
         for path, _manifest in reversed(backup.backups(args["backup_dir"], out["cluster_id"])):
             try:
                 manifest, _state = backup.open_backup(path, master, cluster_id)
@@ -47,8 +62,7 @@ class ActionModule(ClusterAction):
                 return dict(out, warnings=warnings) if warnings else out
             break
         out["changed"] = True
-        manifest, data, name = backup.seal(master, exported, args["endpoint"],
-                                           KUBERNETES_NOT_TAKEN if args["kubernetes"] else None)
+        manifest, data, name = backup.seal(master, exported, args["endpoint"], kubernetes, snapshot)
         if self._task.check_mode:
             out.update(path=None, manifest=manifest, note="check mode: a new backup would be written")
         else:

@@ -40,9 +40,12 @@ class ActionModule(ClusterAction):
             path = found[-1][0]
         # Every check before anything is sent: a refused backup never reaches a host.
         try:
-            manifest, exported = backup.open_backup(path, master, cluster_id)
+            manifest, exported, snapshot = backup.open_all(path, master, cluster_id)
         except backup.BackupRefused as err:
             raise backup.BackupRefused("backup refused, nothing was sent: %s" % err) from None
+        if args["kubernetes_etcd_snapshot"] and snapshot is None:
+            raise backup.BackupRefused("%s holds no Kubernetes etcd snapshot (its manifest's contents say why), nothing "
+                                       "was sent" % path)
         priv_key = self.load_admin_priv_key(args["admin_priv_key_file"])
         pub_key = priv_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo).decode()
@@ -50,4 +53,6 @@ class ActionModule(ClusterAction):
         out = backup.restore(args["endpoint"], settings, args["kms_uri"], salt, cluster_id, pub_key, exported,
                              init_secret, check_mode=bool(self._task.check_mode))
         out.update(backup=path, manifest=manifest, cluster_id=base64.b64encode(cluster_id).decode())
+        if args["kubernetes_etcd_snapshot"]:
+            out["kubernetes_etcd_snapshot"] = base64.b64encode(snapshot).decode()
         return out

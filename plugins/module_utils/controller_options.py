@@ -65,6 +65,8 @@ COORDINATOR_BACKUP_ARGS: Dict[str, Dict[str, Any]] = dict(
     admin_priv_key_file=dict(type="path", required=True),
     backup_dir=dict(type="path", required=True),
     kubernetes=dict(type="bool", default=False),
+    kubernetes_etcd_snapshot=dict(type="str", no_log=True),
+    kubernetes_etcd_source=dict(type="dict"),
 )
 COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),
@@ -74,6 +76,7 @@ COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
     init_secret=dict(type="str", no_log=True),
     backup=dict(type="path"),
     backup_dir=dict(type="path"),
+    kubernetes_etcd_snapshot=dict(type="bool", default=False),
 )
 # Day-2 (issue 28): the admin removes a Node through the Coordinator; resets a peer's agent.
 REMOVE_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(

@@ -20,7 +20,11 @@ description:
     associated data of the AEAD.
   - A backup is a new artifact each time the state changed. When the state has the same keyed fingerprint as the
     newest intact backup of this cluster in O(backup_dir), nothing is written and the task reports C(changed=false).
-  - Kubernetes' own etcd is not backed up by this version (O(kubernetes) only says so in the manifest and warns).
+  - Where Kubernetes is managed (O(kubernetes)), Kubernetes' etcd snapshot taken by
+    M(constellation.cluster.kubernetes_etcd_snapshot) on the first control plane (O(kubernetes_etcd_snapshot)) goes
+    into the same encrypted data; the manifest's C(contents) lists it with its size, SHA-256 and where it was taken,
+    and the state's fingerprint covers its SHA-256. Its integrity (the SHA-256 etcd appends) is checked before
+    anything is written. With O(kubernetes) and no snapshot, the manifest says none is included, and a warning too.
 author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
@@ -51,9 +55,19 @@ options:
     type: path
     required: true
   kubernetes:
-    description: Kubernetes is managed by the inventory; its etcd is not backed up by this version, the manifest says so.
+    description: Kubernetes is managed by the inventory; its etcd snapshot (O(kubernetes_etcd_snapshot)) is backed up too.
     type: bool
     default: false
+  kubernetes_etcd_snapshot:
+    description:
+      - SECRET. Kubernetes' etcd snapshot in base64 (the C(snapshot) that M(constellation.cluster.kubernetes_etcd_snapshot) returns),
+        with O(kubernetes). It holds every Kubernetes Secret; it is written only encrypted.
+    type: str
+  kubernetes_etcd_source:
+    description:
+      - Where the snapshot was taken, for the manifest - C(control_plane), C(endpoint), C(revision), C(etcd_version)
+        (other keys are ignored).
+    type: dict
 attributes:
   check_mode:
     support: full

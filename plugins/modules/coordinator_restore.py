@@ -54,6 +54,14 @@ options:
   backup_dir:
     description: Without O(backup), the newest backup of this cluster in this folder is restored.
     type: path
+  kubernetes_etcd_snapshot:
+    description:
+      - Also return the backup's Kubernetes etcd snapshot (verified like the rest) in base64 as
+        RV(kubernetes_etcd_snapshot), for M(constellation.cluster.kubernetes_etcd_snapshot) to write onto a control
+        plane. It holds every Kubernetes Secret - run the task with C(no_log). A backup without one is refused.
+      - Kubernetes' etcd itself is not restored by this module (docs/site.md says how).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -79,6 +87,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+kubernetes_etcd_snapshot:
+  description: SECRET. The backup's Kubernetes etcd snapshot in base64.
+  returned: with O(kubernetes_etcd_snapshot)
+  type: str
 backup:
   description: The manifest of the backup that was verified (and restored).
   returned: success

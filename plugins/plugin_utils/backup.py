@@ -7,7 +7,9 @@ A backup is two files in the backup folder (0700), both 0600, written atomically
 
 * ``<name>.enc``: ``AES-256-GCM(key, nonce, plaintext, aad)``, the key ``kms.backup_key(master secret)``
   (HKDF with an info label of its own, docs/kms.md; never the master secret itself), the plaintext the
-  canonical JSON of ``{"coordinator_state": <ExportState answer>}``;
+  canonical JSON of ``{"coordinator_state": <ExportState answer>}``, and where Kubernetes is managed
+  ``"kubernetes_etcd_snapshot"``: Kubernetes' etcd snapshot (base64; kubeadm/etcd_snapshot.py, its appended
+  SHA-256 checked when sealed and when opened);
 * ``<name>.manifest.json``: what (the contents, key counts), when, the cluster ID, the Coordinator, the format
   version, the cipher and nonce, a keyed fingerprint of the state and the data file's size and SHA-256. The
   associated data of the AEAD is the canonical JSON of the manifest without its two data fields (which
@@ -15,9 +17,13 @@ A backup is two files in the backup folder (0700), both 0600, written atomically
 
 The manifest is the commit marker: a data file without one is no backup. Opening a backup checks, in order,
 the manifest's format, the data file's size and digest, the cluster ID against the one the controller
-derives, the AEAD and the fingerprint; each refusal (``BackupRefused``) names the file and the reason, and
+derives, the AEAD, the fingerprint and (when the manifest lists one) the Kubernetes etcd snapshot's size, digest
+and integrity; each refusal (``BackupRefused``) names the file and the reason, and
 nothing is sent before all of them passed. "A second run changes nothing": when the Coordinator's state
-has the same fingerprint as the newest backup of this cluster in the folder, no new backup is written.
+has the same fingerprint as the newest backup of this cluster in the folder, no new backup is written. The
+fingerprint covers the Kubernetes etcd snapshot's SHA-256 too: a snapshot of an unchanged etcd is the same
+bytes, but a live Kubernetes writes to its etcd every few seconds (node leases), so with Kubernetes nearly
+every run writes a new backup - the state really changed.
 """
 
 from __future__ import annotations
@@ -42,7 +48,11 @@ KEY_DERIVATION = "HKDF-SHA256(master key, master salt, info=%s)" % kms_mod.BACKU
 MANIFEST_SUFFIX = ".manifest.json"
 DATA_SUFFIX = ".enc"
 MAX_MANIFEST = 1 << 20
-MAX_DATA = 64 << 20
+MAX_STATE = 64 << 20
+MAX_KUBERNETES_ETCD_SNAPSHOT = 256 << 20  # kubeadm/etcd_snapshot.MAX_SIZE
+# The data: the state, the snapshot in base64, the AEAD's nonce and tag.
+MAX_DATA = MAX_STATE + (MAX_KUBERNETES_ETCD_SNAPSHOT + 2) // 3 * 4 + 4096
+KUBERNETES_ETCD = "kubernetes_etcd"
 _DATA_FIELDS = ("data_sha256", "data_size")
 _FINGERPRINT_INFO = b"constellation.cluster/backup-fingerprint/v1"
 
@@ -59,11 +69,15 @@ def _aad(manifest: Dict[str, Any]) -> bytes:
     return canonical({k: v for k, v in manifest.items() if k not in _DATA_FIELDS})
 
 
-def fingerprint(master: kms_mod.MasterSecret, exported: Dict[str, Any]) -> str:
+def fingerprint(master: kms_mod.MasterSecret, exported: Dict[str, Any], kubernetes_etcd_sha256: Optional[str] = None) -> str:
     """A keyed digest of the state (HMAC-SHA256 under a key derived from the backup key): says whether two
-    exports hold the same state without saying anything about it to whoever reads the manifest."""
+    exports hold the same state without saying anything about it to whoever reads the manifest. With a
+    Kubernetes etcd snapshot, its SHA-256 is part of it (without one, the digest is the one of format v1's
+    first backups)."""
     key = kms_mod.hkdf_sha256(kms_mod.backup_key(master), b"", _FINGERPRINT_INFO, 32)
-    return hmac.new(key, canonical(exported), hashlib.sha256).hexdigest()
+    doc = exported if kubernetes_etcd_sha256 is None else {"coordinator_state": exported,
+                                                           "kubernetes_etcd_sha256": kubernetes_etcd_sha256}
+    return hmac.new(key, canonical(doc), hashlib.sha256).hexdigest()
 
 
 def _now() -> Tuple[str, str]:
@@ -72,8 +86,11 @@ def _now() -> Tuple[str, str]:
 
 
 def seal(master: kms_mod.MasterSecret, exported: Dict[str, Any], endpoint: str,
-         kubernetes: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], bytes, str]:
-    """(manifest, data, name) of a new backup of ``exported`` (an ExportState answer)."""
+         kubernetes: Optional[Dict[str, Any]] = None, kubernetes_etcd_snapshot: Optional[bytes] = None
+         ) -> Tuple[Dict[str, Any], bytes, str]:
+    """(manifest, data, name) of a new backup of ``exported`` (an ExportState answer) and, when given, of
+    Kubernetes' etcd snapshot (verified first: a damaged one is refused, nothing is sealed). ``kubernetes``: the
+    manifest's entry for Kubernetes' etcd (where it was taken, or why it is not included)."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     created, name = _now()
@@ -81,18 +98,47 @@ def seal(master: kms_mod.MasterSecret, exported: Dict[str, Any], endpoint: str,
     contents = [{"name": "coordinator_state", "what": "the Coordinator's store (ExportState over the admin channel)",
                  "keys": len(exported.get("items") or {}) + len(exported.get("cluster_items") or {}),
                  "format": exported.get("format")}]
-    contents.append(dict(kubernetes or {"name": "kubernetes_etcd", "included": False,
-                                        "reason": "Kubernetes is not managed by this inventory"}))
+    plain: Dict[str, Any] = {"coordinator_state": exported}
+    snapshot_sha256 = None
+    if kubernetes_etcd_snapshot is not None:
+        snapshot_sha256 = check_snapshot(kubernetes_etcd_snapshot, "the Kubernetes etcd snapshot to back up")
+        contents.append(dict(kubernetes or {}, name=KUBERNETES_ETCD, included=True, size=len(kubernetes_etcd_snapshot),
+                             sha256=snapshot_sha256, what="Kubernetes' etcd (Maintenance.Snapshot; restore it with "
+                                                          "etcdutl snapshot restore, docs/site.md)"))
+        plain["kubernetes_etcd_snapshot"] = base64.b64encode(kubernetes_etcd_snapshot).decode()
+    else:
+        contents.append(dict(kubernetes or {"name": KUBERNETES_ETCD, "included": False,
+                                            "reason": "Kubernetes is not managed by this inventory"}))
     manifest = {"format": FORMAT, "created": created, "cluster_id": exported.get("cluster_id"),
                 "coordinator": {"endpoint": endpoint, "vpn_ip": exported.get("vpn_ip")}, "contents": contents,
-                "state_fingerprint": fingerprint(master, exported),
+                "state_fingerprint": fingerprint(master, exported, snapshot_sha256),
                 "cipher": {"algorithm": CIPHER, "key": KEY_DERIVATION, "nonce": base64.b64encode(nonce).decode(),
                            "aad": "the canonical JSON of this manifest without %s" % " and ".join(_DATA_FIELDS)},
                 "data_file": name + DATA_SUFFIX}
-    data = nonce + AESGCM(kms_mod.backup_key(master)).encrypt(nonce, canonical({"coordinator_state": exported}),
-                                                              _aad(manifest))
+    data = nonce + AESGCM(kms_mod.backup_key(master)).encrypt(nonce, canonical(plain), _aad(manifest))
     manifest.update(data_sha256=hashlib.sha256(data).hexdigest(), data_size=len(data))
     return manifest, data, name
+
+
+def check_snapshot(data: bytes, what: str) -> str:
+    """The SHA-256 (hex) of an intact Kubernetes etcd snapshot of at most MAX_KUBERNETES_ETCD_SNAPSHOT bytes;
+    BackupRefused naming ``what`` and the reason otherwise."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm import etcd_snapshot
+
+    if len(data) > MAX_KUBERNETES_ETCD_SNAPSHOT:
+        raise BackupRefused("%s is %d bytes, more than %d" % (what, len(data), MAX_KUBERNETES_ETCD_SNAPSHOT))
+    try:
+        return etcd_snapshot.verify(data, what)
+    except etcd_snapshot.SnapshotError as err:
+        raise BackupRefused(str(err)) from None
+
+
+def kubernetes_etcd_entry(manifest: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The manifest's entry of an included Kubernetes etcd snapshot, or None."""
+    for entry in manifest.get("contents") or []:
+        if isinstance(entry, dict) and entry.get("name") == KUBERNETES_ETCD and entry.get("included") is True:
+            return entry
+    return None
 
 
 def write(backup_dir: str, manifest: Dict[str, Any], data: bytes, name: str) -> str:
@@ -144,6 +190,15 @@ def backups(backup_dir: str, cluster_id: Optional[str] = None) -> List[Tuple[str
 def open_backup(path: str, master: kms_mod.MasterSecret, cluster_id: bytes) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(manifest, the Coordinator's exported state) of the backup whose manifest is ``path``, after every
     check (module docstring); BackupRefused naming the file and the reason otherwise."""
+    manifest, exported, _snapshot = open_all(path, master, cluster_id)
+    return manifest, exported
+
+
+def open_all(path: str, master: kms_mod.MasterSecret, cluster_id: bytes
+             ) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[bytes]]:
+    """(manifest, the Coordinator's exported state, Kubernetes' etcd snapshot or None) of the backup whose
+    manifest is ``path``, after every check of ``open_backup`` and, when the manifest lists a snapshot, its size,
+    SHA-256 and integrity; BackupRefused naming the file and the reason otherwise."""
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -172,13 +227,25 @@ def open_backup(path: str, master: kms_mod.MasterSecret, cluster_id: bytes) -> T
         raise BackupRefused("%s: the authenticated decryption failed: the manifest or the data was changed, or the "
                             "backup was made with another master secret" % path) from None
     try:
-        exported = json.loads(plain)["coordinator_state"]
+        doc = json.loads(plain)
+        exported = doc["coordinator_state"]
     except (ValueError, KeyError, TypeError):
         raise BackupRefused("%s: the decrypted backup holds no Coordinator state" % path) from None
+    entry = kubernetes_etcd_entry(manifest)
+    snapshot = None
+    if entry is not None:
+        try:
+            snapshot = base64.b64decode(doc["kubernetes_etcd_snapshot"], validate=True)
+        except (KeyError, TypeError, ValueError):
+            raise BackupRefused("%s: the manifest lists a Kubernetes etcd snapshot, the decrypted backup holds none" % path) from None
+        if len(snapshot) != entry.get("size") or hashlib.sha256(snapshot).hexdigest() != entry.get("sha256"):
+            raise BackupRefused("%s: the Kubernetes etcd snapshot does not match the manifest's size and sha256" % path)
+        check_snapshot(snapshot, "%s: the Kubernetes etcd snapshot" % path)
     if not isinstance(exported, dict) or exported.get("cluster_id") != manifest.get("cluster_id") \
-            or not hmac.compare_digest(fingerprint(master, exported), str(manifest.get("state_fingerprint"))):
+            or not hmac.compare_digest(fingerprint(master, exported, entry and entry.get("sha256")),
+                                       str(manifest.get("state_fingerprint"))):
         raise BackupRefused("%s: the decrypted state does not match the manifest (cluster ID, fingerprint)" % path)
-    return manifest, exported
+    return manifest, exported, snapshot
 
 
 def export_state(endpoint: str, settings, admin_priv_key, cluster_id: bytes) -> Dict[str, Any]:

@@ -8,9 +8,11 @@ backup can be refused - each names the file and the reason."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import stat
+import struct
 
 import pytest
 
@@ -115,3 +117,93 @@ def test_a_foreign_backup_and_another_master_secret_are_refused(tmp_path, master
     with pytest.raises(backup.BackupRefused) as refused:  # same cluster ID claimed, another key
         backup.open_backup(path, other, kms.ClusterKMS(master).cluster_id(SALT))
     assert "the authenticated decryption failed" in str(refused.value)
+
+
+def snapshot_of(marker=b"kubernetes-secret"):
+    """An etcd snapshot's shape: a bbolt database (its first meta page's magic) followed by its SHA-256."""
+    body = bytearray(8192)
+    struct.pack_into("<I", body, 16, 0xED0CDAED)
+    body[4096:4096 + len(marker)] = marker
+    return bytes(body) + hashlib.sha256(bytes(body)).digest()
+
+
+SOURCE = {"control_plane": "cp-1", "endpoint": "127.0.0.1:2379", "revision": 42, "etcd_version": "3.5.16"}
+
+
+def test_the_kubernetes_etcd_snapshot_is_sealed_listed_and_opened(tmp_path, master):
+    exported, snapshot = export_of(master), snapshot_of()
+    manifest, data, name = backup.seal(master, exported, "192.0.2.10:9000", SOURCE, snapshot)
+    path = backup.write(str(tmp_path / "backups"), manifest, data, name)
+    entry = backup.kubernetes_etcd_entry(manifest)
+    assert entry == dict(SOURCE, name="kubernetes_etcd", included=True, size=len(snapshot),
+                         sha256=hashlib.sha256(snapshot).hexdigest(), what=entry["what"])
+    assert b"kubernetes-secret" not in data and base64.b64encode(snapshot)[:200] not in data
+    cluster_id = kms.ClusterKMS(master).cluster_id(SALT)
+    opened, state, restored = backup.open_all(path, master, cluster_id)
+    assert (opened, state, restored) == (manifest, exported, snapshot)
+    assert backup.open_backup(path, master, cluster_id) == (manifest, exported)
+    # The fingerprint covers the snapshot: the same one says "unchanged", another one does not.
+    sha = entry["sha256"]
+    assert manifest["state_fingerprint"] == backup.fingerprint(master, exported, sha)
+    assert manifest["state_fingerprint"] not in {backup.fingerprint(master, exported),
+                                                 backup.fingerprint(master, exported, hashlib.sha256(snapshot_of(b"x")).hexdigest())}
+    # Without Kubernetes, the manifest says why nothing of it is included.
+    plain_manifest = backup.seal(master, exported, "192.0.2.10:9000")[0]
+    assert backup.kubernetes_etcd_entry(plain_manifest) is None
+    assert plain_manifest["contents"][1] == {"name": "kubernetes_etcd", "included": False,
+                                             "reason": "Kubernetes is not managed by this inventory"}
+
+
+@pytest.mark.parametrize("how, reason", [
+    ("truncated", "is damaged: its last 32 bytes are not the SHA-256"),
+    ("altered", "is damaged: its last 32 bytes are not the SHA-256"),
+    ("not etcd", "is no etcd snapshot"),
+])
+def test_a_damaged_snapshot_is_not_sealed(master, how, reason):
+    snapshot = bytearray(snapshot_of())
+    if how == "truncated":
+        snapshot = snapshot[:-100]
+    elif how == "altered":
+        snapshot[5000] ^= 1
+    else:
+        snapshot[16] ^= 1
+        snapshot[-32:] = hashlib.sha256(bytes(snapshot[:-32])).digest()
+    with pytest.raises(backup.BackupRefused, match="the Kubernetes etcd snapshot to back up %s" % reason):
+        backup.seal(master, export_of(master), "192.0.2.10:9000", SOURCE, bytes(snapshot))
+
+
+def _reseal(path, master, manifest, plain):
+    """Encrypts ``plain`` as the backup's data with the right key and associated data: what only a holder of
+    the master secret (or a bug) could write - the snapshot's own checks must still refuse it."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = base64.b64decode(manifest["cipher"]["nonce"])
+    data = nonce + AESGCM(kms.backup_key(master)).encrypt(nonce, backup.canonical(plain), backup._aad(manifest))
+    manifest.update(data_sha256=hashlib.sha256(data).hexdigest(), data_size=len(data))
+    (path.parent / manifest["data_file"]).write_bytes(data)
+    path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("how, reason", [
+    ("missing", "the manifest lists a Kubernetes etcd snapshot, the decrypted backup holds none"),
+    ("other", "the Kubernetes etcd snapshot does not match the manifest's size and sha256"),
+    ("damaged", "the Kubernetes etcd snapshot is damaged"),
+])
+def test_a_backup_whose_snapshot_does_not_match_is_refused(tmp_path, master, how, reason):
+    exported, snapshot = export_of(master), snapshot_of()
+    manifest, data, name = backup.seal(master, exported, "192.0.2.10:9000", SOURCE, snapshot)
+    path = tmp_path / "backups" / (name + backup.MANIFEST_SUFFIX)
+    backup.write(str(tmp_path / "backups"), manifest, data, name)
+    plain = {"coordinator_state": exported}
+    if how == "other":
+        plain["kubernetes_etcd_snapshot"] = base64.b64encode(snapshot_of(b"another")).decode()
+    elif how == "damaged":
+        damaged = bytearray(snapshot)
+        damaged[5000] ^= 1
+        entry = backup.kubernetes_etcd_entry(manifest)
+        entry["sha256"] = hashlib.sha256(bytes(damaged)).hexdigest()
+        plain["kubernetes_etcd_snapshot"] = base64.b64encode(bytes(damaged)).decode()
+    _reseal(path, master, manifest, plain)
+    with pytest.raises(backup.BackupRefused, match=reason) as refused:
+        backup.open_all(str(path), master, kms.ClusterKMS(master).cluster_id(SALT))
+    assert str(path) in str(refused.value)
