@@ -251,15 +251,11 @@ def open_all(path: str, master: kms_mod.MasterSecret, cluster_id: bytes
 def export_state(endpoint: str, settings, admin_priv_key, cluster_id: bytes) -> Dict[str, Any]:
     """The attested Coordinator's state (ExportState after AdminAuth); StateError if it is not an activated
     Coordinator of this cluster (PCR 15)."""
-    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
-        ACTIVATING_NODES, OURS, ROLE_COORDINATOR, open_peer, status_of)
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import open_coordinator
 
-    with open_peer(endpoint, settings) as client:
-        status = status_of(client, endpoint, cluster_id)
-        if status.membership != OURS or status.role != ROLE_COORDINATOR or status.state != ACTIVATING_NODES:
-            raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s): nothing to "
-                             "back up from it" % (endpoint, status.state, status.role, status.membership))
-        client.admin_auth(admin_priv_key)
+    if cluster_id is None:
+        raise StateError("%s: the cluster ID is needed to back up its Coordinator (PCR 15 must be ours)" % endpoint)
+    with open_coordinator(endpoint, settings, admin_priv_key, cluster_id, ": nothing to back up from it") as client:
         exported = client.export_state()
     if exported.get("cluster_id") != base64.b64encode(cluster_id).decode():
         raise StateError("%s exported another cluster's state" % endpoint)

@@ -15,9 +15,10 @@ return value and no error message here ever contains them.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hmac
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, constants
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
@@ -89,6 +90,22 @@ def open_peer(endpoint: str, settings: AttestationSettings):
         return connect_enrolling(connect, settings.validators())
     except AttestationError as err:
         raise _prefixed(err, "%s: " % endpoint) from None
+
+
+@contextlib.contextmanager
+def open_coordinator(endpoint: str, settings: AttestationSettings, admin_priv_key, cluster_id: Optional[bytes],
+                     purpose: str = "") -> Iterator[Any]:
+    """An attested connection to an activated Coordinator of this cluster (PCR 15 ours, where ``cluster_id`` is
+    known), after AdminAuth: what every admin operation on the Coordinator opens (activate_nodes, RemovePeer,
+    ExportState). Anything else is refused before the admin key is proven, naming what the peer is."""
+    with open_peer(endpoint, settings) as client:
+        status = status_of(client, endpoint, cluster_id)
+        if status.role != ROLE_COORDINATOR or status.state != ACTIVATING_NODES \
+                or (cluster_id is not None and status.membership != OURS):
+            raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)%s"
+                             % (endpoint, status.state, status.role, status.membership, purpose))
+        client.admin_auth(admin_priv_key)
+        yield client
 
 
 def _prefixed(err: AttestationError, prefix: str) -> AttestationError:
@@ -275,13 +292,7 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     result: Dict[str, Any] = {"changed": bool(fresh or fresh_coordinators), "nodes": rows, "resource_version": None}
     if not (fresh or fresh_coordinators) or check_mode:
         return result
-    with open_peer(coordinator_public_endpoint, settings) as client:
-        coordinator = status_of(client, coordinator_public_endpoint, cluster_id)
-        if coordinator.role != ROLE_COORDINATOR or coordinator.state != ACTIVATING_NODES \
-                or (cluster_id is not None and coordinator.membership != OURS):
-            raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)"
-                             % (coordinator_public_endpoint, coordinator.state, coordinator.role, coordinator.membership))
-        client.admin_auth(admin_priv_key)
+    with open_coordinator(coordinator_public_endpoint, settings, admin_priv_key, cluster_id) as client:
         answer = client.activate_additional_nodes(fresh, coordinator_public_endpoints=fresh_coordinators,
                                                   control_plane_endpoints=[e for e in fresh if e in planes])
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
@@ -382,13 +393,7 @@ def remove_peer(coordinator_public_endpoint: str, settings: AttestationSettings,
     """Asks the Coordinator (attested, admin-authenticated) to remove the Node with this public or VPN IP
     (RemovePeer, core/peer_removal.py); ``check_mode``: it only reports. The Coordinator's answer:
     changed, msg, peer, kubernetes_node_names, disk_uuid, control_plane, evicted."""
-    with open_peer(coordinator_public_endpoint, settings) as client:
-        coordinator = status_of(client, coordinator_public_endpoint, cluster_id)
-        if coordinator.role != ROLE_COORDINATOR or coordinator.state != ACTIVATING_NODES \
-                or (cluster_id is not None and coordinator.membership != OURS):
-            raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)"
-                             % (coordinator_public_endpoint, coordinator.state, coordinator.role, coordinator.membership))
-        client.admin_auth(admin_priv_key)
+    with open_coordinator(coordinator_public_endpoint, settings, admin_priv_key, cluster_id) as client:
         fields: Dict[str, Any] = {"check": bool(check_mode)}
         if node_public_ip:
             fields["node_public_ip"] = node_public_ip
