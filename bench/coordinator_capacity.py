@@ -125,7 +125,7 @@ def coordinator_main(spec_file: str) -> None:
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
-    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import MAX_PEER_CONNECTIONS, FrameServer
     from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
 
     with open(spec_file, encoding="utf-8") as handle:
@@ -149,8 +149,9 @@ def coordinator_main(spec_file: str) -> None:
     coordinator.context.peer_registry.update(add_nodes)  # one transaction
     registry = coordinator.context.peer_registry.current()
     vpnapi = VPNAPI.for_core(coordinator, log=log)
-    server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
-                         accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
+    server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,  # as agent/daemon.py
+                         accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
+                         max_peer_connections=MAX_PEER_CONNECTIONS).start()
     node = coordinator.context.stored_node()
     print(json.dumps({"pid": os.getpid(), "vpnapi": list(server.address), "vpn_ips": vpn_ips,
                       "resource_version": registry.peers.version, "cluster_id": node.cluster_id.hex(),
@@ -617,7 +618,7 @@ def run_size(n: int, args, work: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", default="100,1000,5000", help="peer counts (the Coordinator included)")
-    parser.add_argument("--window", type=float, default=20.0, help="seconds of each measured window")
+    parser.add_argument("--window", type=float, default=15.0, help="seconds of each measured window")
     parser.add_argument("--idle-window", type=float, default=5.0)
     parser.add_argument("--reattest-warmup", type=float, default=5.0)
     parser.add_argument("--update-interval", type=float, default=DEFAULT_UPDATE_INTERVAL)
@@ -684,7 +685,7 @@ def main() -> None:
     print("GetUpdate per Node (agent/long_poll.py). full: long polls and re-attestation at the defaults (cpu_share_N).")
     print("poll p50/p99: a poll's latency (polls). held late99: how late a held GetUpdate is answered after its wait")
     print("(p99, full: poll_p99_ms_N). update: from a change of the peers to each Node having it (p50/p99).")
-    print(json.dumps(result))
+    print(json.dumps({k: (None if isinstance(v, float) and v != v else v) for k, v in result.items()}))
 
 
 if __name__ == "__main__":
