@@ -392,8 +392,9 @@ def _long_polls(spec, nodes, samples, errors, stop):
                 client.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        deadline = time.monotonic() + 10
         for thread in threads:
-            thread.join(timeout=2)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     return [close]
 
@@ -483,8 +484,16 @@ def _collect(procs, outs):
     samples, errors = [], {}
     for proc in procs:
         proc.stdin.close()
-        proc.wait(timeout=60)
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # its samples are lost: counted as missing below
+            proc.kill()
+            proc.wait()
     for out in outs:
+        if not os.path.exists(out):
+            errors["poller process lost (killed after 60 s)"] = errors.get("poller process lost (killed after 60 s)", 0) + 1
+            continue
         with open(out, encoding="utf-8") as handle:
             data = json.load(handle)
         samples.extend(data["samples"])
@@ -662,8 +671,8 @@ def main() -> None:
         print("       re-attestations (full phase, from its start): %s; Nodes that saw the change polls/long: %d/%d of %d;"
               % (json.dumps(r["reattested"], sort_keys=True), r["polls_update"]["nodes"], r["long_update"]["nodes"],
                  r["polls_update"]["of"]))
-        print("       request errors: %s; log events: %s" % (json.dumps(r["errors"]) if r["errors"] else "none",
-                                                           json.dumps(r["events"], sort_keys=True)))
+        errors = json.dumps(r["errors"]) if r["errors"] else "none"
+        print("       request errors: %s; log events: %s" % (errors, json.dumps(r["events"], sort_keys=True)))
         for event, example in sorted(r["examples"].items()):
             print("       %s: %s" % (event, example))
         result.update({

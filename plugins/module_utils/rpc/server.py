@@ -57,6 +57,7 @@ UNAUTHENTICATED_IDLE_TIMEOUT = 20.0  # between requests, on a connection without
 MAX_THREADS_FACTOR = 2  # connection threads alive (closed ones still finishing included) <= factor * max
 MAX_PEER_CONNECTIONS = 8192  # the vpnapi: PeerAuth'd connections (a Node's held GetUpdate), besides the 64
 MAX_PEER_CONNECTIONS_PER_SOURCE = 4  # PeerAuth'd connections of one VPN IP in the peers' budget
+REAP_EVERY = 0.2  # seconds between two looks for connections past their deadline
 
 Handler = Callable[["Connection", Dict[str, Any]], None]
 
@@ -195,7 +196,10 @@ class FrameServer:
         self.max_peer_connections = max(0, int(max_peer_connections))
         self.first_request_timeout = float(first_request_timeout)
         self.unauthenticated_idle_timeout = min(float(unauthenticated_idle_timeout), float(idle_timeout))
-        self._slots: Dict[int, _Slot] = {}  # open connections by id(slot)
+        self._slots: Dict[int, _Slot] = {}  # open connections by id(slot), the general budget
+        self._peer_slots: Dict[int, _Slot] = {}  # the authenticated peers' (promoted out of _slots)
+        self._peers_of: Dict[str, int] = {}  # source IP -> its connections in _peer_slots
+        self._reaped = 0.0
         self._threads_alive = 0
         self._log_lock = threading.Lock()
         self._log_marks: Dict[str, Tuple[float, int]] = {}
@@ -223,7 +227,7 @@ class FrameServer:
         except OSError:
             pass
         with self._conns_lock:
-            slots = list(self._slots.values())
+            slots = list(self._slots.values()) + list(self._peer_slots.values())
             for slot in slots:
                 self._close_slot(slot, "server stopping")
 
@@ -231,12 +235,22 @@ class FrameServer:
     @property
     def connection_count(self) -> int:
         with self._conns_lock:
-            return len(self._slots)
+            return len(self._slots) + len(self._peer_slots)
+
+    def _drop(self, slot: _Slot) -> None:
+        """The slot leaves its budget (caller holds ``_conns_lock``)."""
+        self._slots.pop(id(slot), None)
+        if self._peer_slots.pop(id(slot), None) is not None:
+            left = self._peers_of.get(slot.peer_ip, 1) - 1
+            if left > 0:
+                self._peers_of[slot.peer_ip] = left
+            else:
+                self._peers_of.pop(slot.peer_ip, None)
 
     def _close_slot(self, slot: _Slot, why: str) -> None:
         """Ends a connection from outside its thread (caller holds ``_conns_lock``): its slot is free
         at once; its thread sees the end of the stream and finishes."""
-        self._slots.pop(id(slot), None)
+        self._drop(slot)
         if not slot.closed:
             slot.closed = why
             try:
@@ -258,7 +272,7 @@ class FrameServer:
         with self._conns_lock:
             if self._threads_alive >= MAX_THREADS_FACTOR * (self.max_connections + self.max_peer_connections):
                 return None
-            slots = [s for s in self._slots.values() if not s.peer]  # the peers' connections: their own budget
+            slots = list(self._slots.values())  # the general budget (the peers' connections: their own)
             same = [s for s in slots if s.peer_ip == peer[0] and not s.admin]
             victims = None
             if len(same) >= self.max_per_source:
@@ -287,9 +301,12 @@ class FrameServer:
         """Closes connections past their deadline: no request within ``first_request_timeout`` of the
         accept, or idle too long between requests (unauthenticated: the short limit)."""
         now = time.monotonic()
+        if now - self._reaped < REAP_EVERY:  # the accept loop asks on every accept: thousands of slots
+            return
+        self._reaped = now
         logs = []
         with self._conns_lock:
-            for slot in list(self._slots.values()):
+            for slot in list(self._slots.values()) + list(self._peer_slots.values()):
                 if slot.phase == PHASE_NEW and now - slot.accepted > self.first_request_timeout:
                     why = "no request within %.0f s of connecting" % self.first_request_timeout
                 elif slot.phase == PHASE_IDLE and now - slot.last > (  # a peer's: the short limit too
@@ -335,11 +352,13 @@ class FrameServer:
     def _to_peer_budget(self, slot: _Slot) -> None:
         """A connection that authenticated as a peer moves to the peers' budget if it has room (caller holds
         ``_conns_lock``); otherwise it stays where it was."""
-        peers = [s for s in self._slots.values() if s.peer]
-        if len(peers) >= self.max_peer_connections or sum(
-                1 for s in peers if s.peer_ip == slot.peer_ip) >= MAX_PEER_CONNECTIONS_PER_SOURCE:
+        if (len(self._peer_slots) >= self.max_peer_connections
+                or self._peers_of.get(slot.peer_ip, 0) >= MAX_PEER_CONNECTIONS_PER_SOURCE
+                or self._slots.pop(id(slot), None) is None):
             return
         slot.peer = True
+        self._peer_slots[id(slot)] = slot
+        self._peers_of[slot.peer_ip] = self._peers_of.get(slot.peer_ip, 0) + 1
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
@@ -378,7 +397,7 @@ class FrameServer:
 
     def _release(self, slot: _Slot) -> None:
         with self._conns_lock:
-            self._slots.pop(id(slot), None)
+            self._drop(slot)
             slot.closed = slot.closed or "done"
             self._threads_alive -= 1
         try:

@@ -166,9 +166,10 @@ def test_a_node_has_at_most_its_share_of_the_peers_budget(cluster):
     held = [Held(cluster, node_ip, version) for _ in range(MAX_PEER_CONNECTIONS_PER_SOURCE)]
     extra = [cluster.client(node_ip) for _ in range(2)]  # PeerAuth'd and idle: the general budget
     with cluster.server._conns_lock:  # pylint: disable=protected-access
-        slots = list(cluster.server._slots.values())  # pylint: disable=protected-access
-    assert sum(1 for s in slots if s.peer) == MAX_PEER_CONNECTIONS_PER_SOURCE
-    assert sum(1 for s in slots if not s.peer) == 2
+        peers = list(cluster.server._peer_slots.values())  # pylint: disable=protected-access
+        general = list(cluster.server._slots.values())  # pylint: disable=protected-access
+    assert len(peers) == MAX_PEER_CONNECTIONS_PER_SOURCE and all(s.peer for s in peers)
+    assert len(general) == 2 and not any(s.peer for s in general)
     cluster.add_node("10.42.0.12")
     for one in held:
         assert one.result()[0]["long_poll"] is True
@@ -186,8 +187,10 @@ def _long_poll(cluster, node_ip, wait=LONG):
         sock = socket.create_connection((host, int(port)), timeout=5, source_address=(node_ip, 0))
         return AgentClient.connect_plain(endpoint, sock=sock, timeout=timeout)
 
-    return LongPoll(cluster.port, wait, lambda client: client.peer_auth(cluster.keys[node_ip],
-                                                                         cluster.core.context.vpn_pub_key), connect)
+    def authenticate(client):
+        return client.peer_auth(cluster.keys[node_ip], cluster.core.context.vpn_pub_key)
+
+    return LongPoll(cluster.port, wait, authenticate, connect)
 
 
 def test_the_node_keeps_one_connection_and_falls_back_when_it_fails(cluster):
@@ -211,7 +214,7 @@ def test_close_ends_a_held_get_update_at_once(cluster):
     thread.start()
     for _ in range(200):  # until it is held (its connection is in the peers' budget)
         with cluster.server._conns_lock:  # pylint: disable=protected-access
-            if any(s.peer and s.phase == "busy" for s in cluster.server._slots.values()):  # pylint: disable=protected-access
+            if any(s.phase == "busy" for s in cluster.server._peer_slots.values()):  # pylint: disable=protected-access
                 break
         threading.Event().wait(0.02)
     poll.close()  # the agent stops
