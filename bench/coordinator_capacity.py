@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import os
 import queue
 import random
@@ -216,7 +217,7 @@ def poll_costs(coordinator, vpnapi, spec) -> dict:
 
     def median_us(fn, repeat=2000):
         times = []
-        for _ in range(repeat):
+        for _i in range(repeat):
             start = time.perf_counter_ns()
             fn()
             times.append(time.perf_counter_ns() - start)
@@ -349,7 +350,7 @@ def _polls(spec, nodes, samples, errors, stop):
                 heapq.heappop(heap)
             due.put(index)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(POLL_THREADS)]
+    threads = [threading.Thread(target=worker, daemon=True) for _i in range(POLL_THREADS)]
     threads.append(threading.Thread(target=dispatcher, daemon=True))
     for thread in threads:
         thread.start()
@@ -537,9 +538,9 @@ def run_size(n: int, args, work: str) -> dict:
     procs = []
     server = context = issuer = None
     try:
-        priv_keys = [generate_priv_key() for _ in range(n - 1)]
+        priv_keys = [generate_priv_key() for _i in range(n - 1)]
         pub_keys = [pub_key_from_priv_key(k) for k in priv_keys]
-        extra = [pub_key_from_priv_key(generate_priv_key()) for _ in range(2)]  # the peers the changes add
+        extra = [pub_key_from_priv_key(generate_priv_key()) for _i in range(2)]  # the peers the changes add
         tpm.extend_pcr(nodes_tpm.tcti, 4, IMAGE_DIGEST)  # a measured boot, as the policy expects
         issuer = VTPMIssuer(nodes_tpm.tcti, event_log_path=None, ak_alg="rsa")  # the agent's default AK
         nodes_by_public_ip, coordinator_key = {}, {}
@@ -694,7 +695,7 @@ def main() -> None:
     print("GetUpdate per Node (agent/long_poll.py). full: long polls and re-attestation at the defaults (cpu_share_N).")
     print("poll p50/p99: a poll's latency (polls). held late99: how late a held GetUpdate is answered after its wait")
     print("(p99, full: poll_p99_ms_N). update: from a change of the peers to each Node having it (p50/p99).")
-    print(json.dumps({k: (None if isinstance(v, float) and v != v else v) for k, v in result.items()}))
+    print(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}))
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def test_strangers_connections_never_push_out_the_held_polls(cluster):
     held = [Held(cluster, ip, version) for ip in nodes]
     strangers = []
     try:
-        for _ in range(8):
+        for _i in range(8):
             for ip in nodes:
                 try:
                     sock = socket.create_connection(("127.77.0.1", cluster.port), timeout=5, source_address=(ip, 0))
@@ -163,8 +163,8 @@ def test_a_node_has_at_most_its_share_of_the_peers_budget(cluster):
     general budget (4 slots, 2 per source), where a newer connection of that source replaces an idle one."""
     node_ip = cluster.add_node("10.42.0.11")
     version = _version(cluster)
-    held = [Held(cluster, node_ip, version) for _ in range(MAX_PEER_CONNECTIONS_PER_SOURCE)]
-    extra = [cluster.client(node_ip) for _ in range(2)]  # PeerAuth'd and idle: the general budget
+    held = [Held(cluster, node_ip, version) for _i in range(MAX_PEER_CONNECTIONS_PER_SOURCE)]
+    extra = [cluster.client(node_ip) for _i in range(2)]  # PeerAuth'd and idle: the general budget
     with cluster.server._conns_lock:  # pylint: disable=protected-access
         peers = list(cluster.server._peer_slots.values())  # pylint: disable=protected-access
         general = list(cluster.server._slots.values())  # pylint: disable=protected-access
@@ -212,7 +212,7 @@ def test_close_ends_a_held_get_update_at_once(cluster):
     out = []
     thread = threading.Thread(target=lambda: out.append(poll.get_update("127.77.0.1", _version(cluster))), daemon=True)
     thread.start()
-    for _ in range(200):  # until it is held (its connection is in the peers' budget)
+    for _i in range(200):  # until it is held (its connection is in the peers' budget)
         with cluster.server._conns_lock:  # pylint: disable=protected-access
             if any(s.phase == "busy" for s in cluster.server._peer_slots.values()):  # pylint: disable=protected-access
                 break
