@@ -59,8 +59,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi
     join_cluster,
     rejoin_cluster,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import MAX_PEER_CONNECTIONS, AgentServerContext, FrameServer
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import MAX_WAIT, VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.long_poll import LongPoll
 from ansible_collections.constellation.cluster.plugins.module_utils.store import open_store
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import EtcdMember
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service
@@ -116,6 +117,8 @@ class Agent:
         self._threads: List[threading.Thread] = []
         self.servers: List[FrameServer] = []
         self._update_from: Optional[str] = None  # the Coordinator VPN IP that answered the last GetUpdate
+        self.long_poll = LongPoll(config.vpnapi_port, min(MAX_WAIT, float(config.update_interval)),
+                                  lambda client: self._node_auth.authenticate(client, self.core.context.node_state))
         self._node_auth = NodePeerAuth()  # the vpnapi's PeerAuth with this node's WireGuard key
         self.vpnapi_server: Optional[FrameServer] = None
         self._vpnapi_lock = threading.Lock()
@@ -353,7 +356,8 @@ class Agent:
                 return
             self.vpnapi_server = FrameServer("vpnapi", (self.core.context.vpn_ip, self.config.vpnapi_port),
                                              self.vpnapi.handlers(), log=self.log,
-                                             accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
+                                             accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,),
+                                             max_peer_connections=MAX_PEER_CONNECTIONS).start()
             self.servers.append(self.vpnapi_server)
 
     def _loop(self) -> None:
@@ -364,7 +368,8 @@ class Agent:
             delay = self.config.update_interval
             try:
                 if state == State.IS_NODE:
-                    self._update_once()
+                    if self._update_once():
+                        delay = 0.0  # a held long poll answered: ask again at once
                 elif state == State.ACTIVATING_NODES and self.core.context.etcd_member is not None:
                     self._follow_measurements(self.core.measurements.version())  # another Coordinator set them
                     self.core.shared_store.supervise_etcd_member()  # its member died: started again, it rejoins
@@ -404,10 +409,17 @@ class Agent:
         self._update_from = from_ip
         return answer
 
-    def _update_once(self) -> None:
-        answer = self._ask_coordinators(lambda client: client.get_update(self.core.context.resource_version))
+    def _update_once(self) -> bool:
+        """One GetUpdate: held on the kept connection to the Coordinator that answered last (agent/long_poll.py) where
+        it can, else a poll as before (the fallback and the failover). True: a held long poll answered (ask again now)."""
+        ip = self._update_from
+        answer = (self.long_poll.get_update(ip, self.core.context.resource_version)
+                  if ip is not None and ip in self.core.recovery.coordinator_vpn_ips() else None)
+        if answer is None:
+            answer = self._ask_coordinators(lambda client: client.get_update(self.core.context.resource_version))
         self.core.node.apply_update(answer)
         self._follow_measurements(answer.get("measurements_version"))
+        return bool(answer.get("long_poll"))
 
     def _finish_activation_once(self) -> None:
         """An interrupted activation: our disk key from a Coordinator, through the WireGuard tunnel."""
@@ -430,6 +442,7 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        self.long_poll.close()  # ends a held GetUpdate now
         for server in list(self.servers):
             server.stop()
         for thread in self._threads:

@@ -6,14 +6,19 @@ from a known peer's VPN IP (the WireGuard tunnel authenticates that address) AND
 connection, the WireGuard private key the registry recorded for that address (``PeerAuth``,
 wireguard/peer_auth.py): any other process on that Node (an unprivileged user, a hostNetwork pod)
 gets nothing. Control-plane material goes only to peers the admin designated control planes;
-GetDataKey IDs are namespaced per caller."""
+GetDataKey IDs are namespaced per caller.
+
+GetUpdate may be a long poll (issue 29, docs/protocol.md): with ``wait`` the answer is held until the peer set's
+version is not the caller's, the measurements version changes, or ``wait`` seconds passed; the caller is checked
+again before anything is sent (an evicted peer gets AccessDenied, no peers)."""
 
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Any, Dict, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import b64d, b64e
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import Connection
@@ -21,6 +26,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 
 VPNAPI_PORT = 9027
 KUBEADM_UNAVAILABLE = "kubeadm not available on the Coordinator"
+MAX_WAIT = 60.0  # GetUpdate's ``wait``, at most
+LOOK_AGAIN = 5.0  # a held GetUpdate looks at the measurements version (and a shared registry) this often
 
 
 class VPNAPI:
@@ -98,15 +105,43 @@ class VPNAPI:
             raise AccessDenied("PeerAuth: %s did not prove the WireGuard private key recorded for it at activation"
                                % conn.peer_ip)
         conn.vpn_peer_pub_key = pub_key
+        conn.authenticated_peer = True  # rpc/server.py: the peers' connection budget, never evicted by strangers
         conn.stream.send_result({"authenticated": True})
 
     def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
         self._authenticated(conn, "GetUpdate")
+        if request.wait is not None:
+            if not 0 < request.wait <= MAX_WAIT:
+                raise InputError("wait", "seconds in (0, %g]" % MAX_WAIT, request.wait)
+            self._hold(request.resource_version, float(request.wait))
+            self._authenticated(conn, "GetUpdate")  # evicted (or another key) meanwhile: refused, nothing sent
         answer = self.coordinator.get_update(request.resource_version)
-        version = self.measurements.version() if self.measurements is not None else 0
+        version = self._measurements_version()
         if version:
             answer = dict(answer, measurements_version=version)
+        if request.wait is not None:
+            answer["long_poll"] = True
         conn.stream.send_result(answer)
+
+    def _measurements_version(self) -> int:
+        return self.measurements.version() if self.measurements is not None else 0
+
+    def _hold(self, resource_version: int, wait: float) -> None:
+        """Until the peer set is not at ``resource_version`` (at once if it is not now), the measurements version
+        changes, or ``wait`` seconds passed. Sleeps on the registry (core/peer_cache.py); looks at the
+        measurements version every LOOK_AGAIN seconds."""
+        self.coordinator.require_coordinator("GetUpdate")
+        if not isinstance(resource_version, int) or isinstance(resource_version, bool):
+            return  # GetUpdate says what is wrong
+        deadline = time.monotonic() + wait
+        measurements = self._measurements_version()
+        while True:
+            if self.coordinator.peer_version() != resource_version:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0 or self._measurements_version() != measurements:
+                return
+            self.coordinator.wait_for_update(resource_version, min(left, LOOK_AGAIN))
 
     def _kubeadm(self, method: str, conn: Connection) -> str:
         self.coordinator.require_coordinator(method)

@@ -245,3 +245,13 @@ class Coordinator:
         if registry is None:
             raise StateError("GetUpdate: this Coordinator has no peer registry")
         return self.signing.signed_update(registry.peers, resource_version)  # core/signing.py
+
+    def peer_version(self) -> Optional[int]:
+        """The peer set's version now (from memory), None without a registry."""
+        registry = self.context.peer_registry.current()
+        return registry.peers.version if registry is not None else None
+
+    def wait_for_update(self, resource_version: int, timeout: float) -> None:
+        """A long poll's wait (vpnapi GetUpdate ``wait``): returns once the peer set's version is not
+        ``resource_version`` (a change, an eviction), or after ``timeout`` seconds."""
+        self.context.peer_registry.wait_for_change(resource_version, timeout)

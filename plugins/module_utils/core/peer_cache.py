@@ -57,6 +57,9 @@ class PeerRegistryCache:
         self._write_lock = threading.Lock()
         self._current: Optional[PeerRegistry] = None
         self._loaded = False
+        # Long polls (vpnapi GetUpdate ``wait``) sleep on this until a new registry is published here.
+        self._changed = threading.Condition()
+        self._generation = 0
 
     def current(self) -> Optional[PeerRegistry]:
         """The committed registry (None if none was ever saved). Do not change it: it is shared."""
@@ -99,6 +102,26 @@ class PeerRegistryCache:
     def _load(self) -> None:
         self._current = state_store.load_peer_registry(self._store)
         self._loaded = True
+        self._publish()
+
+    def _publish(self) -> None:
+        """Wakes the waiters of ``wait_for_change`` (called with ``_write_lock`` held: that, then ``_changed``)."""
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    def wait_for_change(self, version: Optional[int], timeout: float) -> None:
+        """Returns when the current registry's version is not ``version`` (at once if it already is not), or
+        after ``timeout`` seconds. With several Coordinators another one's commit is seen here only once this
+        process reads the registry again (``current``): a waiter should look again now and then."""
+        with self._changed:
+            generation = self._generation
+        registry = self.current()  # never called holding _changed (it may take _write_lock)
+        if (registry.peers.version if registry is not None else None) != version:
+            return
+        with self._changed:
+            if self._generation == generation:
+                self._changed.wait(timeout)
 
     def update(self, fn: Callable[[PeerRegistry], Any], vpn_cidr: Optional[str] = None) -> Any:
         """``state_store.update_peer_registry(store, fn, vpn_cidr)``, then the committed registry becomes
@@ -115,6 +138,7 @@ class PeerRegistryCache:
             # Reached only once the transaction committed; a failed one raised and published nothing.
             self._current = committed[0]
             self._loaded = True
+            self._publish()
         return result
 
     def is_known_peer_ip(self, vpn_ip: str) -> bool:

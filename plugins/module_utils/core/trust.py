@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
@@ -122,17 +122,30 @@ class PeerTrust:
         return self.context.state
 
     # -- re-attestation
-    def reattest_peers(self, connect_peer: Callable[[str], Any], workers: int = 4,
-                       unreachable_limit: int = 3) -> List[Dict[str, Any]]:
-        """One round: re-attests every peer of the peer set but this Coordinator (the Nodes and the other
-        Coordinators), ``workers`` at a time; evicts those that fail. ``connect_peer(public_ip)`` opens an
-        aTLS connection validated with the policy without PCR 15 (a fresh nonce each time). One row per
-        peer: vpn_ip, public_ip, role, outcome, error."""
-        self.context.require_coordinator("re-attestation")
+    def _reattested(self) -> list:
+        """The peers re-attestation covers: every peer of the peer set with a public IP but this Coordinator."""
         registry = self.context.peer_registry.current()
         own = self.context.vpn_ip
-        peers = [p for p in (registry.peers.peers.values() if registry is not None else ())
-                 if p.role in ("node", ROLE_COORDINATOR) and p.public_ip and p.vpn_ip != own]
+        return [p for p in (registry.peers.peers.values() if registry is not None else ())
+                if p.role in ("node", ROLE_COORDINATOR) and p.public_ip and p.vpn_ip != own]
+
+    def reattest_targets(self) -> List[str]:
+        """The VPN IPs of the peers a round re-attests (core/reattest_loop.py spreads them over the interval)."""
+        self.context.require_coordinator("re-attestation")
+        return [p.vpn_ip for p in self._reattested()]
+
+    def reattest_peers(self, connect_peer: Callable[[str], Any], workers: int = 4,
+                       unreachable_limit: int = 3, only: Optional[Collection[str]] = None) -> List[Dict[str, Any]]:
+        """One round: re-attests every peer of the peer set but this Coordinator (the Nodes and the other
+        Coordinators), ``workers`` at a time; evicts those that fail. ``connect_peer(public_ip)`` opens an
+        aTLS connection validated with the policy without PCR 15 (a fresh nonce each time). ``only``: the
+        VPN IPs of the peers to re-attest now (the loop's share of this moment; a peer gone meanwhile is
+        skipped); None: all. One row per peer: vpn_ip, public_ip, role, outcome, error."""
+        self.context.require_coordinator("re-attestation")
+        peers = self._reattested()
+        if only is not None:
+            wanted = set(only)
+            peers = [p for p in peers if p.vpn_ip in wanted]
         if not peers:
             return []
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(peers))), thread_name_prefix="reattest") as pool:

@@ -415,8 +415,10 @@ class VPNAPIClient(PeerAuthClient, Channel):
 
     APIS = (apis.VPNAPI,)
 
-    def get_update(self, resource_version: int) -> Dict[str, Any]:
-        return self.invoke("GetUpdate", resource_version=int(resource_version))
+    def get_update(self, resource_version: int, wait: Optional[float] = None) -> Dict[str, Any]:
+        """``wait``: a long poll (the Coordinator answers at a change or after ``wait`` seconds; its answer
+        then says ``long_poll``; a Coordinator before issue 29 answers at once)."""
+        return self.invoke("GetUpdate", resource_version=int(resource_version), wait=wait)
 
     def get_state_disk_key(self) -> bytes:
         """A node whose activation was interrupted: its own disk key (the caller's VPN IP says whose)."""

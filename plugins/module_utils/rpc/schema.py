@@ -366,6 +366,8 @@ class PeerAuthAnswer(Record):
 @dataclass(frozen=True)
 class GetUpdateRequest(Record):
     resource_version: int = wire("int", True)
+    wait: Optional[float] = wire("number", doc="a long poll: seconds (up to 60) the Coordinator may hold the request "
+                                 "until the peers or the measurements version change")
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,8 @@ class GetUpdateAnswer(Record):
     removed: Optional[List[str]] = wire("strlist")
     changed: Optional[list] = wire("list")
     signature: Optional[str] = wire("str", doc="the Coordinators' signature of the peer set at this version")
+    long_poll: Optional[bool] = wire("bool", doc="true: the Coordinator held the request (``wait``) until a change or "
+                                     "the wait passed")
     measurements_version: Optional[int] = wire("int", doc="the version of the accepted measurement sets "
                                                "(GetMeasurements when above the node's)")
 
@@ -527,7 +531,8 @@ for _method in (
                "proves the caller's WireGuard private key (the one recorded for its VPN IP) for this connection: "
                "a MAC over a fresh challenge; every other vpnapi method requires it"),
         Method("GetUpdate", VPNAPI, GetUpdateRequest, GetUpdateAnswer, STREAMS_NONE,
-               "the peer changes since a version (only the version when nothing changed)"),
+               "the peer changes since a version (only the version when nothing changed); with `wait`, a long poll: "
+               "held until the peers or the measurements version change, or `wait` seconds passed"),
         Method("GetJoinArgs", VPNAPI, GetJoinArgsRequest, GetJoinArgsAnswer, STREAMS_NONE,
                "kubeadm join arguments (API server endpoint, a fresh token, pinned CA hash), the kubelet "
                "certificate for the caller's CSR, a control plane's PKI files"),

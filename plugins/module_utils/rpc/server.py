@@ -16,7 +16,14 @@ source IP; a connection must finish its handshake and send its first request wit
 requests for ``unauthenticated_idle_timeout`` only (an admin connection: ``idle_timeout``). When a
 limit is reached, the new connection takes the place of the longest idle unauthenticated one (of
 its source first); only when every connection is busy in a request or authenticated is the new one
-closed. The accept loop never waits for a slot or a handshake. Handlers get a ``Connection`` and the
+closed. The accept loop never waits for a slot or a handshake.
+
+Authenticated peers (issue 29, the vpnapi's long polls): a connection whose handler set
+``conn.authenticated_peer`` (it proved a registered peer's key: PeerAuth) leaves the budget above for its own,
+``max_peer_connections`` (0: none, the default), at most ``MAX_PEER_CONNECTIONS_PER_SOURCE`` per source IP
+(beyond either it stays in the general budget). Such a connection is never replaced by a newer one, so a
+stranger's connections cannot push out a Node's held GetUpdate; it may sit idle between requests for
+``unauthenticated_idle_timeout`` (a Node asks again at once). Handlers get a ``Connection`` and the
 request's params and must finish the answer with exactly one END (``send_result``); any
 exception they raise becomes an END error naming what was wrong.
 """
@@ -48,6 +55,9 @@ MAX_CONNECTIONS_PER_SOURCE = 8  # unauthenticated connections of one source IP
 FIRST_REQUEST_TIMEOUT = 15.0  # accept -> handshake done and the first request read
 UNAUTHENTICATED_IDLE_TIMEOUT = 20.0  # between requests, on a connection without AdminAuth
 MAX_THREADS_FACTOR = 2  # connection threads alive (closed ones still finishing included) <= factor * max
+MAX_PEER_CONNECTIONS = 8192  # the vpnapi: PeerAuth'd connections (a Node's held GetUpdate), besides the 64
+MAX_PEER_CONNECTIONS_PER_SOURCE = 4  # PeerAuth'd connections of one VPN IP in the peers' budget
+REAP_EVERY = 0.2  # seconds between two looks for connections past their deadline
 
 Handler = Callable[["Connection", Dict[str, Any]], None]
 
@@ -130,6 +140,7 @@ class Connection:
         self.stream = FrameStream(sock)
         self.server_spki_hash = server_spki_hash
         self.admin = False
+        self.authenticated_peer = False  # set by a handler: the caller proved a registered peer's key (PeerAuth)
 
 
 PHASE_NEW = "new"  # accepted: handshake, then the first request
@@ -142,7 +153,7 @@ class _Slot:
     duplicate of the connection's descriptor: shutting it down ends the connection whatever object
     (plain or TLS) the connection thread holds, and its number is never reused while the slot lives."""
 
-    __slots__ = ("peer_ip", "handle", "accepted", "last", "phase", "admin", "closed")
+    __slots__ = ("peer_ip", "handle", "accepted", "last", "phase", "admin", "closed", "peer")
 
     def __init__(self, peer_ip: str, handle: socket.socket, now: float):
         self.peer_ip = peer_ip
@@ -152,10 +163,11 @@ class _Slot:
         self.phase = PHASE_NEW
         self.admin = False
         self.closed = ""  # why the server closed it (empty while open)
+        self.peer = False  # in the authenticated peers' budget (never evicted)
 
     @property
     def evictable(self) -> bool:
-        return not self.admin and self.phase != PHASE_BUSY
+        return not self.admin and not self.peer and self.phase != PHASE_BUSY
 
 
 class FrameServer:
@@ -165,7 +177,7 @@ class FrameServer:
                  max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
                  apis: Optional[Tuple[str, ...]] = None, max_per_source: int = MAX_CONNECTIONS_PER_SOURCE,
                  first_request_timeout: float = FIRST_REQUEST_TIMEOUT,
-                 unauthenticated_idle_timeout: float = UNAUTHENTICATED_IDLE_TIMEOUT):
+                 unauthenticated_idle_timeout: float = UNAUTHENTICATED_IDLE_TIMEOUT, max_peer_connections: int = 0):
         self.name = name
         self.handlers = handlers
         self.apis = apis
@@ -181,9 +193,13 @@ class FrameServer:
         self.idle_timeout = idle_timeout
         self.max_connections = max(1, int(max_connections))
         self.max_per_source = max(1, min(int(max_per_source), self.max_connections))
+        self.max_peer_connections = max(0, int(max_peer_connections))
         self.first_request_timeout = float(first_request_timeout)
         self.unauthenticated_idle_timeout = min(float(unauthenticated_idle_timeout), float(idle_timeout))
-        self._slots: Dict[int, _Slot] = {}  # open connections by id(slot)
+        self._slots: Dict[int, _Slot] = {}  # open connections by id(slot), the general budget
+        self._peer_slots: Dict[int, _Slot] = {}  # the authenticated peers' (promoted out of _slots)
+        self._peers_of: Dict[str, int] = {}  # source IP -> its connections in _peer_slots
+        self._reaped = 0.0
         self._threads_alive = 0
         self._log_lock = threading.Lock()
         self._log_marks: Dict[str, Tuple[float, int]] = {}
@@ -211,7 +227,7 @@ class FrameServer:
         except OSError:
             pass
         with self._conns_lock:
-            slots = list(self._slots.values())
+            slots = list(self._slots.values()) + list(self._peer_slots.values())
             for slot in slots:
                 self._close_slot(slot, "server stopping")
 
@@ -219,12 +235,22 @@ class FrameServer:
     @property
     def connection_count(self) -> int:
         with self._conns_lock:
-            return len(self._slots)
+            return len(self._slots) + len(self._peer_slots)
+
+    def _drop(self, slot: _Slot) -> None:
+        """The slot leaves its budget (caller holds ``_conns_lock``)."""
+        self._slots.pop(id(slot), None)
+        if self._peer_slots.pop(id(slot), None) is not None:
+            left = self._peers_of.get(slot.peer_ip, 1) - 1
+            if left > 0:
+                self._peers_of[slot.peer_ip] = left
+            else:
+                self._peers_of.pop(slot.peer_ip, None)
 
     def _close_slot(self, slot: _Slot, why: str) -> None:
         """Ends a connection from outside its thread (caller holds ``_conns_lock``): its slot is free
         at once; its thread sees the end of the stream and finishes."""
-        self._slots.pop(id(slot), None)
+        self._drop(slot)
         if not slot.closed:
             slot.closed = why
             try:
@@ -244,9 +270,9 @@ class FrameServer:
     def _admit_locked(self, raw: socket.socket, peer, logs: list) -> Optional[_Slot]:
         now = time.monotonic()
         with self._conns_lock:
-            if self._threads_alive >= MAX_THREADS_FACTOR * self.max_connections:
+            if self._threads_alive >= MAX_THREADS_FACTOR * (self.max_connections + self.max_peer_connections):
                 return None
-            slots = list(self._slots.values())
+            slots = list(self._slots.values())  # the general budget (the peers' connections: their own)
             same = [s for s in slots if s.peer_ip == peer[0] and not s.admin]
             victims = None
             if len(same) >= self.max_per_source:
@@ -275,12 +301,15 @@ class FrameServer:
         """Closes connections past their deadline: no request within ``first_request_timeout`` of the
         accept, or idle too long between requests (unauthenticated: the short limit)."""
         now = time.monotonic()
+        if now - self._reaped < REAP_EVERY:  # the accept loop asks on every accept: thousands of slots
+            return
+        self._reaped = now
         logs = []
         with self._conns_lock:
-            for slot in list(self._slots.values()):
+            for slot in list(self._slots.values()) + list(self._peer_slots.values()):
                 if slot.phase == PHASE_NEW and now - slot.accepted > self.first_request_timeout:
                     why = "no request within %.0f s of connecting" % self.first_request_timeout
-                elif slot.phase == PHASE_IDLE and now - slot.last > (
+                elif slot.phase == PHASE_IDLE and now - slot.last > (  # a peer's: the short limit too
                         self.idle_timeout if slot.admin else self.unauthenticated_idle_timeout):
                     why = "idle for more than %.0f s" % (self.idle_timeout if slot.admin
                                                          else self.unauthenticated_idle_timeout)
@@ -306,7 +335,7 @@ class FrameServer:
             fields["suppressed"] = suppressed
         self._log(event, **fields)
 
-    def _set_phase(self, slot: Optional[_Slot], phase: str, admin: bool = False) -> bool:
+    def _set_phase(self, slot: Optional[_Slot], phase: str, admin: bool = False, peer: bool = False) -> bool:
         """Records what the connection does now; False if the server closed it meanwhile."""
         if slot is None:
             return True
@@ -316,7 +345,20 @@ class FrameServer:
             slot.phase = phase
             slot.admin = slot.admin or admin
             slot.last = time.monotonic()
+            if peer and not slot.peer:
+                self._to_peer_budget(slot)
             return True
+
+    def _to_peer_budget(self, slot: _Slot) -> None:
+        """A connection that authenticated as a peer moves to the peers' budget if it has room (caller holds
+        ``_conns_lock``); otherwise it stays where it was."""
+        if (len(self._peer_slots) >= self.max_peer_connections
+                or self._peers_of.get(slot.peer_ip, 0) >= MAX_PEER_CONNECTIONS_PER_SOURCE
+                or self._slots.pop(id(slot), None) is None):
+            return
+        slot.peer = True
+        self._peer_slots[id(slot)] = slot
+        self._peers_of[slot.peer_ip] = self._peers_of.get(slot.peer_ip, 0) + 1
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
@@ -355,7 +397,7 @@ class FrameServer:
 
     def _release(self, slot: _Slot) -> None:
         with self._conns_lock:
-            self._slots.pop(id(slot), None)
+            self._drop(slot)
             slot.closed = slot.closed or "done"
             self._threads_alive -= 1
         try:
@@ -432,7 +474,7 @@ class FrameServer:
                     self._log("internal_error", level="error", server=self.name, **crash_fields(err))
                 if not self._answer_error(conn, err):
                     return
-            if not self._set_phase(slot, PHASE_IDLE, conn.admin):
+            if not self._set_phase(slot, PHASE_IDLE, conn.admin, conn.authenticated_peer):
                 return
 
     @staticmethod
