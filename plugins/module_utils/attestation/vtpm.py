@@ -420,6 +420,10 @@ class VTPMValidator:
     """
 
     oid = QEMU_VTPM.oid
+    # Pure computation on the document (at most _MAX_DOCUMENT bytes) and data in memory: aTLS runs it in
+    # the handshake's thread, no deadline thread (variant.Validator). Subclasses keep it only while
+    # their trust_ak does no I/O either (qemu-vtpm-ek's certified AKs and CA chains are in memory).
+    validate_inline = True
 
     def __init__(self, measurements: Measurements, pcr_selection: Sequence[int] = ALL_PCRS,
                  check_event_log: bool = True):
