@@ -483,13 +483,13 @@ class VTPMValidator:
         sig_hash = verify_signature(ak, attest_raw, raw_sig)
         try:
             magic, attest_type = tpm_wire.parse_attest_header(attest_raw)
-            if attest_type == tpm_wire.TPM_ST_ATTEST_QUOTE:
-                attest = tpm_wire.parse_quote_attest(attest_raw)
+            # Another type's body is not decoded: the type check below refuses it, naming the type.
+            attest = tpm_wire.parse_quote_attest(attest_raw) if attest_type == tpm_wire.TPM_ST_ATTEST_QUOTE else None
         except tpm_wire.Malformed as err:
             raise AttestationError("quote is not a TPMS_ATTEST: %s" % err)
         if magic != tpm_wire.TPM_GENERATED_VALUE:
             raise AttestationError("quote magic is 0x%08x, expected TPM_GENERATED 0xff544347" % magic)
-        if attest_type != tpm_wire.TPM_ST_ATTEST_QUOTE:
+        if attest is None:
             raise AttestationError("quote type is 0x%04x, expected ATTEST_QUOTE" % attest_type)
         if attest.extra_data != tpm_nonce:
             raise AttestationError("quote extraData %s does not match the nonce binding %s "
