@@ -56,6 +56,10 @@ class Issuer(Protocol):
 
 
 class Validator(Protocol):
+    """``validate_inline`` (optional, default False): True declares that ``validate`` does no I/O and
+    takes time bounded by the document's size limit, so aTLS runs it in the calling thread; any
+    other validator runs under the attestation deadline, in a worker thread (atls.py)."""
+
     oid: str
 
     def validate(self, document: bytes, nonce: bytes) -> Validation:

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog, tpm_wire
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements, MeasurementSets
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import (
     BANK_IDS,
@@ -42,15 +42,11 @@ try:
     from tpm2_pytss import (
         ESYS_TR,
         TPM2_ALG,
-        TPM2_ST,
         TPM2B_PUBLIC,
         TPMA_OBJECT,
-        TPMS_ATTEST,
         TPMT_PUBLIC,
-        TPMT_SIGNATURE,
         TSS2_Exception,
     )
-    from tpm2_pytss.constants import TPM2_GENERATED
     HAS_TPM2_PYTSS = True
 except ImportError:
     HAS_TPM2_PYTSS = False
@@ -235,13 +231,10 @@ class VTPMIssuer:
                 values = tpm.pcr_read(bank, indices)
             quoted, signature = tpm.esapi.quote(ak, make_selection({bank: indices}), tpm_nonce)
             attest_raw = bytes(quoted.attestationData)
-            attest, _size = TPMS_ATTEST.unmarshal(attest_raw)
-            if int(signature.sigAlg) == TPM2_ALG.ECDSA:
-                hash_name = _HASHLIB_NAMES[int(signature.signature.ecdsa.hash)]
-            else:
-                hash_name = _HASHLIB_NAMES[int(signature.signature.rsassa.hash)]
+            raw_sig = signature.marshal()
+            hash_name = _HASHLIB_NAMES[tpm_wire.parse_signature(raw_sig).hash_alg]
             pcr_digest = hashlib.new(hash_name, b"".join(values[i] for i in sorted(values))).digest()
-            if pcr_digest == bytes(attest.attested.quote.pcrDigest):
+            if pcr_digest == tpm_wire.parse_quote_attest(attest_raw).pcr_digest:
                 break
             values = None
         else:
@@ -249,7 +242,7 @@ class VTPMIssuer:
         self._pcr_cache[key] = values
         return {
             "quote": _b64(attest_raw),
-            "raw_sig": _b64(signature.marshal()),
+            "raw_sig": _b64(raw_sig),
             "pcrs": {"hash": int(bank), "pcrs": {str(i): _b64(values[i]) for i in sorted(values)}},
         }
 
@@ -306,6 +299,7 @@ def encode_document(attestation: Dict, instance_info: Optional[bytes], user_data
 
 _HASHLIB_NAMES = {0x0004: "sha1", 0x000B: "sha256", 0x000C: "sha384", 0x000D: "sha512"}
 _STRONG_HASHES = (0x000B, 0x000C, 0x000D)  # pinned: SHA-1 is never accepted
+_SIGNATURE_ALGS = (tpm_wire.TPM_ALG_RSASSA, tpm_wire.TPM_ALG_RSAPSS, tpm_wire.TPM_ALG_ECDSA)
 _STRONG_CURVES = (0x0003, 0x0004, 0x0005)  # TPM2_ECC_NIST_P256, P384, P521
 
 
@@ -385,38 +379,30 @@ def parse_ak(ak_pub: bytes) -> AKInfo:
     return AKInfo(key, bytes(public.get_name()), key_type)
 
 
-def verify_signature(ak: AKInfo, data: bytes, raw_sig: bytes) -> None:
-    """Checks a TPMT_SIGNATURE over data with the AK (cryptography does the maths)."""
+def verify_signature(ak: AKInfo, data: bytes, raw_sig: bytes) -> int:
+    """Checks a TPMT_SIGNATURE over data with the AK (cryptography does the maths); returns its hash
+    algorithm."""
+    if len(raw_sig) >= 2 and int.from_bytes(raw_sig[:2], "big") not in _SIGNATURE_ALGS:
+        raise AttestationError("quote signature algorithm 0x%04x is not allowed" % int.from_bytes(raw_sig[:2], "big"))
     try:
-        sig, size = TPMT_SIGNATURE.unmarshal(raw_sig)
-    except (TSS2_Exception, ValueError, TypeError) as err:
+        sig = tpm_wire.parse_signature(raw_sig)
+    except tpm_wire.Malformed as err:
         raise AttestationError("quote signature (raw_sig) is not a TPMT_SIGNATURE: %s" % err)
-    if size != len(raw_sig):
-        raise AttestationError("quote signature (raw_sig) has %d trailing bytes" % (len(raw_sig) - size))
-    alg = int(sig.sigAlg)
+    alg, halg = sig.sig_alg, sig.hash_alg
+    if halg not in _STRONG_HASHES:
+        raise AttestationError("quote signature hash 0x%04x is not allowed (SHA-1 is refused)" % halg)
     try:
         if alg in (TPM2_ALG.RSASSA, TPM2_ALG.RSAPSS):
             if ak.key_type != TPM2_ALG.RSA:
                 raise AttestationError("quote signature is RSA but the AK is not an RSA key")
-            halg = int(sig.signature.rsassa.hash)
-            if halg not in _STRONG_HASHES:
-                raise AttestationError("quote signature hash %s is not allowed (SHA-1 is refused)"
-                                       % sig.signature.rsassa.hash)
             pad = padding.PKCS1v15() if alg == TPM2_ALG.RSASSA else \
                 padding.PSS(mgf=padding.MGF1(_crypto_hash(halg)), salt_length=padding.PSS.AUTO)
-            ak.public_key.verify(bytes(sig.signature.rsassa.sig), data, pad, _crypto_hash(halg))
-        elif alg == TPM2_ALG.ECDSA:
+            ak.public_key.verify(sig.sig, data, pad, _crypto_hash(halg))
+        else:  # ECDSA (_SIGNATURE_ALGS)
             if ak.key_type != TPM2_ALG.ECC:
                 raise AttestationError("quote signature is ECDSA but the AK is not an ECC key")
-            halg = int(sig.signature.ecdsa.hash)
-            if halg not in _STRONG_HASHES:
-                raise AttestationError("quote signature hash %s is not allowed (SHA-1 is refused)"
-                                       % sig.signature.ecdsa.hash)
-            der = encode_dss_signature(int.from_bytes(bytes(sig.signature.ecdsa.signatureR), "big"),
-                                       int.from_bytes(bytes(sig.signature.ecdsa.signatureS), "big"))
+            der = encode_dss_signature(int.from_bytes(sig.ecdsa_r, "big"), int.from_bytes(sig.ecdsa_s, "big"))
             ak.public_key.verify(der, data, ec.ECDSA(_crypto_hash(halg)))
-        else:
-            raise AttestationError("quote signature algorithm %s is not allowed" % sig.sigAlg)
     except InvalidSignature:
         raise AttestationError("quote signature does not verify with the AK")
     except AttestationError:
@@ -434,6 +420,10 @@ class VTPMValidator:
     """
 
     oid = QEMU_VTPM.oid
+    # Pure computation on the document (at most _MAX_DOCUMENT bytes) and data in memory: aTLS runs it in
+    # the handshake's thread, no deadline thread (variant.Validator). Subclasses keep it only while
+    # their trust_ak does no I/O either (qemu-vtpm-ek's certified AKs and CA chains are in memory).
+    validate_inline = True
 
     def __init__(self, measurements: Measurements, pcr_selection: Sequence[int] = ALL_PCRS,
                  check_event_log: bool = True):
@@ -492,23 +482,20 @@ class VTPMValidator:
         # signature first: nothing in TPMS_ATTEST is believed before it verifies
         sig_hash = verify_signature(ak, attest_raw, raw_sig)
         try:
-            attest, size = TPMS_ATTEST.unmarshal(attest_raw)
-        except (TSS2_Exception, ValueError, TypeError) as err:
+            magic, attest_type = tpm_wire.parse_attest_header(attest_raw)
+            # Another type's body is not decoded: the type check below refuses it, naming the type.
+            attest = tpm_wire.parse_quote_attest(attest_raw) if attest_type == tpm_wire.TPM_ST_ATTEST_QUOTE else None
+        except tpm_wire.Malformed as err:
             raise AttestationError("quote is not a TPMS_ATTEST: %s" % err)
-        if size != len(attest_raw):
-            raise AttestationError("quote has %d trailing bytes after TPMS_ATTEST" % (len(attest_raw) - size))
-        if int(attest.magic) != int(TPM2_GENERATED.VALUE):
-            raise AttestationError("quote magic is 0x%08x, expected TPM_GENERATED 0xff544347" % int(attest.magic))
-        if int(attest.type) != int(TPM2_ST.ATTEST_QUOTE):
-            raise AttestationError("quote type is %s, expected ATTEST_QUOTE" % attest.type)
-        if bytes(attest.extraData) != tpm_nonce:
+        if magic != tpm_wire.TPM_GENERATED_VALUE:
+            raise AttestationError("quote magic is 0x%08x, expected TPM_GENERATED 0xff544347" % magic)
+        if attest is None:
+            raise AttestationError("quote type is 0x%04x, expected ATTEST_QUOTE" % attest_type)
+        if attest.extra_data != tpm_nonce:
             raise AttestationError("quote extraData %s does not match the nonce binding %s "
                                    "(replayed document, wrong nonce or swapped user data)"
-                                   % (bytes(attest.extraData).hex(), tpm_nonce.hex()))
-        selection = attest.attested.quote.pcrSelect
-        signed = []
-        for sel in selection:
-            signed.append((int(sel.hash), tuple(bitmap_indices(bytes(sel.pcrSelect)[: sel.sizeofSelect]))))
+                                   % (attest.extra_data.hex(), tpm_nonce.hex()))
+        signed = [(hash_alg, tuple(bitmap_indices(bitmap))) for hash_alg, bitmap in attest.pcr_select]
         wanted = [(SHA256_ALG, self.pcr_selection)]
         if signed != wanted:
             raise AttestationError("signed PCR selection is %s, expected %s"
@@ -518,7 +505,7 @@ class VTPMValidator:
             raise AttestationError("reported PCRs %s differ from the signed selection %s"
                                    % (_format_indices(sorted(reported)), _format_indices(self.pcr_selection)))
         digest = hashlib.new(_HASHLIB_NAMES[sig_hash], b"".join(reported[i] for i in self.pcr_selection)).digest()
-        if digest != bytes(attest.attested.quote.pcrDigest):
+        if digest != attest.pcr_digest:
             raise AttestationError("PCR values do not match the quoted PCR digest (values were altered)")
         return reported
 

@@ -298,3 +298,22 @@ def test_dummy_validator_checks_nonce():
     assert DummyValidator().validate(doc, b"n" * 32).user_data == b"u"
     with pytest.raises(AttestationError, match="another nonce"):
         DummyValidator().validate(doc, b"m" * 32)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_validator_without_io_runs_in_the_handshake_thread(serve, inline):
+    """``validate_inline`` (variant.Validator): a validator that declares no I/O runs in the caller's
+    thread (no deadline thread to wake up); any other one runs under the deadline in a worker."""
+    threads = []
+
+    class Declaring(DummyValidator):
+        validate_inline = inline
+
+        def validate(self, document, nonce):
+            threads.append(threading.current_thread())
+            return super().validate(document, nonce)
+
+    server = serve(atls.AttestedServerContext(DummyIssuer()))
+    atls.connect(server.endpoint, [Declaring()]).sock.close()
+    assert (threads == [threading.current_thread()]) is inline
+    assert threads[0].name.startswith("atls") is not inline
