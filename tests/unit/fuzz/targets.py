@@ -31,13 +31,13 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog, tpm_wire
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurement, Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import JoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import check_kubelet_csr
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import framing, schema
 
 # Known secrets of the seeds: they must never show up in an error message.
@@ -492,6 +492,26 @@ def _validate_document(corpus: Corpus) -> Callable[[bytes], Any]:
     return lambda data: corpus.validator.validate(data, NONCE)
 
 
+def _quote_parts(tree: Any) -> List[bytes]:
+    """The raw TPMS_ATTEST and TPMT_SIGNATURE bytes of every quote in an attestation document's tree."""
+    if isinstance(tree, dict):
+        found = [base64.b64decode(tree[key]) for key in ("quote", "raw_sig") if isinstance(tree.get(key), str)]
+        return found + [part for value in tree.values() for part in _quote_parts(value)]
+    if isinstance(tree, list):
+        return [part for value in tree for part in _quote_parts(value)]
+    return []
+
+
+def _parse_tpm_structures(data: bytes) -> None:
+    """attestation/tpm_wire.py's decoders on one input, as the validator calls them: their one error
+    (Malformed) becomes the AttestationError the validator raises."""
+    for parse in (tpm_wire.parse_attest_header, tpm_wire.parse_quote_attest, tpm_wire.parse_signature):
+        try:
+            parse(data)
+        except tpm_wire.Malformed as err:
+            raise AttestationError("fuzz: %s" % err) from err
+
+
 CSR_NODE_VPN_IP = "10.118.0.5"
 
 
@@ -533,6 +553,7 @@ def make_targets(corpus: Corpus) -> List[Target]:
     return [
         Target("attestation_document", _validate_document(corpus), [document_tree], _json_or_bytes(0.8)),
         Target("event_log", eventlog.parse, [corpus.event_log], mutate_bytes),
+        Target("tpm_structures", _parse_tpm_structures, _quote_parts(document_tree), mutate_bytes),
         Target("measurements", Measurements.loads, [policy_tree, {str(k): v["expected"] for k, v in policy_tree.items()}],
                _json_or_bytes()),
         Target("policy_file", policy_run, [policy_tree] * 24 + list(YAML_SPECIALS), _yaml_or_json, cleanup=[policy_cleanup]),

@@ -35,7 +35,7 @@ FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SLOW_FUZZ = settings(FUZZ, max_examples=120)
 
-TARGETS = ("attestation_document", "event_log", "measurements", "rpc_frames", "join_ticket", "kms_uri", "master_secret",
+TARGETS = ("attestation_document", "event_log", "tpm_structures", "measurements", "rpc_frames", "join_ticket", "kms_uri", "master_secret",
            "kubelet_csr")
 
 
