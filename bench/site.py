@@ -201,30 +201,35 @@ def measure(size: int, args, tmp: Path, ping_play: Path) -> dict:
     return out
 
 
-def report(rows, args) -> dict:
+def report(rows, args, quiet: bool = False) -> dict:
     summary = {}
+
+    def say(*parts):
+        if not quiet:
+            print(*parts)
+
     for row in rows:
         n = row["size"]
         ratios = [second / ping for second, ping in zip(row["seconds"], row["pings"])]
-        print("\n%d-host lab (the Coordinator and %d Nodes), aTLS connection, forks %s; lab set-up %.1f s"
-              % (n, n - 1, args.forks or "from ansible.cfg", row["setup_s"]))
-        print("%-34s %8s %8s %8s %10s" % ("", "seconds", "changed", "ratio", "s per host"))
-        print("%-34s %8.2f %8d %8.2f %10.3f" % ("site.yml first run", row["first"], row["first_changed"],
-                                                  row["first"] / min(row["seconds"]), row["first"] / n))
+        say("\n%d-host lab (the Coordinator and %d Nodes), aTLS connection, forks %s; lab set-up %.1f s"
+            % (n, n - 1, args.forks or "from ansible.cfg", row["setup_s"]))
+        say("%-34s %8s %8s %8s %10s" % ("", "seconds", "changed", "ratio", "s per host"))
+        say("%-34s %8.2f %8d %8.2f %10.3f" % ("site.yml first run", row["first"], row["first_changed"],
+                                              row["first"] / min(row["seconds"]), row["first"] / n))
         for second, ping, ratio in zip(row["seconds"], row["pings"], ratios):
-            print("%-34s %8.2f %8d %8.2f %10.3f" % ("site.yml second run", second, row["changed"], ratio, second / n))
-            print("%-34s %8.2f %8s %8s %10.3f" % ("baseline: ping play (same lab)", ping, "-", "-", ping / n))
-        print("load average (1 min) before: %.2f" % row["load"])
+            say("%-34s %8.2f %8d %8.2f %10.3f" % ("site.yml second run", second, row["changed"], ratio, second / n))
+            say("%-34s %8.2f %8s %8s %10.3f" % ("baseline: ping play (same lab)", ping, "-", "-", ping / n))
+        say("load average (1 min) before: %.2f" % row["load"])
         if row["cpu"]:
             total = sum(row["cpu"].values())
-            print("CPU during the last second run (%.1f CPU-s in %.1f s, %.0f %% of 2 cores):"
-                  % (total, row["seconds"][-1], 100 * total / row["seconds"][-1] / 2))
+            say("CPU during the last second run (%.1f CPU-s in %.1f s, %.0f %% of 2 cores):"
+                % (total, row["seconds"][-1], 100 * total / row["seconds"][-1] / 2))
             for kind, spent in sorted(row["cpu"].items(), key=lambda item: -item[1]):
-                print("  %6.2f s  %s" % (spent, kind))
+                say("  %6.2f s  %s" % (spent, kind))
         if row["tasks"]:
-            print("slowest tasks of the last second run (s):")
+            say("slowest tasks of the last second run (s):")
             for took, name in row["tasks"][:12]:
-                print("  %6.2f  %s" % (took, name))
+                say("  %6.2f  %s" % (took, name))
         one = args.repeat == 1
         summary.update({
             "first_run_s_%d" % n: round(row["first"], 2),
@@ -276,7 +281,9 @@ def main() -> int:
         ping_play.write_text(PING_PLAY)
         for size in args.sizes:
             rows.append(measure(size, args, Path(tmp), ping_play))
-    print(json.dumps(report(rows, args)))
+            report(rows[-1:], args)  # each size's figures as soon as it is done
+            sys.stdout.flush()
+    print(json.dumps(report(rows, args, quiet=True)))
     return 0
 
 
