@@ -89,7 +89,9 @@ def _kind(comm: str, cmdline: str) -> str:
         return "relays (controller)"
     if comm in ("wireguard-go", "swtpm"):
         return comm
-    return "other"
+    if "_serve()" in cmdline:
+        return "warm module interpreters (hosts)"
+    return "other processes (the machine's, not only this bench's)"
 
 
 def cpu_by_pid():
