@@ -37,7 +37,7 @@ NODE_WAITING = constants.STATE_NODE_WAITING_FOR_CLUSTER_JOIN
 ROLE_COORDINATOR = constants.ROLE_COORDINATOR
 ROLE_NODE = constants.ROLE_NODE
 # activate_nodes attests the peers it is given this many at a time (each a TLS handshake with a quote:
-# mostly waiting for the peer's TPM). One at a time, 63 Nodes took ~4 s of a 64-host site.yml run.
+# mostly waiting for the peer's TPM), not one after the other (63 in a row at 64 hosts).
 ATTEST_WORKERS = 16
 
 
