@@ -163,8 +163,8 @@ def play(inv: Path, playbook: Path, profile: Path = None, forks: int = 0):
         with os.fdopen(handle, "w") as out:
             out.write(proc.stdout + "\n" + proc.stderr)
         fatal = proc.stdout.find("fatal:")
-        sys.exit("%s failed (whole output: %s):\n%s\n%s" % (playbook.name, log, proc.stdout[fatal:fatal + 4000] if fatal >= 0
-                                                           else proc.stdout[-3000:], proc.stderr[-2000:]))
+        excerpt = proc.stdout[fatal:fatal + 4000] if fatal >= 0 else proc.stdout[-3000:]
+        sys.exit("%s failed (whole output: %s):\n%s\n%s" % (playbook.name, log, excerpt, proc.stderr[-2000:]))
     changed = sum(int(n) for n in re.findall(r"\bchanged=(\d+)", proc.stdout.split("PLAY RECAP")[-1]))
     return elapsed, changed
 

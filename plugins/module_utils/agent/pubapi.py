@@ -183,6 +183,7 @@ class PubAPI:
         if self.admin is None:
             raise AccessDenied("ActivateAdditionalNodes: no admin channel on this agent")
         self.admin.require_admin(conn, "ActivateAdditionalNodes")
+
         def report(row):  # one log line per peer as it is done: the client's read timeout is per message
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
                                                      "%s (%s)" % (row["action"], row["node_vpn_ip"]) if row["ok"]
