@@ -101,21 +101,42 @@ def share(trust, directory: Optional[str], playbook_pid):
     from dataclasses import replace
 
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation import ek
+    from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 
     class RunCertifiedAKs(ek.CertifiedAKs):
-        """A CertifiedAKs that also appends what it certifies to the run's records."""
+        """A CertifiedAKs that also appends what it certifies to the run's records. The run's records
+        are taken when first asked for: a task attests one peer, and checking the EK chain of every
+        record up front cost each task and host of a 64-host run 64 chain checks."""
+
+        def __init__(self, ca_certs, unchecked):
+            super().__init__(ca_certs)
+            self._unchecked = unchecked  # {ak_pub: record dict} of the run's records, EK chain not checked yet
 
         def add(self, record) -> None:
             super().add(record)
             _append(path, record.to_dict())
 
-    registry = RunCertifiedAKs(trust.ek_ca_certs)
+        def get(self, ak_pub: bytes):
+            found = super().get(ak_pub)
+            if found is not None:
+                return found
+            with self._lock:
+                data = self._unchecked.pop(ak_pub, None)
+            if data is None:
+                return None
+            try:
+                ek.CertifiedAKs.add(self, ek.CertifiedAK.from_dict(data))  # checks the EK chain
+            except Exception:  # pylint: disable=broad-except
+                return None  # a record that does not chain (another CA) is not taken: that peer enrolls
+            return super().get(ak_pub)
+
+    unchecked = {}
     for data in _read(path):
         try:
-            ek.CertifiedAKs.add(registry, ek.CertifiedAK.from_dict(data))  # checks the EK chain
+            unchecked[b64decode(data.get("ak_pub"), "certified_ak.ak_pub", max_size=64 * 1024)] = data
         except Exception:  # pylint: disable=broad-except
-            continue  # a record that does not chain (another CA) is not taken: that peer enrolls
-    return replace(trust, certified_aks=registry)
+            continue  # not a record
+    return replace(trust, certified_aks=RunCertifiedAKs(trust.ek_ca_certs, unchecked))
 
 
 def _read(path: str):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hmac
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
@@ -35,6 +36,9 @@ IS_NODE = constants.STATE_IS_NODE
 NODE_WAITING = constants.STATE_NODE_WAITING_FOR_CLUSTER_JOIN
 ROLE_COORDINATOR = constants.ROLE_COORDINATOR
 ROLE_NODE = constants.ROLE_NODE
+# activate_nodes attests the peers it is given this many at a time (each a TLS handshake with a quote:
+# mostly waiting for the peer's TPM), not one after the other (63 in a row at 64 hosts).
+ATTEST_WORKERS = 16
 
 
 @dataclass
@@ -242,8 +246,11 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     fresh_coordinators: List[str] = []
     refused: List[str] = []
     # The activating Coordinator is no further Coordinator of its own: an inventory's whole group may be given.
-    for endpoint in dict.fromkeys(e for e in coordinator_public_endpoints if e != coordinator_public_endpoint):
-        status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
+    further = list(dict.fromkeys(e for e in coordinator_public_endpoints if e != coordinator_public_endpoint))
+    nodes = list(dict.fromkeys(node_public_endpoints))  # unique, in order
+    statuses = _statuses(further + nodes, settings, cluster_id, admin_priv_key)
+    for endpoint in further:
+        status = statuses[endpoint]
         row = {"endpoint": endpoint, "role": ROLE_COORDINATOR, "state_before": status.state, "node_vpn_ip": status.vpn_ip}
         if status.membership == OURS and status.role == ROLE_COORDINATOR and status.state == ACTIVATING_NODES:
             row["action"] = "none"
@@ -261,8 +268,8 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
         evicted_rows, removed_rows = _coordinator_outcasts(coordinator_public_endpoint, settings, cluster_id, admin_priv_key)
         evicted = {e.get("vpn_ip") for e in evicted_rows}
         removed = {e.get("vpn_pub_key") for e in removed_rows}
-    for endpoint in dict.fromkeys(node_public_endpoints):  # unique, in order
-        status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
+    for endpoint in nodes:
+        status = statuses[endpoint]
         row = {"endpoint": endpoint, "role": "node", "state_before": status.state, "node_vpn_ip": status.vpn_ip}
         if status.membership == OURS and status.vpn_pub_key and status.vpn_pub_key in removed:
             # Removed by the admin (remove_node.yml): it comes back only as a new peer.
@@ -310,6 +317,15 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
         err.rows = rows  # type: ignore[attr-defined]
         raise err
     return result
+
+
+def _statuses(endpoints: List[str], settings: AttestationSettings, cluster_id: Optional[bytes],
+              admin_priv_key) -> Dict[str, PeerStatus]:
+    """{endpoint: attested status}, ATTEST_WORKERS peers at a time; the first refusal (in the order given) is raised."""
+    if not endpoints:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(ATTEST_WORKERS, len(endpoints)), thread_name_prefix="attest") as pool:
+        return dict(zip(endpoints, pool.map(lambda e: peer_status(e, settings, cluster_id, admin_priv_key), endpoints)))
 
 
 def coordinator_evictions(endpoint: str, settings: AttestationSettings,

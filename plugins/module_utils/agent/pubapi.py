@@ -183,16 +183,20 @@ class PubAPI:
         if self.admin is None:
             raise AccessDenied("ActivateAdditionalNodes: no admin channel on this agent")
         self.admin.require_admin(conn, "ActivateAdditionalNodes")
-        # Coordinators first: the Nodes then learn of them with their first peer list.
-        results = (self.cluster.activate_coordinators(request.coordinator_public_endpoints, self.connect_node)
-                   if request.coordinator_public_endpoints else [])
-        if request.node_public_endpoints:
-            results += self.activation.activate_nodes(request.node_public_endpoints, self.connect_node,
-                                                      request.control_plane_endpoints or ())
-        for row in results:
+
+        def report(row):  # one log line per peer as it is done: the client's read timeout is per message
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
                                                      "%s (%s)" % (row["action"], row["node_vpn_ip"]) if row["ok"]
                                                      else "failed: %s" % row["error"])})
+
+        # Coordinators first: the Nodes then learn of them with their first peer list.
+        results = (self.cluster.activate_coordinators(request.coordinator_public_endpoints, self.connect_node)
+                   if request.coordinator_public_endpoints else [])
+        for row in results:
+            report(row)
+        if request.node_public_endpoints:
+            results += self.activation.activate_nodes(request.node_public_endpoints, self.connect_node,
+                                                      request.control_plane_endpoints or (), on_row=report)
         conn.stream.send_result({"nodes": results, "resource_version": self.coordinator.get_update(-1)["resource_version"]})
 
     # -- Coordinator: the join service

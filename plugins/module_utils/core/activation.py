@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Dict, List, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
@@ -107,10 +107,13 @@ class NodeActivation:
         self.activation_workers = ACTIVATION_WORKERS  # the agent's ``activation_workers``
 
     def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode,
-                       control_plane_endpoints: Sequence[str] = ()) -> List[Dict[str, Any]]:
+                       control_plane_endpoints: Sequence[str] = (),
+                       on_row: Optional[Callable[[Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
         """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each. The admin
         designates those of ``control_plane_endpoints`` control planes (recorded with the node: only they
-        get control-plane material from the vpnapi)."""
+        get control-plane material from the vpnapi). ``on_row(row)`` is called with each row, in order, as
+        soon as it and those before it are done (in this thread): the pubapi reports progress with it, so
+        a client waiting for 64 activations hears from the Coordinator every few seconds."""
         self.context.require_coordinator("ActivateAdditionalNodes")
         if not isinstance(endpoints, list) or not endpoints or len(endpoints) > MAX_NODES_PER_CALL:
             raise InputError("node_public_endpoints", "a non-empty list of host:port (at most %d)" % MAX_NODES_PER_CALL)
@@ -122,7 +125,12 @@ class NodeActivation:
                              sorted(planes - set(endpoints))[:8])
         with ThreadPoolExecutor(max_workers=min(self.activation_workers, len(endpoints)),
                                 thread_name_prefix="activate") as pool:
-            return list(pool.map(lambda e: self.activate_node(e, connect_node, e in planes), endpoints))
+            rows = []
+            for row in pool.map(lambda e: self.activate_node(e, connect_node, e in planes), endpoints):
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+            return rows
 
     def activate_node(self, endpoint: str, connect_node: ConnectNode, control_plane: bool = False) -> Dict[str, Any]:
         """Activates one node, or resumes its interrupted activation (docs/agent.md, "Resumable
