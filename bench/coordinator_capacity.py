@@ -505,8 +505,11 @@ def _collect(procs, outs):
 
 def _window(samples, bounds, wait=0.0):
     """Requests sent in the window: count, rate, failures; latency p50/p99 (ms) of the answered ones, less
-    ``wait`` for a long poll answered at its bound (its lateness)."""
-    rows = [s for s in samples if bounds[0] <= s[0] < bounds[1]]
+    ``wait`` for a long poll answered at its bound (its lateness). Long polls (``wait``) are the requests
+    answered in the window: after a change every Node holds again at once, so their requests start together
+    and one sent in a window of less than twice the wait may not also end in it."""
+    at = 1 if wait else 0
+    rows = [s for s in samples if bounds[0] <= s[at] < bounds[1]]
     latencies = [max(0.0, (s[1] - s[0]) - wait) * 1000.0 for s in rows if s[3]]
     return {"requests": len(rows), "failed": sum(1 for s in rows if not s[3]),
             "rate": len(rows) / (bounds[1] - bounds[0]), "p50": percentile(latencies, 50),
