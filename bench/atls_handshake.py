@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import queue
 import socket
 import statistics
 import sys
@@ -131,31 +130,13 @@ def _light_key() -> atls.PooledKey:
     return atls.PooledKey(priv_key, b"", atls.spki_hash(priv_key.public_key()), None)
 
 
-class _LightPool(atls._KeyPool):  # pylint: disable=protected-access
-    def _fill(self) -> None:
-        while not self._stop.is_set():
-            entry = _light_key()
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(entry, timeout=0.5)
-                    break
-                except queue.Full:
-                    continue
-
-    def take(self) -> atls.PooledKey:
-        try:
-            return self._queue.get_nowait()
-        except queue.Empty:
-            return _light_key()
-
-
 class OsslAttestedServer(atls.AttestedServerContext):
     """The server half (issuer, deadline and certificate_for as the stdlib server; a pool of keys
     only); ``accept(sock)`` runs the handshake and returns the SSL.Connection."""
 
     def __init__(self, issuer):
         super().__init__(issuer, key_pool_size=0)
-        self._pool = _LightPool(atls.KEY_POOL_SIZE)
+        self._pool = atls._KeyPool(atls.KEY_POOL_SIZE, _light_key)  # pylint: disable=protected-access
         self.attested = self
         self.context = ossl_server_context()
         self.context.set_tlsext_servername_callback(self._on_client_hello)

@@ -344,9 +344,11 @@ def new_key(priv_key: Optional[ec.EllipticCurvePrivateKey] = None) -> PooledKey:
 
 
 class _KeyPool:
-    """Keeps a few ECDSA keys (and their SSLContexts) ready. Each is handed out once."""
+    """Keeps a few ECDSA keys (and their SSLContexts) ready. Each is handed out once. ``make``: how an
+    entry is made (default :func:`new_key`)."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, make: Optional[Callable[[], PooledKey]] = None):
+        self._make = make or new_key
         self._queue: "queue.Queue[PooledKey]" = queue.Queue(maxsize=max(size, 0) or 1)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -356,7 +358,7 @@ class _KeyPool:
 
     def _fill(self) -> None:
         while not self._stop.is_set():
-            entry = new_key()
+            entry = self._make()
             while not self._stop.is_set():
                 try:
                     self._queue.put(entry, timeout=0.5)
@@ -368,7 +370,7 @@ class _KeyPool:
         try:
             return self._queue.get_nowait()
         except queue.Empty:
-            return new_key()
+            return self._make()
 
     def close(self) -> None:
         self._stop.set()
