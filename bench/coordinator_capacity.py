@@ -66,6 +66,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.config
     DEFAULT_REATTEST_WORKERS,
     DEFAULT_UPDATE_INTERVAL,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.long_poll import JITTER  # noqa: E402
 
 BENCH_VPN_CIDR = "127.0.0.0/16"
 IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
@@ -372,9 +373,10 @@ def _long_polls(spec, nodes, samples, errors, stop):
                 with client:
                     while not stop.is_set():
                         start = time.monotonic()
-                        answer = client.get_update(node["version"], wait=interval)
+                        wait = interval * (1.0 - JITTER * rng.random())  # as agent/long_poll.py draws it
+                        answer = client.get_update(node["version"], wait=wait)
                         _answered(client, node, answer)
-                        samples.append((start, time.monotonic(), node["version"], True, node["vpn_ip"]))
+                        samples.append((start, time.monotonic(), node["version"], True, node["vpn_ip"], wait))
             except Exception as err:  # pylint: disable=broad-except
                 if stop.is_set():
                     return
@@ -503,14 +505,14 @@ def _collect(procs, outs):
     return samples, errors
 
 
-def _window(samples, bounds, wait=0.0):
-    """Requests sent in the window: count, rate, failures; latency p50/p99 (ms) of the answered ones, less
-    ``wait`` for a long poll answered at its bound (its lateness). Long polls (``wait``) are the requests
-    answered in the window: after a change every Node holds again at once, so their requests start together
-    and one sent in a window of less than twice the wait may not also end in it."""
-    at = 1 if wait else 0
+def _window(samples, bounds, held=False):
+    """Requests sent in the window: count, rate, failures; latency p50/p99 (ms) of the answered ones; ``held``:
+    long polls, their latency less the wait each asked for (how late it was answered at its bound), counted
+    when answered in the window: after a change every Node holds again at once, so their requests start
+    nearly together and one sent in a window of less than twice the wait may not also end in it."""
+    at = 1 if held else 0
     rows = [s for s in samples if bounds[0] <= s[at] < bounds[1]]
-    latencies = [max(0.0, (s[1] - s[0]) - wait) * 1000.0 for s in rows if s[3]]
+    latencies = [max(0.0, (s[1] - s[0]) - (s[5] if held else 0.0)) * 1000.0 for s in rows if s[3]]
     return {"requests": len(rows), "failed": sum(1 for s in rows if not s[3]),
             "rate": len(rows) / (bounds[1] - bounds[0]), "p50": percentile(latencies, 50),
             "p99": percentile(latencies, 99)}
@@ -603,8 +605,8 @@ def run_size(n: int, args, work: str) -> dict:
         long_samples, long_errors = _collect(pollers, outs)
         return {"n": n, "idle": idle, "polls": polls, "long": long_cpu, "full": full,
                 "polls_latency": _window(poll_samples, polls_bounds),
-                "long_latency": _window(long_samples, long_bounds, args.update_interval),
-                "full_latency": _window(long_samples, full_bounds, args.update_interval),
+                "long_latency": _window(long_samples, long_bounds, held=True),
+                "full_latency": _window(long_samples, full_bounds, held=True),
                 "polls_update": _update_latency(poll_samples, polls_change, n - 1),
                 "long_update": _update_latency(long_samples, long_change, n - 1),
                 "intended_rate": (n - 1) / args.update_interval, "errors": dict(poll_errors, **long_errors),

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.long_poll import LongPoll
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.long_poll import JITTER, LongPoll
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import MAX_WAIT
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
@@ -180,17 +180,43 @@ def test_a_node_has_at_most_its_share_of_the_peers_budget(cluster):
 # ------------------------------------------------------------------ the Node's side (agent/long_poll.py)
 
 
-def _long_poll(cluster, node_ip, wait=LONG):
-    """The Node's LongPoll, its connections from its VPN IP (as the WireGuard tunnel gives them)."""
+def _long_poll(cluster, node_ip, wait=LONG, waits=None, draw=None):
+    """The Node's LongPoll, its connections from its VPN IP (as the WireGuard tunnel gives them); ``waits``: a list
+    that gets the ``wait`` of every GetUpdate sent."""
     def connect(endpoint, timeout):
         host, port = endpoint.rsplit(":", 1)
         sock = socket.create_connection((host, int(port)), timeout=5, source_address=(node_ip, 0))
-        return AgentClient.connect_plain(endpoint, sock=sock, timeout=timeout)
+        client = AgentClient.connect_plain(endpoint, sock=sock, timeout=timeout)
+        if waits is not None:
+            sent = client.get_update
+            client.get_update = lambda version, wait=None: waits.append(wait) or sent(version, wait=wait)
+        return client
 
     def authenticate(client):
         return client.peer_auth(cluster.keys[node_ip], cluster.core.context.vpn_pub_key)
 
-    return LongPoll(cluster.port, wait, authenticate, connect)
+    return LongPoll(cluster.port, wait, authenticate, connect, **({"draw": draw} if draw else {}))
+
+
+def test_each_held_request_waits_its_own_share_of_the_interval(cluster):
+    """After a change every Node holds again at once: each request's wait is drawn in [(1 - JITTER) x wait, wait],
+    so their answers do not all fall due together."""
+    node_ip = cluster.add_node("10.42.0.11")
+    waits = []
+    draws = iter([0.0, 1.0, 0.5])
+    poll = _long_poll(cluster, node_ip, wait=0.4, waits=waits, draw=lambda: next(draws))
+    version = _version(cluster)
+    for _i in range(3):
+        assert poll.get_update("127.77.0.1", version) == {"resource_version": version, "long_poll": True}
+    assert waits == pytest.approx([0.4, 0.4 * (1 - JITTER), 0.4 * (1 - JITTER / 2)])
+    poll.close()
+    # The agent's own source: every wait within the bounds, not all the same.
+    waits = []
+    poll = _long_poll(cluster, node_ip, wait=0.2, waits=waits)
+    for _i in range(6):
+        poll.get_update("127.77.0.1", version)
+    poll.close()
+    assert all(0.2 * (1 - JITTER) <= wait <= 0.2 for wait in waits) and len(set(waits)) > 1
 
 
 def test_the_node_keeps_one_connection_and_falls_back_when_it_fails(cluster):
