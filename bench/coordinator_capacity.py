@@ -67,6 +67,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.config
     DEFAULT_UPDATE_INTERVAL,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.long_poll import JITTER  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView  # noqa: E402
 
 BENCH_VPN_CIDR = "127.0.0.0/16"
 IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
@@ -153,7 +154,7 @@ def coordinator_main(spec_file: str) -> None:
     vpnapi = VPNAPI.for_core(coordinator, log=log)
     server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,  # as agent/daemon.py
                          accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
-                         max_peer_connections=MAX_PEER_CONNECTIONS).start()
+                         max_peer_connections=MAX_PEER_CONNECTIONS, peer_view=CorePeerView(coordinator)).start()
     node = coordinator.context.stored_node()
     print(json.dumps({"pid": os.getpid(), "vpnapi": list(server.address), "vpn_ips": vpn_ips,
                       "resource_version": registry.peers.version, "cluster_id": node.cluster_id.hex(),

@@ -78,6 +78,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (  # noqa: E402
     generate_priv_key,
     pub_key_from_priv_key,
@@ -105,7 +106,8 @@ def _serve(coordinator, log) -> FrameServer:
     """The Coordinator's vpnapi on loopback, as the agent starts it (agent/daemon.py)."""
     vpnapi = VPNAPI.for_core(coordinator, log=log)
     return FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
-                       accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
+                       accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
+                       peer_view=CorePeerView(coordinator)).start()
 
 
 def _endpoint(server: FrameServer) -> str:

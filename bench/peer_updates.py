@@ -44,6 +44,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
     generate_priv_key,
     pub_key_from_priv_key,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView  # noqa: E402
 
 
 BENCH_VPN_CIDR = "127.0.0.0/16"
@@ -222,7 +223,8 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
         version = registry.peers.version
         vpnapi = VPNAPI.for_core(coordinator, log=log)
         server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
-                             accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
+                             accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
+                             peer_view=CorePeerView(coordinator)).start()
         try:
             node_ip = sorted(ip for ip, r in registry.peers.peers.items() if r.role == "node")[0]
             auth = (PairKeys(coordinator.bench_node_priv_keys[node_ip]), coordinator.context.vpn_pub_key)
@@ -237,9 +239,11 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
         # The same Core, the vpnapi without PeerAuth (before issue 25), interleaved with the authenticated one.
         plain = UnauthenticatedVPNAPI.for_core(coordinator, log=log)
         server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), plain.handlers(), log=log,
-                             accept_check=plain.accept_check, apis=(schema.VPNAPI,)).start()
+                             accept_check=plain.accept_check, apis=(schema.VPNAPI,),
+                             insecure_skip_access_checks=True).start()
         authed = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
-                             accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
+                             accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
+                             peer_view=CorePeerView(coordinator)).start()
         try:
             _poll_ms(server.address, node_ip, version, 20)
             noauth, withauth = [], []

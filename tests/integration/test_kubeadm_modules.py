@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 import yaml
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from tests.support import ROOT
 from tests.support.playbook import run_tasks
 
@@ -217,7 +218,7 @@ def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
                                              cluster_config={"vpn_cidr": "127.0.0.0/16"})
     api = VPNAPI.for_core(peer, kubeadm=JoinProvider(KUBEADM_DOUBLE, dirs["cp"]))
     server = FrameServer("vpnapi", ("127.0.0.1", 0), api.handlers(), accept_check=api.accept_check,
-                         apis=(schema.VPNAPI,)).start()
+                         apis=(schema.VPNAPI,), peer_view=CorePeerView(peer)).start()
     # Loopback connections come from the Coordinator's own VPN IP: the module proves the Coordinator's key.
     key_file = tmp_path / "wg0.key"
     key_file.write_text(peer.context.node_state["vpn_priv_key"] + "\n")

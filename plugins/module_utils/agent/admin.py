@@ -118,13 +118,9 @@ class AdminHandlers:
         """A rebooted peer that holds a cluster's state and waits for Recover or its rejoin (PCR 15 reset)."""
         return bool(getattr(self.context, "recovery_pending", False)) and self.context.admin_pub_key() is not None
 
-    def require_admin(self, conn: Connection, method: str) -> None:
-        self._require_activated(method)
-        if not conn.admin:
-            raise AccessDenied("%s: this connection has not proven possession of the admin key (AdminAuth first)"
-                               % method)
-
-    # Every handler gets its request decoded by the server (schema.py records).
+    # Every handler gets its request decoded by the server (schema.py records). Each method but AdminAuth runs only
+    # on a connection that proved the admin key, in the states its declaration names (schema.py ``access``): the
+    # server checks that before the handler runs.
     def admin_auth(self, conn: Connection, request: schema.AdminAuthRequest) -> None:
         role = request.role or "admin"
         if role not in ("admin", "coordinator"):
@@ -177,7 +173,6 @@ class AdminHandlers:
         """A fresh quote over the caller's nonce whose user data is this connection's certificate key
         (as the certificate's own attestation): the TPM vouches again, now, for the software holding
         this TLS connection. Admin only (a quote costs TPM time)."""
-        self.require_admin(conn, "Attest")
         if conn.server_spki_hash is None or self._issue is None:
             raise AccessDenied("Attest: only over aTLS on an agent with an attestation issuer")
         document = self._issue(conn.server_spki_hash, request.nonce)
@@ -185,7 +180,6 @@ class AdminHandlers:
 
     def export_state(self, conn: Connection, request: schema.Empty) -> None:  # pylint: disable=unused-argument
         """The Coordinator's whole store (backup.yml): admin-authenticated, activated Coordinators only."""
-        self.require_admin(conn, "ExportState")
         state = self.backup.export_state()
         self._log("state_exported_to_admin", peer=conn.peer_ip)
         conn.stream.send_result(state)
@@ -193,7 +187,6 @@ class AdminHandlers:
     # -- Day-2: RemovePeer (on the Coordinator), ResetAgent (on the peer to reset)
     def remove_peer(self, conn: Connection, request: schema.RemovePeerRequest) -> None:
         """The admin removes a Node (core/peer_removal.py); a Node refuses (the Core: not a Coordinator)."""
-        self.require_admin(conn, "RemovePeer")
         if self.removal is None:
             raise AccessDenied("RemovePeer: this agent removes no peers")
         result = self.removal.remove_node(public_ip=request.node_public_ip, vpn_ip=request.node_vpn_ip,
@@ -204,13 +197,6 @@ class AdminHandlers:
     def reset_agent(self, conn: Connection, request: schema.ResetAgentRequest) -> None:
         """The admin resets this agent (agent/daemon.py ``request_reset``): ``confirm`` must be this peer's
         public IP. A Coordinator refuses: its reset would end the cluster (remove_coordinator.yml first)."""
-        if self.context.state in ACTIVATED or self.context.state == State.NODE_WAITING_FOR_CLUSTER_JOIN \
-                or self._holds_state():
-            if not conn.admin:
-                raise AccessDenied("ResetAgent: this connection has not proven possession of the admin key (AdminAuth "
-                                   "first)")
-        else:
-            self._require_activated("ResetAgent")
         public_ip = self.context.public_ip
         if request.confirm != public_ip:
             raise InputError("confirm", "this peer's public IP %s" % public_ip,
@@ -227,7 +213,6 @@ class AdminHandlers:
     def set_measurements(self, conn: Connection, request: schema.SetMeasurementsRequest) -> None:
         """The accepted measurement sets (an image upgrade): admin only, on a Coordinator (the Core checks the role,
         the signature, the version and that no peer still runs a set the document drops)."""
-        self.require_admin(conn, "SetMeasurements")
         answer = self.measurements.set_measurements(request.document, request.signature, bool(request.check))
         self._log("set_measurements", peer=conn.peer_ip, version=answer["version"], changed=answer["changed"],
                   check=bool(request.check))
@@ -236,7 +221,6 @@ class AdminHandlers:
     # -- Exec, ExecModule
     def _exec_params(self, conn: Connection, method: str, request):
         try:
-            self.require_admin(conn, method)
             argv = _exec_argv(request.argv, request.cmd)
             cwd = request.cwd
             if cwd is not None and not os.path.isdir(cwd):
@@ -354,7 +338,6 @@ class AdminHandlers:
     # -- files
     def put_file(self, conn: Connection, request: schema.PutFileRequest) -> None:
         try:
-            self.require_admin(conn, "PutFile")
             path = _abs_path(request.path)
             mode = 0o600 if request.mode is None else request.mode
             if not 0 <= mode <= 0o7777:
@@ -384,7 +367,6 @@ class AdminHandlers:
         conn.stream.send_result({"path": path, "size": size, "sha256": digest.hexdigest()})
 
     def fetch_file(self, conn: Connection, request: schema.FetchFileRequest) -> None:
-        self.require_admin(conn, "FetchFile")
         path = _abs_path(request.path)
         try:
             handle = open(path, "rb")

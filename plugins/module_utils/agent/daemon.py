@@ -50,6 +50,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, ask_in_turn, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.reset import AgentReset
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import (
@@ -315,7 +316,7 @@ class Agent:
         handlers = dict(self.pubapi.handlers())
         handlers.update(self.admin.handlers())
         self.servers.append(FrameServer("pubapi", (host, port), handlers, tls=self.tls, log=self.log,
-                                        apis=(schema.PUBAPI, schema.ADMIN)).start())
+                                        apis=(schema.PUBAPI, schema.ADMIN), peer_view=CorePeerView(self.core)).start())
         self._spawn("loop", self._loop)
         return self
 
@@ -355,7 +356,7 @@ class Agent:
             if self.vpnapi_server is not None or self._stop.is_set():
                 return
             self.vpnapi_server = FrameServer("vpnapi", (self.core.context.vpn_ip, self.config.vpnapi_port),
-                                             self.vpnapi.handlers(), log=self.log,
+                                             self.vpnapi.handlers(), log=self.log, peer_view=CorePeerView(self.core),
                                              accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,),
                                              max_peer_connections=MAX_PEER_CONNECTIONS).start()
             self.servers.append(self.vpnapi_server)

@@ -180,10 +180,6 @@ class PubAPI:
 
     # -- Coordinator: activate nodes listed by the admin
     def activate_additional_nodes(self, conn: Connection, request: schema.ActivateAdditionalNodesRequest) -> None:
-        if self.admin is None:
-            raise AccessDenied("ActivateAdditionalNodes: no admin channel on this agent")
-        self.admin.require_admin(conn, "ActivateAdditionalNodes")
-
         def report(row):  # one log line per peer as it is done: the client's read timeout is per message
             conn.stream.send_msg({"log": "%s: %s" % (row["node_public_endpoint"],
                                                      "%s (%s)" % (row["action"], row["node_vpn_ip"]) if row["ok"]
@@ -201,7 +197,6 @@ class PubAPI:
 
     # -- Coordinator: the join service
     def issue_join_ticket(self, conn: Connection, request: schema.IssueJoinTicketRequest) -> None:
-        self.coordinator.require_coordinator("IssueJoinTicket")
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueJoinTicket: only over aTLS on a Coordinator with a node policy")
         result = self.join_service.serve_join(request.disk_uuid, request.node_vpn_pub_key, ServerJoinChannel(conn),
@@ -211,7 +206,6 @@ class PubAPI:
 
     # -- Coordinator: rejoin tickets for rebooted Nodes (core/trust.py)
     def issue_rejoin_ticket(self, conn: Connection, request: schema.IssueRejoinTicketRequest) -> None:
-        self.coordinator.require_coordinator("IssueRejoinTicket")
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueRejoinTicket: only over aTLS on a Coordinator with a node policy")
         result = self.trust.serve_rejoin(request.vpn_ip, b64e(request.node_vpn_pub_key), request.disk_uuid,

@@ -72,7 +72,9 @@ class VPNAPI:
 
     def _authenticated(self, conn: Connection, method: str) -> str:
         """The caller's WireGuard public key, proven on this connection (PeerAuth) and still the one the
-        registry holds for its VPN IP; AccessDenied otherwise. From memory: O(1) per request."""
+        registry holds for its VPN IP; AccessDenied otherwise. From memory: O(1) per request. The server checks
+        this before every handler (the methods' declarations, rpc/access.py); a held GetUpdate looks again
+        before it answers."""
         self._not_evicted(conn, method)
         pub_key = getattr(conn, "vpn_peer_pub_key", None)
         if pub_key is None:
@@ -92,7 +94,6 @@ class VPNAPI:
     def peer_auth(self, conn: Connection, request: schema.Empty) -> None:
         """A fresh challenge; the caller answers with the MAC only the holder of its WireGuard private key
         can make (wireguard/peer_auth.py), bound to this connection's two addresses and our key."""
-        self.coordinator.require_coordinator("PeerAuth")
         self._not_evicted(conn, "PeerAuth")
         challenge = secrets.token_bytes(peer_auth.CHALLENGE_SIZE)
         server_ip = conn.sock.getsockname()[0]
@@ -108,8 +109,9 @@ class VPNAPI:
         conn.authenticated_peer = True  # rpc/server.py: the peers' connection budget, never evicted by strangers
         conn.stream.send_result({"authenticated": True})
 
+    # Every other handler runs only for a PeerAuth'd peer on an activated Coordinator (schema.py declares it, the
+    # server checks it): ``conn.vpn_peer_pub_key`` is the key the caller proved.
     def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
-        self._authenticated(conn, "GetUpdate")
         if request.wait is not None:
             if not 0 < request.wait <= MAX_WAIT:
                 raise InputError("wait", "seconds in (0, %g]" % MAX_WAIT, request.wait)
@@ -130,7 +132,6 @@ class VPNAPI:
         """Until the peer set is not at ``resource_version`` (at once if it is not now), the measurements version
         changes, or ``wait`` seconds passed. Sleeps on the registry (core/peer_cache.py); looks at the
         measurements version every LOOK_AGAIN seconds."""
-        self.coordinator.require_coordinator("GetUpdate")
         if not isinstance(resource_version, int) or isinstance(resource_version, bool):
             return  # GetUpdate says what is wrong
         deadline = time.monotonic() + wait
@@ -144,13 +145,9 @@ class VPNAPI:
             self.coordinator.wait_for_update(resource_version, min(left, LOOK_AGAIN))
 
     def _kubeadm(self, method: str, conn: Connection) -> str:
-        self.coordinator.require_coordinator(method)
-        pub_key = self._authenticated(conn, method)
-        if not self.coordinator.is_known_peer_ip(conn.peer_ip):  # removed since the connection was accepted
-            raise AccessDenied("%s: %s is not a VPN peer of this cluster" % (method, conn.peer_ip))
         if self.kubeadm is None:
             raise StateError("%s: %s" % (method, KUBEADM_UNAVAILABLE))
-        return pub_key
+        return conn.vpn_peer_pub_key
 
     def get_join_args(self, conn: Connection, request: schema.GetJoinArgsRequest) -> None:
         """A fresh token per call; the kubelet certificate only for the caller's own VPN IP; the PKI files
@@ -166,21 +163,18 @@ class VPNAPI:
             conn.peer_ip, vpn_pub_key=pub_key)})
 
     def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
-        pub_key = self._authenticated(conn, "GetDataKey")
+        pub_key = conn.vpn_peer_pub_key
         length = 32 if request.length is None else request.length
         key = self.access.get_data_key(request.data_key_id, length, pub_key)  # namespaced: peer/<pub_key>/<id>
         self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)
         conn.stream.send_result({"data_key": b64e(key)})
 
     def get_state_disk_key(self, conn: Connection, request: schema.Empty) -> None:
-        # The caller proved its WireGuard key: a node gets only its own key.
-        self._authenticated(conn, "GetStateDiskKey")
+        # The caller proved its WireGuard key (the server checked it): a node gets only its own key.
         conn.stream.send_result({"state_disk_key": b64e(self.activation.node_state_disk_key(conn.peer_ip))})
 
     def get_measurements(self, conn: Connection, request: schema.Empty) -> None:
         """The accepted measurement sets, for a peer that proved its WireGuard key (the document is public; the
         node checks its signature with its own pinned key)."""
-        self.coordinator.require_coordinator("GetMeasurements")
-        self._authenticated(conn, "GetMeasurements")
         answer = self.measurements.get_measurements()
         conn.stream.send_result(schema.GetMeasurementsAnswer(**answer).encode())

@@ -30,6 +30,20 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc import (
     PUBAPI,
     VPNAPI,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.access import (  # noqa: F401 pylint: disable=unused-import
+    CALLER_ADMIN,
+    CALLER_ANYONE,
+    CALLER_CONTROL_PLANE,
+    CALLER_COORDINATORS,
+    CALLER_INIT_SECRET,
+    CALLER_PEER,
+    SERVED_ACCEPTING_INIT,
+    SERVED_ACTIVATED,
+    SERVED_ADMIN_KEY_PINNED,
+    SERVED_ALWAYS,
+    SERVED_COORDINATOR,
+    Access,
+)
 
 # What a method streams besides its request and END (docs/protocol.md, "Frames").
 STREAMS_NONE = "none"
@@ -454,7 +468,8 @@ class GetMeasurementsAnswer(Record):
 
 @dataclass(frozen=True)
 class Method:
-    """One RPC method: its name, API, request and answer records, what it streams, and what it does."""
+    """One RPC method: its name, API, request and answer records, what it streams, what it does, and who may call
+    it in which states (``access``, rpc/access.py: the server enforces it before the handler runs)."""
 
     name: str
     api: str
@@ -462,6 +477,7 @@ class Method:
     answer: Type[Record]
     streams: str
     summary: str
+    access: Optional[Access] = None
 
     @property
     def stdin(self) -> bool:
@@ -475,6 +491,9 @@ METHODS: Dict[str, Method] = {}
 def register(method: Method) -> Method:
     if method.api not in APIS:
         raise ValueError("API %r is not one of %s" % (method.api, ", ".join(APIS)))
+    if not isinstance(method.access, Access):
+        raise ValueError("RPC method %s declares no access: who may call it and in which states (access=Access(CALLER_*, "
+                         "SERVED_*), rpc/access.py)" % method.name)
     if method.name in METHODS and METHODS[method.name] != method:
         raise ValueError("RPC method %s is already registered" % method.name)
     METHODS[method.name] = method
@@ -489,65 +508,91 @@ def unregister(name: str) -> None:
 for _method in (
         Method("GetState", PUBAPI, Empty, StateAnswer, STREAMS_NONE,
                "the peer's state and role; after AdminAuth also its VPN IP and key, disk UUID, whether its state is on "
-               "an encrypted disk (and a Coordinator's evicted peers); any state"),
+               "an encrypted disk (and a Coordinator's evicted peers); any state",
+               access=Access(CALLER_ANYONE, SERVED_ALWAYS, "the details: admin or Coordinators")),
         Method("ActivateAsCoordinator", PUBAPI, ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer, STREAMS_LOG,
-               "the admin makes this peer the Coordinator (node lock, KMS, WireGuard); AcceptingInit only"),
+               "the admin makes this peer the Coordinator (node lock, KMS, WireGuard); AcceptingInit only",
+               access=Access(CALLER_INIT_SECRET, SERVED_ACCEPTING_INIT, "init_secret; checked by the Core before the node lock")),
         Method("ActivateAsNode", PUBAPI, ActivateAsNodeRequest, ActivateAsNodeAnswer, STREAMS_EXCHANGE,
-               "the Coordinator makes this peer a Node: it answers its disk UUID and VPN key, gets its disk key"),
+               "the Coordinator makes this peer a Node: it answers its disk UUID and VPN key, gets its disk key",
+               access=Access(CALLER_INIT_SECRET, SERVED_ACCEPTING_INIT, "init_proof; checked by the Core before the node lock")),
         Method("ActivateAsAdditionalCoordinator", PUBAPI, ActivateAsNodeRequest, ActivateAsAdditionalCoordinatorAnswer,
                STREAMS_EXCHANGE, "a Coordinator makes this peer a further Coordinator: disk UUID and VPN key out, the "
-               "KMS URI and etcd cluster in, its etcd member joins (docs/store.md)"),
+               "KMS URI and etcd cluster in, its etcd member joins (docs/store.md)",
+               access=Access(CALLER_INIT_SECRET, SERVED_ACCEPTING_INIT, "init_proof; checked by the Core before the node lock")),
         Method("ActivateAdditionalNodes", PUBAPI, ActivateAdditionalNodesRequest, ActivateAdditionalNodesAnswer,
                STREAMS_LOG, "the admin (authenticated) asks the Coordinator to attest and activate these nodes "
-               "(and further Coordinators)"),
+               "(and further Coordinators)",
+               access=Access(CALLER_ADMIN, SERVED_COORDINATOR)),
         Method("IssueJoinTicket", PUBAPI, IssueJoinTicketRequest, IssueJoinTicketAnswer, STREAMS_EXCHANGE,
                "a fresh node attests itself in-band (and enrolls its AK for qemu-vtpm-ek) and takes a join ticket "
-               "(with its kubelet certificate and the Kubernetes join arguments)"),
+               "(with its kubelet certificate and the Kubernetes join arguments)",
+               access=Access(CALLER_ANYONE, SERVED_COORDINATOR, "attested in-band: the Core checks the quote")),
         Method("Recover", PUBAPI, RecoverRequest, StateAnswer, STREAMS_NONE,
-               "the rebooted Coordinator (PCR 15 reset, state stored) gets the KMS URI back; Nodes rejoin instead"),
+               "the rebooted Coordinator (PCR 15 reset, state stored) gets the KMS URI back; Nodes rejoin instead",
+               access=Access(CALLER_ANYONE, SERVED_ACCEPTING_INIT, "the KMS URI: the Core checks it derives the cluster ID")),
         Method("IssueRejoinTicket", PUBAPI, IssueRejoinTicketRequest, IssueRejoinTicketAnswer, STREAMS_EXCHANGE,
-               "a rebooted Node attests itself in-band and takes its disk key, the measurement secret and its peers"),
+               "a rebooted Node attests itself in-band and takes its disk key, the measurement secret and its peers",
+               access=Access(CALLER_ANYONE, SERVED_COORDINATOR, "attested in-band: the Core checks the quote and the peer")),
         Method("EnrollAK", PUBAPI, Empty, EnrollAKAnswer, STREAMS_EXCHANGE,
-               "qemu-vtpm-ek: EK certificate and AK out, credential challenge in, recovered secret out"),
+               "qemu-vtpm-ek: EK certificate and AK out, credential challenge in, recovered secret out",
+               access=Access(CALLER_ANYONE, SERVED_ALWAYS, "rate limited per source")),
         Method("AdminAuth", ADMIN, AdminAuthRequest, AdminAuthAnswer, STREAMS_EXCHANGE,
                "proves the admin key pinned at activation, bound to this TLS connection (role coordinator: the "
-               "Coordinators' key, for GetState's details only)"),
+               "Coordinators' key, for GetState's details only)",
+               access=Access(CALLER_ANYONE, SERVED_ALWAYS, "the proof itself: role admin once the admin key is pinned, role coordinator once the Coordinators' key is")),
         Method("Attest", ADMIN, AttestRequest, AttestAnswer, STREAMS_NONE,
-               "a fresh quote over the caller's nonce, bound to this connection's certificate key (a proof per task)"),
-        Method("Exec", ADMIN, ExecRequest, ExecAnswer, STREAMS_PROCESS, "runs a command (argv or /bin/sh -c cmd)"),
+               "a fresh quote over the caller's nonce, bound to this connection's certificate key (a proof per task)",
+               access=Access(CALLER_ADMIN, SERVED_ACTIVATED)),
+        Method("Exec", ADMIN, ExecRequest, ExecAnswer, STREAMS_PROCESS, "runs a command (argv or /bin/sh -c cmd)",
+               access=Access(CALLER_ADMIN, SERVED_ACTIVATED)),
         Method("ExecModule", ADMIN, ExecModuleRequest, ExecModuleAnswer, STREAMS_PROCESS,
-               "runs a pipelined Ansible module, in a pre-warmed interpreter where possible"),
-        Method("PutFile", ADMIN, PutFileRequest, PutFileAnswer, STREAMS_STDIN, "writes a file atomically"),
-        Method("FetchFile", ADMIN, FetchFileRequest, FetchFileAnswer, STREAMS_STDOUT, "reads a file"),
+               "runs a pipelined Ansible module, in a pre-warmed interpreter where possible",
+               access=Access(CALLER_ADMIN, SERVED_ACTIVATED)),
+        Method("PutFile", ADMIN, PutFileRequest, PutFileAnswer, STREAMS_STDIN, "writes a file atomically",
+               access=Access(CALLER_ADMIN, SERVED_ACTIVATED)),
+        Method("FetchFile", ADMIN, FetchFileRequest, FetchFileAnswer, STREAMS_STDOUT, "reads a file",
+               access=Access(CALLER_ADMIN, SERVED_ACTIVATED)),
         Method("ExportState", ADMIN, Empty, ExportStateAnswer, STREAMS_NONE,
-               "an activated Coordinator's whole store, for backup.yml (the controller encrypts it); admin only"),
+               "an activated Coordinator's whole store, for backup.yml (the controller encrypts it); admin only",
+               access=Access(CALLER_ADMIN, SERVED_COORDINATOR)),
         Method("RemovePeer", ADMIN, RemovePeerRequest, RemovePeerAnswer, STREAMS_NONE,
                "the admin removes a Node from the Coordinator's cluster: its registry entry and VPN IP, its Kubernetes "
-               "Node, what it held (kubelet names, control-plane designation, disk UUID); check: only reports"),
+               "Node, what it held (kubelet names, control-plane designation, disk UUID); check: only reports",
+               access=Access(CALLER_ADMIN, SERVED_COORDINATOR)),
         Method("ResetAgent", ADMIN, ResetAgentRequest, ResetAgentAnswer, STREAMS_NONE,
                "the admin resets this agent: it answers, stops, wipes its state (store, sealed key, disk UUID), takes "
-               "its WireGuard interface down and starts fresh (AcceptingInit; PCR 15 only after a reboot)"),
+               "its WireGuard interface down and starts fresh (AcceptingInit; PCR 15 only after a reboot)",
+               access=Access(CALLER_ADMIN, SERVED_ADMIN_KEY_PINNED)),
         Method("PeerAuth", VPNAPI, Empty, PeerAuthAnswer, STREAMS_EXCHANGE,
                "proves the caller's WireGuard private key (the one recorded for its VPN IP) for this connection: "
-               "a MAC over a fresh challenge; every other vpnapi method requires it"),
+               "a MAC over a fresh challenge; every other vpnapi method requires it",
+               access=Access(CALLER_ANYONE, SERVED_COORDINATOR, "from a known peer's VPN IP: the proof itself")),
         Method("GetUpdate", VPNAPI, GetUpdateRequest, GetUpdateAnswer, STREAMS_NONE,
                "the peer changes since a version (only the version when nothing changed); with `wait`, a long poll: "
-               "held until the peers or the measurements version change, or `wait` seconds passed"),
+               "held until the peers or the measurements version change, or `wait` seconds passed",
+               access=Access(CALLER_PEER, SERVED_COORDINATOR)),
         Method("GetJoinArgs", VPNAPI, GetJoinArgsRequest, GetJoinArgsAnswer, STREAMS_NONE,
                "kubeadm join arguments (API server endpoint, a fresh token, pinned CA hash), the kubelet "
-               "certificate for the caller's CSR, a control plane's PKI files"),
+               "certificate for the caller's CSR, a control plane's PKI files",
+               access=Access(CALLER_PEER, SERVED_COORDINATOR, "control-plane files: a designated control plane")),
         Method("GetCertificateKey", VPNAPI, Empty, GetCertificateKeyAnswer, STREAMS_NONE,
-               "a fresh kubeadm certificate key, the control-plane certificates uploaded under it"),
+               "a fresh kubeadm certificate key, the control-plane certificates uploaded under it",
+               access=Access(CALLER_CONTROL_PLANE, SERVED_COORDINATOR)),
         Method("GetDataKey", VPNAPI, GetDataKeyRequest, GetDataKeyAnswer, STREAMS_NONE,
-               "a data key derived by the Coordinator's KMS (never a disk key or a reserved ID)"),
+               "a data key derived by the Coordinator's KMS (never a disk key or a reserved ID)",
+               access=Access(CALLER_PEER, SERVED_COORDINATOR)),
         Method("GetStateDiskKey", VPNAPI, Empty, GetStateDiskKeyAnswer, STREAMS_NONE,
-               "the caller's own state disk key, for a node whose activation was interrupted (docs/agent.md)"),
+               "the caller's own state disk key, for a node whose activation was interrupted (docs/agent.md)",
+               access=Access(CALLER_PEER, SERVED_COORDINATOR, "its own key only")),
         Method("SetMeasurements", ADMIN, SetMeasurementsRequest, SetMeasurementsAnswer, STREAMS_NONE,
                "the admin (authenticated) sets the accepted measurement sets on a Coordinator: checked (signature, "
-               "version), kept in its store, applied; retiring a set a peer still runs is refused, naming the peers"),
+               "version), kept in its store, applied; retiring a set a peer still runs is refused, naming the peers",
+               access=Access(CALLER_ADMIN, SERVED_COORDINATOR)),
         Method("GetMeasurements", VPNAPI, Empty, GetMeasurementsAnswer, STREAMS_NONE,
                "the accepted measurement sets the Coordinators hold (the document and its signature; each node "
-               "checks them with its own pinned key)"),
+               "checks them with its own pinned key)",
+               access=Access(CALLER_PEER, SERVED_COORDINATOR)),
 ):
     register(_method)
 
@@ -567,8 +612,11 @@ def methods_of(*apis: str) -> List[Method]:
 
 def markdown_table() -> str:
     """The method table of docs/protocol.md, made from METHODS."""
-    lines = ["| method | API | request | answer (END result) | streams | what it does |", "|---|---|---|---|---|---|"]
+    lines = ["| method | API | who may call | served in | request | answer (END result) | streams | what it does |",
+             "|---|---|---|---|---|---|---|---|"]
     for item in METHODS.values():
-        cells = (item.name, item.api, item.request.describe(), item.answer.describe(), item.streams, item.summary)
-        lines.append("| `%s` | %s | %s | %s | %s | %s |" % cells)
+        cells = (item.name, item.api, item.access.who(), item.access.served, item.request.describe(),
+                 item.answer.describe(), item.streams, item.summary)
+        lines.append("| `%s` | %s | %s | %s | %s | %s | %s | %s |" % cells)
     return "\n".join(lines) + "\n"
+

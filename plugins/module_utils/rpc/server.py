@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, errors
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDIN,
     KIND_MSG,
@@ -177,10 +177,15 @@ class FrameServer:
                  max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
                  apis: Optional[Tuple[str, ...]] = None, max_per_source: int = MAX_CONNECTIONS_PER_SOURCE,
                  first_request_timeout: float = FIRST_REQUEST_TIMEOUT,
-                 unauthenticated_idle_timeout: float = UNAUTHENTICATED_IDLE_TIMEOUT, max_peer_connections: int = 0):
+                 unauthenticated_idle_timeout: float = UNAUTHENTICATED_IDLE_TIMEOUT, max_peer_connections: int = 0,
+                 peer_view: Optional[access.PeerView] = None, insecure_skip_access_checks: bool = False):
         self.name = name
         self.handlers = handlers
         self.apis = apis
+        # Who may call each method in which states (schema.Method.access): checked before every handler, with
+        # ``peer_view`` (the agent's state, its registry; agent/peer_view.py) where the declaration needs it.
+        self.peer_view = peer_view
+        self.insecure_skip_access_checks = insecure_skip_access_checks  # test doubles of a peer only
         if apis is not None:
             served = {m.name for m in schema.methods_of(*apis)}
             missing, extra = sorted(served - set(handlers)), sorted(set(handlers) - served)
@@ -463,6 +468,7 @@ class FrameServer:
                 if handler is None:
                     raise InputError("method", "one of %s" % ", ".join(sorted(self.handlers)), method)
                 self._log("request", server=self.name, method=method, peer=conn.peer_ip)
+                self._authorise(conn, method)
                 handler(conn, self._decode(conn, method, params))
             except ConnectionClosed:
                 return
@@ -476,6 +482,21 @@ class FrameServer:
                     return
             if not self._set_phase(slot, PHASE_IDLE, conn.admin, conn.authenticated_peer):
                 return
+
+    def _authorise(self, conn: Connection, method: str) -> None:
+        """The method's declaration (schema.Method.access, rpc/access.py), before the handler runs: StateError or
+        AccessDenied naming the method and what it needs. A refused method that streams stdin has it drained first
+        (the client sends it whatever happens)."""
+        spec = schema.METHODS.get(method)
+        if spec is None or self.insecure_skip_access_checks:
+            return
+        try:
+            access.authorise(method, spec.access, conn, self.peer_view)
+        except ConstellationError as err:
+            self._log_limited("access_denied", server=self.name, method=method, peer=conn.peer_ip, reason=str(err)[:200])
+            if spec.stdin:
+                conn.stream.recv_data_until_eof(CHANNEL_STDIN, lambda data: None)
+            raise
 
     @staticmethod
     def _decode(conn: Connection, method: str, params: Dict[str, Any]):

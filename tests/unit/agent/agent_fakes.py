@@ -13,6 +13,7 @@ from typing import List
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
 from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 
 class RecordingVPN(ports.VPN):
@@ -115,7 +116,7 @@ def pubapi_server(core, **limits):
     handlers = dict(PubAPI.for_core(core, DummyValidator(), admin=admin).handlers())
     handlers.update(admin.handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
-    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, **limits).start()
+    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(core), **limits).start()
     try:
         yield server
     finally:

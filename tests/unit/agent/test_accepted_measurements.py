@@ -32,6 +32,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN, pubapi_server
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 VPN_CIDR = "127.78.0.0/16"
 
@@ -87,7 +88,8 @@ class Cluster:
         service.on_apply = self._apply
         self.vpnapi = VPNAPI.for_core(self.core)
         self.vpn_server = FrameServer("vpnapi", ("127.78.0.1", 0), self.vpnapi.handlers(),
-                                      accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,)).start()
+                                      accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,),
+                                      peer_view=CorePeerView(self.core)).start()
         self.keys = {}
 
     def _apply(self, doc, sig, sets):

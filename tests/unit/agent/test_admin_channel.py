@@ -27,6 +27,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import pubapi_server
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 
 @pytest.fixture
@@ -185,7 +186,7 @@ def admin_agent(swtpm, make_core):
     handlers = dict(PubAPI.for_core(c, DummyValidator(), admin=admin).handlers())
     handlers.update(admin.handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
-    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
+    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(c)).start()
     key, pem = keypair()
     client = connect("127.0.0.1:%d" % server.address[1])
     client.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)

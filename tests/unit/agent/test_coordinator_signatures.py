@@ -69,7 +69,8 @@ class Attacker:
 
     def __init__(self, handlers):
         self.tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
-        self.server = FrameServer("attacker", ("127.0.0.1", 0), handlers, tls=self.tls).start()
+        self.server = FrameServer("attacker", ("127.0.0.1", 0), handlers, tls=self.tls,
+                                  insecure_skip_access_checks=True).start()
         self.endpoint = "127.0.0.1:%d" % self.server.address[1]
         self.confirmed = []
 
@@ -237,7 +238,8 @@ def test_the_agent_refuses_join_mode_without_the_coordinator_key(tmp_path):
 
 def update_server(answer):
     """What answers at the Coordinator's VPN address (plain framing, as the vpnapi)."""
-    server = FrameServer("vpnapi", ("127.0.0.1", 0), {"GetUpdate": lambda conn, request: conn.stream.send_result(answer)})
+    server = FrameServer("vpnapi", ("127.0.0.1", 0), {"GetUpdate": lambda conn, request: conn.stream.send_result(answer)},
+                         insecure_skip_access_checks=True)
     return server.start()
 
 

@@ -24,6 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 DETAILS = ("vpn_ip", "vpn_pub_key", "state_disk_uuid", "evicted")
 
@@ -33,7 +34,7 @@ def serve(core):
     handlers = dict(PubAPI.for_core(core, DummyValidator(), admin=admin).handlers())
     handlers.update(admin.handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
-    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls).start()
+    server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(core)).start()
     return server, tls, "127.0.0.1:%d" % server.address[1]
 
 

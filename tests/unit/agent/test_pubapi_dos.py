@@ -27,6 +27,7 @@ from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes impo
 
 # The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes).
 from ansible_collections.constellation.cluster.tests.unit.agent.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 
 @pytest.fixture
@@ -134,7 +135,7 @@ def test_a_connection_that_sends_no_request_or_idles_unauthenticated_is_closed(s
     c.recovery.load()
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), dict(PubAPI.for_core(c, DummyValidator()).handlers()), tls=tls,
-                         first_request_timeout=0.5, unauthenticated_idle_timeout=0.5).start()
+                         first_request_timeout=0.5, unauthenticated_idle_timeout=0.5, peer_view=CorePeerView(c)).start()
     try:
         silent = idle_tcp(server, 1)[0]
         client = AgentClient.connect(endpoint_of(server), [DummyValidator()], timeout=10)

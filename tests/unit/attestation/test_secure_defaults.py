@@ -40,6 +40,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.unit.attestation.forged_ak import SoftwareAKIssuer
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 NONCE = bytes(range(32))
 # The image's policy: what the forger claims (it knows the published measurements).
@@ -142,7 +143,8 @@ def test_a_coordinator_with_the_defaults_gives_a_forged_software_ak_no_join_tick
     issuer = choose.issuer(config.variant, swtpm_ek.tcti, event_log_path=None)
     tls = AgentServerContext(issuer)
     pubapi = PubAPI.for_core(coordinator, node_validator, issuer=issuer)
-    server = FrameServer("pubapi", ("127.0.0.1", 0), pubapi.handlers(), tls=tls, apis=(schema.PUBAPI,)).start()
+    server = FrameServer("pubapi", ("127.0.0.1", 0), pubapi.handlers(), tls=tls, apis=(schema.PUBAPI,),
+                         peer_view=CorePeerView(coordinator)).start()
     received = []
     forger = SoftwareAKIssuer({**IMAGE_PCRS, 15: bytes(32)}, node_validator.oid, genuine_ek_cert)
     try:

@@ -29,6 +29,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import live_tokens, make_csr
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 VPN_CIDR = "127.77.0.0/16"
 
@@ -51,7 +52,7 @@ class Cluster:
                                                       cluster_config={"vpn_cidr": VPN_CIDR})
         self.api = VPNAPI.for_core(self.core, kubeadm=JoinProvider(KUBEADM_DOUBLE, control_plane_dir) if provider else None)
         self.server = FrameServer("vpnapi", ("127.77.0.1", 0), self.api.handlers(), accept_check=self.api.accept_check,
-                                  apis=(schema.VPNAPI,)).start()
+                                  apis=(schema.VPNAPI,), peer_view=CorePeerView(self.core)).start()
         self.port = self.server.address[1]
         self.keys = {}
 

@@ -26,6 +26,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
 )
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chain import Cluster
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_vpnapi_peer_auth import RecordingSocket
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 LONG = 30.0  # a wait no test sits out: the answer must come from a change (the join below would fail first)
 
@@ -35,7 +36,8 @@ def cluster(tmp_path):
     made = Cluster(tmp_path, str(tmp_path / "kubernetes"), provider=False)
     made.server.stop()  # the vpnapi as the agent serves it: with the peers' connection budget
     made.server = FrameServer("vpnapi", ("127.77.0.1", 0), made.api.handlers(), accept_check=made.api.accept_check,
-                              apis=(schema.VPNAPI,), max_connections=4, max_per_source=2, max_peer_connections=16).start()
+                              apis=(schema.VPNAPI,), max_connections=4, max_per_source=2, max_peer_connections=16,
+                              peer_view=CorePeerView(made.core)).start()
     made.port = made.server.address[1]
     yield made
     made.server.stop()
@@ -259,7 +261,8 @@ def test_a_coordinator_before_issue_29_is_polled_as_before(cluster):
         conn.stream.send_result(cluster.core.coordinator.get_update(request.resource_version))
 
     handlers = dict(cluster.api.handlers(), GetUpdate=old_get_update)
-    cluster.server = FrameServer("vpnapi", ("127.77.0.1", 0), handlers, accept_check=cluster.api.accept_check).start()
+    cluster.server = FrameServer("vpnapi", ("127.77.0.1", 0), handlers, accept_check=cluster.api.accept_check,
+                                 peer_view=CorePeerView(cluster.core)).start()
     cluster.port = cluster.server.address[1]
     poll = _long_poll(cluster, node_ip)
     version = _version(cluster)
