@@ -28,8 +28,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError, StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import member_name
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
@@ -177,13 +178,16 @@ def _attack_from_evicted_node(coordinator, node):
     (GetUpdate, GetStateDiskKey, GetDataKey), a rejoin ticket, a re-admission with another key. Returns
     every byte it received."""
     api = VPNAPI.for_core(coordinator)
-    conn = SimpleNamespace(peer_ip=node["vpn_ip"], peer=(node["vpn_ip"], 40000), stream=Recorder(), admin=False)
+    # It proved its WireGuard key on this connection before it was evicted (PeerAuth).
+    conn = SimpleNamespace(peer_ip=node["vpn_ip"], peer=(node["vpn_ip"], 40000), stream=Recorder(), admin=False,
+                           authenticated_peer=True, vpn_peer_pub_key=node["vpn_pub_key"])
     assert api.accept_check(conn.peer) and "evicted" in api.accept_check(conn.peer)
-    for call in (lambda: api.get_update(conn, schema.GetUpdateRequest(resource_version=0)),
-                 lambda: api.get_state_disk_key(conn, schema.Empty()),
-                 lambda: api.get_data_key(conn, schema.GetDataKeyRequest(data_key_id="app", length=32))):
-        with pytest.raises(AccessDenied) as err:
-            call()
+    handlers, view = api.handlers(), CorePeerView(coordinator)
+    for method, request in (("GetUpdate", schema.GetUpdateRequest(resource_version=0)), ("GetStateDiskKey", schema.Empty()),
+                            ("GetDataKey", schema.GetDataKeyRequest(data_key_id="app", length=32))):
+        with pytest.raises(AccessDenied) as err:  # as the vpnapi's FrameServer dispatches: authorise, then the handler
+            access.authorise(method, schema.METHODS[method].access, conn, view)
+            handlers[method](conn, request)
         assert err.value.reason == "evicted"
     channel = FakeRejoinChannel(FakeRejoinChannel.user_data(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"]),
                                 peer_ip=NODE_PUBLIC_IP)
