@@ -540,7 +540,8 @@ for _method in (
         Method("AdminAuth", ADMIN, AdminAuthRequest, AdminAuthAnswer, STREAMS_EXCHANGE,
                "proves the admin key pinned at activation, bound to this TLS connection (role coordinator: the "
                "Coordinators' key, for GetState's details only)",
-               access=Access(CALLER_ANYONE, SERVED_ALWAYS, "the proof itself: role admin once the admin key is pinned, role coordinator once the Coordinators' key is")),
+               access=Access(CALLER_ANYONE, SERVED_ALWAYS, "the proof itself: role admin once the admin key is pinned, "
+                             "role coordinator once the Coordinators' key is")),
         Method("Attest", ADMIN, AttestRequest, AttestAnswer, STREAMS_NONE,
                "a fresh quote over the caller's nonce, bound to this connection's certificate key (a proof per task)",
                access=Access(CALLER_ADMIN, SERVED_ACTIVATED)),
@@ -619,4 +620,3 @@ def markdown_table() -> str:
                  item.answer.describe(), item.streams, item.summary)
         lines.append("| `%s` | %s | %s | %s | %s | %s | %s | %s |" % cells)
     return "\n".join(lines) + "\n"
-

@@ -42,7 +42,7 @@ from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_vpnapi_pe
 SAMPLE = {"str": "x", "int": 0, "bool": False, "number": 1, "list": [], "strlist": [], "object": {}}
 REFUSALS = ("AccessDenied", "StateError")
 CALLERS_WITH_A_PROOF_ON_THE_CONNECTION = (access.CALLER_ADMIN, access.CALLER_COORDINATORS, access.CALLER_PEER,
-                                         access.CALLER_CONTROL_PLANE)
+                                          access.CALLER_CONTROL_PLANE)
 
 
 def served_in(declared: str, state: str) -> bool:
@@ -109,9 +109,9 @@ def peers(tmp_path, make_core):
         secrets.append(peer.context.node_state["vpn_priv_key"].encode())
     with pubapi_server(coordinator) as coordinator_pubapi, pubapi_server(node) as node_pubapi, \
             pubapi_server(fresh) as fresh_pubapi:
+        overrides = {name: fresh_request.to_dict() for name in ("ActivateAsNode", "ActivateAsAdditionalCoordinator")}
         yield {"cluster": cluster, "node_vpn_ip": request.node_vpn_ip, "secrets": secrets, "fresh_tpm": fresh_tpm,
-               "overrides": {name: fresh_request.to_dict() for name in ("ActivateAsNode",
-                                                                         "ActivateAsAdditionalCoordinator")},
+               "overrides": overrides,
                "pubapi": [(coordinator_pubapi, coordinator), (node_pubapi, node), (fresh_pubapi, fresh)]}
     cluster.server.stop()
 
