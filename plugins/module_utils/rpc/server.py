@@ -5,7 +5,8 @@
 
 Dispatch comes from the RPC schema (``schema.py``): a server built for some APIs refuses any other
 method (naming the ones it has), checks at start that it has a handler for every method of its
-APIs and none without a table entry, and decodes every request into its record before the
+APIs and none without a table entry, enforces each method's declaration (who may call it in which
+states, rpc/access.py: ``_authorise``) and decodes every request into its record before the
 handler runs (a bad request of a method that streams stdin is drained first, so the connection
 stays in step).
 
