@@ -223,6 +223,9 @@ class FrameServer:
     def start(self) -> "FrameServer":
         self._thread.start()
         self._log("listening", server=self.name, endpoint="%s:%d" % self.address)
+        if self.insecure_skip_access_checks:
+            self._log("insecure_skip_access_checks", level="warning", server=self.name,
+                      message="every method is served to anyone, whatever its declaration says (a test double)")
         return self
 
     def stop(self) -> None:
