@@ -24,14 +24,18 @@ import binascii
 import concurrent.futures
 import datetime
 import hashlib
+import heapq
 import hmac
+import itertools
 import os
 import queue
 import secrets
+import select
 import socket
 import ssl
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -60,6 +64,7 @@ CERT_VALIDITY = datetime.timedelta(hours=2)
 ATTESTATION_TIMEOUT = 30.0  # seconds, as Constellation's attestationTimeout
 HANDSHAKE_TIMEOUT = 10.0  # seconds, connect and TLS handshake each
 KEY_POOL_SIZE = 4
+QUEUE_LOOK_EVERY = 0.1  # seconds: a handshake waiting for its quote looks this often whether its connection is gone
 
 _T = TypeVar("_T")
 
@@ -397,6 +402,77 @@ def _load_certificate(ctx: ssl.SSLContext, key: PooledKey, cert: x509.Certificat
         ctx.load_cert_chain(path)
 
 
+_GONE_EVENTS = (getattr(select, "POLLRDHUP", 0) | getattr(select, "POLLHUP", 0) | getattr(select, "POLLERR", 0)
+                | getattr(select, "POLLNVAL", 0))
+
+
+def connection_gone(sock: socket.socket) -> bool:
+    """True when the connection has ended: the client closed or reset it, or the server shut it down (a
+    replaced or timed-out connection, rpc/server.py). Never blocks; reads nothing."""
+    try:
+        fd = sock.fileno()
+    except (OSError, ValueError):
+        return True
+    if fd < 0:
+        return True
+    if not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(fd, _GONE_EVENTS)
+    try:
+        return any(events & _GONE_EVENTS for _fd, events in poller.poll(0))
+    except OSError:
+        return True
+
+
+class QuoteCancelled(AttestationError):
+    """The connection a quote was queued for ended before its turn: no quote was made."""
+
+
+class QuoteQueue:
+    """The quotes of one server context, one at a time, in order; a quote marked ``priority`` (a connection
+    from one of the Coordinators) goes before every other waiting one. A waiting quote whose connection is
+    gone (``gone()``) leaves the queue and is never made, so closed connections cost the TPM nothing."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._waiting: List[Tuple[int, int]] = []  # heap of (0 priority / 1 other, arrival)
+        self._busy = False
+        self._arrivals = itertools.count()
+        self.cancelled = 0  # quotes left out: their connection ended while they waited
+
+    def run(self, func: Callable[[float], _T], timeout: float, priority: bool = False,
+            gone: Optional[Callable[[], bool]] = None) -> _T:
+        """``func(seconds left)`` when it is this quote's turn, within ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
+        entry = (0 if priority else 1, next(self._arrivals))
+        with self._cond:
+            heapq.heappush(self._waiting, entry)
+            try:
+                while self._busy or self._waiting[0] != entry:
+                    if gone is not None and gone():
+                        self.cancelled += 1
+                        raise QuoteCancelled("the connection ended while its quote waited: no quote made")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise AttestationError("attestation timed out after %.1f s waiting for the TPM" % timeout)
+                    self._cond.wait(min(left, QUEUE_LOOK_EVERY))
+                if gone is not None and gone():
+                    self.cancelled += 1
+                    raise QuoteCancelled("the connection ended while its quote waited: no quote made")
+                self._busy = True
+            finally:
+                self._waiting.remove(entry)
+                heapq.heapify(self._waiting)
+                self._cond.notify_all()
+        try:
+            return func(max(0.1, deadline - time.monotonic()))
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+
 class AttestedServerContext:
     """Server half of aTLS. ``context`` is the listening SSLContext; every handshake through it
     gets its own key, attestation document and certificate.
@@ -414,6 +490,8 @@ class AttestedServerContext:
         self.validity = validity
         self.attestation_timeout = attestation_timeout
         self._pool = _KeyPool(key_pool_size)
+        self.quotes = QuoteQueue()
+        self._handshake = threading.local()  # the connection this thread's ClientHello came on
         self.context = server_context()
         self.context.sni_callback = self._on_client_hello
 
@@ -427,9 +505,15 @@ class AttestedServerContext:
         self.close()
 
     def issue(self, user_data: bytes, nonce: bytes) -> bytes:
+        """A document from the issuer, through this context's quote queue (``QuoteQueue``): in a handshake, with
+        the connection's priority, and never made once the connection is gone."""
         if self.issuer is None:
             raise AttestationError("this server has no issuer")
-        return _with_deadline("attestation", self.attestation_timeout, self.issuer.issue, user_data, nonce)
+        sock = getattr(self._handshake, "sock", None)
+        return self.quotes.run(
+            lambda left: _with_deadline("attestation", left, self.issuer.issue, user_data, nonce),
+            self.attestation_timeout, priority=bool(getattr(sock, "atls_priority", False)),
+            gone=(lambda: connection_gone(sock)) if sock is not None else None)
 
     def certificate_for(self, nonce: bytes) -> Tuple[PooledKey, x509.Certificate]:
         """The key and certificate for one connection whose client sent nonce."""
@@ -448,6 +532,7 @@ class AttestedServerContext:
         except AttestationError as err:
             ssl_sock.atls_refusal = str(err)
             return ssl.ALERT_DESCRIPTION_ILLEGAL_PARAMETER
+        self._handshake.sock = ssl_sock
         try:
             key, cert = self.certificate_for(nonce)
             _load_certificate(key.context, key, cert)
@@ -455,16 +540,21 @@ class AttestedServerContext:
         except Exception as err:  # pylint: disable=broad-except
             ssl_sock.atls_refusal = "cannot attest this connection: %s" % err
             return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
+        finally:
+            self._handshake.sock = None
         return None
 
-    def accept_handshake(self, raw_sock: socket.socket, timeout: float = HANDSHAKE_TIMEOUT) -> ssl.SSLSocket:
-        """Server handshake on an accepted socket; closes it and raises AttestationError on failure."""
+    def accept_handshake(self, raw_sock: socket.socket, timeout: float = HANDSHAKE_TIMEOUT,
+                         priority: bool = False) -> ssl.SSLSocket:
+        """Server handshake on an accepted socket; closes it and raises AttestationError on failure.
+        ``priority``: the connection comes from one of the Coordinators (its quote goes first)."""
         raw_sock.settimeout(timeout)
         try:
             tls = self.context.wrap_socket(raw_sock, server_side=True, do_handshake_on_connect=False)
         except (ssl.SSLError, OSError) as err:
             raw_sock.close()
             raise AttestationError("aTLS handshake failed: %s" % err) from None
+        tls.atls_priority = priority
         try:
             tls.do_handshake()
         except (ssl.SSLError, OSError) as err:
