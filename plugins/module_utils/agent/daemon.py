@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
@@ -107,6 +107,25 @@ class JSONLog:
 
 # --------------------------------------------------------------------------- the agent
 
+
+
+def coordinator_sources(core, config) -> Callable[[str], bool]:
+    """Who the pubapi keeps its reserved room and the first place in its quote queue for (rpc/server.py,
+    docs/agent.md "Connection limits"): a source IP that is one of this peer's Coordinators (their public IPs
+    from its peer set, the configured Coordinator endpoint), so their re-attestation gets through a stranger's
+    flood. The set is worked out again when the peer set changes."""
+    cache: list = [None, frozenset()]
+
+    def is_coordinator(ip: str) -> bool:
+        key = (id(core.context.node), core.context.resource_version)
+        if cache[0] != key:
+            ips = set(core.recovery.coordinator_public_ips())
+            if config.coordinator_public_endpoint:
+                ips.add(atls.parse_endpoint(config.coordinator_public_endpoint)[0])
+            cache[1], cache[0] = frozenset(ips), key
+        return ip in cache[1]
+
+    return is_coordinator
 
 class Agent:
     def __init__(self, config: AgentConfig, log: Optional[JSONLog] = None):
@@ -267,20 +286,6 @@ class Agent:
             self._refused_version = version
             self.log("measurements_refused", level="error", version=version, error=str(err)[:300])
 
-    _coordinator_ips: tuple = (None, frozenset())
-
-    def _is_coordinator_ip(self, ip: str) -> bool:
-        """The pubapi's reserved room and first place in the quote queue (rpc/server.py, docs/agent.md): a
-        connection from one of this peer's Coordinators (their public IPs from its peer list, the configured
-        Coordinator endpoint), so their re-attestation gets through a stranger's flood. Kept per peer-set version."""
-        key = (id(self.core.context.node), self.core.context.resource_version)
-        if self._coordinator_ips[0] != key:
-            ips = set(self.core.recovery.coordinator_public_ips())
-            if self.config.coordinator_public_endpoint:
-                ips.add(atls.parse_endpoint(self.config.coordinator_public_endpoint)[0])
-            self._coordinator_ips = (key, frozenset(ips))
-        return ip in self._coordinator_ips[1]
-
     def _issue_for_connection(self, user_data: bytes, nonce: bytes) -> bytes:
         """Attest (admin channel): a quote as the aTLS server context issues it (with its deadline)."""
         return self.tls.issue(user_data, nonce)
@@ -329,7 +334,7 @@ class Agent:
         handlers = dict(self.pubapi.handlers())
         handlers.update(self.admin.handlers())
         self.servers.append(FrameServer("pubapi", (host, port), handlers, tls=self.tls, log=self.log,
-                                        apis=(schema.PUBAPI, schema.ADMIN), reserved_for=self._is_coordinator_ip).start())
+                                        apis=(schema.PUBAPI, schema.ADMIN), reserved_for=coordinator_sources(self.core, self.config)).start())
         self._spawn("loop", self._loop)
         return self
 

@@ -171,12 +171,7 @@ class PubAPI:
             raise
         conn.stream.send_msg(self.issuer.enrollment_request())
         # The verifier computes its challenge at once: a client that sits on it loses the connection.
-        timeout = conn.sock.gettimeout()
-        conn.sock.settimeout(self.ENROLL_AK_ANSWER_TIMEOUT)
-        try:
-            answer = conn.stream.recv_msg("the credential challenge")
-        finally:
-            conn.sock.settimeout(timeout)
+        answer = conn.recv_owed("the credential challenge", self.ENROLL_AK_ANSWER_TIMEOUT)
         secret = self.issuer.activate_credential(answer.get("challenge"))
         self._log("ak_enrolled", peer=conn.peer_ip)
         conn.stream.send_result({"secret": b64e(secret)})
