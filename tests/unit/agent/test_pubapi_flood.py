@@ -183,8 +183,8 @@ def test_idle_admin_auth_exchanges_do_not_lock_out_the_coordinator(node):
     and never send the signature, which fills the pool of 64 with connections in a request. Before: each held
     its slot for the 300 s read timeout and was never replaced; the Coordinator's re-attestation saw the Node
     unreachable three rounds in a row and evicted it. Now the Coordinator's three rounds pass (its real
-    handshake, quote, AdminAuth role coordinator and GetState), nobody is evicted, and every hanging exchange
-    is ended within the short deadline."""
+    handshake, quote, AdminAuth role coordinator and GetState), nobody is evicted, another newcomer takes the
+    slot of the exchange waiting longest, and every hanging exchange is ended within the short deadline."""
     coordinator, peer, server, _issuer = node
     flood = []
     try:
@@ -194,6 +194,10 @@ def test_idle_admin_auth_exchanges_do_not_lock_out_the_coordinator(node):
         for rows in reattest(coordinator, server):
             assert [r["outcome"] for r in rows] == ["passed"], rows
         assert_not_evicted(coordinator, peer)
+        # Outside the Coordinators' room too: a newcomer takes the slot of the exchange waiting longest.
+        with AgentClient.connect("%s:%d" % (NODE_IP, server.address[1]), [vtpm.VTPMValidator(Measurements())],
+                                 sock=bound_socket(server, "127.0.0.60"), timeout=10) as newcomer:
+            assert newcomer.get_state()["state"] == "IsNode"
         ended = [ended_by_server(c, rpc_server.OWED_TIMEOUT + 10) for c in flood]
         assert all(ended), "%d of %d hanging AdminAuth exchanges still held" % (ended.count(False), len(ended))
     finally:
