@@ -174,7 +174,7 @@ class Connection:
             message = self.stream.recv_msg(what)
         except ProtocolError as err:
             if "timed out" in str(err):
-                raise ProtocolError("%s did not arrive within %.0f s" % (what, timeout)) from None
+                raise ProtocolError("timed out waiting for the peer: %s did not arrive within %g s" % (what, timeout)) from None
             raise
         finally:
             try:
