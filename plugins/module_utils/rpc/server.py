@@ -13,10 +13,19 @@ Bounded, and a stranger cannot fill it (docs/agent.md, "Connection limits"): at 
 ``max_connections`` connections at once and at most ``max_per_source`` unauthenticated ones per
 source IP; a connection must finish its handshake and send its first request within
 ``first_request_timeout``, and one that did not authenticate as the admin may sit idle between
-requests for ``unauthenticated_idle_timeout`` only (an admin connection: ``idle_timeout``). When a
-limit is reached, the new connection takes the place of the longest idle unauthenticated one (of
-its source first); only when every connection is busy in a request or authenticated is the new one
-closed. The accept loop never waits for a slot or a handshake.
+requests for ``unauthenticated_idle_timeout`` only (an admin connection: ``idle_timeout``). Inside a
+request, a message the caller owes before it authenticated (a signature, a proof, an attestation) is read
+with ``Connection.recv_owed``: a short deadline, and the connection counts as waiting (replaceable) meanwhile.
+When a limit is reached, the new connection takes the place of a replaceable one (in its handshake, idle, or
+waiting on an unauthenticated caller): of its own source first, then the one waiting longest; only when
+every connection is busy in a request or authenticated is the new one closed. The accept loop never waits
+for a slot or a handshake.
+
+Cheap checks before any quote: on an aTLS server each source IP's handshakes are rate-limited
+(``handshake_rate``, a token bucket per source) when the connection is accepted, before its slot, its
+thread or its handshake. ``reserved_for(source_ip)`` (the agent passes who its Coordinators are) gives those
+sources ``reserved_connections`` slots of their own, which no other source's connection takes, and the
+first place in the aTLS context's quote queue (atls.py).
 
 Authenticated peers (issue 29, the vpnapi's long polls): a connection whose handler set
 ``conn.authenticated_peer`` (it proved a registered peer's key: PeerAuth) leaves the budget above for its own,
@@ -62,7 +71,7 @@ OWED_TIMEOUT = 10.0  # a message an unauthenticated caller owes inside a request
 OWED_TPM_TIMEOUT = 30.0  # one whose sender works its TPM first (a quote, an AK, ActivateCredential)
 OWED_PEER_TIMEOUT = 60.0  # one that an activating Coordinator sends after its own store work (etcd: 30 s each)
 RESERVED_CONNECTIONS = 8  # the Coordinators' own room on a Node's pubapi, besides the 64
-HANDSHAKE_RATE = (16, 4.0)  # aTLS handshakes (each a TPM quote) of one source IP: a burst, then per second
+HANDSHAKE_RATE = (32, 8.0)  # aTLS handshakes (each a TPM quote) of one source IP: a burst, then per second
 
 Handler = Callable[["Connection", Dict[str, Any]], None]
 
