@@ -105,10 +105,6 @@ class JSONLog:
                 os._exit(137)  # pylint: disable=protected-access
 
 
-# --------------------------------------------------------------------------- the agent
-
-
-
 def coordinator_sources(core, config) -> Callable[[str], bool]:
     """Who the pubapi keeps its reserved room and the first place in its quote queue for (rpc/server.py,
     docs/agent.md "Connection limits"): a source IP that is one of this peer's Coordinators (their public IPs
@@ -126,6 +122,10 @@ def coordinator_sources(core, config) -> Callable[[str], bool]:
         return ip in cache[1]
 
     return is_coordinator
+
+
+# --------------------------------------------------------------------------- the agent
+
 
 class Agent:
     def __init__(self, config: AgentConfig, log: Optional[JSONLog] = None):
