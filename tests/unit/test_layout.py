@@ -20,6 +20,9 @@ LONG_FILES = {
                                                 "steps 1-7) next to the issuer it must match byte for byte",
     "plugins/module_utils/rpc/schema.py": "the ONE method table: a request and an answer record per method, "
                                           "which the server, the clients, the relay and the docs read",
+    "plugins/module_utils/rpc/server.py": "the connection policy is one procedure: admission (the handshake rate, "
+                                          "the budgets, the Coordinators' room, replacement), the deadlines and the "
+                                          "phases a handler reports, next to the accept loop that applies them",
 }
 
 

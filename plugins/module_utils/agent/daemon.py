@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
@@ -53,12 +53,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin 
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, ask_in_turn, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.reset import AgentReset
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import (
-    PubAPI,
-    coordinator_policy,
-    fresh_node_policy,
-    join_cluster,
-    rejoin_cluster,
-)
+    PubAPI, coordinator_policy, coordinator_sources, fresh_node_policy, join_cluster, rejoin_cluster)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import MAX_PEER_CONNECTIONS, AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import MAX_WAIT, VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.long_poll import LongPoll
@@ -103,25 +98,6 @@ class JSONLog:
                 pass
             if event == self.kill_after_event:
                 os._exit(137)  # pylint: disable=protected-access
-
-
-def coordinator_sources(core, config) -> Callable[[str], bool]:
-    """Who the pubapi keeps its reserved room and the first place in its quote queue for (rpc/server.py,
-    docs/agent.md "Connection limits"): a source IP that is one of this peer's Coordinators (their public IPs
-    from its peer set, the configured Coordinator endpoint), so their re-attestation gets through a stranger's
-    flood. The set is worked out again when the peer set changes."""
-    cache: list = [None, frozenset()]
-
-    def is_coordinator(ip: str) -> bool:
-        key = (id(core.context.node), core.context.resource_version)
-        if cache[0] != key:
-            ips = set(core.recovery.coordinator_public_ips())
-            if config.coordinator_public_endpoint:
-                ips.add(atls.parse_endpoint(config.coordinator_public_endpoint)[0])
-            cache[1], cache[0] = frozenset(ips), key
-        return ip in cache[1]
-
-    return is_coordinator
 
 
 # --------------------------------------------------------------------------- the agent

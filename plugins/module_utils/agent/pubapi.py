@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     PCR_INDEX_CLUSTER_ID,
     Measurement,
@@ -293,3 +294,22 @@ def join_cluster(node, coordinator_endpoint: str, validators, issuer, connect=No
     with connect(coordinator_endpoint) as client:
         return node.join_cluster(lambda disk_uuid, node_vpn_pub_key, on_ticket: client.issue_join_ticket(
             disk_uuid, node_vpn_pub_key, issuer, on_ticket, is_control_plane, certificate_request))
+
+
+def coordinator_sources(core, config) -> Callable[[str], bool]:
+    """Who the pubapi keeps its reserved room and the first place in its quote queue for (rpc/server.py,
+    docs/agent.md "Connection limits"): a source IP that is one of this peer's Coordinators (their public IPs
+    from its peer set, the configured Coordinator endpoint), so their re-attestation gets through a stranger's
+    flood. The set is worked out again when the peer set changes."""
+    cache: list = [None, frozenset()]
+
+    def is_coordinator(ip: str) -> bool:
+        key = (id(core.context.node), core.context.resource_version)
+        if cache[0] != key:
+            ips = set(core.recovery.coordinator_public_ips())
+            if config.coordinator_public_endpoint:
+                ips.add(atls.parse_endpoint(config.coordinator_public_endpoint)[0])
+            cache[1], cache[0] = frozenset(ips), key
+        return ip in cache[1]
+
+    return is_coordinator

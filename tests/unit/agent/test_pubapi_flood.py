@@ -8,7 +8,7 @@ Coordinators keep room of their own.
 
 Real servers on loopback: an activated Node (its Core on a swtpm) serves its pubapi and admin channel with the
 qemu-vtpm issuer on that swtpm, the Coordinator's source address marked by the agent's own wiring
-(daemon.coordinator_sources); the Coordinator's Core re-attests it through core/trust.py with a real aTLS
+(pubapi.coordinator_sources, as agent/daemon.py wires it); the Coordinator's Core re-attests it through core/trust.py with a real aTLS
 handshake (a TPM quote), AdminAuth role coordinator and GetState. The attackers bind 127.0.0.N. Every loop is
 bounded; timeouts only detect a hang."""
 
@@ -25,8 +25,7 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, kms
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import coordinator_sources
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI, coordinator_sources
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
