@@ -519,7 +519,7 @@ class FrameServer:
             if self.tls is not None:
                 try:
                     sock = self.tls.accept_handshake(raw, timeout=min(atls.HANDSHAKE_TIMEOUT, self.first_request_timeout),
-                                                     priority=slot is not None and slot.reserved)
+                                                     priority=self._is_reserved(peer[0]))  # a Coordinator's: first
                 except ConstellationError as err:
                     self._log("handshake_failed", server=self.name, peer=peer[0], error=str(err))
                     return

@@ -45,7 +45,8 @@ NODE_IP = "127.0.0.1"
 
 class CountingIssuer:
     """The Node's qemu-vtpm issuer with a count of the quotes asked of the TPM (every ``issue`` is a TPM2_Quote);
-    ``gate`` cleared holds each quote until it is set again."""
+    ``gate`` cleared holds each quote until it is set again; ``permits`` (a semaphore) lets one quote through
+    per permit (a slow TPM, one quote at a time)."""
 
     def __init__(self, issuer):
         self.issuer = issuer
@@ -53,12 +54,16 @@ class CountingIssuer:
         self.quotes = 0
         self.gate = threading.Event()
         self.gate.set()
+        self.permits = None
         self._lock = threading.Lock()
 
     def issue(self, user_data, nonce):
         with self._lock:
             self.quotes += 1
         self.gate.wait(30)
+        permits = self.permits
+        if permits is not None:
+            permits.acquire(timeout=30)  # pylint: disable=consider-using-with
         return self.issuer.issue(user_data, nonce)
 
 
@@ -257,6 +262,41 @@ def test_the_quotes_of_connections_closed_while_queued_are_never_made(node):
     finally:
         issuer.gate.set()
         close_all(queued + [first])
+    assert_not_evicted(coordinator, peer)
+
+
+def wait_for(condition, within=10.0):
+    deadline = time.monotonic() + within
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_the_coordinators_quote_goes_before_those_of_a_strangers_flood(node):
+    """Attack: ClientHellos from 6 addresses (each within its own rate) keep the Node's TPM busy, each quote taking
+    long. Before: every handshake waited for the TPM in arrival order, the Coordinator's after the whole flood, and
+    its handshake timed out (unreachable; three such rounds evicted the Node). Now the quote of a connection from
+    the Node's Coordinator goes before every waiting one: after the quote in progress, the next the TPM makes is
+    the Coordinator's, and its re-attestation passes."""
+    coordinator, peer, server, issuer = node
+    issuer.permits = threading.Semaphore(0)  # the TPM makes a quote only when the test lets it
+    strangers, result = [], {}
+    worker = threading.Thread(target=lambda: result.update(rows=reattest(coordinator, server, rounds=1)[0]), daemon=True)
+    try:
+        strangers = [send_client_hello(server, "127.0.0.%d" % octet) for octet in range(40, 46)]
+        assert wait_for(lambda: issuer.quotes >= 1)  # the first is at the TPM, the others wait
+        assert wait_for(lambda: server.connection_count == len(strangers))
+        time.sleep(0.5)  # their hellos reach the server and their quotes queue
+        worker.start()
+        time.sleep(0.5)  # the Coordinator's hello queues too
+        issuer.permits.release(2)  # the quote in progress, then the next one
+        worker.join(30)
+        assert not worker.is_alive()
+        assert [r["outcome"] for r in result["rows"]] == ["passed"], result["rows"]
+    finally:
+        permits, issuer.permits = issuer.permits, None
+        permits.release(20)
+        close_all(strangers)
     assert_not_evicted(coordinator, peer)
 
 
