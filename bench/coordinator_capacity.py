@@ -433,8 +433,9 @@ def node_server(issuer, nodes_by_public_ip, coordinator_key: dict):
         conn.stream.send_result(answer)
 
     context = AgentServerContext(issuer)
+    # One server stands in for every Node's pubapi: the per-source handshake rate is each Node's own, not the sum.
     server = FrameServer("nodes-pubapi", ("0.0.0.0", 0), {"AdminAuth": admin_auth, "GetState": get_state},
-                         tls=context).start()
+                         tls=context, handshake_rate=None).start()
     return server, context
 
 

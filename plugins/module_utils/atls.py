@@ -48,6 +48,7 @@ except ImportError as _err:  # ansible-test's import sanity runs without third-p
     CRYPTOGRAPHY_IMPORT_ERROR = _err
 
 from ansible_collections.constellation.cluster.plugins.module_utils import encoding, x509compat
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.quote_queue import QuoteQueue, connection_gone
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
     Issuer, Validation, Validator)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
@@ -414,6 +415,8 @@ class AttestedServerContext:
         self.validity = validity
         self.attestation_timeout = attestation_timeout
         self._pool = _KeyPool(key_pool_size)
+        self.quotes = QuoteQueue()
+        self._handshake = threading.local()  # the connection this thread's ClientHello came on
         self.context = server_context()
         self.context.sni_callback = self._on_client_hello
 
@@ -427,9 +430,15 @@ class AttestedServerContext:
         self.close()
 
     def issue(self, user_data: bytes, nonce: bytes) -> bytes:
+        """A document from the issuer, through this context's quote queue (``QuoteQueue``): in a handshake, with
+        the connection's priority, and never made once the connection is gone."""
         if self.issuer is None:
             raise AttestationError("this server has no issuer")
-        return _with_deadline("attestation", self.attestation_timeout, self.issuer.issue, user_data, nonce)
+        sock = getattr(self._handshake, "sock", None)
+        return self.quotes.run(
+            lambda left: _with_deadline("attestation", left, self.issuer.issue, user_data, nonce),
+            self.attestation_timeout, priority=bool(getattr(sock, "atls_priority", False)),
+            gone=(lambda: connection_gone(sock)) if sock is not None else None)
 
     def certificate_for(self, nonce: bytes) -> Tuple[PooledKey, x509.Certificate]:
         """The key and certificate for one connection whose client sent nonce."""
@@ -448,6 +457,7 @@ class AttestedServerContext:
         except AttestationError as err:
             ssl_sock.atls_refusal = str(err)
             return ssl.ALERT_DESCRIPTION_ILLEGAL_PARAMETER
+        self._handshake.sock = ssl_sock
         try:
             key, cert = self.certificate_for(nonce)
             _load_certificate(key.context, key, cert)
@@ -455,16 +465,21 @@ class AttestedServerContext:
         except Exception as err:  # pylint: disable=broad-except
             ssl_sock.atls_refusal = "cannot attest this connection: %s" % err
             return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
+        finally:
+            self._handshake.sock = None
         return None
 
-    def accept_handshake(self, raw_sock: socket.socket, timeout: float = HANDSHAKE_TIMEOUT) -> ssl.SSLSocket:
-        """Server handshake on an accepted socket; closes it and raises AttestationError on failure."""
+    def accept_handshake(self, raw_sock: socket.socket, timeout: float = HANDSHAKE_TIMEOUT,
+                         priority: bool = False) -> ssl.SSLSocket:
+        """Server handshake on an accepted socket; closes it and raises AttestationError on failure.
+        ``priority``: the connection comes from one of the Coordinators (its quote goes first)."""
         raw_sock.settimeout(timeout)
         try:
             tls = self.context.wrap_socket(raw_sock, server_side=True, do_handshake_on_connect=False)
         except (ssl.SSLError, OSError) as err:
             raw_sock.close()
             raise AttestationError("aTLS handshake failed: %s" % err) from None
+        tls.atls_priority = priority
         try:
             tls.do_handshake()
         except (ssl.SSLError, OSError) as err:

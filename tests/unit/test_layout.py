@@ -20,8 +20,9 @@ LONG_FILES = {
                                                 "steps 1-7) next to the issuer it must match byte for byte",
     "plugins/module_utils/rpc/schema.py": "the ONE method table: a request and an answer record per method, "
                                           "which the server, the clients, the relay and the docs read",
-    "plugins/module_utils/rpc/server.py": "one server: its connection slots and the dispatch of each request "
-                                          "(authorise, decode, handler) share the connection's phases",
+    "plugins/module_utils/rpc/server.py": "one server: the connection policy (admission, the handshake rate, the "
+                                          "budgets, the Coordinators' room, replacement, deadlines) and the dispatch "
+                                          "of each request (authorise, decode, handler) share the connection's phases",
     "plugins/module_utils/agent/daemon.py": "the composition root: it wires the Core to the servers, the loops and "
                                             "the host, and each wire is a line or two",
 }

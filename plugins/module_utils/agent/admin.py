@@ -137,7 +137,7 @@ class AdminHandlers:
         pub_key = self.context.admin_pub_key()
         challenge = secrets.token_bytes(32)
         conn.stream.send_msg({"challenge": b64e(challenge)})
-        step = conn.stream.recv_msg("the signed challenge")
+        step = conn.recv_owed("the signed challenge")  # a short deadline, replaceable meanwhile
         signature = b64d(step.get("signature"), "signature", max_size=1024)
         if pub_key is None or not verify_admin_signature(pub_key, signature,
                                                          admin_auth_message(challenge, conn.server_spki_hash)):
@@ -159,7 +159,7 @@ class AdminHandlers:
                              % self.context.state.wire_name)
         challenge = secrets.token_bytes(32)
         conn.stream.send_msg({"challenge": b64e(challenge)})
-        step = conn.stream.recv_msg("the signed challenge")
+        step = conn.recv_owed("the signed challenge")  # a short deadline, replaceable meanwhile
         signature = b64d(step.get("signature"), "signature", max_size=1024)
         if not signing.verify_auth(pub_key, signature, challenge, conn.server_spki_hash):
             self._log("coordinator_auth_refused", peer=conn.peer_ip)

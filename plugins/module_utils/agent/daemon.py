@@ -54,12 +54,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_v
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, ask_in_turn, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.reset import AgentReset
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import (
-    PubAPI,
-    coordinator_policy,
-    fresh_node_policy,
-    join_cluster,
-    rejoin_cluster,
-)
+    PubAPI, coordinator_policy, coordinator_sources, fresh_node_policy, join_cluster, rejoin_cluster)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import MAX_PEER_CONNECTIONS, AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import MAX_WAIT, VPNAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.long_poll import LongPoll
@@ -316,7 +311,8 @@ class Agent:
         handlers = dict(self.pubapi.handlers())
         handlers.update(self.admin.handlers())
         self.servers.append(FrameServer("pubapi", (host, port), handlers, tls=self.tls, log=self.log,
-                                        apis=(schema.PUBAPI, schema.ADMIN), peer_view=CorePeerView(self.core)).start())
+                                        apis=(schema.PUBAPI, schema.ADMIN), peer_view=CorePeerView(self.core),
+                                        reserved_for=coordinator_sources(self.core, self.config)).start())
         self._spawn("loop", self._loop)
         return self
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     PCR_INDEX_CLUSTER_ID,
     Measurement,
@@ -30,7 +31,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ProtocolError, b64d, b64e
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import (
-    AccessDenied, Connection, RateLimit)
+    OWED_PEER_TIMEOUT, OWED_TPM_TIMEOUT, AccessDenied, Connection, RateLimit)
 
 MAX_ATTESTATION_SIZE = 4 * 1024 * 1024 // 3 * 2
 
@@ -115,7 +116,8 @@ class PubAPI:
         step = self.node.activate_as_node_begin(request.encode())  # the Core checks the domain itself
         try:
             conn.stream.send_msg({"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key})
-            answer = conn.stream.recv_msg("the state disk key")
+            # The caller proved the init secret (the Core checked it): a deadline, its slot kept.
+            answer = conn.recv_owed("the state disk key", OWED_PEER_TIMEOUT, replaceable=False)
             key = b64d(answer.get("state_disk_key"), "state_disk_key", 32)
         except BaseException as err:
             self.node.abort_node_activation("ActivateAsNode was not completed: %s" % err)
@@ -129,9 +131,11 @@ class PubAPI:
         voting = False
         try:
             conn.stream.send_msg({"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key})
-            self.cluster.activate_as_additional_coordinator_join(conn.stream.recv_msg("the KMS URI and etcd cluster"))
+            self.cluster.activate_as_additional_coordinator_join(conn.recv_owed("the KMS URI and etcd cluster",
+                                                                                OWED_PEER_TIMEOUT, replaceable=False))
             conn.stream.send_msg({"etcd_member": "started"})
-            voting = conn.stream.recv_msg("the promotion of our etcd member").get("etcd_member") == "voting"
+            voting = conn.recv_owed("the promotion of our etcd member", OWED_PEER_TIMEOUT,
+                                    replaceable=False).get("etcd_member") == "voting"
             if not voting:
                 raise ProtocolError("ActivateAsAdditionalCoordinator: our etcd member was not promoted")
             result = self.cluster.activate_as_additional_coordinator_finish()
@@ -168,12 +172,7 @@ class PubAPI:
             raise
         conn.stream.send_msg(self.issuer.enrollment_request())
         # The verifier computes its challenge at once: a client that sits on it loses the connection.
-        timeout = conn.sock.gettimeout()
-        conn.sock.settimeout(self.ENROLL_AK_ANSWER_TIMEOUT)
-        try:
-            answer = conn.stream.recv_msg("the credential challenge")
-        finally:
-            conn.sock.settimeout(timeout)
+        answer = conn.recv_owed("the credential challenge", self.ENROLL_AK_ANSWER_TIMEOUT)
         secret = self.issuer.activate_credential(answer.get("challenge"))
         self._log("ak_enrolled", peer=conn.peer_ip)
         conn.stream.send_result({"secret": b64e(secret)})
@@ -226,21 +225,21 @@ class ServerJoinChannel:
 
     def challenge(self, nonce: bytes) -> Tuple[str, bytes]:
         self.conn.stream.send_msg({"nonce": b64e(nonce)})
-        answer = self.conn.stream.recv_msg("the node's attestation")
+        answer = self.conn.recv_owed("the node's attestation", OWED_TPM_TIMEOUT)
         document = b64d(answer.get("attestation"), "attestation", max_size=MAX_ATTESTATION_SIZE)
         return answer.get("variant_oid"), document
 
     def enroll_ak(self, challenge_for) -> bytes:
         """qemu-vtpm-ek, in-band: the node's enrollment request, our challenge, its secret."""
         self.conn.stream.send_msg({"enroll": True})
-        request = self.conn.stream.recv_msg("the node's enrollment request")
+        request = self.conn.recv_owed("the node's enrollment request", OWED_TPM_TIMEOUT)
         self.conn.stream.send_msg({"challenge": challenge_for(request)})
-        answer = self.conn.stream.recv_msg("the node's credential answer")
+        answer = self.conn.recv_owed("the node's credential answer", OWED_TPM_TIMEOUT)
         return b64d(answer.get("secret"), "secret", 32)
 
     def deliver(self, ticket: JoinTicket) -> None:
         self.conn.stream.send_msg({"ticket": ticket.to_dict()})
-        done = self.conn.stream.recv_msg("the node's confirmation")
+        done = self.conn.recv_owed("the node's confirmation", OWED_PEER_TIMEOUT, replaceable=False)  # it attested
         if done.get("joined") is not True:
             raise InputError("joined", "true")
 
@@ -255,7 +254,7 @@ class ServerRejoinChannel(ServerJoinChannel):
 
     def deliver(self, ticket) -> None:
         self.conn.stream.send_msg({"ticket": ticket.to_dict()})
-        done = self.conn.stream.recv_msg("the node's confirmation")
+        done = self.conn.recv_owed("the node's confirmation", OWED_PEER_TIMEOUT, replaceable=False)  # it attested
         if done.get("rejoined") is not True:
             raise InputError("rejoined", "true")
 
@@ -289,3 +288,22 @@ def join_cluster(node, coordinator_endpoint: str, validators, issuer, connect=No
     with connect(coordinator_endpoint) as client:
         return node.join_cluster(lambda disk_uuid, node_vpn_pub_key, on_ticket: client.issue_join_ticket(
             disk_uuid, node_vpn_pub_key, issuer, on_ticket, is_control_plane, certificate_request))
+
+
+def coordinator_sources(core, config) -> Callable[[str], bool]:
+    """Who the pubapi keeps its reserved room and the first place in its quote queue for (rpc/server.py,
+    docs/agent.md "Connection limits"): a source IP that is one of this peer's Coordinators (their public IPs
+    from its peer set, the configured Coordinator endpoint), so their re-attestation gets through a stranger's
+    flood. The set is worked out again when the peer set changes."""
+    cache: list = [None, frozenset()]
+
+    def is_coordinator(ip: str) -> bool:
+        key = (id(core.context.node), core.context.resource_version)
+        if cache[0] != key:
+            ips = set(core.recovery.coordinator_public_ips())
+            if config.coordinator_public_endpoint:
+                ips.add(atls.parse_endpoint(config.coordinator_public_endpoint)[0])
+            cache[1], cache[0] = frozenset(ips), key
+        return ip in cache[1]
+
+    return is_coordinator

@@ -98,7 +98,7 @@ class VPNAPI:
         challenge = secrets.token_bytes(peer_auth.CHALLENGE_SIZE)
         server_ip = conn.sock.getsockname()[0]
         conn.stream.send_msg({"challenge": b64e(challenge), "server_vpn_pub_key": self.access.peer_auth_server_pub_key()})
-        step = conn.stream.recv_msg("the proof")
+        step = conn.recv_owed("the proof")  # a short deadline, replaceable meanwhile (rpc/server.py)
         proof = b64d(step.get("proof"), "proof", max_size=64)
         pub_key = self.access.check_peer_proof(conn.peer_ip, server_ip, challenge, proof)
         if pub_key is None:

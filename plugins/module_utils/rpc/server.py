@@ -14,10 +14,19 @@ Bounded, and a stranger cannot fill it (docs/agent.md, "Connection limits"): at 
 ``max_connections`` connections at once and at most ``max_per_source`` unauthenticated ones per
 source IP; a connection must finish its handshake and send its first request within
 ``first_request_timeout``, and one that did not authenticate as the admin may sit idle between
-requests for ``unauthenticated_idle_timeout`` only (an admin connection: ``idle_timeout``). When a
-limit is reached, the new connection takes the place of the longest idle unauthenticated one (of
-its source first); only when every connection is busy in a request or authenticated is the new one
-closed. The accept loop never waits for a slot or a handshake.
+requests for ``unauthenticated_idle_timeout`` only (an admin connection: ``idle_timeout``). Inside a
+request, a message the caller owes before it authenticated (a signature, a proof, an attestation) is read
+with ``Connection.recv_owed``: a short deadline, and the connection counts as waiting (replaceable) meanwhile.
+When a limit is reached, the new connection takes the place of a replaceable one (in its handshake, idle, or
+waiting on an unauthenticated caller): of its own source first, then the one waiting longest; only when
+every connection is busy in a request or authenticated is the new one closed. The accept loop never waits
+for a slot or a handshake.
+
+Cheap checks before any quote: on an aTLS server each source IP's handshakes are rate-limited
+(``handshake_rate``, a token bucket per source) when the connection is accepted, before its slot, its
+thread or its handshake. ``reserved_for(source_ip)`` (the agent passes who its Coordinators are) gives those
+sources ``reserved_connections`` slots of their own, which no other source's connection takes, and the
+first place in the aTLS context's quote queue (atls.py).
 
 Authenticated peers (issue 29, the vpnapi's long polls): a connection whose handler set
 ``conn.authenticated_peer`` (it proved a registered peer's key: PeerAuth) leaves the budget above for its own,
@@ -59,6 +68,11 @@ MAX_THREADS_FACTOR = 2  # connection threads alive (closed ones still finishing 
 MAX_PEER_CONNECTIONS = 8192  # the vpnapi: PeerAuth'd connections (a Node's held GetUpdate), besides the 64
 MAX_PEER_CONNECTIONS_PER_SOURCE = 4  # PeerAuth'd connections of one VPN IP in the peers' budget
 REAP_EVERY = 0.2  # seconds between two looks for connections past their deadline
+OWED_TIMEOUT = 10.0  # a message an unauthenticated caller owes inside a request (a signature, a proof)
+OWED_TPM_TIMEOUT = 30.0  # one whose sender works its TPM first (a quote, an AK, ActivateCredential)
+OWED_PEER_TIMEOUT = 60.0  # one that an activating Coordinator sends after its own store work (etcd: 30 s each)
+RESERVED_CONNECTIONS = 8  # the Coordinators' own room on a Node's pubapi, besides the 64
+HANDSHAKE_RATE = (32, 8.0)  # aTLS handshakes (each a TPM quote) of one source IP: a burst, then per second
 
 Handler = Callable[["Connection", Dict[str, Any]], None]
 
@@ -77,21 +91,22 @@ AccessDenied = errors.AccessDenied  # the Core raises it too (init proof, evicti
 
 
 class RateLimit:
-    """Token buckets for one costly unauthenticated request (EnrollAK): one per source IP holding
-    ``per_source`` = (burst, refill per second) and one for all sources holding ``total``. ``take``
-    consumes a token from both or from neither, and raises ``errors.RateLimited`` naming the limit.
-    At most ``max_sources`` source buckets are kept (the fullest go first: they carry no debt)."""
+    """Token buckets for one costly unauthenticated request (EnrollAK, an aTLS handshake): one per source IP
+    holding ``per_source`` = (burst, refill per second) and one for all sources holding ``total`` (None: no
+    such bucket). ``take`` consumes a token from both or from neither, and raises ``errors.RateLimited``
+    naming the limit. At most ``max_sources`` source buckets are kept (the fullest go first: they carry no
+    debt)."""
 
-    def __init__(self, what: str, per_source: Tuple[float, float], total: Tuple[float, float],
+    def __init__(self, what: str, per_source: Tuple[float, float], total: Optional[Tuple[float, float]],
                  max_sources: int = 4096, clock: Callable[[], float] = time.monotonic):
         self.what = what
         self.per_source = (float(per_source[0]), float(per_source[1]))
-        self.total = (float(total[0]), float(total[1]))
+        self.total = (float(total[0]), float(total[1])) if total is not None else None
         self.max_sources = max_sources
         self._clock = clock
         self._lock = threading.Lock()
         now = clock()
-        self._total_bucket = [self.total[0], now]
+        self._total_bucket = [self.total[0], now] if self.total is not None else None
         self._buckets: Dict[str, list] = {}
 
     @staticmethod
@@ -116,11 +131,12 @@ class RateLimit:
                 raise errors.RateLimited("%s: rate limited for %s (a burst of %g, then %g per second from one "
                                          "source); try again later" % (self.what, source, self.per_source[0],
                                                                        self.per_source[1]))
-            if self._refill(self._total_bucket, self.total, now) < 1:
+            if self._total_bucket is not None and self._refill(self._total_bucket, self.total, now) < 1:
                 raise errors.RateLimited("%s: rate limited (a burst of %g, then %g per second from all sources); "
                                          "try again later" % (self.what, self.total[0], self.total[1]))
             bucket[0] -= 1
-            self._total_bucket[0] -= 1
+            if self._total_bucket is not None:
+                self._total_bucket[0] -= 1
 
 
 class AgentServerContext(atls.AttestedServerContext):
@@ -134,19 +150,56 @@ class AgentServerContext(atls.AttestedServerContext):
 
 
 class Connection:
-    def __init__(self, sock: socket.socket, peer: Tuple[str, int], server_spki_hash: Optional[bytes]):
+    """One connection as a handler sees it. ``recv_owed`` reads a message the caller owes inside a request."""
+
+    def __init__(self, sock: socket.socket, peer: Tuple[str, int], server_spki_hash: Optional[bytes],
+                 awaiting: Optional[Callable[[bool], bool]] = None):
         self.sock = sock
         self.peer = peer
         self.peer_ip = peer[0]
         self.stream = FrameStream(sock)
         self.server_spki_hash = server_spki_hash
         self.admin = False
+        self.coordinator = False  # set by AdminAuth (role coordinator): the caller proved the Coordinators' key
         self.authenticated_peer = False  # set by a handler: the caller proved a registered peer's key (PeerAuth)
+        self._awaiting = awaiting or (lambda waiting: True)  # the server's view: waiting on the client or busy
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.admin or self.coordinator or self.authenticated_peer)
+
+    def recv_owed(self, what: str, timeout: float = OWED_TIMEOUT, replaceable: bool = True) -> Dict[str, Any]:
+        """The next message, which the caller owes now (a signed challenge, a proof, its attestation): on a
+        connection that has not authenticated it must arrive within ``timeout`` seconds (not the long read
+        timeout), and while the server waits for it the connection counts as waiting, not busy, so a newer
+        connection may take its slot (``replaceable``: False where the caller already proved something the
+        Core checked, e.g. the init secret). An authenticated connection reads as always."""
+        if self.authenticated:
+            return self.stream.recv_msg(what)
+        if replaceable and not self._awaiting(True):
+            raise ConnectionClosed("the server closed the connection (%s)" % what)
+        before = self.sock.gettimeout()
+        self.sock.settimeout(timeout if before is None else min(timeout, before))
+        try:
+            message = self.stream.recv_msg(what)
+        except ProtocolError as err:
+            if "timed out" in str(err):
+                raise ProtocolError("timed out waiting for the peer: %s did not arrive within %g s" % (what, timeout)) from None
+            raise
+        finally:
+            try:
+                self.sock.settimeout(before)
+            except OSError:
+                pass
+        if replaceable and not self._awaiting(False):
+            raise ConnectionClosed("the server closed the connection (%s)" % what)
+        return message
 
 
 PHASE_NEW = "new"  # accepted: handshake, then the first request
 PHASE_IDLE = "idle"  # waiting for (or reading) the next request
 PHASE_BUSY = "busy"  # in a handler
+PHASE_AWAITING = "awaiting"  # in a handler, waiting for a message an unauthenticated caller owes (replaceable)
 
 
 class _Slot:
@@ -154,9 +207,9 @@ class _Slot:
     duplicate of the connection's descriptor: shutting it down ends the connection whatever object
     (plain or TLS) the connection thread holds, and its number is never reused while the slot lives."""
 
-    __slots__ = ("peer_ip", "handle", "accepted", "last", "phase", "admin", "closed", "peer")
+    __slots__ = ("peer_ip", "handle", "accepted", "last", "phase", "admin", "closed", "peer", "reserved")
 
-    def __init__(self, peer_ip: str, handle: socket.socket, now: float):
+    def __init__(self, peer_ip: str, handle: socket.socket, now: float, reserved: bool = False):
         self.peer_ip = peer_ip
         self.handle = handle
         self.accepted = now
@@ -165,6 +218,7 @@ class _Slot:
         self.admin = False
         self.closed = ""  # why the server closed it (empty while open)
         self.peer = False  # in the authenticated peers' budget (never evicted)
+        self.reserved = reserved  # in the Coordinators' reserved room (a stranger's connection never takes it)
 
     @property
     def evictable(self) -> bool:
@@ -179,7 +233,9 @@ class FrameServer:
                  apis: Optional[Tuple[str, ...]] = None, max_per_source: int = MAX_CONNECTIONS_PER_SOURCE,
                  first_request_timeout: float = FIRST_REQUEST_TIMEOUT,
                  unauthenticated_idle_timeout: float = UNAUTHENTICATED_IDLE_TIMEOUT, max_peer_connections: int = 0,
-                 peer_view: Optional[access.PeerView] = None, insecure_skip_access_checks: bool = False):
+                 peer_view: Optional[access.PeerView] = None, insecure_skip_access_checks: bool = False,
+                 reserved_for: Optional[Callable[[str], bool]] = None, reserved_connections: int = RESERVED_CONNECTIONS,
+                 handshake_rate: Optional[Tuple[float, float]] = HANDSHAKE_RATE):
         self.name = name
         self.handlers = handlers
         self.apis = apis
@@ -202,7 +258,13 @@ class FrameServer:
         self.max_peer_connections = max(0, int(max_peer_connections))
         self.first_request_timeout = float(first_request_timeout)
         self.unauthenticated_idle_timeout = min(float(unauthenticated_idle_timeout), float(idle_timeout))
+        self.reserved_for = reserved_for
+        self.reserved_connections = max(0, int(reserved_connections)) if reserved_for is not None else 0
+        # Each aTLS handshake costs a TPM quote: a token bucket per source IP, taken before the slot and the thread.
+        self._handshakes = (RateLimit("aTLS handshake", handshake_rate, None)
+                            if tls is not None and handshake_rate is not None else None)
         self._slots: Dict[int, _Slot] = {}  # open connections by id(slot), the general budget
+        self._reserved_slots: Dict[int, _Slot] = {}  # the Coordinators' (reserved_for) room
         self._peer_slots: Dict[int, _Slot] = {}  # the authenticated peers' (promoted out of _slots)
         self._peers_of: Dict[str, int] = {}  # source IP -> its connections in _peer_slots
         self._reaped = 0.0
@@ -236,19 +298,22 @@ class FrameServer:
         except OSError:
             pass
         with self._conns_lock:
-            slots = list(self._slots.values()) + list(self._peer_slots.values())
-            for slot in slots:
+            for slot in self._all_slots():
                 self._close_slot(slot, "server stopping")
 
     # -- connection limits (docs/agent.md, "Connection limits")
     @property
     def connection_count(self) -> int:
         with self._conns_lock:
-            return len(self._slots) + len(self._peer_slots)
+            return len(self._slots) + len(self._peer_slots) + len(self._reserved_slots)
+
+    def _all_slots(self) -> list:
+        return list(self._slots.values()) + list(self._peer_slots.values()) + list(self._reserved_slots.values())
 
     def _drop(self, slot: _Slot) -> None:
         """The slot leaves its budget (caller holds ``_conns_lock``)."""
         self._slots.pop(id(slot), None)
+        self._reserved_slots.pop(id(slot), None)
         if self._peer_slots.pop(id(slot), None) is not None:
             left = self._peers_of.get(slot.peer_ip, 1) - 1
             if left > 0:
@@ -267,42 +332,80 @@ class FrameServer:
             except OSError:
                 pass
 
+    def _is_reserved(self, peer_ip: str) -> bool:
+        if self.reserved_for is None:
+            return False
+        try:
+            return bool(self.reserved_for(peer_ip))
+        except Exception:  # pylint: disable=broad-except
+            return False  # who the Coordinators are could not be told: a stranger's budget
+
     def _admit(self, raw: socket.socket, peer) -> Optional[_Slot]:
-        """A slot for a new connection, or None (closed at once): see the module docstring."""
+        """A slot for a new connection, or None (closed at once): see the module docstring. The cheap checks
+        (the handshake rate of its source, a slot) come before any thread, handshake or quote."""
         logs: list = []
         try:
-            return self._admit_locked(raw, peer, logs)
+            if self._handshakes is not None:
+                try:
+                    self._handshakes.take(peer[0])
+                except errors.RateLimited as err:
+                    logs.append(dict(event="connection_refused", level="warning", server=self.name, peer=peer[0],
+                                     reason=str(err)[:200]))
+                    return None
+            return self._admit_locked(raw, peer, self._is_reserved(peer[0]), logs)
         finally:
             for fields in logs:  # logged outside the lock
                 self._log_limited(**fields)
 
-    def _admit_locked(self, raw: socket.socket, peer, logs: list) -> Optional[_Slot]:
+    def _replace(self, candidates, peer_ip: str, why: str, logs: list) -> bool:
+        """Closes one replaceable connection of ``candidates`` (caller holds ``_conns_lock``): of the new
+        connection's source first, then the one waiting longest. False: none is replaceable."""
+        idle = [s for s in candidates if s.evictable]
+        if not idle:
+            return False
+        same = [s for s in idle if s.peer_ip == peer_ip]
+        victim = min(same or idle, key=lambda s: s.last)
+        logs.append(dict(event="connection_replaced", level="warning", server=self.name,
+                         peer=victim.peer_ip, phase=victim.phase, reason=why))
+        self._close_slot(victim, why)
+        return True
+
+    def _admit_locked(self, raw: socket.socket, peer, reserved: bool, logs: list) -> Optional[_Slot]:
         now = time.monotonic()
         with self._conns_lock:
-            if self._threads_alive >= MAX_THREADS_FACTOR * (self.max_connections + self.max_peer_connections):
+            threads = self.max_connections + self.max_peer_connections + (self.reserved_connections if reserved else 0)
+            if self._threads_alive >= MAX_THREADS_FACTOR * threads:
+                logs.append(dict(event="connection_refused", level="warning", server=self.name, peer=peer[0],
+                                 reason="too many connection threads still finishing"))
                 return None
-            slots = list(self._slots.values())  # the general budget (the peers' connections: their own)
-            same = [s for s in slots if s.peer_ip == peer[0] and not s.admin]
-            victims = None
-            if len(same) >= self.max_per_source:
-                victims, why = same, "replaced by a newer connection of its source (at most %d per source)" \
-                    % self.max_per_source
-            elif len(slots) >= self.max_connections:
-                victims, why = slots, "replaced by a newer connection (at most %d connections)" % self.max_connections
-            if victims is not None:
-                idle = [s for s in victims if s.evictable]
-                if not idle:
+            budget = self._slots
+            if reserved and self.reserved_connections:
+                # A Coordinator's connection: its own room first, which only the Coordinators' connections use.
+                if len(self._reserved_slots) < self.reserved_connections or self._replace(
+                        self._reserved_slots.values(), peer[0], "replaced by a newer connection of the "
+                        "Coordinators (at most %d in their room)" % self.reserved_connections, logs):
+                    budget = self._reserved_slots
+            if budget is self._slots:
+                slots = list(self._slots.values())  # the general budget (the peers' connections: their own)
+                same = [s for s in slots if s.peer_ip == peer[0] and not s.admin]
+                if len(same) >= self.max_per_source:
+                    replaced = self._replace(same, peer[0], "replaced by a newer connection of its source (at most "
+                                             "%d per source)" % self.max_per_source, logs)
+                elif len(slots) >= self.max_connections:
+                    replaced = self._replace(slots, peer[0], "replaced by a newer connection (at most %d "
+                                             "connections)" % self.max_connections, logs)
+                else:
+                    replaced = True
+                if not replaced:
+                    logs.append(dict(event="connection_refused", level="warning", server=self.name, peer=peer[0],
+                                     reason="every slot is busy or authenticated"))
                     return None
-                victim = min(idle, key=lambda s: s.last)
-                logs.append(dict(event="connection_replaced", level="warning", server=self.name,
-                                 peer=victim.peer_ip, phase=victim.phase, reason=why))
-                self._close_slot(victim, why)
             try:
                 handle = raw.dup()
             except OSError:
                 return None
-            slot = _Slot(peer[0], handle, now)
-            self._slots[id(slot)] = slot
+            slot = _Slot(peer[0], handle, now, reserved=budget is self._reserved_slots)
+            budget[id(slot)] = slot
             self._threads_alive += 1
             return slot
 
@@ -315,7 +418,7 @@ class FrameServer:
         self._reaped = now
         logs = []
         with self._conns_lock:
-            for slot in list(self._slots.values()) + list(self._peer_slots.values()):
+            for slot in self._all_slots():
                 if slot.phase == PHASE_NEW and now - slot.accepted > self.first_request_timeout:
                     why = "no request within %.0f s of connecting" % self.first_request_timeout
                 elif slot.phase == PHASE_IDLE and now - slot.last > (  # a peer's: the short limit too
@@ -382,10 +485,8 @@ class FrameServer:
                 continue
             slot = self._admit(raw, peer)
             if slot is None:
-                # Full of busy or authenticated connections: this one is closed at once (never waited
-                # for while holding it), the client sees a reset and tries again later.
-                self._log_limited("connection_refused", level="warning", server=self.name, peer=peer[0],
-                                  reason="every slot is busy or authenticated")
+                # Rate limited, or full of busy or authenticated connections: this one is closed at once (never
+                # waited for while holding it), the client sees a reset and tries again later.
                 try:
                     raw.close()
                 except OSError:
@@ -426,14 +527,15 @@ class FrameServer:
             spki = None
             if self.tls is not None:
                 try:
-                    sock = self.tls.accept_handshake(raw, timeout=min(atls.HANDSHAKE_TIMEOUT,
-                                                                      self.first_request_timeout))
+                    sock = self.tls.accept_handshake(raw, timeout=min(atls.HANDSHAKE_TIMEOUT, self.first_request_timeout),
+                                                     priority=self._is_reserved(peer[0]))  # a Coordinator's: first
                 except ConstellationError as err:
                     self._log("handshake_failed", server=self.name, peer=peer[0], error=str(err))
                     return
                 spki = getattr(sock.context, "atls_spki_hash", None)
             sock.settimeout(self.idle_timeout)
-            self._requests(Connection(sock, peer, spki), slot)
+            self._requests(Connection(sock, peer, spki, awaiting=lambda waiting: self._set_phase(
+                slot, PHASE_AWAITING if waiting else PHASE_BUSY)), slot)
         except Exception as err:  # pylint: disable=broad-except
             # The last line of defence of a connection thread: one JSON log line, never a traceback
             # on stderr; the agent and its other connections go on.
