@@ -5,7 +5,8 @@
 
 * ``export_state``: every key of an activated Coordinator's store (node state with its WireGuard key, KMS
   settings, init secret, peer registry, disk UUIDs, evictions...), for the admin channel's ``ExportState``
-  (admin-authenticated; the handler checks that). The controller encrypts it; nothing here is written.
+  (admin-authenticated; the handler checks that), with the peer set's version (``peer_resource_version``, the
+  backup's counter). The controller encrypts it; nothing here is written.
 * ``restore``: a fresh peer (AcceptingInit, no stored state, PCR 15 zeros) takes such an export in
   ``ActivateAsCoordinator`` (``restore_state``), authenticated as an activation is (the init secret's proof),
   with the KMS URI. Everything is checked before the node lock: the export's format, its node state (a
@@ -84,6 +85,9 @@ class StateBackup:
                                "items": {key: b64(value) for key, value in ctx.local_store.items("")}}
         if ctx.store is not ctx.local_store:
             out["cluster_items"] = {key: b64(value) for key, value in ctx.store.items("")}
+        # The backup's counter: every change of the peers raises it (restore.yml compares it with the Nodes').
+        registry = ctx.peer_registry.current()
+        out["peer_resource_version"] = registry.peers.version if registry is not None else None
         ctx.log("state_exported", keys=len(out["items"]) + len(out.get("cluster_items") or ()))
         return out
 
