@@ -139,3 +139,21 @@ def test_a_real_swtpm_ek_certificate_and_one_following_the_profile_still_pass(la
                usage={"key_agreement": True}, purposes=[TCG_KP_EK_CERTIFICATE])
     challenge, _pending = attempt(_der(ecc), ak_pub, bundle)
     assert challenge["credential_blob"] and challenge["secret"]
+
+
+def test_a_wrong_credential_challenge_leaves_the_tpm_quoting(swtpm_ek, swtpm_other_ca):
+    """docs/attestation.md: a challenge for another TPM's EK, or a damaged one, is refused by swtpm (libtpms 0.9
+    answers TPM_RC_FAILURE for the first), but the TPM does not stay in failure mode: it quotes and activates a
+    genuine challenge afterwards."""
+    with VTPMEKIssuer(swtpm_other_ca.tcti, event_log_path=None) as other:
+        foreign, _pending = begin_enrollment(other.enrollment_request(), swtpm_other_ca.ca_cert_paths())
+    with VTPMEKIssuer(swtpm_ek.tcti, event_log_path=None) as tpm:
+        genuine, pending = begin_enrollment(tpm.enrollment_request(), swtpm_ek.ca_cert_paths())
+        blob = bytearray(base64.b64decode(genuine["credential_blob"]))
+        blob[10] ^= 0xFF
+        damaged = dict(genuine, credential_blob=_b64(bytes(blob)))
+        for challenge in (foreign, damaged, foreign):
+            with pytest.raises(AttestationError, match="TPM2_ActivateCredential refused the challenge"):
+                tpm.activate_credential(challenge)
+            assert tpm.issue(b"still quoting", b"n" * 32)
+        assert tpm.activate_credential(genuine) == pending.secret
