@@ -49,8 +49,10 @@ class ActionModule(ClusterAction):
         pub_key = priv_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo).decode()
         init_secret = parse_init_secret(args["init_secret"]) if args["init_secret"] else None
+        applied = [v for v in reached.values() if v is not None]
         out = backup.restore(args["endpoint"], settings, args["kms_uri"], salt, cluster_id, pub_key, exported,
-                             init_secret, check_mode=bool(self._task.check_mode))
+                             init_secret, check_mode=bool(self._task.check_mode),
+                             peer_version_floor=max(applied) if applied else None)
         out.update(backup=path, manifest=manifest, cluster_id=base64.b64encode(cluster_id).decode(), named=named,
                    peer_resource_version=version, nodes_peer_resource_version=reached)
         if args["kubernetes_etcd_snapshot"]:

@@ -329,10 +329,12 @@ def export_state(endpoint: str, settings, admin_priv_key, cluster_id: bytes) -> 
 
 
 def restore(endpoint: str, settings, kms_uri: str, measurement_salt: bytes, cluster_id: bytes, admin_pub_key: str,
-            exported: Dict[str, Any], init_secret: Optional[bytes], check_mode: bool) -> Dict[str, Any]:
+            exported: Dict[str, Any], init_secret: Optional[bytes], check_mode: bool,
+            peer_version_floor: Optional[int] = None) -> Dict[str, Any]:
     """Restores ``exported`` (from ``open_backup``) onto the attested fresh peer at ``endpoint``
-    (ActivateAsCoordinator with restore_state). A Coordinator of this cluster is left alone (changed False);
-    anything but a fresh peer is refused, naming it."""
+    (ActivateAsCoordinator with restore_state; its peer set continued above ``peer_version_floor``, the highest
+    version the Nodes applied). A Coordinator of this cluster is left alone (changed False); anything but a fresh
+    peer is refused, naming it."""
     from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
         ACCEPTING_INIT, ACTIVATING_NODES, FRESH, OURS, ROLE_COORDINATOR, open_peer, status_of)
 
@@ -354,7 +356,7 @@ def restore(endpoint: str, settings, kms_uri: str, measurement_salt: bytes, clus
         if check_mode:
             return result
         answer = client.activate_as_coordinator(kms_uri, measurement_salt, admin_pub_key, init_secret=init_secret,
-                                                restore_state=exported)
+                                                restore_state=exported, peer_resource_version_floor=peer_version_floor)
     if base64.b64decode(answer.get("cluster_id", "")) != cluster_id or answer.get("coordinator_vpn_ip") != exported.get("vpn_ip"):
         raise StateError("%s answered another cluster ID or VPN IP than the backup's" % endpoint)
     result.update(state=answer.get("state"), coordinator_vpn_ip=answer.get("coordinator_vpn_ip"),

@@ -155,6 +155,8 @@ class ActivateAsCoordinatorRequest(Record):
     init_secret: Optional[bytes] = wire("b64", False, 32, doc="secret")
     restore_state: Optional[dict] = wire("object", doc="secret: a Coordinator's ExportState answer; the fresh peer "
                                          "resumes it (restore.yml) instead of starting a cluster")
+    peer_resource_version_floor: Optional[int] = wire("int", doc="with restore_state: the highest peer set version "
+                                                      "the Nodes applied; the restored set continues above it")
 
 
 @dataclass(frozen=True)

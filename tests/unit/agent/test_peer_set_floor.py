@@ -139,3 +139,28 @@ def test_a_coordinator_restored_from_an_older_backup_continues_above_the_nodes_v
     # Asked again at that version: nothing new; at an older one: the same set at the same version.
     assert restored.coordinator.get_update(version + 1) == {"resource_version": version + 1}
     assert restored.coordinator.get_update(backup_version)["resource_version"] == version + 1
+
+
+def test_a_restore_given_the_nodes_version_continues_above_it_even_at_another_address(cluster, make_core):
+    """A named backup one change older than the Nodes, restored onto a host at another address: its own registry
+    entry makes one new version, the very version the Nodes hold. Given the Nodes' version (restore.yml asks them),
+    the restored set continues above it and the Nodes take the new address; without it they would see "nothing
+    new" at their version and keep the old one."""
+    coordinator, node, evictee = cluster["coordinator"], cluster["node"], cluster["evictee"]
+    exported = coordinator.backup.export_state()
+    coordinator.coordinator.remove_peer(evictee.vpn_ip)
+    assert node.node.apply_update(coordinator.coordinator.get_update(node.context.resource_version))
+    version = node.context.resource_version
+    restored, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.99")  # another address
+    restored.recovery.load()
+    restored.backup.restore(cluster["secret"].to_uri(), admin_pem(cluster["admin_key"]), exported,
+                            peer_version_floor=version)
+    assert restored.context.peer_registry.current().peers.version > version
+    assert node.node.apply_update(restored.coordinator.get_update(version))
+    coordinator_entry = [p for p in node.context.stored_node().peers if p.vpn_ip == coordinator.context.vpn_ip]
+    assert [p.public_ip for p in coordinator_entry] == ["10.42.0.99"]
+    with pytest.raises(Exception, match="peer_resource_version_floor"):
+        fresh, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.98")
+        fresh.recovery.load()
+        fresh.backup.restore(cluster["secret"].to_uri(), admin_pem(cluster["admin_key"]), exported,
+                             peer_version_floor=-5)
