@@ -40,19 +40,24 @@ class ActionModule(ClusterAction):
                                        "was sent" % path)
         priv_key = self.load_admin_priv_key(args["admin_priv_key_file"])
         version = backup.peer_resource_version(exported)  # from the decrypted, authenticated state
-        reached = backup.reached_versions(args["node_endpoints"] or [], settings, priv_key, cluster_id)
-        if not named:  # the newest left in the folder: not older than what the Nodes applied
-            try:
-                backup.check_not_older(path, version, reached)
-            except backup.BackupRefused as err:
-                raise backup.BackupRefused("backup refused, nothing was sent: %s" % err) from None
+        reached = {}
+
+        def floor():
+            """Only for a fresh host (a second run asks nobody): the versions the Nodes applied, and the newest
+            left in the folder must not be older; the highest goes with the restore."""
+            reached.update(backup.reached_versions(args["node_endpoints"] or [], settings, priv_key, cluster_id))
+            if not named:
+                try:
+                    backup.check_not_older(path, version, reached)
+                except backup.BackupRefused as err:
+                    raise backup.BackupRefused("backup refused, nothing was sent: %s" % err) from None
+            applied = [v for v in reached.values() if v is not None]
+            return max(applied) if applied else None
         pub_key = priv_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo).decode()
         init_secret = parse_init_secret(args["init_secret"]) if args["init_secret"] else None
-        applied = [v for v in reached.values() if v is not None]
         out = backup.restore(args["endpoint"], settings, args["kms_uri"], salt, cluster_id, pub_key, exported,
-                             init_secret, check_mode=bool(self._task.check_mode),
-                             peer_version_floor=max(applied) if applied else None)
+                             init_secret, check_mode=bool(self._task.check_mode), peer_version_floor=floor)
         out.update(backup=path, manifest=manifest, cluster_id=base64.b64encode(cluster_id).decode(), named=named,
                    peer_resource_version=version, nodes_peer_resource_version=reached)
         if args["kubernetes_etcd_snapshot"]:

@@ -35,7 +35,7 @@ import hmac
 import json
 import os
 import secrets
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import constants
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
@@ -330,21 +330,23 @@ def export_state(endpoint: str, settings, admin_priv_key, cluster_id: bytes) -> 
 
 def restore(endpoint: str, settings, kms_uri: str, measurement_salt: bytes, cluster_id: bytes, admin_pub_key: str,
             exported: Dict[str, Any], init_secret: Optional[bytes], check_mode: bool,
-            peer_version_floor: Optional[int] = None) -> Dict[str, Any]:
+            peer_version_floor: Optional[Callable[[], Optional[int]]] = None) -> Dict[str, Any]:
     """Restores ``exported`` (from ``open_backup``) onto the attested fresh peer at ``endpoint``
-    (ActivateAsCoordinator with restore_state; its peer set continued above ``peer_version_floor``, the highest
-    version the Nodes applied). A Coordinator of this cluster is left alone (changed False); anything but a fresh
-    peer is refused, naming it."""
+    (ActivateAsCoordinator with restore_state). A Coordinator of this cluster is left alone (changed False);
+    anything but a fresh peer is refused, naming it. ``peer_version_floor()``, asked only for a fresh peer (also in
+    check mode): the highest version the Nodes applied, which the restored peer set continues above; it may refuse
+    (``check_not_older``)."""
     from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
         ACCEPTING_INIT, ACTIVATING_NODES, FRESH, OURS, ROLE_COORDINATOR, open_peer, status_of)
 
     result: Dict[str, Any] = {"changed": False, "endpoint": endpoint}
-    with open_peer(endpoint, settings) as client:
+
+    def fresh(client) -> bool:
         status = status_of(client, endpoint, cluster_id)
         result.update(state_before=status.state, state=status.state)
         if status.membership == OURS and status.role == ROLE_COORDINATOR and status.state == ACTIVATING_NODES:
             result["note"] = "already a Coordinator of this cluster: nothing to restore"
-            return result
+            return False
         if status.membership != FRESH or status.state != ACCEPTING_INIT:
             raise StateError("%s is %s (role %s, PCR 15 %s): a backup is restored only onto a fresh peer; reset it "
                              "(or recover a rebooted Coordinator with recover.yml)"
@@ -352,11 +354,23 @@ def restore(endpoint: str, settings, kms_uri: str, measurement_salt: bytes, clus
         if status.role != constants.ROLE_UNKNOWN:
             raise StateError("%s holds a %s's state and waits for recovery: recover it with recover.yml instead of "
                              "restoring a backup over it" % (endpoint, status.role))
+        return True
+
+    if peer_version_floor is not None:  # the Nodes are asked only for a fresh peer, on no connection of its
+        with open_peer(endpoint, settings) as client:
+            if not fresh(client):
+                return result
+        floor = peer_version_floor()
+    else:
+        floor = None
+    with open_peer(endpoint, settings) as client:
+        if not fresh(client):
+            return result
         result["changed"] = True
         if check_mode:
             return result
         answer = client.activate_as_coordinator(kms_uri, measurement_salt, admin_pub_key, init_secret=init_secret,
-                                                restore_state=exported, peer_resource_version_floor=peer_version_floor)
+                                                restore_state=exported, peer_resource_version_floor=floor)
     if base64.b64decode(answer.get("cluster_id", "")) != cluster_id or answer.get("coordinator_vpn_ip") != exported.get("vpn_ip"):
         raise StateError("%s answered another cluster ID or VPN IP than the backup's" % endpoint)
     result.update(state=answer.get("state"), coordinator_vpn_ip=answer.get("coordinator_vpn_ip"),
