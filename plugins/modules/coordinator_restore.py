@@ -64,8 +64,8 @@ options:
     description:
       - The Nodes' public endpoints. Each is attested and asked, after AdminAuth, for the peer set version it applied
         (GetState's details); a Node that does not answer is left out. When Nodes are given and none answers, the newest
-        backup is refused (name it in O(backup)). The highest version they answer goes with the restore: the restored
-        peer set continues above it, so the Nodes, which refuse an older set, take it.
+        backup is refused (name it in O(backup)). The highest version they answer goes with the restore, and the restored
+        peer set continues above it - the Nodes refuse an older set.
     type: list
     elements: str
     default: []
