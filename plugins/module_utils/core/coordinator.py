@@ -252,12 +252,14 @@ class Coordinator:
         """A Node holds a newer peer set than this Coordinator: a Coordinator restored from an older backup, or
         (several Coordinators) a registry this process has not read again yet. Nodes refuse an older set
         (core/node.py), so the stored set continues at ``resource_version + 1`` with the same peers; when the
-        store already holds that version, nothing is written. The registry as committed."""
+        store already holds that version (this process had not read it again), nothing changes. The registry as
+        committed."""
         committed = []
 
         def step(registry):
             before = registry.peers.version
-            committed[:] = [before, registry.peers.continue_above(resource_version)]
+            after = registry.peers.continue_above(resource_version) if resource_version > before else before
+            committed[:] = [before, after]
             return registry
 
         registry = self.context.peer_registry.update(step)
