@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 
 from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
 
@@ -30,14 +29,7 @@ class ActionModule(ClusterAction):
         master = MasterSecret.from_uri(args["kms_uri"])
         salt = decode_salt(args["measurement_salt"])
         cluster_id = ClusterKMS(master).cluster_id(salt)
-        path = args["backup"]
-        if not path:
-            if not args["backup_dir"]:
-                raise InputError("backup", "the backup's manifest file, or backup_dir to take the newest of this cluster")
-            found = backup.backups(args["backup_dir"], base64.b64encode(cluster_id).decode())
-            if not found:
-                raise InputError("backup_dir", "a folder with a backup of this cluster", args["backup_dir"])
-            path = found[-1][0]
+        path, named = backup.choose(args["backup"], args["backup_dir"], cluster_id)
         # Every check before anything is sent: a refused backup never reaches a host.
         try:
             manifest, exported, snapshot = backup.open_all(path, master, cluster_id)
@@ -47,12 +39,27 @@ class ActionModule(ClusterAction):
             raise backup.BackupRefused("%s holds no Kubernetes etcd snapshot (its manifest's contents say why), nothing "
                                        "was sent" % path)
         priv_key = self.load_admin_priv_key(args["admin_priv_key_file"])
+        version = backup.peer_resource_version(exported)  # from the decrypted, authenticated state
+        reached = {}
+
+        def floor():
+            """Only for a fresh host (a second run asks nobody): the versions the Nodes applied, and the newest
+            left in the folder must not be older; the highest goes with the restore."""
+            reached.update(backup.reached_versions(args["node_endpoints"] or [], settings, priv_key, cluster_id))
+            if not named:
+                try:
+                    backup.check_not_older(path, version, reached)
+                except backup.BackupRefused as err:
+                    raise backup.BackupRefused("backup refused, nothing was sent: %s" % err) from None
+            applied = [v for v in reached.values() if v is not None]
+            return max(applied) if applied else None
         pub_key = priv_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo).decode()
         init_secret = parse_init_secret(args["init_secret"]) if args["init_secret"] else None
         out = backup.restore(args["endpoint"], settings, args["kms_uri"], salt, cluster_id, pub_key, exported,
-                             init_secret, check_mode=bool(self._task.check_mode))
-        out.update(backup=path, manifest=manifest, cluster_id=base64.b64encode(cluster_id).decode())
+                             init_secret, check_mode=bool(self._task.check_mode), peer_version_floor=floor)
+        out.update(backup=path, manifest=manifest, cluster_id=base64.b64encode(cluster_id).decode(), named=named,
+                   peer_resource_version=version, nodes_peer_resource_version=reached)
         if args["kubernetes_etcd_snapshot"]:
             out["kubernetes_etcd_snapshot"] = base64.b64encode(snapshot).decode()
         return out

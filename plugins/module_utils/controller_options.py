@@ -76,6 +76,7 @@ COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
     init_secret=dict(type="str", no_log=True),
     backup=dict(type="path"),
     backup_dir=dict(type="path"),
+    node_endpoints=dict(type="list", elements="str", default=[]),
     kubernetes_etcd_snapshot=dict(type="bool", default=False),
 )
 # Day-2 (issue 28): the admin removes a Node through the Coordinator; resets a peer's agent.

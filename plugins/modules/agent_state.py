@@ -139,6 +139,12 @@ secrets_at_rest:
   returned: success
   type: dict
   sample: {"sealed": true, "pcrs": [4, 9, 11, 13]}
+peer_resource_version:
+  description:
+    - The version of the peer set a Node applied (it refuses an older one) or a Coordinator holds (only with
+      O(admin_priv_key_file), once activated). restore.yml compares the newest backup with the Nodes' versions.
+  returned: success
+  type: int
 """
 
 from ansible.module_utils.basic import AnsibleModule

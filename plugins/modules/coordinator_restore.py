@@ -49,11 +49,26 @@ options:
     description: SECRET. The cluster's init secret (standard base64), proven to a peer provisioned with an init secret hash.
     type: str
   backup:
-    description: The backup's manifest file (C(*.manifest.json)).
+    description:
+      - The backup the admin names - its manifest file (C(*.manifest.json)), or its name in O(backup_dir) (C(backup-...),
+        with or without C(.manifest.json)). A named backup is restored whatever its peer set's version.
     type: path
   backup_dir:
-    description: Without O(backup), the newest backup of this cluster in this folder is restored.
+    description:
+      - Without O(backup), the newest backup of this cluster in this folder, and only when its peer set is not older than
+        the one the Nodes at O(node_endpoints) applied. Its newer backups deleted, the newest left would roll back every
+        change of the peers since (an evicted peer would come back); it is refused, naming both versions and the Node,
+        and nothing is sent. Name the backup in O(backup) to restore it anyway.
     type: path
+  node_endpoints:
+    description:
+      - The Nodes' public endpoints. Each is attested and asked, after AdminAuth, for the peer set version it applied
+        (GetState's details); a Node that does not answer is left out. When Nodes are given and none answers, the newest
+        backup is refused (name it in O(backup)). The highest version they answer goes with the restore, and the restored
+        peer set continues above it - the Nodes refuse an older set.
+    type: list
+    elements: str
+    default: []
   kubernetes_etcd_snapshot:
     description:
       - Also return the backup's Kubernetes etcd snapshot (verified like the rest) in base64 as
@@ -82,6 +97,7 @@ EXAMPLES = r"""
     measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
     admin_priv_key_file: admin_key
     backup_dir: "{{ inventory_dir }}/backups"
+    node_endpoints: [192.0.2.11:9000, 192.0.2.12:9000]
     measurements_file: measurements.json
   no_log: true
 """
@@ -97,6 +113,18 @@ backup:
   type: str
 manifest:
   description: Its manifest (no secret in it).
+  returned: success
+  type: dict
+named:
+  description: Whether the backup was named (O(backup)) rather than the newest in O(backup_dir).
+  returned: success
+  type: bool
+peer_resource_version:
+  description: The version of the peer set in the backup (from its decrypted state).
+  returned: success
+  type: int
+nodes_peer_resource_version:
+  description: Each Node of O(node_endpoints) with the peer set version it applied (null where it did not answer).
   returned: success
   type: dict
 state_before:

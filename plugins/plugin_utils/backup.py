@@ -35,11 +35,11 @@ import hmac
 import json
 import os
 import secrets
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import constants
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, StateError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
 FORMAT = "constellation.cluster/backup/v1"
@@ -111,6 +111,7 @@ def seal(master: kms_mod.MasterSecret, exported: Dict[str, Any], endpoint: str,
                                             "reason": "Kubernetes is not managed by this inventory"}))
     manifest = {"format": FORMAT, "created": created, "cluster_id": exported.get("cluster_id"),
                 "coordinator": {"endpoint": endpoint, "vpn_ip": exported.get("vpn_ip")}, "contents": contents,
+                "peer_resource_version": peer_resource_version(exported),
                 "state_fingerprint": fingerprint(master, exported, snapshot_sha256),
                 "cipher": {"algorithm": CIPHER, "key": KEY_DERIVATION, "nonce": base64.b64encode(nonce).decode(),
                            "aad": "the canonical JSON of this manifest without %s" % " and ".join(_DATA_FIELDS)},
@@ -118,6 +119,71 @@ def seal(master: kms_mod.MasterSecret, exported: Dict[str, Any], endpoint: str,
     data = nonce + AESGCM(kms_mod.backup_key(master)).encrypt(nonce, canonical(plain), _aad(manifest))
     manifest.update(data_sha256=hashlib.sha256(data).hexdigest(), data_size=len(data))
     return manifest, data, name
+
+
+def peer_resource_version(exported: Any) -> Optional[int]:
+    """The version of the peer set in an ExportState answer (the backup's counter: every change of the peers, an
+    eviction too, raises it), or None in a backup made without it."""
+    version = exported.get("peer_resource_version") if isinstance(exported, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
+def choose(backup: Optional[str], backup_dir: Optional[str], cluster_id: bytes) -> Tuple[str, bool]:
+    """(manifest path, named): the backup the admin names (a manifest's path, or a backup's name in
+    ``backup_dir``: ``backup-...`` with or without ``.manifest.json``), else the newest of this cluster in
+    ``backup_dir`` (which ``check_not_older`` checks against what the cluster reached)."""
+    if backup:
+        if os.path.isfile(backup) or not backup_dir or os.sep in backup:
+            return backup, True
+        name = backup if backup.endswith(MANIFEST_SUFFIX) else backup + MANIFEST_SUFFIX
+        return os.path.join(backup_dir, name), True
+    if not backup_dir:
+        raise InputError("backup", "the backup's manifest file or name, or backup_dir to take the newest of this cluster")
+    found = backups(backup_dir, base64.b64encode(cluster_id).decode())
+    if not found:
+        raise InputError("backup_dir", "a folder with a backup of this cluster", backup_dir)
+    return found[-1][0], False
+
+
+def check_not_older(path: str, version: Optional[int], reached: Dict[str, Optional[int]]) -> None:
+    """The newest backup in its folder is restored only when its peer set is not older than the one the cluster
+    is known to have reached: ``reached`` maps each Node asked to the version it applied (None: it did not answer).
+    Its newer backups deleted, the newest left would roll back every change since (an evicted peer would come
+    back). BackupRefused naming both versions and the override: naming the backup."""
+    override = ("to restore it anyway, name it: -e constellation_backup=%s (restore.yml, docs/site.md)" % path)
+    answered = {endpoint: v for endpoint, v in reached.items() if v is not None}
+    if reached and not answered:
+        raise BackupRefused("%s: none of the Nodes (%s) answered with the peer set version it applied, so the newest "
+                            "backup cannot be checked against what the cluster reached; %s"
+                            % (path, ", ".join(sorted(reached)), override))
+    if not answered:
+        return
+    endpoint = max(sorted(answered), key=lambda e: answered[e])
+    if version is None:
+        raise BackupRefused("%s does not say which peer set version it holds (made by an older version of this "
+                            "collection), so it cannot be checked against version %d, which %s applied; %s"
+                            % (path, answered[endpoint], endpoint, override))
+    if version < answered[endpoint]:
+        raise BackupRefused("%s holds the peer set at version %d, older than version %d, which %s applied: the newest "
+                            "backup left in its folder would roll back what changed since (an evicted peer would come "
+                            "back); %s" % (path, version, answered[endpoint], endpoint, override))
+
+
+def reached_versions(endpoints: List[str], settings, admin_priv_key, cluster_id: bytes) -> Dict[str, Optional[int]]:
+    """The peer set version each Node at ``endpoints`` applied (attested, PCR 15 ours, GetState's details after
+    AdminAuth); None for one that cannot be reached or is not a Node of this cluster."""
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import IS_NODE, OURS, peer_status
+
+    reached: Dict[str, Optional[int]] = {}
+    for endpoint in endpoints:
+        try:
+            status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
+        except (ConstellationError, OSError):
+            reached[endpoint] = None
+            continue
+        ours = status.membership == OURS and status.state == IS_NODE
+        reached[endpoint] = status.peer_resource_version if ours else None
+    return reached
 
 
 def check_snapshot(data: bytes, what: str) -> str:
@@ -263,20 +329,24 @@ def export_state(endpoint: str, settings, admin_priv_key, cluster_id: bytes) -> 
 
 
 def restore(endpoint: str, settings, kms_uri: str, measurement_salt: bytes, cluster_id: bytes, admin_pub_key: str,
-            exported: Dict[str, Any], init_secret: Optional[bytes], check_mode: bool) -> Dict[str, Any]:
+            exported: Dict[str, Any], init_secret: Optional[bytes], check_mode: bool,
+            peer_version_floor: Optional[Callable[[], Optional[int]]] = None) -> Dict[str, Any]:
     """Restores ``exported`` (from ``open_backup``) onto the attested fresh peer at ``endpoint``
     (ActivateAsCoordinator with restore_state). A Coordinator of this cluster is left alone (changed False);
-    anything but a fresh peer is refused, naming it."""
+    anything but a fresh peer is refused, naming it. ``peer_version_floor()``, asked only for a fresh peer (also in
+    check mode): the highest version the Nodes applied, which the restored peer set continues above; it may refuse
+    (``check_not_older``)."""
     from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
         ACCEPTING_INIT, ACTIVATING_NODES, FRESH, OURS, ROLE_COORDINATOR, open_peer, status_of)
 
     result: Dict[str, Any] = {"changed": False, "endpoint": endpoint}
-    with open_peer(endpoint, settings) as client:
+
+    def fresh(client) -> bool:
         status = status_of(client, endpoint, cluster_id)
         result.update(state_before=status.state, state=status.state)
         if status.membership == OURS and status.role == ROLE_COORDINATOR and status.state == ACTIVATING_NODES:
             result["note"] = "already a Coordinator of this cluster: nothing to restore"
-            return result
+            return False
         if status.membership != FRESH or status.state != ACCEPTING_INIT:
             raise StateError("%s is %s (role %s, PCR 15 %s): a backup is restored only onto a fresh peer; reset it "
                              "(or recover a rebooted Coordinator with recover.yml)"
@@ -284,11 +354,23 @@ def restore(endpoint: str, settings, kms_uri: str, measurement_salt: bytes, clus
         if status.role != constants.ROLE_UNKNOWN:
             raise StateError("%s holds a %s's state and waits for recovery: recover it with recover.yml instead of "
                              "restoring a backup over it" % (endpoint, status.role))
+        return True
+
+    if peer_version_floor is not None:  # the Nodes are asked only for a fresh peer, on no connection of its
+        with open_peer(endpoint, settings) as client:
+            if not fresh(client):
+                return result
+        floor = peer_version_floor()
+    else:
+        floor = None
+    with open_peer(endpoint, settings) as client:
+        if not fresh(client):
+            return result
         result["changed"] = True
         if check_mode:
             return result
         answer = client.activate_as_coordinator(kms_uri, measurement_salt, admin_pub_key, init_secret=init_secret,
-                                                restore_state=exported)
+                                                restore_state=exported, peer_resource_version_floor=floor)
     if base64.b64decode(answer.get("cluster_id", "")) != cluster_id or answer.get("coordinator_vpn_ip") != exported.get("vpn_ip"):
         raise StateError("%s answered another cluster ID or VPN IP than the backup's" % endpoint)
     result.update(state=answer.get("state"), coordinator_vpn_ip=answer.get("coordinator_vpn_ip"),

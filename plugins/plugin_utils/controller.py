@@ -65,6 +65,8 @@ class PeerStatus:
     # PCR 13's events (the agent's code and trust configuration) and whether its secrets at rest are sealed.
     agent_measurement: Optional[Dict[str, Any]] = None
     secrets_at_rest: Optional[Dict[str, Any]] = None
+    # The peer set's version a Node applied or a Coordinator holds (details only).
+    peer_resource_version: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
@@ -72,7 +74,8 @@ class PeerStatus:
                 "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted),
                 "removed": list(self.removed),
                 "etcd_member": self.etcd_member, "state_disk": self.state_disk,
-                "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest}
+                "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest,
+                "peer_resource_version": self.peer_resource_version}
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -145,11 +148,16 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       etcd_member=_opt_str(state.get("etcd_member")),
                       state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None,
                       agent_measurement=_opt_dict(state.get("agent_measurement")),
-                      secrets_at_rest=_opt_dict(state.get("secrets_at_rest")))
+                      secrets_at_rest=_opt_dict(state.get("secrets_at_rest")),
+                      peer_resource_version=_opt_int(state.get("peer_resource_version")))
 
 
 def _opt_dict(value: Any) -> Optional[Dict[str, Any]]:
     return dict(value) if isinstance(value, dict) else None
+
+
+def _opt_int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _opt_str(value: Any) -> Optional[str]:

@@ -105,7 +105,8 @@ class PubAPI:
     def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:
         if request.restore_state is not None:  # restore.yml: a backup's state onto this fresh peer
             result = self.backup.restore(request.kms_uri, request.admin_pub_key, request.restore_state,
-                                         request.init_secret, request.measurement_salt)
+                                         request.init_secret, request.measurement_salt,
+                                         request.peer_resource_version_floor)
             conn.stream.send_result(result.to_dict())
             return
         result = self.coordinator.activate_as_coordinator(request.kms_uri, request.measurement_salt, request.admin_pub_key,

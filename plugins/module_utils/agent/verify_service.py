@@ -15,7 +15,8 @@ validates the answer with our validator: nonce binding, quote, measurements, and
 The message classes are built at run time from Constellation's proto definition (a descriptor
 in a private pool, no generated code), so the same code runs on Debian 12's python3-protobuf
 3.21 and on current protobuf. grpcio and protobuf are imported only when gRPC is used.
-Bounded everywhere: nonce size, request size, answer size, concurrent requests, timeouts.
+Bounded everywhere: nonce size, request size, answer size, concurrent requests, requests per source
+(agent/verify_limit.py), timeouts.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.encoding imp
     format_endpoint, load_json, parse_endpoint)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError)
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.verify_limit import (
+    limited, rate_limit, source_ip)
 
 VERIFY_USER_DATA = b"VerifyService"  # constants.ConstellationVerifyServiceUserData
 GRPC_PORT = 9090  # constants.VerifyServicePortGRPC
@@ -141,11 +144,13 @@ def decode_url_nonce(text: str) -> bytes:
 
 
 class GRPCVerifyServer:
-    """``verify.API/GetAttestation`` over plain gRPC on ``bind`` (port 0: any free port)."""
+    """``verify.API/GetAttestation`` over plain gRPC on ``bind`` (port 0: any free port). ``limit``: the requests'
+    budget (``rate_limit()``; ``serve`` shares one between both transports)."""
 
-    def __init__(self, bind: Tuple[str, int], issue: Issue, log: Optional[Log] = None):
+    def __init__(self, bind: Tuple[str, int], issue: Issue, log: Optional[Log] = None, limit: Any = None):
         grpc = _require_grpc()
         self._grpc, self._issue, self._log = grpc, issue, log or (lambda event, **fields: None)
+        self._limit = limit if limit is not None else rate_limit()
         proto = messages()
         self._response = proto.response
         self._server = grpc.server(
@@ -178,6 +183,10 @@ class GRPCVerifyServer:
 
     def _get_attestation(self, request, context):
         peer = context.peer()
+        refused = limited(self._limit, source_ip(peer))
+        if refused:
+            self._log("verify_refused", level="warning", server="verify-grpc", peer=peer, reason=refused)
+            context.abort(self._grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         problem = nonce_problem(request.nonce)
         if problem:
             self._log("verify_refused", level="warning", server="verify-grpc", peer=peer, reason=problem)
@@ -276,10 +285,11 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
 
 
 class HTTPVerifyServer:
-    """``GET /?nonce=<URL-safe base64>`` -> ``{"data": <std base64 document>}`` on ``bind``."""
+    """``GET /?nonce=<URL-safe base64>`` -> ``{"data": <std base64 document>}`` on ``bind``; ``limit`` as gRPC's."""
 
-    def __init__(self, bind: Tuple[str, int], issue: Issue, log: Optional[Log] = None):
+    def __init__(self, bind: Tuple[str, int], issue: Issue, log: Optional[Log] = None, limit: Any = None):
         self._issue, self._log = issue, log or (lambda event, **fields: None)
+        self._limit = limit if limit is not None else rate_limit()
         self._httpd = _BoundedHTTPServer(bind, self)
         self.address = self._httpd.server_address[:2]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
@@ -297,6 +307,9 @@ class HTTPVerifyServer:
 
     def answer(self, handler: _HTTPHandler) -> None:
         peer = format_endpoint(*handler.client_address[:2])
+        refused = limited(self._limit, source_ip(str(handler.client_address[0])))
+        if refused:
+            return self._refuse(handler, peer, 429, refused)
         if len(handler.requestline) > MAX_REQUEST_SIZE:
             return self._refuse(handler, peer, 414, "request line longer than %d bytes" % MAX_REQUEST_SIZE)
         values = parse_qs(urlsplit(handler.path).query, keep_blank_values=True).get("nonce", [])
@@ -329,7 +342,7 @@ def serve(grpc_endpoint: Optional[str], http_endpoint: Optional[str], issue: Iss
     """Starts the service on the endpoints that are set (``""``/None: off); each has ``stop()``.
     ``issue(user_data, nonce)`` is the agent's issuer (with its deadline)."""
     servers: List[Any] = []
-    issue = _bounded(issue)
+    issue, limit = _bounded(issue), rate_limit()
     try:
         for name, endpoint, kind in (("verify_grpc_endpoint", grpc_endpoint, GRPCVerifyServer),
                                      ("verify_http_endpoint", http_endpoint, HTTPVerifyServer)):
@@ -337,7 +350,7 @@ def serve(grpc_endpoint: Optional[str], http_endpoint: Optional[str], issue: Iss
                 continue
             address = parse_endpoint(endpoint, name)
             try:
-                servers.append(kind(address, issue, log).start())
+                servers.append(kind(address, issue, log, limit).start())
             except InputError:
                 raise
             except ConstellationError as err:

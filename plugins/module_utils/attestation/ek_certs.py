@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The EK trust anchor of variant ``qemu-vtpm-ek`` (ek.py): CA certificates from a PEM file (a bundle
 of several CAs, as TPM vendors and cloud vTPMs publish them) or a folder of PEM files, and the check
-that an EK certificate (RSA-2048+ or ECC P-256/P-384) chains to a self-signed root of that bundle,
+that an EK certificate (RSA-2048+ or ECC P-256/P-384, an end-entity certificate fit for an EK under the
+TCG EK credential profile) chains to a self-signed root of that bundle,
 through intermediates given beside the roots or offered by the TPM's NV (untrusted links). A CA
 certificate that is not self-signed is never a trust anchor. No TPM code here."""
 
@@ -25,6 +26,9 @@ except ImportError:
     HAS_CRYPTOGRAPHY = False
 
 _MAX_CHAIN = 5
+if HAS_CRYPTOGRAPHY:
+    # TCG EK Credential Profile: the extended key usage of an EK certificate.
+    TCG_KP_EK_CERTIFICATE = x509.ObjectIdentifier("2.23.133.8.1")
 _MAX_NV_CHAIN_CERTS = 8
 
 
@@ -130,9 +134,46 @@ def _untrusted_intermediates(chain: Sequence[bytes]) -> List["x509.Certificate"]
     return certs
 
 
+def _extension(cert: "x509.Certificate", kind):
+    try:
+        return cert.extensions.get_extension_for_class(kind).value
+    except x509.ExtensionNotFound:
+        return None
+
+
+def check_ek_profile(cert: "x509.Certificate", key) -> None:
+    """The certificate is one fit for an EK (TCG EK Credential Profile): an end-entity certificate (basic
+    constraints absent or cA false); its key usage, where present, allows keyEncipherment (RSA EK) or
+    keyAgreement (ECC EK) and never keyCertSign; its extended key usage, where present, holds tcg-kp-EKCertificate
+    (2.23.133.8.1), so a TLS server or client certificate is refused. A CA's own certificate, or a certificate
+    for some other key that a bundled CA signed, would otherwise get the credential challenge encrypted to a key
+    that is no TPM's. AttestationError naming the certificate and the rule broken."""
+
+    def refuse(rule: str) -> None:
+        raise AttestationError("EK certificate %s is not fit for an EK (TCG EK credential profile): %s"
+                               % (cert.subject.rfc4514_string() or "(empty subject)", rule))
+
+    constraints = _extension(cert, x509.BasicConstraints)
+    if constraints is not None and constraints.ca:
+        refuse("it is a CA certificate (basic constraints cA true); an EK certificate is an end-entity certificate")
+    usage = _extension(cert, x509.KeyUsage)
+    if usage is not None:
+        if usage.key_cert_sign:
+            refuse("its key usage allows keyCertSign")
+        if isinstance(key, rsa.RSAPublicKey) and not usage.key_encipherment:
+            refuse("its key usage does not allow keyEncipherment, which an RSA EK's certificate must")
+        if isinstance(key, ec.EllipticCurvePublicKey) and not usage.key_agreement:
+            refuse("its key usage does not allow keyAgreement, which an ECC EK's certificate must")
+    purposes = _extension(cert, x509.ExtendedKeyUsage)
+    if purposes is not None and TCG_KP_EK_CERTIFICATE not in list(purposes):
+        refuse("its extended key usage (%s) does not hold tcg-kp-EKCertificate (%s)"
+               % (", ".join(getattr(oid, "_name", None) or oid.dotted_string for oid in purposes) or "empty",
+                  TCG_KP_EK_CERTIFICATE.dotted_string))
+
+
 def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"],
                    chain: Sequence[bytes] = ()) -> "x509.Certificate":
-    """The EK certificate (RSA-2048 or ECC P-256/P-384 key) must chain, link by link (issuer name +
+    """The EK certificate (RSA-2048 or ECC P-256/P-384 key, fit for an EK: ``check_ek_profile``) must chain, link by link (issuer name +
     signature + validity), to a self-signed root among ``ca_certs``. Intermediates may be among
     ``ca_certs`` (given beside the roots) or in ``chain`` (DER, what the TPM's NV holds, untrusted);
     a CA certificate that is not self-signed is never a trust anchor, and nothing from ``chain`` is."""
@@ -148,6 +189,7 @@ def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"],
     if not (isinstance(key, rsa.RSAPublicKey) and key.key_size >= 2048
             or isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, (ec.SECP256R1, ec.SECP384R1))):
         raise AttestationError("EK certificate does not hold an RSA (2048 bits or more) or ECC P-256/P-384 key")
+    check_ek_profile(cert, key)
     offered = _untrusted_intermediates(chain)
     current = cert
     for _attempt in range(_MAX_CHAIN):

@@ -5,14 +5,17 @@
 
 * ``export_state``: every key of an activated Coordinator's store (node state with its WireGuard key, KMS
   settings, init secret, peer registry, disk UUIDs, evictions...), for the admin channel's ``ExportState``
-  (admin-authenticated; the handler checks that). The controller encrypts it; nothing here is written.
+  (admin-authenticated; the handler checks that), with the peer set's version (``peer_resource_version``, the
+  backup's counter). The controller encrypts it; nothing here is written.
 * ``restore``: a fresh peer (AcceptingInit, no stored state, PCR 15 zeros) takes such an export in
   ``ActivateAsCoordinator`` (``restore_state``), authenticated as an activation is (the init secret's proof),
   with the KMS URI. Everything is checked before the node lock: the export's format, its node state (a
   Coordinator's), its peer registry and KMS settings, and that the KMS URI derives the export's cluster ID
   (a backup of another cluster is refused) and that the admin key is the one the export pinned. Then the
   lock (PCR 15 <- cluster ID), the keys go into the store, the peer resumes as after ``Recover`` (same VPN
-  IP, WireGuard key, registry, KMS URI) and derives the disk key of its own (new) disk UUID.
+  IP, WireGuard key, registry, KMS URI) and derives the disk key of its own (new) disk UUID. Given the highest
+  peer set version the Nodes applied (``peer_version_floor``, restore.yml asks them), the restored set continues
+  above it: a Node refuses an older set (core/node.py), and another set at its own version would never reach it.
 
 Restoring Coordinators that shared their state in etcd members is not supported (refused, naming why).
 """
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, open_kms, parse_admin_pub_key
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import MAX_RESOURCE_VERSION
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import CoordinatorActivation
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
@@ -84,12 +88,15 @@ class StateBackup:
                                "items": {key: b64(value) for key, value in ctx.local_store.items("")}}
         if ctx.store is not ctx.local_store:
             out["cluster_items"] = {key: b64(value) for key, value in ctx.store.items("")}
+        # The backup's counter: every change of the peers raises it (restore.yml compares it with the Nodes').
+        registry = ctx.peer_registry.current()
+        out["peer_resource_version"] = registry.peers.version if registry is not None else None
         ctx.log("state_exported", keys=len(out["items"]) + len(out.get("cluster_items") or ()))
         return out
 
     # -- back in
     def restore(self, kms_uri: str, admin_pub_key: str, exported: Any, init_secret: Optional[bytes] = None,
-                measurement_salt: Optional[bytes] = None) -> CoordinatorActivation:
+                measurement_salt: Optional[bytes] = None, peer_version_floor: Optional[int] = None) -> CoordinatorActivation:
         method = "ActivateAsCoordinator (restore)"
         ctx = self.context
         ctx.require_state(method, State.ACCEPTING_INIT)
@@ -105,6 +112,10 @@ class StateBackup:
                              "share their state in etcd is not supported" % method)
         items = parse_export(exported)
         node = check_export(items)
+        if peer_version_floor is not None and (not isinstance(peer_version_floor, int) or isinstance(peer_version_floor, bool)
+                                               or not 0 <= peer_version_floor < MAX_RESOURCE_VERSION):
+            raise InputError("peer_resource_version_floor", "an integer in [0, %d)" % MAX_RESOURCE_VERSION,
+                             peer_version_floor)
         if measurement_salt is not None and bytes(measurement_salt) != node.measurement_salt:
             raise InputError("measurement_salt", "the measurement salt of the backup's cluster")
         kms = open_kms(kms_uri)
@@ -136,6 +147,8 @@ class StateBackup:
             pub_key = ctx.vpn_pub_key
             self.access.claim_disk_uuid(ctx.disk_uuid, restored.vpn_ip, pub_key, method)  # this host's disk
             ctx.keep_disk_key(kms.state_disk_key(ctx.disk_uuid))
+            if peer_version_floor is not None:  # the Nodes refuse an older set: continue above what they applied
+                ctx.peer_registry.update(lambda r: r.peers.continue_above(peer_version_floor))
             registry = ctx.peer_registry.current()
             own = registry.peers.get(restored.vpn_ip) if registry is not None else None
             if own is None or own.public_ip != ctx.public_ip:  # restored onto a host with another address

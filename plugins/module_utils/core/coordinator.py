@@ -244,7 +244,29 @@ class Coordinator:
         registry = self.context.peer_registry.current()  # from memory: no store access per poll
         if registry is None:
             raise StateError("GetUpdate: this Coordinator has no peer registry")
+        if resource_version > registry.peers.version:
+            registry = self._continue_above(resource_version, registry.peers.version)
         return self.signing.signed_update(registry.peers, resource_version)  # core/signing.py
+
+    def _continue_above(self, resource_version: int, version: int) -> Any:
+        """A Node holds a newer peer set than this Coordinator: a Coordinator restored from an older backup, or
+        (several Coordinators) a registry this process has not read again yet. Nodes refuse an older set
+        (core/node.py), so the stored set continues at ``resource_version + 1`` with the same peers; when the
+        store already holds that version (this process had not read it again), nothing changes. The registry as
+        committed."""
+        committed = []
+
+        def step(registry):
+            before = registry.peers.version
+            after = registry.peers.continue_above(resource_version) if resource_version > before else before
+            committed[:] = [before, after]
+            return registry
+
+        registry = self.context.peer_registry.update(step)
+        if committed[1] != committed[0]:
+            self.context.log("peer_version_continued", level="warning", resource_version=committed[1],
+                             previous_resource_version=version, node_resource_version=resource_version)
+        return registry
 
     def peer_version(self) -> Optional[int]:
         """The peer set's version now (from memory), None without a registry."""

@@ -215,6 +215,16 @@ class NodeSide:
         if parsed.resource_version == version and not parsed:
             return False
         new = parsed.apply_to(current)
+        # The floor: a peer set is never older than the one applied. A replayed, validly signed older set
+        # (one that still lists an evicted peer) is refused, and so is another set at the same version; a
+        # Coordinator restored from a backup continues above the version its Nodes ask with (core/coordinator.py).
+        if parsed.resource_version < version or (parsed.resource_version == version and new != current):
+            what = "is older than" if parsed.resource_version < version else "differs from"
+            reason = ("GetUpdate: the peer set at version %d %s the one this Node applied (version %d): refused, "
+                      "the peers stay" % (parsed.resource_version, what, version))
+            ctx.log("update_refused", level="warning", resource_version=parsed.resource_version,
+                    applied_resource_version=version, reason=reason)
+            raise StateError(reason)
         # Whoever answers at the Coordinator's VPN address, the peers are taken only if the Coordinators
         # signed this peer set at this version (core/signing.py).
         try:

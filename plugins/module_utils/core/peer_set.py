@@ -26,6 +26,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR, normalize_pub_key
 
 DEFAULT_MAX_LOG_CHANGES = 1024
+# A version stays an exact JSON number.
+MAX_RESOURCE_VERSION = 2 ** 53
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,20 @@ class VersionedPeerSet:
 
     def put(self, record: PeerRecord) -> int:
         return self.apply(put=[record])
+
+    def continue_above(self, floor: int) -> int:
+        """The same peers at ``floor + 1`` when ``floor`` is not below this set's version: a set restored from a
+        backup continues above the version its Nodes hold (they refuse an older one, core/node.py). The log is
+        forgotten, so every older version gets the full set."""
+        if not isinstance(floor, int) or isinstance(floor, bool) or not 0 <= floor < MAX_RESOURCE_VERSION:
+            raise InputError("resource_version", "an integer in [0, %d)" % MAX_RESOURCE_VERSION, floor)
+        if floor < self.version:
+            return self.version
+        self.version = floor + 1
+        self._log.clear()
+        self._log_size = 0
+        self._log_floor = self.version
+        return self.version
 
     def remove(self, vpn_ip: str) -> int:
         return self.apply(remove=[vpn_ip])

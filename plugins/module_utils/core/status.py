@@ -73,6 +73,13 @@ class PeerStatus:
         answer["secrets_at_rest"] = {"sealed": ctx.at_rest.sealed, "pcrs": list(ctx.at_rest.pcrs),
                                      "sets": list(ctx.at_rest.sealed_sets)}
         answer.update(self.shared_store.state_fields())
+        # The peer set's version this Node applied (its floor: it refuses an older one) or this Coordinator holds:
+        # restore.yml does not take an older backup than the cluster reached without being told to.
+        if ctx.state == State.IS_NODE:
+            answer["peer_resource_version"] = ctx.resource_version
+        elif ctx.role == ROLE_COORDINATOR and ctx.state == State.ACTIVATING_NODES:
+            registry = ctx.peer_registry.current()
+            answer["peer_resource_version"] = registry.peers.version if registry is not None else None
         if ctx.role == ROLE_COORDINATOR and ctx.state == State.ACTIVATING_NODES:
             answer["evicted"] = [dict(record) for _ip, record in sorted(self.evictions.evicted.items())]
             # The Nodes the admin removed (core/peer_removal.py): add_nodes.yml refuses them, naming the way back.

@@ -170,13 +170,13 @@ class PubAPIClient(Channel):
                                 storage_uri: Optional[str] = None, cluster_config: Optional[Dict] = None,
                                 on_log: Optional[Callable[[str], None]] = None,
                                 init_secret: Optional[bytes] = None,
-                                restore_state: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """``init_secret``: the cluster's init secret (32 bytes), required by a node provisioned with
-        an ``init_secret_hash`` (docs/agent.md, "Init secret"). ``restore_state``: an ``export_state``
-        answer the fresh peer resumes instead of starting a cluster (restore.yml)."""
+                                restore_state: Optional[Dict[str, Any]] = None,
+                                peer_resource_version_floor: Optional[int] = None) -> Dict[str, Any]:
+        """``init_secret``: the cluster's init secret (32 bytes), required by a node provisioned with an ``init_secret_hash``
+        (docs/agent.md). ``restore_state``: an ``export_state`` answer a fresh peer resumes, above ``peer_resource_version_floor``."""
         return self.invoke("ActivateAsCoordinator", on_log, kms_uri=kms_uri, measurement_salt=measurement_salt,
-                           admin_pub_key=admin_pub_key, storage_uri=storage_uri or None,
-                           cluster_config=cluster_config or {}, init_secret=init_secret, restore_state=restore_state)
+                           admin_pub_key=admin_pub_key, storage_uri=storage_uri or None, cluster_config=cluster_config or {},
+                           init_secret=init_secret, restore_state=restore_state, peer_resource_version_floor=peer_resource_version_floor)
 
     def activate_as_node(self, params: Dict[str, Any], disk_key_for: Callable[[str, str], bytes]) -> Dict[str, Any]:
         """The Coordinator's side of the two-step exchange; ``disk_key_for(uuid, node_vpn_pub_key)``

@@ -155,6 +155,8 @@ class StateAnswer(Record):
                                              "agent's code and trust configuration (details only)")
     secrets_at_rest: Optional[dict] = wire("object", doc="{sealed, pcrs}: the secrets at rest are encrypted with a "
                                            "key sealed to these PCRs of the TPM (details only)")
+    peer_resource_version: Optional[int] = wire("int", doc="the peer set's version a Node applied (it refuses an older "
+                                                "one) or a Coordinator holds (details only)")
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,8 @@ class ActivateAsCoordinatorRequest(Record):
     init_secret: Optional[bytes] = wire("b64", False, 32, doc="secret")
     restore_state: Optional[dict] = wire("object", doc="secret: a Coordinator's ExportState answer; the fresh peer "
                                          "resumes it (restore.yml) instead of starting a cluster")
+    peer_resource_version_floor: Optional[int] = wire("int", doc="with restore_state: the highest peer set version "
+                                                      "the Nodes applied; the restored set continues above it")
 
 
 @dataclass(frozen=True)
@@ -336,6 +340,7 @@ class ExportStateAnswer(Record):
     vpn_ip: str = wire("str", True)
     items: dict = wire("object", True, doc="secret: every key of the Coordinator's store, values in base64")
     cluster_items: Optional[dict] = wire("object", doc="secret: the keys its etcd members share (several Coordinators)")
+    peer_resource_version: Optional[int] = wire("int", doc="the peer set's version: the backup's counter")
 
 
 @dataclass(frozen=True)
