@@ -335,8 +335,7 @@ class Agent:
             if self._reattest_started or self._stop.is_set() or not self.config.reattest_interval:
                 return
             self._reattest_started = True
-        port = atls.parse_endpoint(self.config.public_endpoint)[1]
-        timeout = max(2.0, min(10.0, float(self.config.reattest_interval)))
+        port, timeout = atls.parse_endpoint(self.config.public_endpoint)[1], max(2.0, min(10.0, float(self.config.reattest_interval)))
 
         def connect_peer(public_ip: str):
             # A new aTLS connection: a fresh nonce, a fresh quote; the policy without PCR 15 (the Core checks it).
@@ -347,7 +346,8 @@ class Agent:
         leadership = Leadership(self.core.context.store, "%s@%s" % (self.config.public_ip, self.core.context.vpn_ip),
                                 ttl=max(2, min(60, int(self.config.reattest_interval * 2) + 1)))
         loop = ReattestLoop(self.core.trust, connect_peer, float(self.config.reattest_interval), self.config.reattest_workers,
-                            self.config.reattest_unreachable_limit, self._stop, log=self.log, leadership=leadership)
+                            self.config.reattest_unreachable_limit, self._stop, log=self.log, leadership=leadership,
+                            unverified_eviction_after=float(self.config.unverified_eviction_after))
         self._spawn("reattest", loop.run)
 
     def _start_vpnapi(self) -> None:

@@ -143,9 +143,16 @@ class VPNAPI:
                 return
             self.coordinator.wait_for_update(resource_version, min(left, LOOK_AGAIN))
 
+    def _for_secret(self, conn: Connection, method: str) -> str:
+        """``_authenticated``, and the caller is not unverified (core/evictions.py): a new secret goes only to a
+        peer whose last re-attestation passed."""
+        pub_key = self._authenticated(conn, method)
+        self.evictions.require_verified(conn.peer_ip, method)
+        return pub_key
+
     def _kubeadm(self, method: str, conn: Connection) -> str:
         self.coordinator.require_coordinator(method)
-        pub_key = self._authenticated(conn, method)
+        pub_key = self._for_secret(conn, method)
         if not self.coordinator.is_known_peer_ip(conn.peer_ip):  # removed since the connection was accepted
             raise AccessDenied("%s: %s is not a VPN peer of this cluster" % (method, conn.peer_ip))
         if self.kubeadm is None:
@@ -166,7 +173,7 @@ class VPNAPI:
             conn.peer_ip, vpn_pub_key=pub_key)})
 
     def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
-        pub_key = self._authenticated(conn, "GetDataKey")
+        pub_key = self._for_secret(conn, "GetDataKey")
         length = 32 if request.length is None else request.length
         key = self.access.get_data_key(request.data_key_id, length, pub_key)  # namespaced: peer/<pub_key>/<id>
         self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)
@@ -174,7 +181,7 @@ class VPNAPI:
 
     def get_state_disk_key(self, conn: Connection, request: schema.Empty) -> None:
         # The caller proved its WireGuard key: a node gets only its own key.
-        self._authenticated(conn, "GetStateDiskKey")
+        self._for_secret(conn, "GetStateDiskKey")
         conn.stream.send_result({"state_disk_key": b64e(self.activation.node_state_disk_key(conn.peer_ip))})
 
     def get_measurements(self, conn: Connection, request: schema.Empty) -> None:
