@@ -167,7 +167,7 @@ class Agent:
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
                              node=core.node, join_service=core.join_service, trust=core.trust, recovery=core.recovery,
-                             backup=core.backup)
+                             backup=core.backup, coordinator_endpoints=[config.coordinator_public_endpoint])
         provider = JoinProvider(config.kubeadm_path, config.kubernetes_dir, kubelet_cert_days=config.kubelet_cert_days)
         self.vpnapi = VPNAPI(kubeadm=provider, log=self.log, coordinator=core.coordinator, access=core.access,
                              evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation,
