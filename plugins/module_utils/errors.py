@@ -63,7 +63,7 @@ class PeerUnreachable(ConstellationError):
 
 
 class RateLimited(ConstellationError):
-    """Too many requests of one kind, from this source or from all (rpc/server.py ``RateLimit``):
+    """Too many requests of one kind, from this source or from all (rpc/rate_limit.py ``RateLimit``):
     refused before any work; the caller may try again after a while."""
 
     reason = REASON_RATE_LIMITED

@@ -133,8 +133,7 @@ class Agent:
         # Before anything is served or read: the agent measures itself, then unseals its storage key.
         self.at_rest = self._measure_and_unseal()
         # A file store is sealed as a whole (core/at_rest.py); the default one is <state_dir>/store.json.
-        self.store = open_store(config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")},
-                                cipher=self.at_rest)
+        self.store = open_store(config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")}, cipher=self.at_rest)
         # The encrypted state disk (disk/attach.py): opened at start, set up when the disk key arrives.
         self.state_disk = (AgentStateDisk(StateDisk(config.state_disk_device, config.state_disk_mapper_name,
                                                     os.path.join(config.state_dir, "disk")),
@@ -148,6 +147,7 @@ class Agent:
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash,
                          at_rest=self.at_rest)
         context, core = self.core.context, self.core
+        core.trust.keep_certified_aks(getattr(self.peer_validator, "certified_aks", None))  # in the sealed store
         context.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
         context.agent_measurement = self.measurement.to_dict() if self.measurement is not None else None
         if self.state_disk is not None:

@@ -31,8 +31,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
     rejoin_user_data,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ProtocolError, b64d, b64e
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import (
-    AccessDenied, Connection, RateLimit)
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.rate_limit import RateLimit
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AccessDenied, Connection
 
 MAX_ATTESTATION_SIZE = 4 * 1024 * 1024 // 3 * 2
 
@@ -149,7 +149,7 @@ class PubAPI:
         conn.stream.send_result(self.recovery.recover(request.kms_uri))
 
     # EnrollAK needs no authentication and costs the TPM a primary key (~80 ms on swtpm, ten quotes):
-    # a token bucket per source and one for all (rpc/server.py RateLimit; docs/agent.md); this Node's
+    # a token bucket per source and one for all (rpc/rate_limit.py RateLimit; docs/agent.md); this Node's
     # Coordinators (``coordinator_ips``) have a bucket of their own, which nobody else can drain.
     ENROLL_AK_PER_SOURCE = (6, 1.0)  # burst, then one per second
     ENROLL_AK_TOTAL = (12, 3.0)  # burst, then three per second from everyone (at most ~25% of the TPM)

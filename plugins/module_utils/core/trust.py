@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
+from ansible_collections.constellation.cluster.plugins.module_utils.core.certified_ak_store import keep_certified_aks
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
     MEMBER_KEPT, MEMBER_REMOVED, remove_coordinator_member)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
@@ -142,6 +143,12 @@ class PeerTrust:
     def state(self) -> State:
         """The peer's state: ``ReattestLoop`` runs rounds only on an activated Coordinator."""
         return self.context.state
+
+    def keep_certified_aks(self, certified_aks: Any) -> int:
+        """The AKs this agent certified (qemu-vtpm-ek) are kept in its own sealed store: loaded now (each checked
+        against the EK roots again), every new one written through (core/certified_ak_store.py). A restarted
+        Coordinator re-attests its peers without enrolling them again. Returns how many were loaded."""
+        return keep_certified_aks(certified_aks, self.context.local_store, self.context.log)
 
     # -- re-attestation
     def _reattested(self) -> list:
