@@ -140,7 +140,8 @@ def mesh_problems(me: str, result: Mapping[str, Any], *, iface: str, vpn_ip: str
 
 def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending: bool, coordinator: bool,
                     cluster_id_known: bool, cluster_id_missing: str = "", eviction: Optional[Mapping[str, Any]] = None,
-                    unverified: Optional[Mapping[str, Any]] = None, mesh_self: Optional[Mapping[str, Any]] = None, mesh_result: Optional[Mapping[str, Any]] = None,
+                    unverified: Optional[Mapping[str, Any]] = None, mesh_self: Optional[Mapping[str, Any]] = None,
+                    mesh_result: Optional[Mapping[str, Any]] = None,
                     mesh_others: Sequence[Mapping[str, Any]] = (), iface: str = "wg0",
                     handshake_max_age: int = DEFAULT_HANDSHAKE_MAX_AGE) -> List[str]:
     """Every problem of peer ``me``, in the order verify.yml reports them.

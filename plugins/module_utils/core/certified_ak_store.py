@@ -54,6 +54,7 @@ def save_certified_ak(store, ak_pub: bytes, record: dict, limit: int,
         stored = tx.items(KEY_CERTIFIED_AK_PREFIX)
         if len(stored) + (0 if any(k == key for k, _v in stored) else 1) <= limit:
             return
+
         def age(item):
             try:
                 return float(json.loads(item[1]).get("ts", 0))
