@@ -167,3 +167,25 @@ def test_a_wrong_pcr_still_evicts_at_once_even_an_unverified_node(unreachable):
     assert all("PCR 4" in r["error"] for r in rows.values())
     assert c.get_state()["unverified"] == []
     assert sorted(e["vpn_ip"] for e in c.get_state()["evicted"]) == sorted(n["vpn_ip"] for n in nodes.values())
+
+
+def test_the_period_runs_on_across_a_coordinator_restart(unreachable):
+    """The unverified record (with ``since``) is in the store: a restarted Coordinator (a new ``PeerTrust`` and
+    ``Evictions`` over the same store, no unreachable count in memory) neither forgets it nor starts the period
+    again: the Node is still refused new secrets, and evicted once the period since its first failure is over."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import Evictions
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import PeerTrust
+
+    c, nodes, clock, connect_peer, _down = unreachable
+    start = clock.now
+    for step in (0, 60, 120):
+        clock.now = start + step
+        _round(c, connect_peer)
+    assert c.evictions.is_unverified(nodes[DOWN]["vpn_ip"])
+    evictions = Evictions(c.context)
+    restarted = PeerTrust(c.context, c.coordinator, c.join_service, c.signing, evictions, c.kubernetes)
+    restarted.clock = clock
+    assert evictions.is_unverified(nodes[DOWN]["vpn_ip"])
+    clock.now = start + EVICTION_AFTER
+    rows = {r["public_ip"]: r for r in restarted.reattest_peers(connect_peer, unreachable_limit=3)}
+    assert rows[DOWN]["outcome"] == "evicted" and evictions.is_evicted(nodes[DOWN]["vpn_ip"])
