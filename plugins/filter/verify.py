@@ -22,7 +22,7 @@ def _mapping(value, name, empty_ok=True):
 
 
 def verify_problems(peer_name, peer=None, attested=False, pending=False, coordinator=False, cluster_id="",
-                    cluster_id_missing="", eviction=None, mesh_self=None, mesh_result=None, mesh_others=(),
+                    cluster_id_missing="", eviction=None, unverified=None, mesh_self=None, mesh_result=None, mesh_others=(),
                     interface="wg0", handshake_max_age=_verify.DEFAULT_HANDSHAKE_MAX_AGE):
     """inventory_hostname | verify_problems(peer=..., ...) -> ["<peer>: <what is wrong>", ...]."""
     if isinstance(mesh_others, (str, bytes)) or not isinstance(mesh_others, Sequence):
@@ -36,7 +36,7 @@ def verify_problems(peer_name, peer=None, attested=False, pending=False, coordin
     return _verify.verify_problems(
         str(peer_name), peer=_mapping(peer, "peer"), attested=bool(attested), pending=bool(pending),
         coordinator=bool(coordinator), cluster_id_known=bool(cluster_id), cluster_id_missing=str(cluster_id_missing or ""),
-        eviction=_mapping(eviction, "eviction"), mesh_self=_mapping(mesh_self, "mesh_self"),
+        eviction=_mapping(eviction, "eviction"), unverified=_mapping(unverified, "unverified"), mesh_self=_mapping(mesh_self, "mesh_self"),
         mesh_result=None if mesh_result is None else _mapping(mesh_result, "mesh_result"), mesh_others=others,
         iface=str(interface), handshake_max_age=max_age)
 

@@ -25,6 +25,7 @@ class ConstellationError(Exception):
 REASON_NOT_WAITING_FOR_RECOVERY = "not_waiting_for_recovery"
 REASON_INIT_PROOF = "init_proof"  # activation refused: a missing or wrong proof of the init secret
 REASON_EVICTED = "evicted"  # the peer failed re-attestation and was evicted (docs/agent.md)
+REASON_UNVERIFIED = "unverified"  # the peer could not be re-attested for a while: no new secret (docs/agent.md)
 REASON_RATE_LIMITED = "rate_limited"  # too many requests of this kind (EnrollAK): try again later
 
 # How much of a wrong value an InputError shows.
@@ -62,7 +63,7 @@ class PeerUnreachable(ConstellationError):
 
 
 class RateLimited(ConstellationError):
-    """Too many requests of one kind, from this source or from all (rpc/server.py ``RateLimit``):
+    """Too many requests of one kind, from this source or from all (rpc/rate_limit.py ``RateLimit``):
     refused before any work; the caller may try again after a while."""
 
     reason = REASON_RATE_LIMITED

@@ -5,7 +5,7 @@
 problem one line "<peer>: <what is wrong>", none when the peer passed every check. Public values only.
 
 Inputs are what the playbook has: the peer's attested state (agent_state's result), whether the Coordinators
-evicted it (a Node, or a Coordinator evicted by the leader), and the output of the one command the playbook
+evicted it (a Node, or a Coordinator evicted by the leader) or hold it unverified (not re-attested for a while), and the output of the one command the playbook
 runs on the peer for its WireGuard interface
 (lines "allowed KEY IPS", "address ADDR/PREFIX", "noip", "ping IP ok|failed", "noping", "now EPOCH",
 "handshake KEY EPOCH"; a failed `wg show` exits with its status and stderr). Lines it does not know are
@@ -14,6 +14,7 @@ ignored; a value that is not a number counts as 0, as it did in the Jinja templa
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -32,6 +33,14 @@ def _int(text: Any) -> int:
 def _text(value: Any, fallback: str) -> str:
     """value as text, fallback when it is missing or empty (Jinja's default(fallback, true))."""
     return fallback if value is None or value == "" else str(value)
+
+
+def _since(value: Any) -> str:
+    """An epoch time as UTC text (the value itself when it is not a number)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(value)))
+    except (TypeError, ValueError, OverflowError):
+        return _text(value, "an unknown time")
 
 
 def _address(text: str) -> str:
@@ -131,7 +140,8 @@ def mesh_problems(me: str, result: Mapping[str, Any], *, iface: str, vpn_ip: str
 
 def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending: bool, coordinator: bool,
                     cluster_id_known: bool, cluster_id_missing: str = "", eviction: Optional[Mapping[str, Any]] = None,
-                    mesh_self: Optional[Mapping[str, Any]] = None, mesh_result: Optional[Mapping[str, Any]] = None,
+                    unverified: Optional[Mapping[str, Any]] = None, mesh_self: Optional[Mapping[str, Any]] = None,
+                    mesh_result: Optional[Mapping[str, Any]] = None,
                     mesh_others: Sequence[Mapping[str, Any]] = (), iface: str = "wg0",
                     handshake_max_age: int = DEFAULT_HANDSHAKE_MAX_AGE) -> List[str]:
     """Every problem of peer ``me``, in the order verify.yml reports them.
@@ -139,7 +149,8 @@ def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending
     ``attested``: agent_state passed and returned a state; ``pending``: check mode and the run would
     activate or resume the peer (its state is not checked yet); ``mesh_self``: the peer's attested VPN
     identity ({} when it takes no part in the mesh: not attested, pending or evicted); ``mesh_result``:
-    the mesh command's registered result (None or skipped: it did not run)."""
+    the mesh command's registered result (None or skipped: it did not run); ``unverified``: the Coordinator's
+    record of the peer when it could not re-attest it for a while (core/trust.py), {} otherwise."""
     problems = []
     if eviction and eviction.get("role") == "coordinator":
         # A Coordinator evicted by the leader (docs/store.md, "Evicting a Coordinator"): no re-admission.
@@ -153,6 +164,10 @@ def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending
     elif eviction:
         problems.append("%s: evicted by the Coordinator (%s): it is re-admitted only by add_nodes.yml, once it passes "
                         "attestation again" % (me, _text(eviction.get("reason"), "failed re-attestation")))
+    elif unverified:
+        problems.append("%s: unverified: the Coordinator could not re-attest it since %s (%s); it gets no new secret "
+                        "until a re-attestation passes, and is evicted after unverified_eviction_after" % (
+                            me, _since(unverified.get("since")), _text(unverified.get("error"), "unreachable")))
     if not attested:
         problems.append("%s: not attested: %s" % (me, _text(peer.get("msg"), "no attested state")))
     elif not pending:

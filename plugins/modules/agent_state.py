@@ -36,7 +36,8 @@ options:
     description:
       - The admin's private key. C(GetState) tells anyone only the state and role; with this key the action
         authenticates (C(AdminAuth)) to an activated peer on the same attested connection and also reads its
-        VPN IP and key (RV(vpn_ip), RV(vpn_pub_key)), a Coordinator's evicted peers (RV(evicted)) and its etcd member.
+        VPN IP and key (RV(vpn_ip), RV(vpn_pub_key)), a Coordinator's evicted and unverified peers (RV(evicted),
+        RV(unverified)) and its etcd member.
       - Without it (or on a peer that does not accept the key) those are V(null) / empty.
     type: path
 attributes:
@@ -97,6 +98,15 @@ vpn_pub_key:
   type: str
 evicted:
   description: An activated Coordinator's evicted peers (only with O(admin_priv_key_file)).
+  returned: success
+  type: list
+  elements: dict
+unverified:
+  description:
+    - An activated Coordinator's unverified Nodes (only with O(admin_priv_key_file)) - not re-attested for
+      C(reattest_unreachable_limit) rounds in a row; they get no new secret until a re-attestation passes, and
+      are evicted after C(unverified_eviction_after) seconds. Each has C(vpn_ip), C(public_ip), C(since) (epoch
+      seconds of its first unreachable round) and C(error).
   returned: success
   type: list
   elements: dict

@@ -56,6 +56,8 @@ class PeerStatus:
     vpn_pub_key: Optional[str] = None
     # The Coordinator's evicted peers (failed re-attestation): [{vpn_ip, vpn_pub_key, public_ip, reason, ts}].
     evicted: List[Dict[str, Any]] = field(default_factory=list)
+    # The Coordinator's unverified Nodes (not re-attested for a while; no new secret): [{vpn_ip, public_ip, since, error}].
+    unverified: List[Dict[str, Any]] = field(default_factory=list)
     # The Nodes the admin removed (remove_node.yml): [{vpn_ip, vpn_pub_key, public_ip, role, disk_uuid, ts}].
     removed: List[Dict[str, Any]] = field(default_factory=list)
     # A Coordinator sharing the state in etcd: its member is "running" or "stopped" (one member less).
@@ -72,6 +74,7 @@ class PeerStatus:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
                 "pcrs": list(self.pcrs), "pcr15": self.pcr15, "warnings": list(self.warnings),
                 "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted),
+                "unverified": list(self.unverified),
                 "removed": list(self.removed),
                 "etcd_member": self.etcd_member, "state_disk": self.state_disk,
                 "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest,
@@ -144,6 +147,7 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
                       vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
                       evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)],
+                      unverified=[dict(e) for e in state.get("unverified") or () if isinstance(e, dict)],
                       removed=[dict(e) for e in state.get("removed") or () if isinstance(e, dict)],
                       etcd_member=_opt_str(state.get("etcd_member")),
                       state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None,

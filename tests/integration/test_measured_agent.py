@@ -134,8 +134,8 @@ def test_a_tampered_boot_cannot_unseal_and_the_measured_boot_comes_back(cluster)
 
 
 def test_an_agent_changed_after_activation_cannot_unseal_and_is_evicted(cluster, changed_agent):
-    cluster.stop("h1")  # restarted (no reboot) to re-attest every second: a peer missing twice is evicted
-    cluster.start("h1", trust=True, reattest_interval=1, reattest_unreachable_limit=2)
+    cluster.stop("h1")  # restarted (no reboot) to re-attest every second: a peer missing 2 s is evicted
+    cluster.start("h1", trust=True, reattest_interval=1, reattest_unreachable_limit=2, unverified_eviction_after=2)
     cluster.start("h3", trust=True)
     rows = cluster.activate("h1", nodes=("h3",))["nodes"]
     assert [r["ok"] for r in rows] == [True], rows

@@ -9,9 +9,10 @@ wireguard-go, namespaces), lab ``ttrust``. Every attack here is refused, and no 
   Coordinator, given the init secret, activates the nodes;
 * re-attestation (1): a Node tampered after activation is evicted within two intervals: gone from every
   other peer's ``wg show``, refused by the vpnapi (no data key), listed in the Coordinator's GetState;
-  a Node unreachable for one round is not evicted, one unreachable for ``reattest_unreachable_limit``
-  rounds is, stays out when it comes back, and is re-admitted by ActivateAdditionalNodes (add_nodes.yml)
-  with its VPN IP and key; the tampered one is not;
+  a Node unreachable for one round is not evicted; one unreachable for ``reattest_unreachable_limit``
+  rounds is unverified (GetState ``unverified``), not evicted, and verified again when it comes back; one
+  unreachable for ``unverified_eviction_after`` is evicted, stays out when it comes back, and is re-admitted
+  by ActivateAdditionalNodes (add_nodes.yml) with its VPN IP and key; the tampered one is not;
 * rejoin (3): a rebooted Node (PCR 15 reset) rejoins by itself with a ticket from its Coordinator
   (disk key, measurement secret, peers); the KMS URI never reaches it; a caller that cannot attest
   gets nothing;
@@ -42,6 +43,9 @@ pytestmark = pytest.mark.lab
 
 INTERVAL = 1.0  # reattest_interval of this lab's Coordinator
 UNREACHABLE_LIMIT = 3
+# Seconds an unreachable Node stays unverified before it is evicted, here: longer than the limit's rounds take
+# (an unreachable round waits for the connect timeout, 10 s), so that the unverified state can be seen.
+UNVERIFIED_EVICTION_AFTER = 60.0
 
 
 class Trust(LabCluster):
@@ -49,6 +53,7 @@ class Trust(LabCluster):
         self.hosts = {h.name: h for h in self.lab.hosts}
         config.setdefault("reattest_interval", INTERVAL)
         config.setdefault("reattest_unreachable_limit", UNREACHABLE_LIMIT)
+        config.setdefault("unverified_eviction_after", UNVERIFIED_EVICTION_AFTER)
         self.procs[name] = start_agent(self.lab, self.hosts[name], trust=True, **config)
         return self.procs[name]
 
@@ -146,6 +151,27 @@ def test_a_node_unreachable_for_one_round_stays(trust):
     assert trust.state("h1")["evicted"] == []
 
 
+def _unverified(trust, vpn_ip) -> bool:
+    return vpn_ip in [u["vpn_ip"] for u in trust.state("h1").get("unverified") or ()]
+
+
+def test_a_node_unreachable_for_a_few_rounds_is_unverified_then_verified_again(trust):
+    """Unreachable for the limit's rounds (its link down: a flood or an on-path attacker look the same):
+    unverified, not evicted, still a peer; back online, the next re-attestation clears it."""
+    h2 = trust.state("h2")
+    trust.link("h2", up=False)
+    try:
+        until(lambda: _unverified(trust, h2["vpn_ip"]), timeout=UNVERIFIED_EVICTION_AFTER - 15, interval=0.5,
+              what="h2 unverified", why=lambda: tail_log(trust.hosts["h1"]))
+    finally:
+        trust.link("h2", up=True)
+    assert trust.state("h1")["evicted"] == [] and h2["vpn_pub_key"] in trust.wg_peers("h1")
+    until(lambda: not _unverified(trust, h2["vpn_ip"]), timeout=15, what="h2 verified again",
+          why=lambda: tail_log(trust.hosts["h1"]))
+    assert '"event": "peer_unverified"' in trust.log("h1") and '"event": "peer_verified"' in trust.log("h1")
+    assert trust.state("h1")["evicted"] == []
+
+
 def test_a_strangers_getstate_tells_state_and_role_only(trust):
     """Finding 9: before AdminAuth, GetState names no VPN key, no disk UUID, no evicted peers; a wrong admin key
     or a forged Coordinator key unlocks nothing; the admin gets the details."""
@@ -196,16 +222,20 @@ def test_a_tampered_node_is_evicted_within_two_intervals(trust):
     assert [e["vpn_ip"] for e in trust.state("h1")["evicted"]] == [h3["vpn_ip"]]
 
 
-def test_an_unreachable_node_is_evicted_then_readmitted_by_add_nodes(trust):
+def test_an_unreachable_node_is_evicted_after_the_period_then_readmitted_by_add_nodes(trust):
     before = trust.state("h4")
     trust.link("h4", up=False)
     try:
-        until(lambda: before["vpn_ip"] in [e["vpn_ip"] for e in trust.state("h1")["evicted"]], timeout=40,
-              what="h4 evicted", why=lambda: tail_log(trust.hosts["h1"]))
+        until(lambda: _unverified(trust, before["vpn_ip"]), timeout=UNVERIFIED_EVICTION_AFTER - 15, interval=0.5,
+              what="h4 unverified", why=lambda: tail_log(trust.hosts["h1"]))
+        assert before["vpn_ip"] not in [e["vpn_ip"] for e in trust.state("h1")["evicted"]]
+        until(lambda: before["vpn_ip"] in [e["vpn_ip"] for e in trust.state("h1")["evicted"]],
+              timeout=UNVERIFIED_EVICTION_AFTER + 30, what="h4 evicted", why=lambda: tail_log(trust.hosts["h1"]))
     finally:
         trust.link("h4", up=True)
     eviction = [e for e in trust.state("h1")["evicted"] if e["vpn_ip"] == before["vpn_ip"]][0]
-    assert "unreachable for %d consecutive" % UNREACHABLE_LIMIT in eviction["reason"], eviction
+    assert "unverified_eviction_after" in eviction["reason"], eviction
+    assert not _unverified(trust, before["vpn_ip"])
     until(lambda: before["vpn_pub_key"] not in trust.wg_peers("h2"), timeout=10, what="h2 dropped h4")
     # Back online, it stays out until the admin re-admits it.
     time.sleep(3 * INTERVAL)

@@ -18,6 +18,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls,
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import AK_ALGS
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import ACTIVATION_WORKERS, MAX_ACTIVATION_WORKERS
+from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import UNVERIFIED_EVICTION_AFTER
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.luks import dm_crypt_available
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import DEFAULT_MAPPER_NAME
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
@@ -39,13 +40,14 @@ DEFAULT_UPDATE_INTERVAL = 10.0
 DEFAULT_REATTEST_INTERVAL = 60.0
 DEFAULT_REATTEST_UNREACHABLE_LIMIT = 3
 DEFAULT_REATTEST_WORKERS = 4
+MAX_UNVERIFIED_EVICTION_AFTER = 30 * 86400.0
 # Renamed keys (DESIGN.md 6); the old names work, with a warning in the log, until 2.0.0.
 _DEPRECATED_KEYS = {"wg_interface": "vpn_interface", "wg_listen_port": "vpn_listen_port", "vpn_api_port": "vpnapi_port",
                     "disk_uuid_file": "state_disk_uuid_file", "measurements_public_key": "measurements_pub_key"}
 _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",
                 "vpnapi_port", "update_interval", "state_disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "vpn_listen_port", "log_level", "measurements_pub_key", "init_secret_hash",
-                "reattest_interval", "reattest_unreachable_limit", "reattest_workers", "activation_workers", "ak_alg",
+                "reattest_interval", "reattest_unreachable_limit", "unverified_eviction_after", "reattest_workers", "activation_workers", "ak_alg",
                 "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
                 "kubelet_cert_days", "coordinator_pub_key",
                 "state_disk_device", "state_disk_mapper_name",  # the encrypted state disk: disk/
@@ -102,7 +104,9 @@ class AgentConfig:
     measurements_pub_key: Optional[str] = None  # pinned key: the policy file must be signed (FILE.sig)
     init_secret_hash: Optional[str] = None  # hex SHA-256 of this node's init secret: activation needs its proof
     reattest_interval: float = DEFAULT_REATTEST_INTERVAL  # Coordinator: seconds between re-attestation rounds
-    reattest_unreachable_limit: int = DEFAULT_REATTEST_UNREACHABLE_LIMIT  # consecutive unreachable rounds -> evicted
+    reattest_unreachable_limit: int = DEFAULT_REATTEST_UNREACHABLE_LIMIT  # consecutive unreachable rounds -> unverified
+    # Coordinator: seconds a Node stays unreachable (unverified, no new secret) before it is evicted
+    unverified_eviction_after: float = UNVERIFIED_EVICTION_AFTER
     reattest_workers: int = DEFAULT_REATTEST_WORKERS  # peers re-attested at once
     activation_workers: int = ACTIVATION_WORKERS  # Coordinator: Nodes activated at once
     ak_alg: str = "rsa"  # the AK of the vTPM variants: rsa (as Constellation's issuer) or ecc (P-256, faster)
@@ -160,6 +164,10 @@ class AgentConfig:
         value = config.reattest_interval
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 0.2 <= value <= 86400):
             raise InputError("reattest_interval", "seconds between 0.2 and 86400, or 0 (no re-attestation)", value)
+        value = config.unverified_eviction_after
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= MAX_UNVERIFIED_EVICTION_AFTER:
+            raise InputError("unverified_eviction_after", "seconds between 1 and %d (how long a Node may stay unreachable "
+                             "before it is evicted)" % MAX_UNVERIFIED_EVICTION_AFTER, value)
         for name, low, high in (("reattest_unreachable_limit", 1, 1000), ("reattest_workers", 1, 64),
                                 ("activation_workers", 1, MAX_ACTIVATION_WORKERS)):
             value = getattr(config, name)

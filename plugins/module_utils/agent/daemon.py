@@ -129,8 +129,7 @@ class Agent:
         # Before anything is served or read: the agent measures itself, then unseals its storage key.
         self.at_rest = self._measure_and_unseal()
         # A file store is sealed as a whole (core/at_rest.py); the default one is <state_dir>/store.json.
-        self.store = open_store(config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")},
-                                cipher=self.at_rest)
+        self.store = open_store(config.store or {"type": "file", "path": os.path.join(config.state_dir, "store.json")}, cipher=self.at_rest)
         # The encrypted state disk (disk/attach.py): opened at start, set up when the disk key arrives.
         self.state_disk = (AgentStateDisk(StateDisk(config.state_disk_device, config.state_disk_mapper_name,
                                                     os.path.join(config.state_dir, "disk")),
@@ -144,6 +143,7 @@ class Agent:
                          self._disk_uuid(), log=self.log, init_secret_hash=config.init_secret_hash,
                          at_rest=self.at_rest)
         context, core = self.core.context, self.core
+        core.trust.keep_certified_aks(getattr(self.peer_validator, "certified_aks", None))  # in the sealed store
         context.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
         context.agent_measurement = self.measurement.to_dict() if self.measurement is not None else None
         if self.state_disk is not None:
@@ -163,7 +163,7 @@ class Agent:
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
                              node=core.node, join_service=core.join_service, trust=core.trust, recovery=core.recovery,
-                             backup=core.backup)
+                             backup=core.backup, coordinator_endpoints=[config.coordinator_public_endpoint])
         provider = JoinProvider(config.kubeadm_path, config.kubernetes_dir, kubelet_cert_days=config.kubelet_cert_days)
         self.vpnapi = VPNAPI(kubeadm=provider, log=self.log, coordinator=core.coordinator, access=core.access,
                              evictions=core.evictions, kubernetes=core.kubernetes, activation=core.activation,
@@ -332,8 +332,7 @@ class Agent:
             if self._reattest_started or self._stop.is_set() or not self.config.reattest_interval:
                 return
             self._reattest_started = True
-        port = atls.parse_endpoint(self.config.public_endpoint)[1]
-        timeout = max(2.0, min(10.0, float(self.config.reattest_interval)))
+        port, timeout = atls.parse_endpoint(self.config.public_endpoint)[1], max(2.0, min(10.0, float(self.config.reattest_interval)))
 
         def connect_peer(public_ip: str):
             # A new aTLS connection: a fresh nonce, a fresh quote; the policy without PCR 15 (the Core checks it).
@@ -344,7 +343,8 @@ class Agent:
         leadership = Leadership(self.core.context.store, "%s@%s" % (self.config.public_ip, self.core.context.vpn_ip),
                                 ttl=max(2, min(60, int(self.config.reattest_interval * 2) + 1)))
         loop = ReattestLoop(self.core.trust, connect_peer, float(self.config.reattest_interval), self.config.reattest_workers,
-                            self.config.reattest_unreachable_limit, self._stop, log=self.log, leadership=leadership)
+                            self.config.reattest_unreachable_limit, self._stop, log=self.log, leadership=leadership,
+                            unverified_eviction_after=float(self.config.unverified_eviction_after))
         self._spawn("reattest", loop.run)
 
     def _start_vpnapi(self) -> None:

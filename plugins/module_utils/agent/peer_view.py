@@ -36,5 +36,8 @@ class CorePeerView(PeerView):
         if record is None or record.vpn_pub_key != vpn_pub_key:
             raise AccessDenied("%s: %s is no longer the peer that authenticated this connection" % (method, peer_ip))
 
+    def check_verified(self, method: str, peer_ip: str) -> None:
+        self.core.evictions.require_verified(peer_ip, method)
+
     def check_control_plane(self, method: str, peer_ip: str, vpn_pub_key: str) -> None:
         self.core.kubernetes.require_designated_control_plane(peer_ip, vpn_pub_key, method)

@@ -9,8 +9,9 @@ a ``TicketRequest`` for the joining node."""
 
 from __future__ import annotations
 
+import ipaddress
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
@@ -20,6 +21,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     per_set,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core import JoinTicket
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError, InputError, RateLimited)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
@@ -30,8 +32,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
     rejoin_user_data,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ProtocolError, b64d, b64e
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.rate_limit import RateLimit
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import (
-    OWED_PEER_TIMEOUT, OWED_TPM_TIMEOUT, AccessDenied, Connection, RateLimit)
+    OWED_PEER_TIMEOUT, OWED_TPM_TIMEOUT, AccessDenied, Connection)
 
 MAX_ATTESTATION_SIZE = 4 * 1024 * 1024 // 3 * 2
 
@@ -60,11 +63,14 @@ class PubAPI:
     cluster: a resumed activation). ``connect_node(endpoint) -> AgentClient``: aTLS connection to a node,
     verified with it. The services: ``status`` (GetState), ``coordinator`` (activation as Coordinator, the
     registry), ``activation`` (nodes), ``cluster`` (further Coordinators), ``node`` (activation as Node),
-    ``join_service`` (IssueJoinTicket), ``trust`` (IssueRejoinTicket), ``recovery`` (Recover)."""
+    ``join_service`` (IssueJoinTicket), ``trust`` (IssueRejoinTicket), ``recovery`` (Recover; and this Node's
+    Coordinators, with ``coordinator_endpoints``: the agent config's, for EnrollAK's budget of theirs)."""
 
     def __init__(self, validator_for_nodes=None, connect_node: Optional[Callable[[str], AgentClient]] = None,
                  admin=None, log=None, issuer=None, validator_for_activation=None, *, status=None, coordinator=None,
-                 activation=None, cluster=None, node=None, join_service=None, trust=None, recovery=None, backup=None):
+                 activation=None, cluster=None, node=None, join_service=None, trust=None, recovery=None, backup=None,
+                 coordinator_endpoints: Sequence[Optional[str]] = ()):
+        self.coordinator_endpoints = [e for e in coordinator_endpoints if e]
         self.status = status
         self.coordinator = coordinator
         self.activation = activation
@@ -149,9 +155,11 @@ class PubAPI:
         conn.stream.send_result(self.recovery.recover(request.kms_uri))
 
     # EnrollAK needs no authentication and costs the TPM a primary key (~80 ms on swtpm, ten quotes):
-    # a token bucket per source and one for all (rpc/server.py RateLimit; docs/agent.md).
+    # a token bucket per source and one for all (rpc/rate_limit.py RateLimit; docs/agent.md); this Node's
+    # Coordinators (``coordinator_ips``) have a bucket of their own, which nobody else can drain.
     ENROLL_AK_PER_SOURCE = (6, 1.0)  # burst, then one per second
     ENROLL_AK_TOTAL = (12, 3.0)  # burst, then three per second from everyone (at most ~25% of the TPM)
+    ENROLL_AK_COORDINATORS = (6, 1.0)  # burst, then one per second from this Node's Coordinators together
     ENROLL_AK_ANSWER_TIMEOUT = 10.0  # seconds the client may take to send its challenge
     _enroll_limit: Optional[RateLimit] = None
     _enroll_limit_lock = threading.Lock()
@@ -165,7 +173,8 @@ class PubAPI:
             raise InputError("EnrollAK", "an agent whose attestation variant enrolls its AK (qemu-vtpm-ek)")
         with self._enroll_limit_lock:
             if self._enroll_limit is None:
-                self._enroll_limit = RateLimit("EnrollAK", self.ENROLL_AK_PER_SOURCE, self.ENROLL_AK_TOTAL)
+                self._enroll_limit = RateLimit("EnrollAK", self.ENROLL_AK_PER_SOURCE, self.ENROLL_AK_TOTAL,
+                                               reserved=(self.ENROLL_AK_COORDINATORS, self.coordinator_ips))
         try:
             self._enroll_limit.take(conn.peer_ip)
         except RateLimited as err:
@@ -177,6 +186,22 @@ class PubAPI:
         secret = self.issuer.activate_credential(answer.get("challenge"))
         self._log("ak_enrolled", peer=conn.peer_ip)
         conn.stream.send_result({"secret": b64e(secret)})
+
+    def coordinator_ips(self) -> Set[str]:
+        """This Node's Coordinators, as the source IP of their connections: the public IPs of its peers with role
+        coordinator (core/recovery.py) and the host of its configured Coordinator endpoint (an IP literal)."""
+        ips = set(self.recovery.coordinator_public_ips()) if self.recovery is not None else set()
+        ips.update(parse_endpoint(endpoint)[0] for endpoint in self.coordinator_endpoints)
+        out = set()
+        for ip in ips:
+            try:
+                address = ipaddress.ip_address(ip)
+            except ValueError:
+                continue  # a host name: never a connection's source
+            out.add(str(address))
+            if address.version == 4:
+                out.add("::ffff:%s" % address)  # as a dual-stack listener sees it
+        return out
 
     # -- Coordinator: activate nodes listed by the admin
     def activate_additional_nodes(self, conn: Connection, request: schema.ActivateAdditionalNodesRequest) -> None:

@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The verification service's budget (agent/verify_service.py): requests per source, counted for its gRPC and
-HTTP sides together before any quote, and for all sources (rpc/server.py ``RateLimit``). Past it a request is
+HTTP sides together before any quote, and for all sources (rpc/rate_limit.py ``RateLimit``). Past it a request is
 refused, gRPC RESOURCE_EXHAUSTED or HTTP 429, naming the limit; other sources are still served."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ VERIFY_TOTAL = (32.0, 8.0)
 
 
 def rate_limit() -> Any:
-    """The requests' budget per source and for all (rpc/server.py ``RateLimit``); the client never loads it."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import RateLimit  # pylint: disable=import-outside-toplevel
+    """The requests' budget per source and for all (rpc/rate_limit.py ``RateLimit``); the client never loads it."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.rate_limit import RateLimit  # pylint: disable=import-outside-toplevel
 
     return RateLimit("GetAttestation", VERIFY_PER_SOURCE, VERIFY_TOTAL)
 

@@ -31,8 +31,9 @@ import base64
 import hmac
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import QEMU_VTPM_EK
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek_certs import (  # noqa: F401
@@ -159,19 +160,41 @@ class EnrollmentRequired(AttestationError):
         self.ak_pub = ak_pub
 
 
+MAX_CERTIFIED_AKS = 8192  # records one verifier keeps (the oldest certified go first)
+
+
 class CertifiedAKs:
     """The AKs one verifier (a controller process, a Coordinator's agent) has certified, keyed by
-    AK public area. Thread-safe; a record is added only if its EK certificate chains to the CAs."""
+    AK public area. Thread-safe; a record is added only if its EK certificate chains to the CAs. At most
+    ``max_records`` (the oldest certified go first). ``on_add(record)``: called for every new
+    certification (the agent writes it through to its sealed store: core/certified_ak_store.py)."""
 
-    def __init__(self, ca_certs: Sequence = ()):
+    def __init__(self, ca_certs: Sequence = (), max_records: int = MAX_CERTIFIED_AKS):
         self.ca_certs = list(ca_certs)
+        self.max_records = max_records
+        self.on_add: Optional[Callable[[CertifiedAK], None]] = None
         self._lock = threading.Lock()
-        self._records: Dict[bytes, CertifiedAK] = {}
+        self._records: "OrderedDict[bytes, CertifiedAK]" = OrderedDict()
 
     def add(self, record: CertifiedAK) -> None:
+        self._keep(record)
+        if self.on_add is not None:
+            self.on_add(record)
+
+    def restore(self, data: Mapping[str, Any]) -> CertifiedAK:
+        """A stored record, checked as ``add`` checks a new one (its EK certificate must chain to the CAs
+        configured now), kept without ``on_add``. InputError or AttestationError if it does not hold."""
+        record = CertifiedAK.from_dict(dict(data))
+        self._keep(record)
+        return record
+
+    def _keep(self, record: CertifiedAK) -> None:
         verify_ek_cert(record.ek_cert, self.ca_certs, record.ek_chain)
         with self._lock:
+            self._records.pop(record.ak_pub, None)
             self._records[record.ak_pub] = record
+            while len(self._records) > self.max_records:
+                self._records.popitem(last=False)
 
     def get(self, ak_pub: bytes) -> Optional[CertifiedAK]:
         with self._lock:

@@ -16,7 +16,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 # Peers evicted after a failed re-attestation, by VPN IP (core/trust.py): JSON {vpn_ip, vpn_pub_key,
 # public_ip, reason, ts}; public values only.
 KEY_EVICTED_PREFIX = "evictedPeer"
-# Bumped in the same transaction as every change of the evictions: every Coordinator sharing the store
+# Peers that could not be re-attested for ``reattest_unreachable_limit`` rounds (core/trust.py): JSON {vpn_ip,
+# vpn_pub_key, public_ip, role, since, error}; ``since``: when their unreachable rounds began (wall clock). They
+# get no new secret until a re-attestation passes; evicted after ``unverified_eviction_after`` seconds.
+KEY_UNVERIFIED_PREFIX = "unverifiedPeer"
+# Bumped in the same transaction as every change of the evictions (and of the unverified peers): every Coordinator sharing the store
 # compares it with the version it holds and reloads the evictions only when it differs (core/trust.py).
 # Not under KEY_EVICTED_PREFIX (a prefix scan of the evictions must not see it).
 KEY_EVICTIONS_VERSION = "evictionsVersion"
@@ -44,6 +48,31 @@ def save_eviction(store, vpn_ip: str, record: Mapping) -> int:
     return store.update(write)
 
 
+def save_unverified(store, vpn_ip: str, record: Mapping) -> int:
+    """Records one unverified peer and bumps ``KEY_EVICTIONS_VERSION`` (one transaction); the new version."""
+    key = KEY_UNVERIFIED_PREFIX + str(ipaddress.ip_address(vpn_ip))
+    value = json.dumps(dict(record), sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    def write(tx: Txn) -> int:
+        tx.put(key, value)
+        return _bump_evictions_version(tx)
+
+    return store.update(write)
+
+
+def delete_unverified(store, vpn_ip: str) -> Optional[int]:
+    """Forgets one unverified peer (it passed re-attestation, or was evicted); the new version, or None."""
+    key = KEY_UNVERIFIED_PREFIX + str(ipaddress.ip_address(vpn_ip))
+
+    def forget(tx: Txn) -> Optional[int]:
+        if tx.get_default(key) is None:
+            return None
+        tx.delete(key)
+        return _bump_evictions_version(tx)
+
+    return store.update(forget)
+
+
 def delete_eviction(store, vpn_ip: str) -> Optional[int]:
     """Forgets one eviction (re-admission); the new evictions version, or None if there was none."""
     key = KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip))
@@ -67,21 +96,29 @@ def peek_evictions_version(store) -> Optional[int]:
         raise StoreError("the stored evictions version is invalid") from None
 
 
-def load_evictions(store, with_version: bool = False):
-    """The evictions by VPN IP (``with_version``: and the evictions version they belong to, one
-    transaction)."""
+def _records(tx: Txn, prefix: str, what: str) -> dict:
+    out = {}
+    for key, value in tx.items(prefix):
+        try:
+            out[key[len(prefix):]] = dict(json.loads(value))
+        except (ValueError, TypeError) as err:
+            raise StoreError("the stored %s of %s is invalid: %s" % (what, key[len(prefix):], err)) from None
+    return out
+
+
+def load_evictions(store, with_version: bool = False, with_unverified: bool = False):
+    """The evictions by VPN IP (``with_version``: and the evictions version they belong to;
+    ``with_unverified``: and the unverified peers; one transaction)."""
     def read(tx: Txn):
-        out = {}
-        for key, value in tx.items(KEY_EVICTED_PREFIX):
-            try:
-                out[key[len(KEY_EVICTED_PREFIX):]] = dict(json.loads(value))
-            except (ValueError, TypeError) as err:
-                raise StoreError("the stored eviction of %s is invalid: %s" % (key[len(KEY_EVICTED_PREFIX):], err)) \
-                    from None
+        out = _records(tx, KEY_EVICTED_PREFIX, "eviction")
+        if with_unverified:
+            out = (out, _records(tx, KEY_UNVERIFIED_PREFIX, "unverified peer"))
         if not with_version:
             return out
         raw = tx.get_default(KEY_EVICTIONS_VERSION)
         try:
+            if with_unverified:
+                return out[0], out[1], int(raw) if raw else None
             return out, int(raw) if raw else None
         except ValueError:
             raise StoreError("the stored evictions version is invalid") from None

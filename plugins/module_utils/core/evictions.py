@@ -17,6 +17,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core import 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     REASON_EVICTED,
+    REASON_UNVERIFIED,
     AccessDenied,
     ConstellationError,
     StateError,
@@ -64,6 +65,7 @@ class EvictionCache:
         self._checked_at = float("-inf")
         self._lock = threading.Lock()
         self._current: Dict[str, dict] = {}
+        self._unverified: Dict[str, dict] = {}
         self._version: Optional[int] = None
         self._loaded = False
         self.peeks = 0
@@ -79,8 +81,14 @@ class EvictionCache:
             self._follow()
         return self._current
 
+    def unverified(self) -> Dict[str, dict]:
+        """The unverified peers by VPN IP (followed as the evictions are). Do not change the dict: it is shared."""
+        self.current()
+        return self._unverified
+
     def _load(self) -> None:
-        self._current, self._version = eviction_store.load_evictions(self.store, with_version=True)
+        self._current, self._unverified, self._version = eviction_store.load_evictions(
+            self.store, with_version=True, with_unverified=True)
         self._loaded = True
         self.reloads += 1
 
@@ -127,6 +135,26 @@ class EvictionCache:
                 current.pop(vpn_ip, None)
                 self._current, self._version = current, None
 
+    def record_unverified(self, vpn_ip: str, record: Mapping[str, Any]) -> None:
+        """Writes one unverified peer, then publishes what the store holds (as ``record``)."""
+        with self._lock:
+            eviction_store.save_unverified(self.store, vpn_ip, record)
+            try:
+                self._load()
+            except ConstellationError:
+                self._unverified = dict(self._unverified, **{vpn_ip: dict(record)})
+                self._version = None
+
+    def forget_unverified(self, vpn_ip: str) -> None:
+        with self._lock:
+            eviction_store.delete_unverified(self.store, vpn_ip)
+            try:
+                self._load()
+            except ConstellationError:
+                unverified = dict(self._unverified)
+                unverified.pop(vpn_ip, None)
+                self._unverified, self._version = unverified, None
+
 
 class Evictions:
     """The evicted peers of the store the peer uses now (a new cache when it moved its state to etcd)."""
@@ -164,6 +192,34 @@ class Evictions:
 
     def record(self, vpn_ip: str, eviction: Mapping[str, Any]) -> None:
         self.cache().record(vpn_ip, eviction)
+        if vpn_ip in self.cache().unverified():  # evicted: no longer merely unverified
+            self.cache().forget_unverified(vpn_ip)
+
+    # -- unverified peers (core/trust.py): not re-attested for a while, not evicted (yet)
+    @property
+    def unverified(self) -> Dict[str, dict]:
+        return dict(self.cache().unverified())
+
+    def is_unverified(self, vpn_ip: str) -> bool:
+        return vpn_ip in self.cache().unverified()
+
+    def mark_unverified(self, vpn_ip: str, record: Mapping[str, Any]) -> None:
+        self.cache().record_unverified(vpn_ip, record)
+
+    def clear_unverified(self, vpn_ip: str) -> bool:
+        """The peer passed a fresh attestation (re-attestation or a rejoin). True if it was unverified."""
+        if vpn_ip not in self.cache().unverified():
+            return False
+        self.cache().forget_unverified(vpn_ip)
+        return True
+
+    def require_verified(self, vpn_ip: str, method: str) -> None:
+        """Before a new secret goes to a peer (a data key, its disk key, Kubernetes join material or a
+        kubelet certificate): AccessDenied for an evicted peer and for an unverified one."""
+        self.require_not_evicted(vpn_ip, method)
+        if self.is_unverified(vpn_ip):
+            raise AccessDenied("%s: %s could not be re-attested for a while (unverified): it gets no new secret "
+                               "until a re-attestation passes again" % (method, vpn_ip)).with_reason(REASON_UNVERIFIED)
 
     def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:
         """Before an evicted Node is recorded again (ActivateAdditionalNodes): it must come back with the

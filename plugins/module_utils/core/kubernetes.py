@@ -72,6 +72,9 @@ class EvictionCheck(Protocol):
     def require_not_evicted(self, vpn_ip: str, method: str) -> None:
         """AccessDenied for an evicted peer."""
 
+    def require_verified(self, vpn_ip: str, method: str) -> None:
+        """AccessDenied for an evicted or an unverified peer."""
+
 
 class KubernetesJoin:
     """The Coordinator's Kubernetes join material. ``kubeadm_provider`` is set by the agent (the vpnapi's
@@ -140,8 +143,9 @@ class KubernetesJoin:
         """The kubelet serving certificate for the node at ``vpn_ip``: the CSR checked (its name and the
         node's own VPN IP only), the name bound to that node, then signed with the cluster CA. Short-lived
         (the provider's ``kubelet_cert_days``): a Node renews it with a new request (GetJoinArgs with a
-        CSR), and only while it is in good standing: never for an evicted peer, whichever Coordinator it asks."""
-        self.evictions.require_not_evicted(vpn_ip, method)
+        CSR), and only while it is in good standing: never for an evicted or unverified peer, whichever
+        Coordinator it asks."""
+        self.evictions.require_verified(vpn_ip, method)
         provider = self._provider(method)
         name, _csr = provider.check_kubelet_csr(csr_data, vpn_ip)  # InputError before anything is recorded
         self._bind_node_name(name, vpn_ip, method)

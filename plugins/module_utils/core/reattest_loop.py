@@ -22,7 +22,8 @@ import time
 from typing import Any, Callable, Collection, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import State
-from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import EVICTED, MAX_REASON
+from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import (
+    EVICTED, MAX_REASON, UNVERIFIED, UNVERIFIED_EVICTION_AFTER)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 
 MAX_TICK = 1.0  # seconds between the batches of a cycle, at most (interval / 10 when shorter)
@@ -39,7 +40,8 @@ class Reattester(Protocol):
         """The VPN IPs of the peers to re-attest."""
 
     def reattest_peers(self, connect_peer: Callable[[str], Any], workers: int = 4,
-                       unreachable_limit: int = 3, only: Optional[Collection[str]] = None) -> List[Dict[str, Any]]:
+                       unreachable_limit: int = 3, only: Optional[Collection[str]] = None,
+                       unverified_eviction_after: float = UNVERIFIED_EVICTION_AFTER) -> List[Dict[str, Any]]:
         """Re-attests ``only`` these peers (None: all); one row per peer."""
 
 
@@ -66,7 +68,8 @@ class ReattestLoop:
     ``stop.wait`` advances it)."""
 
     def __init__(self, core: Reattester, connect_peer, interval: float, workers: int, unreachable_limit: int,
-                 stop: threading.Event, log=None, leadership=None, clock: Callable[[], float] = time.monotonic):
+                 stop: threading.Event, log=None, leadership=None, clock: Callable[[], float] = time.monotonic,
+                 unverified_eviction_after: float = UNVERIFIED_EVICTION_AFTER):
         self.core = core
         # core/leadership.py: with several Coordinators only the leader runs the rounds (None: always).
         self.leadership = leadership
@@ -75,6 +78,7 @@ class ReattestLoop:
         self.tick = min(MAX_TICK, interval / 10.0)
         self.workers = workers
         self.unreachable_limit = unreachable_limit
+        self.unverified_eviction_after = unverified_eviction_after
         self.stop = stop
         self.clock = clock
         self._log = log or (lambda event, **fields: None)
@@ -131,7 +135,8 @@ class ReattestLoop:
 
     def _round(self, batch: List[str]) -> None:
         try:
-            rows = self.core.reattest_peers(self.connect_peer, self.workers, self.unreachable_limit, only=batch)
+            rows = self.core.reattest_peers(self.connect_peer, self.workers, self.unreachable_limit, only=batch,
+                                            unverified_eviction_after=self.unverified_eviction_after)
         except (ConstellationError, OSError) as err:
             self._log("reattest_error", level="warning", error=str(err)[:MAX_REASON])
             return
@@ -140,5 +145,6 @@ class ReattestLoop:
             self._log("reattest_crashed", level="error", error=type(err).__name__)
             return
         evicted = [r["vpn_ip"] for r in rows if r["outcome"] == EVICTED]
-        if evicted:
-            self._log("reattest_round", peers=len(rows), evicted=",".join(evicted))
+        unverified = [r["vpn_ip"] for r in rows if r["outcome"] == UNVERIFIED]
+        if evicted or unverified:
+            self._log("reattest_round", peers=len(rows), evicted=",".join(evicted), unverified=",".join(unverified))

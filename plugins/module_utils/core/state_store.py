@@ -53,6 +53,9 @@ KEY_INIT_SECRET = "initSecret"
 # start its etcd member after a restart (every Coordinator holds the same ones). Everything else is the
 # cluster's.
 LOCAL_KEYS = frozenset((KEY_NODE_STATE, KEY_KMS_DATA, KEY_INIT_SECRET))
+# The AKs this agent certified (core/certified_ak_store.py): its own too, one key per AK under this prefix.
+KEY_CERTIFIED_AK_PREFIX = "certifiedAK"
+LOCAL_PREFIXES = (KEY_CERTIFIED_AK_PREFIX,)
 
 _KMS_FIELDS = (("kms_uri", "KmsUri"), ("storage_uri", "StorageUri"), ("key_encryption_key_id", "KeyEncryptionKeyID"))
 _NODE_B64_FIELDS = {"vpn_priv_key": 32, "owner_id": 32, "cluster_id": 32}
@@ -275,12 +278,12 @@ def load_init_secret(store) -> Optional[bytes]:
 
 
 def move_cluster_keys(local, cluster) -> int:
-    """Moves every key but ``LOCAL_KEYS`` from the ``local`` store to ``cluster`` (SPEC 6.8: the first
+    """Moves every key but ``LOCAL_KEYS`` (and ``LOCAL_PREFIXES``) from the ``local`` store to ``cluster`` (SPEC 6.8: the first
     Coordinator's state goes to etcd when its member starts): written to ``cluster`` in one transaction,
     then deleted from ``local`` in one. A crash in between leaves stale copies in ``local`` that nothing
     reads: a Coordinator whose member has data reads the cluster's keys from etcd only. Returns how many
     keys moved."""
-    entries = [(key, value) for key, value in local.items("") if key not in LOCAL_KEYS]
+    entries = [(key, value) for key, value in local.items("") if key not in LOCAL_KEYS and not key.startswith(LOCAL_PREFIXES)]
 
     def copy(tx: Txn) -> None:
         for key, value in entries:

@@ -82,6 +82,8 @@ class PeerStatus:
             answer["peer_resource_version"] = registry.peers.version if registry is not None else None
         if ctx.role == ROLE_COORDINATOR and ctx.state == State.ACTIVATING_NODES:
             answer["evicted"] = [dict(record) for _ip, record in sorted(self.evictions.evicted.items())]
+            # Nodes not re-attested for a while (core/trust.py): no new secret; evicted after unverified_eviction_after.
+            answer["unverified"] = [dict(record) for _ip, record in sorted(self.evictions.unverified.items())]
             # The Nodes the admin removed (core/peer_removal.py): add_nodes.yml refuses them, naming the way back.
             # Read from the store: without its majority (etcd) GetState still answers, without this list.
             try:

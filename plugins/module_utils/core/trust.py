@@ -8,9 +8,14 @@ and eviction", "Rejoin after a reboot"):
   peer over aTLS, the Nodes and the other Coordinators (not itself), with a fresh nonce per connection
   and its policy without PCR 15, checks PCR 15 = our cluster ID and that the peer still is the one it
   recorded (VPN IP and WireGuard key from its attested GetState);
-* eviction: a Node that fails attestation is evicted at once; a Node that cannot be reached is evicted
-  only after ``unreachable_limit`` consecutive failed rounds (a network blip is not tampering); an
-  evicted Node is removed from the peer set (a new version, so every other peer drops it on its next
+* eviction: a Node that fails attestation (a verdict: wrong PCRs, a bad signature, another identity) is
+  evicted at once; a Node that cannot be reached is not: after ``unreachable_limit`` consecutive unreachable
+  rounds it is **unverified** (shared state with the evictions, GetState ``unverified``, the log
+  ``peer_unverified``): it keeps what it has but gets no new secret (``Evictions.require_verified``), and it
+  is evicted only once it has been unreachable for ``unverified_eviction_after`` seconds with no re-attestation
+  passing (denial of service is never eviction: a flood or an on-path attacker can make a healthy Node
+  unreachable, not make it fail); a re-attestation that passes, or a rejoin (a fresh attestation of its own),
+  clears it (``peer_verified``); an evicted Node is removed from the peer set (a new version, so every other peer drops it on its next
   update), its eviction is recorded (store, GetState ``evicted``, the log ``peer_evicted``), and the
   vpnapi refuses it; it comes back only through ActivateAdditionalNodes (add_nodes.yml) after it
   passes attestation again, with the VPN IP and key it had; the Kubernetes Node object of an evicted
@@ -29,9 +34,10 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
+from ansible_collections.constellation.cluster.plugins.module_utils.core.certified_ak_store import keep_certified_aks
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
     MEMBER_KEPT, MEMBER_REMOVED, remove_coordinator_member)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
@@ -51,9 +57,13 @@ if TYPE_CHECKING:  # pragma: no cover
 # Re-attestation outcomes (one per peer and round).
 PASSED = "passed"
 UNREACHABLE = "unreachable"
+UNVERIFIED = "unverified"  # unreachable for ``unreachable_limit`` rounds or more: no new secret, not evicted yet
 EVICTED = "evicted"
 HELD = "eviction_held"  # a failed Coordinator whose etcd member must stay (no live majority without it)
 MAX_REASON = 300
+# Seconds a Node may stay unreachable (no re-attestation passing) before it is evicted: agent config
+# ``unverified_eviction_after`` (docs/security.md argues the default).
+UNVERIFIED_EVICTION_AFTER = 3600.0
 
 
 class Registry(Protocol):
@@ -93,6 +103,16 @@ class EvictionRecords(Protocol):
     def require_not_evicted(self, vpn_ip: str, method: str) -> None:
         """AccessDenied for an evicted peer."""
 
+    @property
+    def unverified(self) -> Dict[str, dict]:
+        """The unverified peers by VPN IP."""
+
+    def mark_unverified(self, vpn_ip: str, record: Mapping[str, Any]) -> None:
+        """Writes one unverified peer."""
+
+    def clear_unverified(self, vpn_ip: str) -> bool:
+        """Forgets one; True if it was unverified."""
+
 
 class KubernetesNodes(Protocol):
     """An evicted Node's Kubernetes Node object (core/kubernetes.py ``KubernetesJoin``)."""
@@ -112,7 +132,10 @@ class PeerTrust:
         self.signing = signing
         self.evictions = evictions
         self.kubernetes = kubernetes
-        self._unreachable: Dict[str, int] = {}  # consecutive unreachable rounds by VPN IP
+        # consecutive unreachable rounds by VPN IP, and when the first of them was (``clock``)
+        self._unreachable: Dict[str, Tuple[int, float]] = {}
+        # Wall clock seconds: an unverified peer's ``since`` is compared across restarts and Coordinators.
+        self.clock: Callable[[], float] = time.time
         # (vpn_ip, set name): which accepted measurement set a peer matched (core/accepted_measurements.py)
         self.record_measurement_set: Callable[[str, Optional[str]], None] = lambda vpn_ip, name: None
 
@@ -120,6 +143,12 @@ class PeerTrust:
     def state(self) -> State:
         """The peer's state: ``ReattestLoop`` runs rounds only on an activated Coordinator."""
         return self.context.state
+
+    def keep_certified_aks(self, certified_aks: Any) -> int:
+        """The AKs this agent certified (qemu-vtpm-ek) are kept in its own sealed store: loaded now (each checked
+        against the EK roots again), every new one written through (core/certified_ak_store.py). A restarted
+        Coordinator re-attests its peers without enrolling them again. Returns how many were loaded."""
+        return keep_certified_aks(certified_aks, self.context.local_store, self.context.log)
 
     # -- re-attestation
     def _reattested(self) -> list:
@@ -135,12 +164,15 @@ class PeerTrust:
         return [p.vpn_ip for p in self._reattested()]
 
     def reattest_peers(self, connect_peer: Callable[[str], Any], workers: int = 4,
-                       unreachable_limit: int = 3, only: Optional[Collection[str]] = None) -> List[Dict[str, Any]]:
+                       unreachable_limit: int = 3, only: Optional[Collection[str]] = None,
+                       unverified_eviction_after: float = UNVERIFIED_EVICTION_AFTER) -> List[Dict[str, Any]]:
         """One round: re-attests every peer of the peer set but this Coordinator (the Nodes and the other
-        Coordinators), ``workers`` at a time; evicts those that fail. ``connect_peer(public_ip)`` opens an
-        aTLS connection validated with the policy without PCR 15 (a fresh nonce each time). ``only``: the
-        VPN IPs of the peers to re-attest now (the loop's share of this moment; a peer gone meanwhile is
-        skipped); None: all. One row per peer: vpn_ip, public_ip, role, outcome, error."""
+        Coordinators), ``workers`` at a time; evicts those that fail, marks unverified the Nodes unreachable
+        for ``unreachable_limit`` rounds and evicts those unreachable for ``unverified_eviction_after``
+        seconds. ``connect_peer(public_ip)`` opens an aTLS connection validated with the policy without
+        PCR 15 (a fresh nonce each time). ``only``: the VPN IPs of the peers to re-attest now (the loop's
+        share of this moment; a peer gone meanwhile is skipped); None: all. One row per peer: vpn_ip,
+        public_ip, role, outcome (passed, unreachable, unverified, evicted, eviction_held), error."""
         self.context.require_coordinator("re-attestation")
         peers = self._reattested()
         if only is not None:
@@ -149,9 +181,11 @@ class PeerTrust:
         if not peers:
             return []
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(peers))), thread_name_prefix="reattest") as pool:
-            return list(pool.map(lambda p: self._reattest_one(p, connect_peer, unreachable_limit), peers))
+            return list(pool.map(lambda p: self._reattest_one(p, connect_peer, unreachable_limit,
+                                                              unverified_eviction_after), peers))
 
-    def _reattest_one(self, peer, connect_peer, unreachable_limit: int) -> Dict[str, Any]:
+    def _reattest_one(self, peer, connect_peer, unreachable_limit: int,
+                      unverified_eviction_after: float) -> Dict[str, Any]:
         row: Dict[str, Any] = {"vpn_ip": peer.vpn_ip, "public_ip": peer.public_ip, "role": peer.role,
                                "outcome": PASSED, "error": None}
         try:
@@ -176,24 +210,47 @@ class PeerTrust:
         except AttestationError as err:
             row.update(outcome=EVICTED, error="attestation failed: %s" % err)
         except (ConstellationError, OSError) as err:
+            now = self.clock()
             with self.context.mutex:
-                count = self._unreachable.get(peer.vpn_ip, 0) + 1
-                self._unreachable[peer.vpn_ip] = count
+                count, since = self._unreachable.get(peer.vpn_ip, (0, now))
+                count += 1
+                self._unreachable[peer.vpn_ip] = (count, since)
             error = str(err) or type(err).__name__
             row.update(outcome=UNREACHABLE, error=error)
             self.context.log("reattest_unreachable", level="warning", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip,
                              failures=count, limit=unreachable_limit, error=error[:MAX_REASON])
             # A Coordinator is evicted only for a failed attestation (a dead one: remove_coordinator.yml).
-            if count >= unreachable_limit and peer.role != ROLE_COORDINATOR:
-                row.update(outcome=EVICTED, error="unreachable for %d consecutive re-attestation rounds: %s"
-                           % (count, error))
+            if peer.role != ROLE_COORDINATOR and (count >= unreachable_limit or peer.vpn_ip in self.evictions.unverified):
+                row.update(self._unverified(peer, count, since, now, error, unverified_eviction_after))
         else:
             with self.context.mutex:
                 self._unreachable.pop(peer.vpn_ip, None)
+            if self.evictions.clear_unverified(peer.vpn_ip):
+                self.context.log("peer_verified", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip, by="reattestation")
         if row["outcome"] == EVICTED:
             if self.evict_peer(peer.vpn_ip, row["error"]) is None and peer.role == ROLE_COORDINATOR:
                 row["outcome"] = HELD
         return row
+
+    def _unverified(self, peer, count: int, since: float, now: float, error: str,
+                    eviction_after: float) -> Dict[str, Any]:
+        """A Node unreachable for the limit's rounds: unverified (recorded once, with when its unreachable
+        rounds began), evicted once that is ``eviction_after`` seconds ago. The row's outcome and error."""
+        record = self.evictions.unverified.get(peer.vpn_ip)
+        if record is None:
+            record = {"vpn_ip": peer.vpn_ip, "vpn_pub_key": peer.vpn_pub_key, "public_ip": peer.public_ip,
+                      "role": peer.role, "since": since, "error": error[:MAX_REASON]}
+            self.evictions.mark_unverified(peer.vpn_ip, record)
+            self.context.log("peer_unverified", level="warning", vpn_ip=peer.vpn_ip, public_ip=peer.public_ip,
+                             failures=count, evicted_after=eviction_after, error=error[:MAX_REASON])
+        try:
+            since = float(record.get("since", since))
+        except (TypeError, ValueError):
+            pass
+        if now - since >= eviction_after:
+            return {"outcome": EVICTED, "error": "unreachable and unverified for %d s (unverified_eviction_after: %d s): %s"
+                    % (now - since, eviction_after, error)}
+        return {"outcome": UNVERIFIED, "error": error}
 
     def evict_peer(self, vpn_ip: str, reason: str) -> Optional[int]:
         """Removes a peer from the peer set (new version; its VPN IP stays reserved for it) and records
@@ -277,6 +334,9 @@ class PeerTrust:
                                % (method, vpn_ip))
         binding = channel.user_data(vpn_ip, node_vpn_pub_key, normalized_uuid)
         self.join.attest_over(channel, validator, method, binding, "rejoin_refused", vpn_ip=vpn_ip)
+        # A fresh attestation of the Node itself: it is verified again (a rebooted Node was unreachable meanwhile).
+        if self.evictions.clear_unverified(vpn_ip):
+            self.context.log("peer_verified", vpn_ip=vpn_ip, public_ip=channel.peer_ip, by="rejoin")
         registry = self.context.peer_registry.current()
         ticket = RejoinTicket(kms.state_disk_key(normalized_uuid), kms.measurement_secret(),
                               tuple(registry.peers.peers.values()), registry.peers.version)

@@ -29,8 +29,11 @@ CALLER_INIT_SECRET = "init-secret proof"  # in the request: checked by the Core 
 CALLER_ADMIN = "admin"  # AdminAuth with the admin key pinned at activation, on this connection
 CALLER_COORDINATORS = "Coordinators"  # AdminAuth role coordinator (the Coordinators' key): GetState's details only
 CALLER_PEER = "PeerAuth'd peer"  # PeerAuth: the WireGuard key recorded for the caller's VPN IP, on this connection
-CALLER_CONTROL_PLANE = "designated control plane"  # a PeerAuth'd peer the admin designated a control plane
-CALLERS = (CALLER_ANYONE, CALLER_INIT_SECRET, CALLER_ADMIN, CALLER_COORDINATORS, CALLER_PEER, CALLER_CONTROL_PLANE)
+# A PeerAuth'd peer that is not unverified (its last re-attestation passed): what a new secret needs.
+CALLER_VERIFIED_PEER = "verified peer"
+CALLER_CONTROL_PLANE = "designated control plane"  # a verified peer the admin designated a control plane
+CALLERS = (CALLER_ANYONE, CALLER_INIT_SECRET, CALLER_ADMIN, CALLER_COORDINATORS, CALLER_PEER, CALLER_VERIFIED_PEER,
+           CALLER_CONTROL_PLANE)
 
 # Where the method is served (the peer's state or role).
 SERVED_ALWAYS = "any state"
@@ -45,6 +48,7 @@ ACTIVATED_STATES = (constants.STATE_ACTIVATING_NODES, constants.STATE_IS_NODE)
 _NEEDS = {
     CALLER_ADMIN: "AdminAuth (the admin key pinned at activation)",
     CALLER_PEER: "PeerAuth (the WireGuard key recorded for the caller's VPN IP)",
+    CALLER_VERIFIED_PEER: "PeerAuth by a peer whose last re-attestation passed (not unverified)",
     CALLER_CONTROL_PLANE: "PeerAuth by a peer the admin designated a control plane",
 }
 
@@ -83,6 +87,10 @@ class PeerView:
 
     def check_peer(self, method: str, peer_ip: str, vpn_pub_key: str) -> None:
         """The caller proved ``vpn_pub_key`` for ``peer_ip`` (PeerAuth): it is still that peer, not evicted."""
+        raise NotImplementedError
+
+    def check_verified(self, method: str, peer_ip: str) -> None:
+        """The caller is not unverified: its last re-attestation passed (a new secret goes only to such a peer)."""
         raise NotImplementedError
 
     def check_control_plane(self, method: str, peer_ip: str, vpn_pub_key: str) -> None:
@@ -134,5 +142,7 @@ def authorise(method: str, access: Access, conn: Any, view: Optional[PeerView]) 
     if view is None:
         raise AccessDenied("%s needs %s: this server cannot tell this peer's registry" % (method, _NEEDS[caller]))
     view.check_peer(method, conn.peer_ip, pub_key)
+    if caller in (CALLER_VERIFIED_PEER, CALLER_CONTROL_PLANE):
+        view.check_verified(method, conn.peer_ip)
     if caller == CALLER_CONTROL_PLANE:
         view.check_control_plane(method, conn.peer_ip, pub_key)

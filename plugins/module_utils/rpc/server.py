@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, errors
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.rate_limit import RateLimit
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDIN,
     KIND_MSG,
@@ -88,55 +89,6 @@ def crash_fields(err: BaseException) -> Dict[str, Any]:
 
 
 AccessDenied = errors.AccessDenied  # the Core raises it too (init proof, eviction)
-
-
-class RateLimit:
-    """Token buckets for one costly unauthenticated request (EnrollAK, an aTLS handshake): one per source IP
-    holding ``per_source`` = (burst, refill per second) and one for all sources holding ``total`` (None: no
-    such bucket). ``take`` consumes a token from both or from neither, and raises ``errors.RateLimited``
-    naming the limit. At most ``max_sources`` source buckets are kept (the fullest go first: they carry no
-    debt)."""
-
-    def __init__(self, what: str, per_source: Tuple[float, float], total: Optional[Tuple[float, float]],
-                 max_sources: int = 4096, clock: Callable[[], float] = time.monotonic):
-        self.what = what
-        self.per_source = (float(per_source[0]), float(per_source[1]))
-        self.total = (float(total[0]), float(total[1])) if total is not None else None
-        self.max_sources = max_sources
-        self._clock = clock
-        self._lock = threading.Lock()
-        now = clock()
-        self._total_bucket = [self.total[0], now] if self.total is not None else None
-        self._buckets: Dict[str, list] = {}
-
-    @staticmethod
-    def _refill(bucket: list, limit: Tuple[float, float], now: float) -> float:
-        bucket[0] = min(limit[0], bucket[0] + (now - bucket[1]) * limit[1])
-        bucket[1] = now
-        return bucket[0]
-
-    def take(self, source: str) -> None:
-        with self._lock:
-            now = self._clock()
-            bucket = self._buckets.get(source)
-            if bucket is None:
-                if len(self._buckets) >= self.max_sources:
-                    def fullest(k):
-                        return -self._refill(self._buckets[k], self.per_source, now)
-
-                    for key in sorted(self._buckets, key=fullest)[:self.max_sources // 4 or 1]:
-                        del self._buckets[key]
-                bucket = self._buckets[source] = [self.per_source[0], now]
-            if self._refill(bucket, self.per_source, now) < 1:
-                raise errors.RateLimited("%s: rate limited for %s (a burst of %g, then %g per second from one "
-                                         "source); try again later" % (self.what, source, self.per_source[0],
-                                                                       self.per_source[1]))
-            if self._total_bucket is not None and self._refill(self._total_bucket, self.total, now) < 1:
-                raise errors.RateLimited("%s: rate limited (a burst of %g, then %g per second from all sources); "
-                                         "try again later" % (self.what, self.total[0], self.total[1]))
-            bucket[0] -= 1
-            if self._total_bucket is not None:
-                self._total_bucket[0] -= 1
 
 
 class AgentServerContext(atls.AttestedServerContext):

@@ -226,7 +226,8 @@ def conn_cert_key(conn):
 def test_a_node_whose_handshake_times_out_or_resets_is_unreachable_not_evicted(cluster, reset):  # noqa: F811
     """Attack (b): a Node's pubapi that accepts TCP but never answers the handshake (a full pool on
     today's main looks exactly like this), or resets it. Today's main: AttestationError, evicted on the
-    first round. Now: unreachable, evicted only after ``unreachable_limit`` rounds."""
+    first round. Now: unreachable, unverified after ``unreachable_limit`` rounds (evicted only after
+    ``unverified_eviction_after``: tests/unit/agent/test_unverified_peers.py)."""
     c, _vpn, nodes = cluster
     hole = BlackHole(reset=reset)
     try:
@@ -238,9 +239,9 @@ def test_a_node_whose_handshake_times_out_or_resets_is_unreachable_not_evicted(c
         for node in nodes.values():
             assert not c.evictions.is_evicted(node["vpn_ip"]) and c.coordinator.is_known_peer_ip(node["vpn_ip"])
         assert c.get_state()["evicted"] == []
-        rows = c.trust.reattest_peers(connect_peer, unreachable_limit=3)  # the limit is still the limit
-        assert {r["outcome"] for r in rows} == {"evicted"}
-        assert all("unreachable for 3 consecutive" in r["error"] for r in rows)
+        rows = c.trust.reattest_peers(connect_peer, unreachable_limit=3)  # the limit: unverified, not evicted
+        assert {r["outcome"] for r in rows} == {"unverified"}
+        assert c.get_state()["evicted"] == [] and len(c.get_state()["unverified"]) == len(nodes)
     finally:
         hole.close()
 

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Re-attestation spread over the interval (issue 29, core/reattest_loop.py): each peer once per interval at
 its stable offset, in batches of one tick's share, not all at once; a peer added mid-cycle comes in the next
-cycle, one removed is skipped; the unreachable limit (core/trust.py) counts per peer as before. A fake clock
+cycle, one removed is skipped; the unreachable limit and the unverified period (core/trust.py) count per peer. A fake clock
 whose ``stop.wait`` advances it: no sleeping, no timing assertion."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Recorder:
     def reattest_targets(self):
         return list(self.peers)
 
-    def reattest_peers(self, connect_peer, workers, unreachable_limit, only=None):
+    def reattest_peers(self, connect_peer, workers, unreachable_limit, only=None, unverified_eviction_after=None):
         batch = [ip for ip in self.peers if ip in set(only)]
         self.calls.append((self.clock(), batch))
         if self.on_call is not None:
@@ -146,8 +146,10 @@ def test_not_a_coordinator_or_not_the_leader_runs_nothing():
 
 
 def test_the_unreachable_limit_still_counts_cycles_of_each_peer(make_core):
-    """The loop over a real Coordinator Core: a Node that does not answer is evicted in the cycle of its
-    third failure (the limit), not before; the other Node passes once per cycle."""
+    """The loop over a real Coordinator Core: a Node that does not answer is unverified in the cycle of its
+    third failure (the limit), not before, and evicted only in the first cycle at least
+    ``unverified_eviction_after`` after its first failure (one fake clock for the loop and the Core); the
+    other Node passes once per cycle."""
     c, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
     c.recovery.load()
     c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
@@ -167,8 +169,14 @@ def test_the_unreachable_limit_still_counts_cycles_of_each_peer(make_core):
             return FakePeerClient(error=ConstellationError("cannot connect to %s:9000: timed out" % public_ip))
         return FakePeerClient(ours, nodes[public_ip])
 
-    for evicted in (False, False, True):  # one cycle each
-        clock = FakeTime(INTERVAL)
-        ReattestLoop(c.trust, connect, INTERVAL, 4, 3, clock, clock=clock).run_cycles()
-        assert c.evictions.is_evicted(down) is evicted
-    assert calls.count("10.42.0.12") == 3 and calls.count("10.42.0.13") == 3
+    clock = FakeTime(0)
+    c.trust.clock = clock
+    seen = []
+    for _cycle in range(8):  # one cycle each; evicted 5 intervals after the first failure
+        clock.end = clock.now + INTERVAL
+        ReattestLoop(c.trust, connect, INTERVAL, 4, 3, clock, clock=clock,
+                     unverified_eviction_after=5 * INTERVAL).run_cycles()
+        seen.append("evicted" if c.evictions.is_evicted(down) else
+                    "unverified" if c.evictions.is_unverified(down) else "unreachable")
+    assert seen == ["unreachable"] * 2 + ["unverified"] * 3 + ["evicted"] * 3
+    assert calls.count("10.42.0.12") == 6 and calls.count("10.42.0.13") == 8

@@ -2,8 +2,8 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Issue 15 at the Core, through its ports (no sockets): the init secret (refused before the node
-lock), re-attestation and eviction (a failed attestation evicts at once, an unreachable peer only
-after the limit; the vpnapi refuses an evicted peer; re-admission keeps the key), rejoin tickets (only
+lock), re-attestation and eviction (a failed attestation evicts at once, an unreachable peer is
+unverified after the limit and evicted only after a period; the vpnapi refuses an evicted peer; re-admission keeps the key), rejoin tickets (only
 a recorded peer, bound to the connection; a Node never takes the KMS URI), and signed policies."""
 
 from __future__ import annotations
@@ -152,27 +152,32 @@ def test_a_failed_attestation_evicts_at_once_and_the_vpnapi_refuses_the_peer(clu
     assert c.coordinator.reserve_node_ip() != evicted_ip
 
 
-def test_an_unreachable_peer_is_evicted_only_after_the_limit_and_a_success_resets_the_count(cluster):
+def test_an_unreachable_peer_is_unverified_after_the_limit_evicted_after_the_period_and_a_success_resets(cluster):
     c, _vpn, nodes = cluster
     ours = expected_pcr15(c.context.cluster_id)
     down = {"10.42.0.12"}
+    now = [1.8e9]
+    c.trust.clock = lambda: now[0]
 
     def connect(public_ip):
         if public_ip in down:
             return FakePeerClient(error=ConstellationError("cannot connect to %s:9000: timed out" % public_ip))
         return FakePeerClient(ours, nodes[public_ip])
 
-    for _round in range(2):
-        c.trust.reattest_peers(connect, unreachable_limit=3)
+    def outcome():
+        rows = c.trust.reattest_peers(connect, unreachable_limit=3, unverified_eviction_after=600)
+        now[0] += 60
+        return [r["outcome"] for r in rows if r["public_ip"] == "10.42.0.12"][0]
+
+    assert [outcome() for _round in range(2)] == ["unreachable"] * 2
     down.clear()
-    c.trust.reattest_peers(connect, unreachable_limit=3)  # reachable again: the count starts over
+    assert outcome() == "passed"  # reachable again: the count starts over
     down.add("10.42.0.12")
-    for _round in range(2):
-        assert not c.trust.reattest_peers(connect, unreachable_limit=3)[0]["outcome"] == "evicted"
-    assert c.get_state()["evicted"] == []
-    rows = c.trust.reattest_peers(connect, unreachable_limit=3)
-    assert [r["outcome"] for r in rows if r["public_ip"] == "10.42.0.12"] == ["evicted"]
-    assert "unreachable for 3 consecutive" in c.get_state()["evicted"][0]["reason"]
+    assert [outcome() for _round in range(10)] == ["unreachable"] * 2 + ["unverified"] * 8
+    assert c.get_state()["evicted"] == [] and len(c.get_state()["unverified"]) == 1
+    assert outcome() == "evicted"  # 600 s after its first unreachable round of this streak
+    assert "unreachable and unverified for 600 s" in c.get_state()["evicted"][0]["reason"]
+    assert c.get_state()["unverified"] == []
 
 
 def test_a_peer_with_another_identity_or_cluster_is_evicted_and_readmission_needs_the_same_key(cluster):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -111,3 +112,48 @@ def test_an_enroll_ak_flood_is_refused_before_any_tpm_work(ek_node):
         assert "EnrollAK: rate limited for 127.0.0.1" in refused[0]["message"]
     with connect(server, "127.0.0.4") as other:
         assert enroll_over(other, ca_certs).ak_pub == issuer.ak_pub
+
+
+COORDINATOR = "127.0.0.9"
+STRANGERS = ["127.0.0.%d" % i for i in range(20, 32)]  # a dozen addresses
+
+
+def ask_enrollment(client, ca_certs):
+    """One EnrollAK on ``client``: the refusal's message, or None when the node enrolled (challenge answered,
+    so the node's TPM did the work)."""
+    client.stream.send_request("EnrollAK", {})
+    frame = client.stream.recv()
+    if frame.kind_name == "END":
+        assert "ek_cert" not in str(frame.message)
+        return frame.message["error"]["message"]
+    challenge, pending = begin_enrollment(frame.message, ca_certs)
+    client.stream.send_msg({"challenge": challenge})
+    finish_enrollment(pending, b64d(client.stream.recv_end().get("secret"), "secret", 32))
+    return None
+
+
+@pytest.mark.parametrize("known_by", ["config", "peers"])
+def test_strangers_draining_the_all_sources_budget_do_not_stop_the_coordinators_enrollment(ek_node, known_by):
+    """Attack: a dozen addresses keep EnrollAK's all-sources bucket empty (each within its own per-source
+    budget), so that a Coordinator that must enroll the Node's AK again (after its restart) is refused, and
+    re-attestation sees the Node as unreachable. The Node knows its Coordinator (``config``: the agent config's
+    Coordinator endpoint; ``peers``: its peers with role coordinator, core/recovery.py): the Coordinator's
+    EnrollAK takes from a bucket of its own, and its whole enrollment (a real EnrollAK exchange with the swtpm)
+    completes while the strangers are refused; a stranger never gets the Coordinators' budget."""
+    server, api, issuer, ca_certs = ek_node
+    api.ENROLL_AK_TOTAL = (12, 0.01)  # refills slowly here: the strangers keep it empty without racing its refill
+    if known_by == "config":
+        api.coordinator_endpoints = ["%s:9000" % COORDINATOR]
+    else:
+        api.recovery = SimpleNamespace(coordinator_public_ips=lambda: [COORDINATOR])
+    refusals = []
+    for source in STRANGERS:  # drain the all-sources bucket: one enrollment per stranger
+        with connect(server, source) as client:
+            refusals.append(ask_enrollment(client, ca_certs))
+    with connect(server, "127.0.0.40") as late:  # empty: the next stranger is refused, before any TPM work
+        refused = ask_enrollment(late, ca_certs)
+    assert refused and "from all sources" in refused, (refusals, refused)
+    with connect(server, COORDINATOR) as coordinator:
+        assert enroll_over(coordinator, ca_certs).ak_pub == issuer.ak_pub
+    with connect(server, STRANGERS[0]) as stranger:  # the Coordinator's enrollment gave the strangers nothing
+        assert "from all sources" in (ask_enrollment(stranger, ca_certs) or "")

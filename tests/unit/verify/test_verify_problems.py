@@ -72,6 +72,17 @@ def test_an_evicted_coordinator_is_named_with_its_etcd_membership():
         "the 2 etcd members that would remain answer"]
 
 
+def test_an_unverified_node_is_named_with_since_when_and_why():
+    """A Node the Coordinator could not re-attest for a while (core/trust.py): a verify.yml row, not an eviction."""
+    unverified = {"vpn_ip": "10.118.0.12", "public_ip": "10.42.0.12", "since": NOW, "error": "timed out"}
+    assert verify_problems("h2", peer=NODE, attested=True, cluster_id="c2V0", unverified=unverified) == [
+        "h2: unverified: the Coordinator could not re-attest it since 2027-01-15 08:00:00 UTC (timed out); it gets no "
+        "new secret until a re-attestation passes, and is evicted after unverified_eviction_after"]
+    evicted = {"reason": "PCR 9 changed", "public_ip": "10.42.0.12"}
+    assert len(verify_problems("h2", peer=NODE, attested=True, cluster_id="c2V0", eviction=evicted,
+                               unverified=unverified)) == 1  # evicted: the eviction alone
+
+
 def test_a_coordinator_needs_its_state_and_etcd_member():
     stopped = dict(COORDINATOR, etcd_member="stopped")
     assert verify_problems("h1", peer=stopped, attested=True, coordinator=True, cluster_id="c2V0") == [
