@@ -141,6 +141,9 @@ class StateAnswer(Record):
                                              "agent's code and trust configuration (details only)")
     secrets_at_rest: Optional[dict] = wire("object", doc="{sealed, pcrs}: the secrets at rest are encrypted with a "
                                            "key sealed to these PCRs of the TPM (details only)")
+    deployment_mode: Optional[str] = wire("str", doc="host: the agent runs on an ordinary host (details only)")
+    host_root_trusted: Optional[bool] = wire("bool", doc="true: the host's root can replay what the agent measures and "
+                                             "read this peer's secrets in a genuine boot (details only)")
 
 
 @dataclass(frozen=True)
