@@ -65,6 +65,9 @@ class PeerStatus:
     # PCR 13's events (the agent's code and trust configuration) and whether its secrets at rest are sealed.
     agent_measurement: Optional[Dict[str, Any]] = None
     secrets_at_rest: Optional[Dict[str, Any]] = None
+    # How the agent is deployed (host) and whether the host's root is trusted on the peer (attestation/deployment.py).
+    deployment_mode: Optional[str] = None
+    host_root_trusted: Optional[bool] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
@@ -72,7 +75,8 @@ class PeerStatus:
                 "vpn_ip": self.vpn_ip, "vpn_pub_key": self.vpn_pub_key, "evicted": list(self.evicted),
                 "removed": list(self.removed),
                 "etcd_member": self.etcd_member, "state_disk": self.state_disk,
-                "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest}
+                "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest,
+                "deployment_mode": self.deployment_mode, "host_root_trusted": self.host_root_trusted}
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -145,7 +149,9 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       etcd_member=_opt_str(state.get("etcd_member")),
                       state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None,
                       agent_measurement=_opt_dict(state.get("agent_measurement")),
-                      secrets_at_rest=_opt_dict(state.get("secrets_at_rest")))
+                      secrets_at_rest=_opt_dict(state.get("secrets_at_rest")),
+                      deployment_mode=_opt_str(state.get("deployment_mode")),
+                      host_root_trusted=state["host_root_trusted"] if isinstance(state.get("host_root_trusted"), bool) else None)
 
 
 def _opt_dict(value: Any) -> Optional[Dict[str, Any]]:
