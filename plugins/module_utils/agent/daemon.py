@@ -218,8 +218,8 @@ class Agent:
             # First: a reboot after the file changed must find its key. Only here, with a document received over
             # the API, is the key resealed (agent/storage_key.py).
             storage_key.reseal(self.at_rest, sets, self.config.deployment_mode, self.log)
-            storage_key.raise_floor(self.at_rest, self.config.state_dir, sets.version)
             self.policy_file.write(document, signature)
+            storage_key.raise_floor(self.at_rest, self.config.state_dir, sets.version)  # a stop before it leaves the floor below the file, never above
             self.policy = sets
             if self.measurement is not None:
                 full = with_agent_pcr(sets, self.measurement.value)
