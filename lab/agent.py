@@ -84,9 +84,11 @@ def write_config(lab: AgentLab, host: Host, trust: Optional[bool] = None, **conf
         "reattest_interval": 30,
         "reattest_unreachable_limit": 4,
     }
-    # Every lab agent pins the lab's measurements key and gets its policy signed (the agent refuses an unsigned
-    # one unless insecure_unsigned_measurements is set).
-    lab.sign_measurements(policy)
+    # Every lab agent pins the lab's measurements key and gets its policy signed when the lab writes it (the agent
+    # refuses an unsigned one unless insecure_unsigned_measurements is set); a policy file changed later (by the
+    # agent: signed documents only, or by a test that alters it) is never signed again here.
+    if not Path(str(policy) + ".sig").exists():
+        lab.sign_measurements(policy)
     doc["measurements_pub_key"] = str(lab.measurements_pub_path)
     if trust:
         doc["init_secret_hash"] = lab.init_secret_hash(host)
