@@ -65,7 +65,7 @@ def agent_vpn_priv_key(lab: AgentLab, host: Host) -> str:
 
 def write_config(lab: AgentLab, host: Host, trust: Optional[bool] = None, **config: Any) -> Path:
     """``trust`` (default: the lab's, true for ``lab up --agents``): the agent is provisioned with the
-    lab's init secret hash (its own) and a signed policy with the lab's pinned key."""
+    lab's init secret hash (its own). Every lab agent gets a policy signed with the lab's pinned key."""
     directory = agent_dir(host)
     directory.mkdir(parents=True, exist_ok=True)
     policy = directory / "measurements.json"
@@ -84,9 +84,13 @@ def write_config(lab: AgentLab, host: Host, trust: Optional[bool] = None, **conf
         "reattest_interval": 30,
         "reattest_unreachable_limit": 4,
     }
-    if trust:
+    # Every lab agent pins the lab's measurements key and gets its policy signed when the lab writes it (the agent
+    # refuses an unsigned one unless insecure_unsigned_measurements is set); a policy file changed later (by the
+    # agent: signed documents only, or by a test that alters it) is never signed again here.
+    if not Path(str(policy) + ".sig").exists():
         lab.sign_measurements(policy)
-        doc["measurements_pub_key"] = str(lab.measurements_pub_path)
+    doc["measurements_pub_key"] = str(lab.measurements_pub_path)
+    if trust:
         doc["init_secret_hash"] = lab.init_secret_hash(host)
     else:  # an untrusted lab agent: the explicit opt-out the agent requires (it warns on every start)
         doc["insecure_unauthenticated_activation"] = True

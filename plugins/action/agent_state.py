@@ -27,8 +27,13 @@ class ActionModule(ClusterAction):
         status = peer_status(args["endpoint"], settings, self.cluster_id_arg(args), priv_key)
         out = status.to_dict()
         out["changed"] = False
-        if status.warnings:
-            out["warnings"] = list(status.warnings)
+        warnings = list(status.warnings)
+        if status.host_root_trusted:  # said on every run (docs/security.md, "At rest")
+            warnings.append("%s: host root is trusted on this peer (deployment_mode %s: the agent runs on an ordinary "
+                            "host, whose root can replay what the agent measures and read its secrets)"
+                            % (status.endpoint, status.deployment_mode))
+        if warnings:
+            out["warnings"] = warnings
         self._prestart_connection(status.endpoint, status.state)
         return out
 

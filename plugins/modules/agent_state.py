@@ -148,13 +148,28 @@ secrets_at_rest:
       and to which PCRs (only with O(admin_priv_key_file), once activated).
   returned: success
   type: dict
-  sample: {"sealed": true, "pcrs": [4, 9, 11, 13]}
+  sample: {"sealed": true, "pcrs": [4, 9, 11]}
 peer_resource_version:
   description:
     - The version of the peer set a Node applied (it refuses an older one) or a Coordinator holds (only with
       O(admin_priv_key_file), once activated). restore.yml compares the newest backup with the Nodes' versions.
   returned: success
   type: int
+deployment_mode:
+  description:
+    - How the peer's agent is deployed (only with O(admin_priv_key_file)); V(host), the only mode, is an agent on an
+      ordinary host.
+  returned: success
+  type: str
+  sample: host
+host_root_trusted:
+  description:
+    - V(true) when the host's root is trusted on the peer (only with O(admin_priv_key_file)): nothing before userspace
+      measures the agent, so root can replay its PCR 13 and read the peer's secrets in a genuine boot. Warned about on
+      every run.
+  returned: success
+  type: bool
+  sample: true
 """
 
 from ansible.module_utils.basic import AnsibleModule

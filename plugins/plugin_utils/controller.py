@@ -69,6 +69,9 @@ class PeerStatus:
     secrets_at_rest: Optional[Dict[str, Any]] = None
     # The peer set's version a Node applied or a Coordinator holds (details only).
     peer_resource_version: Optional[int] = None
+    # How the agent is deployed (host) and whether the host's root is trusted on the peer (attestation/deployment.py).
+    deployment_mode: Optional[str] = None
+    host_root_trusted: Optional[bool] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
@@ -78,7 +81,8 @@ class PeerStatus:
                 "removed": list(self.removed),
                 "etcd_member": self.etcd_member, "state_disk": self.state_disk,
                 "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest,
-                "peer_resource_version": self.peer_resource_version}
+                "peer_resource_version": self.peer_resource_version,
+                "deployment_mode": self.deployment_mode, "host_root_trusted": self.host_root_trusted}
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -153,7 +157,9 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       state_disk=dict(state["state_disk"]) if isinstance(state.get("state_disk"), dict) else None,
                       agent_measurement=_opt_dict(state.get("agent_measurement")),
                       secrets_at_rest=_opt_dict(state.get("secrets_at_rest")),
-                      peer_resource_version=_opt_int(state.get("peer_resource_version")))
+                      peer_resource_version=_opt_int(state.get("peer_resource_version")),
+                      deployment_mode=_opt_str(state.get("deployment_mode")),
+                      host_root_trusted=state["host_root_trusted"] if isinstance(state.get("host_root_trusted"), bool) else None)
 
 
 def _opt_dict(value: Any) -> Optional[Dict[str, Any]]:

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The README's way on the lab: ``inventories/example`` copied as it is, with only what the README tells an
 operator to change or put beside it: the hosts' endpoints (the lab's), the EK roots (the lab CA stands for the TPM
-vendor), the image's measurements, the vault-encrypted init secret and the admin key in its default place
+vendor), the image's measurements with their signature and the pinned key, the vault-encrypted init secret and the admin key in its default place
 (``~/.constellation/admin.key``; HOME points into the test's directory). Two lab-only variables are added to
 the hosts file: the namespace the controller opens its sockets in, and Kubernetes off (kubeadm cannot be
 installed here). Everything else is the example's and the roles' defaults.
@@ -68,6 +68,8 @@ def example(tmp_path_factory):
         (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
         shutil.copy(lab_inv / "ek_ca.pem", inv / "ek_ca.pem")  # the TPM vendor's EK roots
         shutil.copy(lab_inv / "measurements.json", inv / "measurements.json")  # the image's measurements
+        shutil.copy(lab_inv / "measurements.json.sig", inv / "measurements.json.sig")  # ... signed
+        shutil.copy(lab_inv / "measurements.pub", inv / "measurements.pub")  # the pinned key they are signed with
         vault_pass = base / "vault_pass"
         vault_pass.write_text(os.urandom(16).hex() + "\n")
         vault_pass.chmod(0o600)
@@ -88,6 +90,7 @@ def test_the_example_inventory_chooses_nothing_insecure(example):
     assert "constellation_attestation_variant" not in group_vars  # the default: qemu-vtpm-ek
     assert not any(key.startswith("constellation_insecure") for key in group_vars), group_vars
     assert group_vars["constellation_ek_ca_path"] and group_vars["constellation_init_secret_file"]
+    assert group_vars["constellation_measurements_pub_key_file"]  # the policy must be signed
 
 
 def test_the_insecure_variant_without_its_acknowledgement_is_refused_naming_it(example):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, x509compat
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose, deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import AK_ALGS
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import ACTIVATION_WORKERS, MAX_ACTIVATION_WORKERS
 from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import UNVERIFIED_EVICTION_AFTER
@@ -51,7 +51,9 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
                 "kubelet_cert_days", "coordinator_pub_key",
                 "state_disk_device", "state_disk_mapper_name",  # the encrypted state disk: disk/
-                "insecure_trust_any_ak", "insecure_unauthenticated_activation"}  # explicit insecure choices
+                "deployment_mode",  # attestation/deployment.py: what the TPM proves against the host's root
+                "insecure_trust_any_ak", "insecure_unauthenticated_activation",  # explicit insecure choices
+                "insecure_unsigned_measurements"}
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
 _CONFIG_TYPES = {
@@ -77,6 +79,8 @@ _CONFIG_TYPES = {
     "state_disk_device": ((str,), "the absolute path of the state disk's block device"),
     "state_disk_mapper_name": ((str,), "a device-mapper name such as constellation-state"),
     "insecure_trust_any_ak": ((bool,), "true or false"), "insecure_unauthenticated_activation": ((bool,), "true or false"),
+    "insecure_unsigned_measurements": ((bool,), "true or false"),
+    "deployment_mode": ((str,), "one of %s" % ", ".join(deployment.MODES)),
 }
 
 
@@ -119,6 +123,8 @@ class AgentConfig:
     state_disk_mapper_name: str = DEFAULT_MAPPER_NAME  # opened at /dev/mapper/<name>, mounted at <state_dir>/disk
     insecure_trust_any_ak: bool = False  # accept variant qemu-vtpm (it trusts any AK); warned on every start
     insecure_unauthenticated_activation: bool = False  # start without init_secret_hash; warned on every start
+    insecure_unsigned_measurements: bool = False  # start without measurements_pub_key; warned on every start
+    deployment_mode: str = deployment.DEFAULT  # host: the agent runs on an ordinary host (host root is trusted)
     deprecations: List[str] = field(default_factory=list)  # old key names found in the file
 
     @classmethod
@@ -195,6 +201,12 @@ class AgentConfig:
             raise InputError("variant", "a variant this host can attest with (%s: %s)" % (variant.name, problem))
         if variant.needs_policy and not config.measurements:
             raise InputError("measurements", "the path of a measurements policy (JSON)")
+        if variant.needs_policy and not config.measurements_pub_key and not config.insecure_unsigned_measurements:
+            # An unsigned policy file is whatever the disk holds: nothing unsigned may decide what is accepted.
+            raise InputError("measurements_pub_key", "the pinned measurements public key (PEM) the policy file is "
+                             "signed with (measurements_signature; role variable node_agent_measurements_pub_key), or "
+                             "insecure_unsigned_measurements: true to use an unsigned policy file (warned on every start)")
+        deployment.check_mode(config.deployment_mode)
         if variant.needs_ek_ca and not config.ek_ca:
             raise InputError("ek_ca", "the PEM file or folder of the CAs that TPMs' EK certificates chain to (variant %s)"
                              % variant.name)

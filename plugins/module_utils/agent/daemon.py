@@ -22,19 +22,14 @@ from typing import Any, List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
-    AgentMeasurement,
-    measure,
-    with_agent_pcr,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement, with_agent_pcr
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import policy_version
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile, own_measurement_set
 from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import MAX_DOCUMENT, check_document
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import open_tpm
-from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT
-from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import (
-    PlainStorage, SealedStorage, seal_predictions, sealed_pcr_sets)
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import storage_key
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage, sealed_pcr_sets
 from ansible_collections.constellation.cluster.plugins.module_utils.core import (
     ROLE_NODE,
     Core,
@@ -146,6 +141,7 @@ class Agent:
         core.trust.keep_certified_aks(getattr(self.peer_validator, "certified_aks", None))  # in the sealed store
         context.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
         context.agent_measurement = self.measurement.to_dict() if self.measurement is not None else None
+        context.deployment_mode = config.deployment_mode  # GetState's details: host root is trusted on this peer
         if self.state_disk is not None:
             self.state_disk.read_key = context.read_disk_key  # the key at rest, through the Core's seam
             context.state_disk = self.state_disk
@@ -187,7 +183,7 @@ class Agent:
             # The agent's PCR: every peer runs this code with this trust configuration (agent_measurement.py).
             self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
             self.policy = policy
-            self._sealed_pcrs = sorted({i for pcrs in sealed_pcr_sets(policy).values() for i in pcrs})
+            self._sealed_pcrs = sorted({i for pcrs in sealed_pcr_sets(policy, self.config.deployment_mode).values() for i in pcrs})
             policy = with_agent_pcr(policy, self.measurement.value)
         issuer_options = {"ak_alg": self.config.ak_alg} if variant != "dummy" else {}
         return (choose.issuer(variant, self.config.tcti, **issuer_options),
@@ -195,28 +191,13 @@ class Agent:
                 choose.validator(variant, coordinator_policy(policy) if policy else None, trust))
 
     def _measure_and_unseal(self) -> SealedStorage:
-        """PCR 13 <- the agent's code and trust configuration; then the storage key, sealed to the policy's
-        enforced boot PCRs and PCR 13, is unsealed (or made and sealed on the first start)."""
+        """PCR 13 <- the agent's code and trust configuration; then the storage key is unsealed (agent/storage_key.py:
+        never resealed to the policy file found on disk, whose version must not be below the sealed floor)."""
         if self.measurement is None:  # the test suite's dummy variant: no TPM, nothing sealed
             return PlainStorage()
-        with open_tpm(self.config.tcti) as dev:
-            outcome = measure(dev, self.measurement)
-        fields = dict(pcr=PCR_INDEX_AGENT, value=self.measurement.value.hex(),
-                      **{name: digest.hex() for name, digest in self.measurement.events})
-        if outcome == "conflict":
-            self.log("agent_measured", level="error", outcome=outcome, message="PCR %d held another agent's "
-                     "measurement since the boot: no policy accepts this host until it reboots" % PCR_INDEX_AGENT, **fields)
-        else:
-            self.log("agent_measured", outcome=outcome, **fields)
-        storage = SealedStorage.open(self.config.state_dir, lambda: open_tpm(self.config.tcti), self._sealed_pcrs, log=self.log)
-        self._reseal(storage)
+        storage = storage_key.measure_and_unseal(self.config, self.measurement, self._sealed_pcrs, self.log)
+        storage_key.check_policy_file(storage, self.config.state_dir, self.policy, self.config.measurements)
         return storage
-
-    def _reseal(self, storage: SealedStorage, policy=None) -> None:
-        """The storage key sealed to each accepted set's predicted values (an image upgrade's next boot)."""
-        policy = policy if policy is not None else self.policy
-        if policy is not None and storage.reseal(seal_predictions(policy)):
-            self.log("storage_key_resealed", sets=",".join(storage.sealed_sets), unsealed_with=storage.unsealed_with)
 
     # -- the accepted measurement sets (core/accepted_measurements.py), applied without a restart
     def apply_measurements(self, document: bytes, signature: Optional[str], sets=None) -> bool:
@@ -227,10 +208,14 @@ class Agent:
         with self._policy_lock:
             if sets is None:
                 sets = check_document(document, signature, self.policy_file.pub_key, self.policy)
+            storage_key.check_version(self.at_rest, self.config.state_dir, sets)  # the sealed floor
             if self.policy is not None and sets == self.policy:
                 return False
-            self._reseal(self.at_rest, sets)  # first: a reboot after the file changed must find its key
+            # First: a reboot after the file changed must find its key. Only here, with a document received over
+            # the API, is the key resealed (agent/storage_key.py).
+            storage_key.reseal(self.at_rest, sets, self.config.deployment_mode, self.log)
             self.policy_file.write(document, signature)
+            storage_key.raise_floor(self.at_rest, self.config.state_dir, sets.version)  # a stop before it leaves the floor below the file, never above
             self.policy = sets
             if self.measurement is not None:
                 full = with_agent_pcr(sets, self.measurement.value)
@@ -300,9 +285,12 @@ class Agent:
         if (self.config.store or {}).get("type") == "etcd":  # said on every start
             self.log("secrets_not_sealed", level="warning", message="store type etcd: this peer's secrets are kept "
                      "in that etcd cluster, not sealed to this TPM")
-        if self.config.measurements_pub_key is None and self.config.measurements:
-            self.log("measurements_unsigned", level="warning",
-                     message="no measurements_pub_key: the policy file is used without a signature check")
+        if self.config.measurements_pub_key is None and self.config.measurements:  # insecure_unsigned_measurements
+            self.log("measurements_unsigned", level="warning", message="insecure_unsigned_measurements: no "
+                     "measurements_pub_key, the policy file is used without a signature check")
+        if deployment.warning(self.config.deployment_mode):  # said on every start
+            self.log("host_root_trusted", level="warning", deployment_mode=self.config.deployment_mode,
+                     message=deployment.warning(self.config.deployment_mode))
         host, port = atls.parse_endpoint(self.config.public_endpoint)
         self.tls = AgentServerContext(self.issuer)
         # Constellation's verification service: plain gRPC and HTTP, quotes for user data "VerifyService".

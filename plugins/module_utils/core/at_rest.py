@@ -6,23 +6,30 @@ the node's own TPM under a PCR policy (attestation/sealing.py).
 
 ``SealedStorage.open`` unseals the storage key kept in ``<state_dir>/sealed_storage_key.json``, or - on the first
 start, before anything secret exists - makes a random 32-byte key and seals it to the current values of the
-chosen PCRs: the enforced boot PCRs of the agent's measurements policy and the agent's own PCR 13, read after the
-agent measured itself. PCR 15 is not in the seal: it holds the cluster ID, a value that is not secret and that a
-rebooted peer re-extends only after it recovered, so it would add an ordering constraint and no protection.
+chosen PCRs: the enforced boot PCRs of the agent's measurements policy, never a PCR that the host's root can
+bring to its genuine value in the same boot (attestation/deployment.py ``replayable_pcrs``: on an ordinary host
+the agent's own PCR 13, which the agent extends from userspace, and the resettable 16 and 23). PCR 15 is not in
+the seal either: it holds the cluster ID, a value that is not secret and that a rebooted peer re-extends only
+after it recovered. What the seal proves is therefore what the boot chain measured; on an ordinary host, root of
+a genuine boot is trusted (docs/security.md, "At rest").
 
 Every secret the agent keeps is written through ``encrypt``/``write_file`` (AES-256-GCM, a fresh 96-bit nonce per
 write, the file's purpose as associated data, so a ciphertext cannot be swapped for another): the store file
-(KMS URI, init secret, the WireGuard private key), the state disk key. A copy of the state folder is useless on
-another TPM, after a tampered boot, and under a changed agent or trust configuration: the TPM does not unseal the
-key, and ``open`` says which of these it is.
+(KMS URI, init secret, the WireGuard private key), the state disk key, the measurements version floor. A copy of
+the state folder is useless on another TPM and after a tampered boot: the TPM does not unseal the key, and
+``open`` says which of these it is.
 
 A rolling image upgrade (docs/site.md "Upgrade the image") seals the SAME key ahead of the reboot: ``reseal``
-keeps one blob per accepted measurements set, sealed to that set's predicted values (its enforced boot PCRs as
-the set expects them, PCR 13 as it is now: the agent does not change), and drops the blobs of retired sets. The
-key file then holds several blobs (format 2: ``{"version": 2, "blobs": [{"set", "pcrs", "digest", "blob"}]}``;
-a format-1 file is one blob) and ``open`` unseals with the one the TPM accepts. While the booted values match no
-accepted set's prediction, a blob named ``booted`` sealed to the current values is kept too, so that the agent
-restarts without a reboot.
+keeps one blob per accepted measurements set, sealed to that set's predicted values, and drops the blobs of
+retired sets. The agent calls it only with a signed document it received over the API (SetMeasurements,
+GetMeasurements), never with the policy file it found on disk at start. The key file then holds several blobs
+(format 2: ``{"version": 2, "blobs": [{"set", "pcrs", "digest", "blob"}]}``; a format-1 file is one blob) and
+``open`` unseals with the one the TPM accepts. While the booted values match no accepted set's prediction, a blob
+named ``booted`` sealed to the current values is kept too, so that the agent restarts without a reboot.
+
+A blob that also covers a replayable PCR (written by an agent that sealed to PCR 13) still unseals; ``open`` then
+seals the key again to the current values of that blob's other PCRs (which the TPM just proved to be the sealed
+ones) and drops every other such blob: what they predicted cannot be read back from them.
 
 ``PlainStorage`` (no encryption) exists only for the test suite's ``dummy`` variant, which has no TPM.
 """
@@ -31,8 +38,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
@@ -44,24 +52,29 @@ MAGIC = b"CSEALED1"  # sealed-file format, version 1: MAGIC || nonce (12) || AES
 _NONCE = 12
 
 
-def sealed_pcrs(policy) -> List[int]:
-    """The PCRs the storage key is sealed to: the enforced ones of ``policy`` (a Measurements) but 15, and 13."""
-    return sorted({index for index, m in policy.pcrs.items() if not m.warn_only and index != PCR_INDEX_CLUSTER_ID}
-                  | {PCR_INDEX_AGENT})
+def sealed_pcrs(policy, deployment_mode: str = deployment.DEFAULT) -> List[int]:
+    """The PCRs the storage key is sealed to: the enforced ones of ``policy`` (a Measurements) but 15 and but those
+    root can replay under ``deployment_mode`` (attestation/deployment.py); PCR 13 only where nothing before
+    userspace leaves it to root (no such mode exists yet)."""
+    replayable = deployment.replayable_pcrs(deployment_mode)
+    pcrs = {index for index, m in policy.pcrs.items() if not m.warn_only and index != PCR_INDEX_CLUSTER_ID}
+    if PCR_INDEX_AGENT not in replayable:
+        pcrs.add(PCR_INDEX_AGENT)
+    return sorted(pcrs - replayable)
 
 
-def sealed_pcr_sets(policy) -> Dict[str, List[int]]:
+def sealed_pcr_sets(policy, deployment_mode: str = deployment.DEFAULT) -> Dict[str, List[int]]:
     """``sealed_pcrs`` of each accepted set of ``policy`` (a Measurements is the one set "default")."""
-    return {name: sealed_pcrs(measurements) for name, measurements in policy.sets.items()}
+    return {name: sealed_pcrs(measurements, deployment_mode) for name, measurements in policy.sets.items()}
 
 
-def seal_predictions(policy) -> Dict[str, Tuple[List[int], Dict[int, bytes]]]:
+def seal_predictions(policy, deployment_mode: str = deployment.DEFAULT) -> Dict[str, Tuple[List[int], Dict[int, bytes]]]:
     """What ``SealedStorage.reseal`` takes: per accepted set, its sealed PCRs and their values as the set expects
-    them (PCR 13 is left to reseal, which reads the agent's current value)."""
+    them (PCR 13, where it is sealed to, is left to reseal, which reads the agent's current value)."""
     predictions = {}
     for name, measurements in policy.sets.items():
-        pcrs = [i for i in sealed_pcrs(measurements) if i != PCR_INDEX_AGENT]
-        predictions[name] = (pcrs, {i: measurements.pcrs[i].expected for i in pcrs})
+        pcrs = sealed_pcrs(measurements, deployment_mode)
+        predictions[name] = (pcrs, {i: measurements.pcrs[i].expected for i in pcrs if i != PCR_INDEX_AGENT})
     return predictions
 
 
@@ -91,10 +104,11 @@ class SealedStorage:
         return [entry["set"] for entry in self._entries]
 
     @classmethod
-    def open(cls, state_dir: str, tpm_factory: Callable, pcrs: Sequence[int],
-             log: Optional[Callable] = None) -> "SealedStorage":
-        """``tpm_factory()``: a context manager giving attestation/tpm.py's TPM. Raises StateError naming the
-        reason when an existing sealed key cannot be unsealed (the agent must not start then)."""
+    def open(cls, state_dir: str, tpm_factory: Callable, pcrs: Sequence[int], log: Optional[Callable] = None,
+             replayable: AbstractSet[int] = deployment.replayable_pcrs()) -> "SealedStorage":
+        """``tpm_factory()``: a context manager giving attestation/tpm.py's TPM; ``pcrs``: what a new key is sealed
+        to (``replayable`` ones left out). Raises StateError naming the reason when an existing sealed key cannot
+        be unsealed (the agent must not start then)."""
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sealing
 
         path = os.path.join(state_dir, SEALED_KEY_FILE)
@@ -106,7 +120,7 @@ class SealedStorage:
         with tpm_factory() as tpm:
             if data is None:
                 key = os.urandom(32)
-                pcrs = sorted(set(pcrs))
+                pcrs = _boot_pcrs(pcrs, replayable)
                 entries = [{"set": BOOTED, "pcrs": pcrs, "digest": None, "blob": sealing.seal(tpm, key, pcrs).decode("ascii")}]
                 _write_entries(path, entries)
                 if log:
@@ -121,17 +135,21 @@ class SealedStorage:
                 except sealing.SealError as err:
                     errors.append(str(err) if len(entries) == 1 else "%s: %s" % (entry["set"], err))
                     continue
-                return cls(key, sealing.blob_pcrs(blob), path, tpm_factory, entries, entry["set"])
+                blob_pcrs = sealing.blob_pcrs(blob)
+                if set(blob_pcrs) & set(replayable):
+                    entries, blob_pcrs = _without_replayable(tpm, key, entry, entries, blob_pcrs, replayable, path, log)
+                return cls(key, blob_pcrs, path, tpm_factory, entries, entry["set"])
             raise StateError("the secrets in %s cannot be read here: %s. A state folder copied from another "
-                             "host, a tampered boot or a changed agent cannot unseal them; on the host they "
-                             "belong to, boot the measured image with the installed agent, or reset the state "
-                             "folder to start this host fresh" % (state_dir, "; ".join(errors) or "no sealed blob"))
+                             "host or a tampered boot cannot unseal them; on the host they belong to, boot the "
+                             "measured image, or reset the state folder to start this host fresh"
+                             % (state_dir, "; ".join(errors) or "no sealed blob"))
 
     def reseal(self, predictions: Mapping[str, Tuple[Sequence[int], Mapping[int, bytes]]]) -> bool:
-        """Seals this storage key to each accepted set's predicted values (``{set name: (pcrs, {pcr: value})}``,
-        values for every PCR but 13, which is read now), drops the blobs of sets no longer accepted, and keeps a
-        ``booted`` blob while the current values match no prediction. Unchanged blobs are kept as they are.
-        Returns whether the key file changed. Raises StateError when the TPM refuses."""
+        """Seals this storage key to each accepted set's predicted values (``{set name: (pcrs, {pcr: value})}``;
+        PCR 13, where sealed to, is read now), drops the blobs of sets no longer accepted, and keeps a ``booted``
+        blob while the current values match no prediction. Unchanged blobs are kept as they are. Returns whether
+        the key file changed. Raises StateError when the TPM refuses. The caller passes only the sets of a signed
+        document received over the API (never the policy file found on disk)."""
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sealing
 
         if self._path is None or self._tpm_factory is None:
@@ -141,15 +159,14 @@ class SealedStorage:
         try:
             with self._tpm_factory() as tpm:
                 wanted = sorted({i for pcrs, _values in predictions.values() for i in pcrs}
-                                | set(old.get(BOOTED, {}).get("pcrs") or []) | set(self.pcrs) | {PCR_INDEX_AGENT})
-                current = {}
-                for start in range(0, len(wanted), 8):  # pcr_read returns at most 8 PCRs per call
-                    current.update(tpm.pcr_read("sha256", wanted[start:start + 8]))
+                                | set(old.get(BOOTED, {}).get("pcrs") or []) | set(self.pcrs))
+                current = _read_pcrs(tpm, wanted)
                 booted_matches = False
                 for name, (pcrs, values) in predictions.items():
-                    pcrs = sorted(set(pcrs) | {PCR_INDEX_AGENT})
+                    pcrs = sorted(set(pcrs))
                     predicted = dict(values)
-                    predicted[PCR_INDEX_AGENT] = current[PCR_INDEX_AGENT]
+                    if PCR_INDEX_AGENT in pcrs:
+                        predicted[PCR_INDEX_AGENT] = current[PCR_INDEX_AGENT]
                     digest = sealing.pcr_digest(predicted, pcrs).hex()
                     booted_matches = booted_matches or all(predicted[i] == current[i] for i in pcrs)
                     entry = old.get(name)
@@ -158,7 +175,7 @@ class SealedStorage:
                                  "blob": sealing.seal(tpm, self._key, pcrs, predicted).decode("ascii")}
                     entries.append(entry)
                 if not booted_matches:
-                    pcrs = sorted(set(self.pcrs) or {PCR_INDEX_AGENT})
+                    pcrs = sorted(set(self.pcrs))
                     digest = sealing.pcr_digest(current, pcrs).hex()
                     entry = old.get(BOOTED)
                     if entry is None or entry.get("digest") != digest or entry.get("pcrs") != pcrs:
@@ -200,6 +217,54 @@ class SealedStorage:
         except FileNotFoundError:
             return None
         return self.decrypt(blob, os.path.basename(path))
+
+
+def _boot_pcrs(pcrs: Sequence[int], replayable: AbstractSet[int]) -> List[int]:
+    """``pcrs`` but the replayable ones; StateError when none is left (a key sealed to no PCR is no seal)."""
+    kept = sorted(set(pcrs) - set(replayable))
+    if not kept:
+        raise StateError("the storage key must be sealed to at least one PCR the boot chain measures, got %s (PCRs "
+                         "%s are replayable by the host's root): enforce a boot PCR in the measurements policy"
+                         % (",".join(str(i) for i in sorted(set(pcrs))) or "none",
+                            ", ".join(str(i) for i in sorted(replayable))))
+    return kept
+
+
+def _read_pcrs(tpm, indices: Sequence[int]) -> Dict[int, bytes]:
+    values: Dict[int, bytes] = {}
+    indices = sorted(set(indices))
+    for start in range(0, len(indices), 8):  # pcr_read returns at most 8 PCRs per call
+        values.update(tpm.pcr_read("sha256", indices[start:start + 8]))
+    return values
+
+
+def _without_replayable(tpm, key: bytes, unsealed: Dict, entries: List[Dict], blob_pcrs: Sequence[int],
+                        replayable: AbstractSet[int], path: str, log: Optional[Callable]) -> Tuple[List[Dict], List[int]]:
+    """A key unsealed with a blob that covers a replayable PCR: sealed again to the current values of the blob's
+    other PCRs (the TPM just proved they hold the sealed values), under the same name; every other blob that covers
+    a replayable PCR is dropped (its predicted values cannot be read back from it). Returns the entries and PCRs."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sealing
+
+    pcrs = _boot_pcrs(blob_pcrs, replayable)
+    current = _read_pcrs(tpm, pcrs)
+    fresh = {"set": unsealed["set"], "pcrs": pcrs, "digest": sealing.pcr_digest(current, pcrs).hex(),
+             "blob": sealing.seal(tpm, key, pcrs, current).decode("ascii")}
+    kept, dropped = [], []
+    for entry in entries:
+        if entry is unsealed:
+            kept.append(fresh)
+        elif set(entry.get("pcrs") or sealing.blob_pcrs(entry["blob"].encode("ascii"))) & set(replayable):
+            dropped.append(entry["set"])
+        else:
+            kept.append(entry)
+    _write_entries(path, kept)
+    if log:
+        log("storage_key_resealed_without_replayable_pcrs", level="warning", pcrs=",".join(str(i) for i in pcrs),
+            set=unsealed["set"], dropped=",".join(dropped),
+            message="the storage key was sealed to PCRs the host's root can replay; it is now sealed to the boot "
+                    "chain's PCRs only" + ("; blobs of sets %s were dropped (set the measurements again to seal "
+                                           "ahead to them)" % ", ".join(dropped) if dropped else ""))
+    return kept, pcrs
 
 
 def _write_entries(path: str, entries: List[Dict]) -> None:

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Any, Callable, Dict, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
@@ -41,6 +42,7 @@ class PeerContext(StateMachine):
         # The secrets this peer keeps in files (core/at_rest.py): sealed to its TPM by the agent.
         self.at_rest = at_rest if at_rest is not None else PlainStorage()
         self.agent_measurement: Optional[Dict[str, Any]] = None  # attestation/agent_measurement.py, set by the agent
+        self.deployment_mode = deployment.DEFAULT  # attestation/deployment.py, set by the agent
         # hex SHA-256 of this node's init secret (init_secret.py): activation needs its proof. None: any caller
         # may activate this node (as before; the agent logs a warning).
         self.init_secret_hash = init_secret_hash

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import removed_peers
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import NOT_ENCRYPTED
@@ -69,6 +70,9 @@ class PeerStatus:
         answer["state_disk"] = ctx.state_disk.status() if ctx.state_disk is not None else dict(NOT_ENCRYPTED)
         # What this peer runs (PCR 13's two events, replayable) and whether its secrets at rest are sealed.
         answer["agent_measurement"] = ctx.agent_measurement
+        # What the TPM proves against the host's root here (attestation/deployment.py).
+        answer["deployment_mode"] = ctx.deployment_mode
+        answer["host_root_trusted"] = deployment.host_root_trusted(ctx.deployment_mode)
         # sets: the accepted measurement sets the storage key is sealed to ahead (a host may reboot into any of them).
         answer["secrets_at_rest"] = {"sealed": ctx.at_rest.sealed, "pcrs": list(ctx.at_rest.pcrs),
                                      "sets": list(ctx.at_rest.sealed_sets)}

@@ -158,6 +158,9 @@ class StateAnswer(Record):
                                            "key sealed to these PCRs of the TPM (details only)")
     peer_resource_version: Optional[int] = wire("int", doc="the peer set's version a Node applied (it refuses an older "
                                                 "one) or a Coordinator holds (details only)")
+    deployment_mode: Optional[str] = wire("str", doc="host: the agent runs on an ordinary host (details only)")
+    host_root_trusted: Optional[bool] = wire("bool", doc="true: the host's root can replay what the agent measures and "
+                                             "read this peer's secrets in a genuine boot (details only)")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import init_secret_hash
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
+from ansible_collections.constellation.cluster.tests.unit.attestation.test_secure_defaults import sign_policy
 
 CLUSTER_INIT_SECRET = os.urandom(32)
 
@@ -113,7 +114,8 @@ def test_qemu_vtpm_is_refused_without_the_acknowledgement_and_warned_about_on_ev
     policy = tmp_path / "measurements.json"
     policy.write_text(json.dumps({"4": {"expected": pcrs[4].hex(), "warnOnly": False}}))
     data = base_config(tmp_path, swtpm, variant="qemu-vtpm", measurements=str(policy),
-                       init_secret_hash=init_secret_hash(CLUSTER_INIT_SECRET, "127.0.0.1"))
+                       init_secret_hash=init_secret_hash(CLUSTER_INIT_SECRET, "127.0.0.1"),
+                       measurements_pub_key=sign_policy(tmp_path, policy))
     with pytest.raises(InputError) as refused:
         AgentConfig.from_mapping(data)
     assert refused.value.field == "insecure_trust_any_ak" and "trusts ANY attestation key" in str(refused.value)

@@ -55,6 +55,18 @@ def render(tmp_path, **extra):
 
 
 @pytest.fixture
+def pub_key_file(tmp_path):
+    """The controller's pinned measurements key (constellation_measurements_pub_key_file)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    path = tmp_path / "measurements.pub"
+    path.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return str(path)
+
+
+@pytest.fixture
 def ek_ca_file(tmp_path):
     from ansible_collections.constellation.cluster.tests.unit.attestation.test_ek_trust_bundle import Vendor, pem
 
@@ -64,22 +76,38 @@ def ek_ca_file(tmp_path):
     return str(path)
 
 
-def test_the_role_defaults_are_secure(tmp_path, ek_ca_file):
+def test_the_role_defaults_are_secure(tmp_path, ek_ca_file, pub_key_file):
     secret = base64.b64encode(os.urandom(32)).decode()
     (tmp_path / "init_secret").write_text(secret + "\n")
     result = render(tmp_path, constellation_init_secret_file=str(tmp_path / "init_secret"),
-                    constellation_ek_ca_path=ek_ca_file, node_agent_measurements={"4": {"expected": "aa" * 32}})
+                    constellation_ek_ca_path=ek_ca_file, constellation_measurements_pub_key_file=pub_key_file,
+                    node_agent_measurements={"4": {"expected": "aa" * 32}})
     config = result["config"]
     assert config["variant"] == "qemu-vtpm-ek" and config["ek_ca"].endswith("/ek_ca.pem")
     assert config["init_secret_hash"] == init_secret_hash(secret, "192.0.2.10")
-    assert "insecure_trust_any_ak" not in config and "insecure_unauthenticated_activation" not in config
+    assert not [key for key in config if key.startswith("insecure")], config
+    # The controller's pinned measurements key is pinned on the agent; the deployment mode is said.
+    assert config["measurements_pub_key"].endswith("/measurements.pub") and config["deployment_mode"] == "host"
     assert config["public_endpoint"] == "0.0.0.0:9000"
     assert (config["verify_grpc_endpoint"], config["verify_http_endpoint"]) == ("192.0.2.10:9090", "192.0.2.10:8080")
     assert result["error"] == ""
 
 
-def test_without_an_init_secret_the_role_check_names_the_variable(tmp_path, ek_ca_file):
-    result = render(tmp_path, constellation_ek_ca_path=ek_ca_file,
+def test_without_a_pinned_measurements_key_the_role_check_names_the_variable(tmp_path, ek_ca_file):
+    secret = base64.b64encode(os.urandom(32)).decode()
+    (tmp_path / "init_secret").write_text(secret + "\n")
+    base = dict(constellation_init_secret_file=str(tmp_path / "init_secret"), constellation_ek_ca_path=ek_ca_file,
+                node_agent_measurements={"4": {"expected": "aa" * 32}})
+    result = render(tmp_path, **base)
+    assert "measurements_pub_key" not in result["config"]
+    assert result["error"].startswith("node_agent_measurements_pub_key: expected the pinned measurements public key")
+    assert "insecure_unsigned_measurements: true" in result["error"]
+    result = render(tmp_path, node_agent_insecure_unsigned_measurements=True, **base)  # the explicit opt-out
+    assert result["error"] == "" and result["config"]["insecure_unsigned_measurements"] is True
+
+
+def test_without_an_init_secret_the_role_check_names_the_variable(tmp_path, ek_ca_file, pub_key_file):
+    result = render(tmp_path, constellation_ek_ca_path=ek_ca_file, constellation_measurements_pub_key_file=pub_key_file,
                     node_agent_measurements={"4": {"expected": "aa" * 32}})
     assert "init_secret_hash" not in result["config"]
     assert result["error"].startswith("node_agent_init_secret_hash")
@@ -87,6 +115,7 @@ def test_without_an_init_secret_the_role_check_names_the_variable(tmp_path, ek_c
     # The explicit opt-out, and qemu-vtpm with its acknowledgement: accepted, and written so the agent warns.
     result = render(tmp_path, node_agent_insecure_unauthenticated_activation=True,
                     constellation_attestation_variant="qemu-vtpm", constellation_insecure_trust_any_ak=True,
+                    constellation_measurements_pub_key_file=pub_key_file,
                     node_agent_measurements={"4": {"expected": "aa" * 32}})
     assert result["error"] == ""
     assert result["config"]["insecure_unauthenticated_activation"] is True
@@ -99,9 +128,10 @@ def test_qemu_vtpm_without_the_acknowledgement_is_refused_naming_the_role_variab
     assert result["error"].startswith("node_agent_insecure_trust_any_ak: expected true to use variant qemu-vtpm")
 
 
-def test_the_state_disk_device_reaches_the_agent_config_with_its_packages(tmp_path, ek_ca_file):
+def test_the_state_disk_device_reaches_the_agent_config_with_its_packages(tmp_path, ek_ca_file, pub_key_file):
     """Issue 26: empty by default (no key, no cryptsetup); set, it is in the config and cryptsetup-bin installed."""
     base = dict(constellation_ek_ca_path=ek_ca_file, node_agent_measurements={"4": {"expected": "aa" * 32}},
+                constellation_measurements_pub_key_file=pub_key_file,
                 node_agent_insecure_unauthenticated_activation=True)
     result = render(tmp_path, **base)
     assert "state_disk_device" not in result["config"]

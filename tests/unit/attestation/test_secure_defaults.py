@@ -70,7 +70,25 @@ def default_agent_config(tmp_path, ek_ca_path, **extra) -> AgentConfig:
     data = {"state_dir": str(tmp_path / "state"), "public_endpoint": "127.0.0.1:9000", "measurements": str(policy),
             "ek_ca": ek_ca_path, "init_secret_hash": "ab" * 32}
     data.update(extra)
+    data.setdefault("measurements_pub_key", sign_policy(tmp_path, data["measurements"]))
     return AgentConfig.from_mapping(data)
+
+
+def sign_policy(tmp_path, path) -> str:
+    """Signs the policy file ``path`` (``path.sig``) with a fresh measurements key; returns the pinned key's path."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    with open(signature.signature_path(str(path)), "w", encoding="ascii") as handle:
+        with open(str(path), "rb") as policy:
+            handle.write(signature.sign_blob(key, policy.read()) + "\n")
+    pub = tmp_path / "measurements.pub"
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    return str(pub)
 
 
 def agent_node_validator(config: AgentConfig):
