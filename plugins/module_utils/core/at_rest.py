@@ -36,18 +36,17 @@ ones) and drops every other such blob: what they predicted cannot be read back f
 
 from __future__ import annotations
 
-import json
 import os
 from typing import AbstractSet, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID
+from ansible_collections.constellation.cluster.plugins.module_utils.core.sealed_key_file import (
+    BOOTED, boot_pcrs, read_entries, read_pcrs, without_replayable, write_entries)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
 SEALED_KEY_FILE = "sealed_storage_key.json"
-KEY_FILE_VERSION = 2
-BOOTED = "booted"  # the blob sealed to the values of the boot the key was made or last unsealed in
 MAGIC = b"CSEALED1"  # sealed-file format, version 1: MAGIC || nonce (12) || AES-256-GCM ciphertext+tag
 _NONCE = 12
 
@@ -120,13 +119,13 @@ class SealedStorage:
         with tpm_factory() as tpm:
             if data is None:
                 key = os.urandom(32)
-                pcrs = _boot_pcrs(pcrs, replayable)
+                pcrs = boot_pcrs(pcrs, replayable)
                 entries = [{"set": BOOTED, "pcrs": pcrs, "digest": None, "blob": sealing.seal(tpm, key, pcrs).decode("ascii")}]
-                _write_entries(path, entries)
+                write_entries(path, entries)
                 if log:
                     log("storage_key_sealed", pcrs=",".join(str(i) for i in pcrs))
                 return cls(key, pcrs, path, tpm_factory, entries)
-            entries = _read_entries(data)
+            entries = read_entries(data)
             errors = []
             for entry in entries:
                 blob = entry["blob"].encode("ascii")
@@ -137,7 +136,7 @@ class SealedStorage:
                     continue
                 blob_pcrs = sealing.blob_pcrs(blob)
                 if set(blob_pcrs) & set(replayable):
-                    entries, blob_pcrs = _without_replayable(tpm, key, entry, entries, blob_pcrs, replayable, path, log)
+                    entries, blob_pcrs = without_replayable(tpm, key, entry, entries, blob_pcrs, replayable, path, log)
                 return cls(key, blob_pcrs, path, tpm_factory, entries, entry["set"])
             raise StateError("the secrets in %s cannot be read here: %s. A state folder copied from another "
                              "host or a tampered boot cannot unseal them; on the host they belong to, boot the "
@@ -160,7 +159,7 @@ class SealedStorage:
             with self._tpm_factory() as tpm:
                 wanted = sorted({i for pcrs, _values in predictions.values() for i in pcrs}
                                 | set(old.get(BOOTED, {}).get("pcrs") or []) | set(self.pcrs))
-                current = _read_pcrs(tpm, wanted)
+                current = read_pcrs(tpm, wanted)
                 booted_matches = False
                 for name, (pcrs, values) in predictions.items():
                     pcrs = sorted(set(pcrs))
@@ -186,7 +185,7 @@ class SealedStorage:
             raise StateError("the storage key could not be sealed to the accepted measurement sets: %s" % err) from None
         if entries == self._entries:
             return False
-        _write_entries(self._path, entries)
+        write_entries(self._path, entries)
         self._entries = entries
         return True
 
@@ -217,78 +216,6 @@ class SealedStorage:
         except FileNotFoundError:
             return None
         return self.decrypt(blob, os.path.basename(path))
-
-
-def _boot_pcrs(pcrs: Sequence[int], replayable: AbstractSet[int]) -> List[int]:
-    """``pcrs`` but the replayable ones; StateError when none is left (a key sealed to no PCR is no seal)."""
-    kept = sorted(set(pcrs) - set(replayable))
-    if not kept:
-        raise StateError("the storage key must be sealed to at least one PCR the boot chain measures, got %s (PCRs "
-                         "%s are replayable by the host's root): enforce a boot PCR in the measurements policy"
-                         % (",".join(str(i) for i in sorted(set(pcrs))) or "none",
-                            ", ".join(str(i) for i in sorted(replayable))))
-    return kept
-
-
-def _read_pcrs(tpm, indices: Sequence[int]) -> Dict[int, bytes]:
-    values: Dict[int, bytes] = {}
-    indices = sorted(set(indices))
-    for start in range(0, len(indices), 8):  # pcr_read returns at most 8 PCRs per call
-        values.update(tpm.pcr_read("sha256", indices[start:start + 8]))
-    return values
-
-
-def _without_replayable(tpm, key: bytes, unsealed: Dict, entries: List[Dict], blob_pcrs: Sequence[int],
-                        replayable: AbstractSet[int], path: str, log: Optional[Callable]) -> Tuple[List[Dict], List[int]]:
-    """A key unsealed with a blob that covers a replayable PCR: sealed again to the current values of the blob's
-    other PCRs (the TPM just proved they hold the sealed values), under the same name; every other blob that covers
-    a replayable PCR is dropped (its predicted values cannot be read back from it). Returns the entries and PCRs."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sealing
-
-    pcrs = _boot_pcrs(blob_pcrs, replayable)
-    current = _read_pcrs(tpm, pcrs)
-    fresh = {"set": unsealed["set"], "pcrs": pcrs, "digest": sealing.pcr_digest(current, pcrs).hex(),
-             "blob": sealing.seal(tpm, key, pcrs, current).decode("ascii")}
-    kept, dropped = [], []
-    for entry in entries:
-        if entry is unsealed:
-            kept.append(fresh)
-        elif set(entry.get("pcrs") or sealing.blob_pcrs(entry["blob"].encode("ascii"))) & set(replayable):
-            dropped.append(entry["set"])
-        else:
-            kept.append(entry)
-    _write_entries(path, kept)
-    if log:
-        log("storage_key_resealed_without_replayable_pcrs", level="warning", pcrs=",".join(str(i) for i in pcrs),
-            set=unsealed["set"], dropped=",".join(dropped),
-            message="the storage key was sealed to PCRs the host's root can replay; it is now sealed to the boot "
-                    "chain's PCRs only" + ("; blobs of sets %s were dropped (set the measurements again to seal "
-                                           "ahead to them)" % ", ".join(dropped) if dropped else ""))
-    return kept, pcrs
-
-
-def _write_entries(path: str, entries: List[Dict]) -> None:
-    atomic_write(path, json.dumps({"version": KEY_FILE_VERSION, "blobs": entries}).encode("ascii"), 0o600)
-
-
-def _read_entries(data: bytes) -> List[Dict]:
-    """The blobs of a key file: format 2 (several), or format 1 (the file is one blob, named ``booted``)."""
-    try:
-        doc = json.loads(data.decode("ascii"))
-    except (ValueError, UnicodeDecodeError):
-        doc = None
-    if isinstance(doc, dict) and doc.get("version") == KEY_FILE_VERSION and isinstance(doc.get("blobs"), list):
-        entries = doc["blobs"]
-        if entries and all(isinstance(e, dict) and isinstance(e.get("set"), str) and isinstance(e.get("blob"), str)
-                           for e in entries):
-            return entries
-        raise StateError("the sealed key file holds no valid blob (corrupt): reset this host's state folder")
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        raise StateError("the sealed key file is not one this agent wrote (corrupt): reset this host's state folder") \
-            from None
-    return [{"set": BOOTED, "pcrs": None, "digest": None, "blob": text}]
 
 
 class PlainStorage(SealedStorage):

@@ -27,14 +27,14 @@ and eviction", "Rejoin after a reboot"):
 
 The transports come in as ports (``connect_peer``, a ``JoinChannel``); nothing here opens a socket. The
 Coordinator's registry and join service, its signatures, the evictions and the Kubernetes Node objects come
-in through the Protocols below (``PeerTrust``'s collaborators).
+in through the Protocols of core/trust_ports.py (``PeerTrust``'s collaborators).
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.certified_ak_store import keep_certified_aks
@@ -42,8 +42,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.evictio
     MEMBER_KEPT, MEMBER_REMOVED, remove_coordinator_member)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import require_not_removed
-from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel, NodeClient
+from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import RejoinTicket
+from ansible_collections.constellation.cluster.plugins.module_utils.core.trust_ports import (
+    EvictionRecords, InBandAttestation, KubernetesNodes, Registry, TrustSigning)
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied,
@@ -64,61 +66,6 @@ MAX_REASON = 300
 # Seconds a Node may stay unreachable (no re-attestation passing) before it is evicted: agent config
 # ``unverified_eviction_after`` (docs/security.md argues the default).
 UNVERIFIED_EVICTION_AFTER = 3600.0
-
-
-class Registry(Protocol):
-    """The Coordinator's peer registry (core/coordinator.py ``Coordinator``)."""
-
-    def membership(self, client: NodeClient) -> str:
-        """'fresh', 'ours' or 'other' (PCR 15)."""
-
-    def apply_registry_peers(self) -> bool:
-        """Our WireGuard peers become the registry's."""
-
-
-class InBandAttestation(Protocol):
-    """A peer attests itself on the connection that asks (core/join_service.py ``JoinService``)."""
-
-    def attest_over(self, channel: JoinChannel, validator: AttestationValidator, method: str, expected_user_data: bytes,
-                    refused_event: str, **log_fields: Any) -> None:
-        """AttestationError unless the peer's fresh attestation is valid and bound to ``expected_user_data``."""
-
-
-class TrustSigning(Protocol):
-    """The Coordinators' key (core/signing.py ``CoordinatorSigning``)."""
-
-    def authenticate_as_coordinator(self, client: Any) -> None:
-        """AdminAuth role coordinator on ``client``."""
-
-    def signed_rejoin_ticket(self, ticket: Any, binding: bytes) -> Any:
-        """``ticket`` signed, bound to ``binding``."""
-
-
-class EvictionRecords(Protocol):
-    """The evicted peers (core/evictions.py ``Evictions``)."""
-
-    def record(self, vpn_ip: str, eviction: Mapping[str, Any]) -> None:
-        """Writes one eviction."""
-
-    def require_not_evicted(self, vpn_ip: str, method: str) -> None:
-        """AccessDenied for an evicted peer."""
-
-    @property
-    def unverified(self) -> Dict[str, dict]:
-        """The unverified peers by VPN IP."""
-
-    def mark_unverified(self, vpn_ip: str, record: Mapping[str, Any]) -> None:
-        """Writes one unverified peer."""
-
-    def clear_unverified(self, vpn_ip: str) -> bool:
-        """Forgets one; True if it was unverified."""
-
-
-class KubernetesNodes(Protocol):
-    """An evicted Node's Kubernetes Node object (core/kubernetes.py ``KubernetesJoin``)."""
-
-    def delete_kubernetes_node(self, vpn_ip: str) -> None:
-        """Deletes it where this Coordinator manages Kubernetes; failures are logged."""
 
 
 class PeerTrust:

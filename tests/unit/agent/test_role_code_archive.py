@@ -100,6 +100,7 @@ def run_role(lab, *options, tamper_with=None):
         "node_agent_unit_dir": str(node / "systemd"), "node_agent_state_dir": str(node / "state"),
         "constellation_public_ip": "192.0.2.10", "node_agent_insecure_unauthenticated_activation": True,
         "node_agent_variant": "qemu-vtpm", "node_agent_insecure_trust_any_ak": True,
+        "node_agent_insecure_unsigned_measurements": True,
         "node_agent_measurements": {"4": {"expected": "aa" * 32}},
     }
     args = [os.path.join(REPO, ".venv", "bin", "ansible-playbook"), "-i", "node,", str(lab / "play.yml"),

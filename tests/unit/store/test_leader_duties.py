@@ -26,7 +26,7 @@ class RoundCounter:
     def reattest_targets(self):
         return ["10.118.0.11"]
 
-    def reattest_peers(self, connect_peer, workers, unreachable_limit, only=None):
+    def reattest_peers(self, connect_peer, workers, unreachable_limit, only=None, unverified_eviction_after=None):
         self.rounds += 1
         return []
 
