@@ -49,7 +49,8 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "etcd_member", "kubeadm_path", "kubernetes_dir",  # kubeadm: kubeadm/join_provider.py
                 "kubelet_cert_days", "coordinator_pub_key",
                 "state_disk_device", "state_disk_mapper_name",  # the encrypted state disk: disk/
-                "insecure_trust_any_ak", "insecure_unauthenticated_activation"}  # explicit insecure choices
+                "insecure_trust_any_ak", "insecure_unauthenticated_activation",
+                "insecure_join_without_admission"}  # explicit insecure choices
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
 _CONFIG_TYPES = {
@@ -75,6 +76,7 @@ _CONFIG_TYPES = {
     "state_disk_device": ((str,), "the absolute path of the state disk's block device"),
     "state_disk_mapper_name": ((str,), "a device-mapper name such as constellation-state"),
     "insecure_trust_any_ak": ((bool,), "true or false"), "insecure_unauthenticated_activation": ((bool,), "true or false"),
+    "insecure_join_without_admission": ((bool,), "true or false"),
 }
 
 
@@ -115,6 +117,8 @@ class AgentConfig:
     state_disk_mapper_name: str = DEFAULT_MAPPER_NAME  # opened at /dev/mapper/<name>, mounted at <state_dir>/disk
     insecure_trust_any_ak: bool = False  # accept variant qemu-vtpm (it trusts any AK); warned on every start
     insecure_unauthenticated_activation: bool = False  # start without init_secret_hash; warned on every start
+    # Coordinator: any node that passes attestation joins, without the admin's admission; warned on every start.
+    insecure_join_without_admission: bool = False
     deprecations: List[str] = field(default_factory=list)  # old key names found in the file
 
     @classmethod

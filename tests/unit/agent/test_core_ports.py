@@ -58,6 +58,13 @@ def coordinator(make_core, secret):
     return c, vpn
 
 
+def admitted_issuer(coord, name=None):
+    """The joining node's issuer, its (dummy) EK admitted by the admin on ``coord`` (AdmitNodes) under ``name``."""
+    ek = os.urandom(32).hex()
+    coord.admissions.admit_nodes([{"ek_pub_sha256": ek, "name": name or "node-" + ek[:8]}])
+    return DummyIssuer(ek_pub_sha256=ek)
+
+
 # --------------------------------------------------------------------------- ports
 
 
@@ -240,8 +247,10 @@ def test_join_through_ports(make_core, secret):
     node.recovery.load()
     node.context.join_coordinator_pub_key = coord.signing.coordinator_pub_key()  # the agent config's coordinator_pub_key
 
+    issuer = admitted_issuer(coord)
+
     def request_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
-        channel = FakeJoinChannel(DummyIssuer(), on_ticket)
+        channel = FakeJoinChannel(issuer, on_ticket)
         channel.node_vpn_pub_key, channel.disk_uuid = node_vpn_pub_key, disk_uuid
         return coord.join_service.serve_join(disk_uuid, node_vpn_pub_key, channel, DummyValidator())
 
@@ -259,11 +268,14 @@ def test_join_refuses_an_unbound_attestation_and_releases_the_ip(make_core, secr
         coord.join_service.serve_join(core.new_disk_uuid(), os.urandom(32), channel, DummyValidator())
     # A node that takes the ticket but never confirms: its IP goes back to the pool.
     node_pub, disk_uuid = os.urandom(32), core.new_disk_uuid()
-    channel = FakeJoinChannel(DummyIssuer(), lambda ticket, binding: None, confirm=False)
+    channel = FakeJoinChannel(admitted_issuer(coord, "lost"), lambda ticket, binding: None, confirm=False)
     channel.node_vpn_pub_key, channel.disk_uuid = node_pub, disk_uuid
     with pytest.raises(ConnectionLost):
         coord.join_service.serve_join(disk_uuid, node_pub, channel, DummyValidator())
     assert coord.coordinator.reserve_node_ip() == "10.118.0.11"
+    # ... and its admission is unbound again, its name free: the node may come back with another key.
+    assert [a["joined"] for a in coord.admissions.listed()] == [False]
+    assert coord.kubernetes.kubernetes_node_names("10.118.0.11") == []
 
 
 def test_join_whose_confirmation_is_lost_says_so(make_core, secret):
