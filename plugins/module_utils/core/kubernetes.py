@@ -124,7 +124,7 @@ class KubernetesJoin:
         refused = self.context.store.update(lambda txn: _bind(txn, name, vpn_ip, admin=True))
         if refused is not None:
             self.context.log("node_name_refused", node_vpn_ip=vpn_ip, node_name=name, reason=refused)
-            raise AccessDenied("%s: node name %s: %s" % (method, name, refused))
+            raise AccessDenied("%s: node name %s %s" % (method, name, refused))
         self.context.log("node_named", node_vpn_ip=vpn_ip, node_name=name)
 
     def forget_node_name(self, vpn_ip: str) -> None:
@@ -144,7 +144,7 @@ class KubernetesJoin:
         refused = self.context.store.update(lambda txn: _bind(txn, name, vpn_ip, admin=False))
         if refused is not None:
             self.context.log("kubelet_cert_refused", node_vpn_ip=vpn_ip, node_name=name, reason=refused)
-            raise AccessDenied("%s: certificate_request: node name %s: %s" % (method, name, refused))
+            raise AccessDenied("%s: certificate_request: node name %s %s" % (method, name, refused))
 
     def kubelet_cert_for(self, csr_data: bytes, vpn_ip: str, method: str) -> Dict[str, Any]:
         """The kubelet serving certificate for the node at ``vpn_ip``: the CSR checked (its name and the
@@ -227,17 +227,17 @@ def _bind(txn, name: str, vpn_ip: str, admin: bool) -> Optional[str]:
     """In one transaction: ``name`` becomes the name of the peer at ``vpn_ip`` (both directions), or why not."""
     owner = txn.get_default(KEY_KUBELET_NODE_NAME_PREFIX + name)
     if owner is not None and owner.decode("ascii", "replace") != vpn_ip:
-        return "it belongs to another node (%s)" % owner.decode("ascii", "replace")
+        return "belongs to another node (%s)" % owner.decode("ascii", "replace")
     current = txn.get_default(KEY_NODE_NAME_PREFIX + vpn_ip)
     if current is not None and current.decode("utf-8", "replace") != name:
-        return "this node is named %s%s (one name per node)" % (
+        return "is not this node's name: it is named %s%s (one name per node)" % (
             current.decode("utf-8", "replace"), "" if admin else " already")
     if current is None:
         # A peer named before names were recorded per peer: the names certified for it already.
         had = sorted(key[len(KEY_KUBELET_NODE_NAME_PREFIX):] for key, value in txn.items(KEY_KUBELET_NODE_NAME_PREFIX)
                      if value.decode("ascii", "replace") == vpn_ip)
         if had and name not in had:
-            return "this node is named %s (one name per node)" % ", ".join(had)
+            return "is not this node's name: it is named %s (one name per node)" % ", ".join(had)
         txn.put(KEY_NODE_NAME_PREFIX + vpn_ip, name.encode("utf-8"))
     if owner is None:
         txn.put(KEY_KUBELET_NODE_NAME_PREFIX + name, vpn_ip.encode("ascii"))

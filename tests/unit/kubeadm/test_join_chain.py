@@ -179,7 +179,7 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_contro
     tickets = []
     for name in ("worker-0", "worker-1"):
         vpn_ip = cluster.core.coordinator.reserve_node_ip()
-        ticket = cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), vpn_ip, "10.42.0.20",
+        ticket = cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), vpn_ip,
                                                              make_csr("system:node:" + name, sans=())[0])
         tickets.append((vpn_ip, core_mod.JoinTicket.from_dict(ticket.to_dict()).kubeadm))
     (ip0, first), (ip1, second) = tickets
@@ -192,21 +192,21 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_contro
     # A joining node cannot make itself a control plane (finding 2): the ticket is refused, no token left.
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="is_control_plane: a node cannot designate itself a control plane"):
-        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(),
                                                     make_csr("system:node:control-plane-1", sans=())[0], True)
     assert cluster.tokens() == before
     assert ip0 != ip1
 
 
 def test_a_ticket_with_a_csr_in_another_nodes_name_is_refused(cluster):
-    cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+    cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(),
                                                 make_csr("system:node:worker-0", sans=())[0])
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="node name worker-0 belongs to another node"):
-        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(),
                                                     make_csr("system:node:worker-0", sans=())[0])
     with pytest.raises(InputError, match="certificate_request"):
-        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None, b"garbage")
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), b"garbage")
     assert cluster.tokens() == before
 
 
