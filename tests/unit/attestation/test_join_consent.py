@@ -11,12 +11,14 @@ node's activation."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -25,7 +27,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI, fresh_node_policy
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import VTPMEKIssuer, ek_pub_sha256
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import VTPMEKIssuer
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurement,
     Measurements,
@@ -50,6 +52,12 @@ FIRST_NODE_IP = "10.118.0.11"
 def _admin_pem() -> str:
     return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def ek_pub_sha256(ek_cert: bytes) -> str:
+    """How the admin names a TPM: SHA-256 of its EK certificate's SubjectPublicKeyInfo (DER), hex."""
+    return hashlib.sha256(x509.load_der_x509_certificate(ek_cert).public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
 
 
 def _wg_pub_key() -> bytes:
@@ -255,7 +263,6 @@ def test_a_join_from_a_fresh_nodes_address_gets_no_proof_of_its_init_secret(coor
     with VTPMEKIssuer(tpm.tcti, event_log_path=None) as issuer:
         _answer, received = coord.join(issuer)
     (ticket,) = received
-    assert "init_proof" not in ticket
     request = {"node_vpn_ip": "10.118.0.99", "peers": ticket["peers"], "cluster_id": ticket["cluster_id"],
                "measurement_salt": ticket["measurement_salt"], "admin_pub_key": _admin_pem(),
                "coordinator_vpn_ip": ticket["coordinator_vpn_ip"], "coordinator_pub_key": ticket["coordinator_pub_key"]}
@@ -265,6 +272,7 @@ def test_a_join_from_a_fresh_nodes_address_gets_no_proof_of_its_init_secret(coor
         victim.node.activate_as_node_begin(request)
     assert err.value.reason == "init_proof"
     assert victim.state == core.State.ACCEPTING_INIT and victim.context.tpm.pcr15() == bytes(32)
+    assert "init_proof" not in ticket
 
 
 @pytest.fixture
