@@ -218,6 +218,30 @@ def test_activate_nodes_through_a_connect_port(make_core, secret):
         coord.activation.activate_nodes([], connect_node)
 
 
+def test_activation_names_each_node_as_the_admin_does(make_core, secret):
+    """ActivateAdditionalNodes' ``node_names`` (the inventory names): each node's only kubelet node name, bound
+    before the node is asked anything; a name another node has is refused and that node stays fresh."""
+    coord, _vpn = coordinator(make_core, secret)
+    nodes = {}
+    for octet in (50, 51):
+        nodes["10.42.0.%d:9000" % octet], _unused = make_core(MemoryTPM())
+        nodes["10.42.0.%d:9000" % octet].recovery.load()
+    first = coord.activation.activate_nodes(["10.42.0.50:9000"], lambda e: FakeNodeClient(nodes[e]),
+                                            node_names={"10.42.0.50:9000": "worker-0"})
+    assert first[0]["ok"] and coord.kubernetes.kubernetes_node_names(first[0]["node_vpn_ip"]) == ["worker-0"]
+    second = coord.activation.activate_nodes(["10.42.0.51:9000"], lambda e: FakeNodeClient(nodes[e]),
+                                             node_names={"10.42.0.51:9000": "worker-0"})
+    assert not second[0]["ok"] and "node name worker-0 belongs to another node" in second[0]["error"]
+    assert nodes["10.42.0.51:9000"].state == State.ACCEPTING_INIT
+    assert coord.coordinator.reserve_node_ip() == "10.118.0.12"  # its reserved IP went back
+    with pytest.raises(InputError, match="node_names"):
+        coord.activation.activate_nodes(["10.42.0.51:9000"], lambda e: FakeNodeClient(nodes[e]),
+                                        node_names={"10.42.0.52:9000": "worker-2"})
+    with pytest.raises(InputError, match=r"node_names\[10.42.0.51:9000\]"):
+        coord.activation.activate_nodes(["10.42.0.51:9000"], lambda e: FakeNodeClient(nodes[e]),
+                                        node_names={"10.42.0.51:9000": "Not A Name"})
+
+
 # --------------------------------------------------------------------------- the join, no transport
 
 
