@@ -149,7 +149,7 @@ class Agent:
                          at_rest=self.at_rest)
         context, core = self.core.context, self.core
         context.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
-        core.admissions.insecure_join_without_admission = config.insecure_join_without_admission
+        core.admissions.configure(config.insecure_join_without_admission)  # warns (every start) where insecure
         context.agent_measurement = self.measurement.to_dict() if self.measurement is not None else None
         if self.state_disk is not None:
             self.state_disk.read_key = context.read_disk_key  # the key at rest, through the Core's seam
@@ -161,10 +161,8 @@ class Agent:
         core.measurements.current = lambda: self.policy
         core.measurements.on_apply = self.apply_measurements
         core.measurements.own_set = self._own_measurement_set
-        self.admin = AdminHandlers(self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
-                                   context=context, status=core.status, backup=core.backup, removal=core.removal,
-                                   reset=self.reset.request, measurements=core.measurements,
-                                   admissions=core.admissions)
+        self.admin = AdminHandlers.for_core(core, self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
+                                            reset=self.reset.request)
         self.pubapi = PubAPI(self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,
@@ -301,10 +299,6 @@ class Agent:
                  failure=self.core.context.failure)
         if self.config.init_secret_hash is None:  # insecure_unauthenticated_activation: said on every start
             self.log("init_secret_not_configured", level="warning", message="no init_secret_hash: anyone can activate this node")
-        if self.config.insecure_join_without_admission:  # said on every start
-            self.log("insecure_join_without_admission", level="warning",
-                     message="insecure_join_without_admission: as a Coordinator this agent lets any node that passes "
-                     "attestation join, without the admin's admission (safe only on a measured immutable image)")
         if choose.insecure_warning(self.config.variant):  # insecure_trust_any_ak: said on every start
             self.log("insecure_variant", level="warning", message=choose.insecure_warning(self.config.variant))
         if (self.config.store or {}).get("type") == "etcd":  # said on every start

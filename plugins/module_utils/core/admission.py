@@ -78,6 +78,15 @@ class Admissions:
         self.context = context
         self.insecure_join_without_admission = False
 
+    def configure(self, insecure_join_without_admission: bool) -> None:
+        """The agent's option (its config), set at every start; where it is True this says so as a warning."""
+        self.insecure_join_without_admission = bool(insecure_join_without_admission)
+        if self.insecure_join_without_admission:
+            self.context.log("insecure_join_without_admission", level="warning",
+                             message="insecure_join_without_admission: as a Coordinator this agent lets any node that "
+                             "passes attestation join without the admin's admission (safe only on a measured immutable "
+                             "image)")
+
     # -- the admin (AdmitNodes)
     def listed(self) -> List[Dict[str, Any]]:
         """Every admission, sorted by name: ``{ek_pub_sha256, name, joined}``."""
