@@ -16,7 +16,7 @@ class ActionModule(ClusterAction):
     _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
-        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import admit_nodes
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.admission import admit_nodes
         answer = admit_nodes(args["coordinator_public_endpoint"], args["nodes"], settings,
                              self.load_admin_priv_key(args["admin_priv_key_file"]),
                              cluster_id=self.cluster_id_arg(args), check_mode=bool(self._task.check_mode))
