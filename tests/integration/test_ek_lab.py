@@ -111,7 +111,8 @@ def test_chain_of_trust_with_ek_enrollment_at_every_step(ek_lab):
     def h3_vpn_address():
         return h3.run(["ip", "-4", "-o", "addr", "show", "dev", "wg0"], check=False).stdout.strip()
 
-    wait_until(h3_vpn_address, timeout=120.0, what="h3 joins (its agent retries with a backoff)", why=lambda: "h3: %s\nh1: %s" % (tail_log(h3, 5), tail_log(lab.host("h1"), 5)))
+    wait_until(h3_vpn_address, timeout=120.0, what="h3 joins (its agent retries with a backoff)",
+               why=lambda: "h3: %s\nh1: %s" % (tail_log(h3, 5), tail_log(lab.host("h1"), 5)))
     assert '"via": "join"' in tail_log(lab.host("h1"), 300)
     # A joining node with a foreign TPM is refused by the join service, before any lock.
     procs["h5"] = start_agent(lab, lab.host("h5"), coordinator_public_endpoint=lab.host("h1").public_endpoint,

@@ -24,7 +24,8 @@ Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, 
 (the records and their store format), and the services, one per concern, each holding the shared
 ``PeerContext`` (``context``) and its collaborators through small Protocols declared where they are used:
 ``coordinator`` (one Coordinator: activation as Coordinator, registry, updates), ``join_service``
-(IssueJoinTicket), ``admission`` (the admin's consent to joins: admitted EKs), ``peer_access`` (who gets what, data keys), ``kubernetes`` (join material), ``signing``,
+(IssueJoinTicket), ``admission`` (the admin's consent to joins: admitted EKs), ``peer_access`` (who gets what,
+data keys), ``kubernetes`` (join material), ``signing``,
 ``activation`` (the Coordinator activates and resumes nodes), ``backup`` (the Coordinator's state exported
 and restored onto a fresh peer), ``shared_store`` (its etcd member),
 ``coordinator_cluster`` (further Coordinators on one etcd cluster), ``coordinator_removal`` (a Coordinator taken
