@@ -25,6 +25,7 @@ class ActionModule(ClusterAction):
                              self.load_admin_priv_key(args["admin_priv_key_file"]),
                              cluster_id=self.cluster_id_arg(args), check_mode=bool(self._task.check_mode),
                              coordinator_public_endpoints=further,
-                             control_plane_public_endpoints=args.get("control_plane_public_endpoints") or [])
+                             control_plane_public_endpoints=args.get("control_plane_public_endpoints") or [],
+                             node_names=args.get("node_names") or {})
         out["activated"] = [row["endpoint"] for row in out["nodes"] if row["action"] == "activate"]
         return out

@@ -45,6 +45,20 @@ ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
     coordinator_public_endpoints=dict(type="list", elements="str", default=[]),
     # Those of node_public_endpoints the admin designates control planes (recorded at activation).
     control_plane_public_endpoints=dict(type="list", elements="str", default=[]),
+    # endpoint -> the node's name (its inventory name): its only kubelet node name (recorded at activation).
+    node_names=dict(type="dict", default={}),
+)
+ADMIT_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
+    coordinator_public_endpoint=dict(type="str", required=True),
+    nodes=dict(type="list", elements="dict", required=True, options=dict(
+        name=dict(type="str", required=True),
+        ek_pub_sha256=dict(type="str"),
+        ek_cert_file=dict(type="path"),
+        endpoint=dict(type="str"),
+        state=dict(type="str", default="present", choices=["present", "absent"]),
+    )),
+    admin_priv_key_file=dict(type="path", required=True),
+    cluster_id=dict(type="str"),
 )
 AGENT_STATE_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),

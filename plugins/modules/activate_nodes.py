@@ -65,6 +65,14 @@ options:
     elements: str
     default: []
     version_added: "0.3.0"
+  node_names:
+    description:
+      - O(node_public_endpoints) -> the node's name (its inventory name). The Coordinator records it at the node's
+        activation (or resumption) as the node's only kubelet node name; a name another node holds refuses that
+        node's activation (it stays fresh). Nodes not named keep the first name they are certified in.
+    type: dict
+    default: {}
+    version_added: "0.3.0"
   admin_priv_key_file:
     description: The admin's private key; signs the Coordinator's admin challenge (never sent).
     type: path

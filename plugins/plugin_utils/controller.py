@@ -247,9 +247,11 @@ def _next_step(state: str) -> str:
 def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List[str], settings: AttestationSettings,
                    admin_priv_key, cluster_id: Optional[bytes] = None, check_mode: bool = False,
                    coordinator_public_endpoints: Sequence[str] = (),
-                   control_plane_public_endpoints: Sequence[str] = ()) -> Dict[str, Any]:
+                   control_plane_public_endpoints: Sequence[str] = (),
+                   node_names: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """``control_plane_public_endpoints``: those of ``node_public_endpoints`` the admin designates control
-    planes (recorded by the Coordinator at their activation).
+    planes (recorded by the Coordinator at their activation). ``node_names``: endpoint -> the node's name (its
+    inventory name), its only kubelet node name.
 
     Attests every further Coordinator and node, then asks the Coordinator (admin-authenticated) to
     activate the fresh ones (Coordinators first) and to resume nodes locked to our cluster whose
@@ -319,7 +321,8 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
         return result
     with open_coordinator(coordinator_public_endpoint, settings, admin_priv_key, cluster_id) as client:
         answer = client.activate_additional_nodes(fresh, coordinator_public_endpoints=fresh_coordinators,
-                                                  control_plane_endpoints=[e for e in fresh if e in planes])
+                                                  control_plane_endpoints=[e for e in fresh if e in planes],
+                                                  node_names={e: n for e, n in (node_names or {}).items() if e in fresh})
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
     failures = []
     for row in rows:

@@ -27,7 +27,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurements, expected_pcr15)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy, fresh_node_policy
 
 pytestmark = pytest.mark.lab
 
@@ -94,15 +94,25 @@ def test_chain_of_trust_with_ek_enrollment_at_every_step(ek_lab):
     assert not foreign["ok"] and "EK certificate does not chain to the trusted CAs" in foreign["error"]
     log = tail_log(lab.host("h2"), 200)
     assert '"ak_enrolled"' in log
-    # h3 joins: the Coordinator enrolls it in-band, inside IssueJoinTicket.
+    # h3 joins: the Coordinator enrolls it in-band, inside IssueJoinTicket - once the admin admitted its EK. Until
+    # then it is refused, naming its EK; the controller reads the EK by attesting h3 (as add_nodes.yml does).
     procs["h3"] = start_agent(lab, lab.host("h3"), coordinator_public_endpoint=lab.host("h1").public_endpoint,
                               coordinator_pub_key=kms.coordinator_pub_key(kms.ClusterKMS(secret)))
     h3 = lab.host("h3")
+    wait_until(lambda: [line for line in tail_log(lab.host("h1"), 300).splitlines()
+                        if "join_refused" in line and "was not admitted by the admin" in line],
+               timeout=30.0, what="h3 refused before its admission")
+    with _connect(lab, admin, "h3", trust, policy=fresh_node_policy(POLICY)) as c:
+        h3_ek = c.attested.validation.ek_pub_sha256
+    with _connect(lab, admin, "h1", trust) as c:
+        c.admin_auth(admin_key)
+        assert c.invoke("AdmitNodes", nodes=[{"ek_pub_sha256": h3_ek, "name": "h3"}])["added"] == ["h3"]
 
     def h3_vpn_address():
         return h3.run(["ip", "-4", "-o", "addr", "show", "dev", "wg0"], check=False).stdout.strip()
 
-    wait_until(h3_vpn_address, timeout=30.0, what="h3 joins", why=lambda: "h3: %s\nh1: %s" % (tail_log(h3, 5), tail_log(lab.host("h1"), 5)))
+    wait_until(h3_vpn_address, timeout=120.0, what="h3 joins (its agent retries with a backoff)",
+               why=lambda: "h3: %s\nh1: %s" % (tail_log(h3, 5), tail_log(lab.host("h1"), 5)))
     assert '"via": "join"' in tail_log(lab.host("h1"), 300)
     # A joining node with a foreign TPM is refused by the join service, before any lock.
     procs["h5"] = start_agent(lab, lab.host("h5"), coordinator_public_endpoint=lab.host("h1").public_endpoint,

@@ -76,7 +76,7 @@ class AdminHandlers:
     (the pinned Coordinators' key, core/status.py)."""
 
     def __init__(self, log=None, warm_interpreters: bool = True, issue=None, variant_oid: str = "", *, context=None,
-                 status=None, backup=None, removal=None, reset=None, measurements=None):
+                 status=None, backup=None, removal=None, reset=None, measurements=None, admissions=None):
         self.context = context
         self.status = status
         self.backup = backup  # core/backup.py: ExportState
@@ -84,6 +84,7 @@ class AdminHandlers:
         # ResetAgent: the agent's ``request_reset()`` (agent/daemon.py): after the answer it stops, wipes, starts fresh.
         self.reset = reset
         self.measurements = measurements  # core/accepted_measurements.py (SetMeasurements)
+        self.admissions = admissions  # core/admission.py (AdmitNodes)
         self._issue = issue
         self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
@@ -102,12 +103,14 @@ class AdminHandlers:
         """The handlers over ``core``'s context and status (None: no Core, e.g. to list the handlers)."""
         kwargs.setdefault("removal", getattr(core, "removal", None))
         return cls(*args, **kwargs, context=getattr(core, "context", None), status=getattr(core, "status", None),
-                   backup=getattr(core, "backup", None), measurements=getattr(core, "measurements", None))
+                   backup=getattr(core, "backup", None), measurements=getattr(core, "measurements", None),
+                   admissions=getattr(core, "admissions", None))
 
     def handlers(self) -> Dict[str, Any]:
         return {"AdminAuth": self.admin_auth, "Attest": self.attest, "Exec": self.exec_, "ExecModule": self.exec_module,
                 "PutFile": self.put_file, "FetchFile": self.fetch_file, "ExportState": self.export_state,
-                "RemovePeer": self.remove_peer, "ResetAgent": self.reset_agent, "SetMeasurements": self.set_measurements}
+                "RemovePeer": self.remove_peer, "ResetAgent": self.reset_agent, "SetMeasurements": self.set_measurements,
+                "AdmitNodes": self.admit_nodes}
 
     def _require_activated(self, method: str) -> None:
         if self.context.state not in ACTIVATED:
@@ -193,6 +196,15 @@ class AdminHandlers:
                                           check=bool(request.check))
         self._log("remove_peer", peer=conn.peer_ip, check=bool(request.check), changed=result["changed"])
         conn.stream.send_result(result)
+
+    def admit_nodes(self, conn: Connection, request: schema.AdmitNodesRequest) -> None:
+        """The admin admits nodes to join (core/admission.py): admin only, on an activated Coordinator (declared in
+        the schema, enforced by the server; the Core checks the role too)."""
+        if self.admissions is None:
+            raise AccessDenied("AdmitNodes: this agent admits no nodes")
+        answer = self.admissions.admit_nodes(request.nodes, bool(request.check))
+        self._log("admit_nodes", peer=conn.peer_ip, check=bool(request.check), changed=answer["changed"])
+        conn.stream.send_result(schema.AdmitNodesAnswer.decode(answer).encode())
 
     def reset_agent(self, conn: Connection, request: schema.ResetAgentRequest) -> None:
         """The admin resets this agent (agent/daemon.py ``request_reset``): ``confirm`` must be this peer's

@@ -53,7 +53,7 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "state_disk_device", "state_disk_mapper_name",  # the encrypted state disk: disk/
                 "deployment_mode",  # attestation/deployment.py: what the TPM proves against the host's root
                 "insecure_trust_any_ak", "insecure_unauthenticated_activation",  # explicit insecure choices
-                "insecure_unsigned_measurements"}
+                "insecure_unsigned_measurements", "insecure_join_without_admission"}
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
 # The types of the keys whose values are used as they are (the others are checked below, by value).
 _CONFIG_TYPES = {
@@ -81,6 +81,7 @@ _CONFIG_TYPES = {
     "insecure_trust_any_ak": ((bool,), "true or false"), "insecure_unauthenticated_activation": ((bool,), "true or false"),
     "insecure_unsigned_measurements": ((bool,), "true or false"),
     "deployment_mode": ((str,), "one of %s" % ", ".join(deployment.MODES)),
+    "insecure_join_without_admission": ((bool,), "true or false"),
 }
 
 
@@ -125,6 +126,8 @@ class AgentConfig:
     insecure_unauthenticated_activation: bool = False  # start without init_secret_hash; warned on every start
     insecure_unsigned_measurements: bool = False  # start without measurements_pub_key; warned on every start
     deployment_mode: str = deployment.DEFAULT  # host: the agent runs on an ordinary host (host root is trusted)
+    # Coordinator: any node that passes attestation joins, without the admin's admission; warned on every start.
+    insecure_join_without_admission: bool = False
     deprecations: List[str] = field(default_factory=list)  # old key names found in the file
 
     @classmethod

@@ -140,6 +140,7 @@ class Agent:
         context, core = self.core.context, self.core
         core.trust.keep_certified_aks(getattr(self.peer_validator, "certified_aks", None))  # in the sealed store
         context.join_coordinator_pub_key = config.coordinator_pub_key  # join tickets must verify with it
+        core.admissions.configure(config.insecure_join_without_admission)  # warns (every start) where insecure
         context.agent_measurement = self.measurement.to_dict() if self.measurement is not None else None
         context.deployment_mode = config.deployment_mode  # GetState's details: host root is trusted on this peer
         if self.state_disk is not None:
@@ -152,9 +153,8 @@ class Agent:
         core.measurements.current = lambda: self.policy
         core.measurements.on_apply = self.apply_measurements
         core.measurements.own_set = self._own_measurement_set
-        self.admin = AdminHandlers(self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
-                                   context=context, status=core.status, backup=core.backup, removal=core.removal,
-                                   reset=self.reset.request, measurements=core.measurements)
+        self.admin = AdminHandlers.for_core(core, self.log, issue=self._issue_for_connection, variant_oid=self.issuer.oid,
+                                            reset=self.reset.request)
         self.pubapi = PubAPI(self.node_validator, admin=self.admin, log=self.log, issuer=self.issuer,
                              validator_for_activation=self.peer_validator, status=core.status,
                              coordinator=core.coordinator, activation=core.activation, cluster=core.cluster,

@@ -217,7 +217,8 @@ class PubAPI:
             report(row)
         if request.node_public_endpoints:
             results += self.activation.activate_nodes(request.node_public_endpoints, self.connect_node,
-                                                      request.control_plane_endpoints or (), on_row=report)
+                                                      request.control_plane_endpoints or (), on_row=report,
+                                                      node_names=request.node_names)
         conn.stream.send_result({"nodes": results, "resource_version": self.coordinator.get_update(-1)["resource_version"]})
 
     # -- Coordinator: the join service

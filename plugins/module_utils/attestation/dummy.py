@@ -14,6 +14,7 @@ import base64
 import binascii
 import hmac
 import json
+from typing import Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import DUMMY, Validation
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
@@ -21,13 +22,22 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 
 
 class DummyIssuer:
+    """``ek_pub_sha256``: an EK identity the document claims (tests of the join's admission); none by default,
+    which leaves the document exactly Constellation's."""
+
     oid = DUMMY.oid
 
+    def __init__(self, ek_pub_sha256: Optional[str] = None):
+        self.ek_pub_sha256 = ek_pub_sha256
+
     def issue(self, user_data: bytes, nonce: bytes) -> bytes:
-        return json.dumps({
+        document = {
             "UserData": base64.b64encode(user_data).decode("ascii"),
             "Nonce": base64.b64encode(nonce).decode("ascii"),
-        }).encode("ascii")
+        }
+        if self.ek_pub_sha256 is not None:
+            document["EKPubSHA256"] = self.ek_pub_sha256
+        return json.dumps(document).encode("ascii")
 
 
 class DummyValidator:
@@ -42,7 +52,8 @@ class DummyValidator:
             raise AttestationError("dummy attestation document is malformed: %s" % err) from None
         if not hmac.compare_digest(doc_nonce, nonce):
             raise AttestationError("dummy attestation document was made for another nonce")
-        return Validation(user_data=user_data)
+        ek = parsed.get("EKPubSHA256")
+        return Validation(user_data=user_data, ek_pub_sha256=ek if isinstance(ek, str) else None)
 
 
 # The chooser's factories (choose.py): no TPM, no policy, no trust.

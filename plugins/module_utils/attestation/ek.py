@@ -28,6 +28,8 @@ and cannot collide with Constellation's 1.3.9900.x list or anyone else's). UUID
 from __future__ import annotations
 
 import base64
+import dataclasses
+import hashlib
 import hmac
 import os
 import threading
@@ -63,6 +65,8 @@ except ImportError:
     HAS_TPM2_PYTSS = False
 
 try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
     HAS_CRYPTOGRAPHY = True
 except ImportError:
@@ -106,6 +110,23 @@ def ek_public_from_cert(cert: "x509.Certificate"):
         return public
     raise AttestationError("EK certificate key is neither RSA-2048 (EK-RSA2048) nor ECC P-256 (EK-ECC256): no "
                            "credential can be activated with it")
+
+
+def ek_pub_sha256(ek_cert: bytes, field: str = "ek_cert") -> str:
+    """Who a TPM is: the SHA-256 (hex) of its EK's public key, as the SubjectPublicKeyInfo DER of its EK
+    certificate (PEM or DER). The admin admits a node by it (core/admission.py); the same EK keeps it
+    whatever certificate is reissued for it."""
+    if not HAS_CRYPTOGRAPHY:
+        raise InputError(field, "an EK certificate, which needs the Python package cryptography")
+    data = bytes(ek_cert)
+    try:
+        cert = x509.load_pem_x509_certificate(data) if data.lstrip().startswith(b"-----BEGIN") \
+            else x509.load_der_x509_certificate(data)
+        spki = cert.public_key().public_bytes(serialization.Encoding.DER,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo)
+    except (ValueError, TypeError) as err:
+        raise InputError(field, "an X.509 EK certificate (PEM or DER)", str(err)[:120]) from None
+    return hashlib.sha256(spki).hexdigest()
 
 
 # --------------------------------------------------------------------------------- records
@@ -357,6 +378,14 @@ class VTPMEKValidator(VTPMValidator):
                 raise AttestationError("AK is not trusted: its enrollment record's %s" % reason)
         raise EnrollmentRequired("AK is not certified: it was never enrolled through an EK certificate of the "
                                  "trusted CAs with credential activation (AK name %s)" % ak.name.hex(), self, ak_pub)
+
+    def validate(self, document: bytes, nonce: bytes):
+        """As ``qemu-vtpm``; the result names the EK the signing AK was certified through (``ek_pub_sha256``)."""
+        validation = super().validate(document, nonce)
+        record = self.certified_aks.get(validation.ak_pub)
+        if record is None:  # trust_ak passed, so a record was there; gone since (never removed today)
+            raise AttestationError("AK is not certified: its enrollment record is gone")
+        return dataclasses.replace(validation, ek_pub_sha256=ek_pub_sha256(record.ek_cert))
 
     def enrollment_validator(self) -> "EnrollmentValidator":
         """The validator of the enrollment connection (see EnrollmentValidator)."""

@@ -46,6 +46,10 @@ class Validation:
     warnings: List[str] = field(default_factory=list)
     # The name of the accepted measurements set the peer matched (measurements.py; "default" for a plain policy).
     measurement_set: Optional[str] = None
+    # The AK that signed the quote (TPM variants), and the SHA-256 of the public key of the EK it was certified
+    # through (hex of the SubjectPublicKeyInfo DER; qemu-vtpm-ek only): who the TPM is, for the join's admission.
+    ak_pub: Optional[bytes] = None
+    ek_pub_sha256: Optional[str] = None
 
 
 class Issuer(Protocol):

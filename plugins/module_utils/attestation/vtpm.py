@@ -474,7 +474,7 @@ class VTPMValidator:
         # 6. measurements policy
         measurement_set, checks, warnings = self.measurements.match(pcrs)
         return Validation(user_data=user_data, pcrs=pcrs, checks=checks, warnings=warnings,
-                          measurement_set=measurement_set)
+                          measurement_set=measurement_set, ak_pub=ak_pub)
 
     def _verify_quote(self, ak: AKInfo, quote: Dict, tpm_nonce: bytes) -> Dict[int, bytes]:
         attest_raw = _unb64(quote.get("quote"), "quote")

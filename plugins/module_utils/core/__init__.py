@@ -24,7 +24,8 @@ Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, 
 (the records and their store format), and the services, one per concern, each holding the shared
 ``PeerContext`` (``context``) and its collaborators through small Protocols declared where they are used:
 ``coordinator`` (one Coordinator: activation as Coordinator, registry, updates), ``join_service``
-(IssueJoinTicket), ``peer_access`` (who gets what, data keys), ``kubernetes`` (join material), ``signing``,
+(IssueJoinTicket), ``admission`` (the admin's consent to joins: admitted EKs), ``peer_access`` (who gets what,
+data keys), ``kubernetes`` (join material), ``signing``,
 ``activation`` (the Coordinator activates and resumes nodes), ``backup`` (the Coordinator's state exported
 and restored onto a fresh peer), ``shared_store`` (its etcd member),
 ``coordinator_cluster`` (further Coordinators on one etcd cluster), ``coordinator_removal`` (a Coordinator taken
@@ -39,6 +40,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import AcceptedMeasurements
+from ansible_collections.constellation.cluster.plugins.module_utils.core.admission import Admissions
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import (
     ACTIVATION_WORKERS,
     MAX_NODES_PER_CALL,
@@ -112,12 +114,15 @@ class Core:
         self.shared_store = SharedStore(context)
         self.kubernetes = KubernetesJoin(context, self.access, self.evictions)
         self.coordinator = Coordinator(context, self.shared_store, self.access, self.signing)
-        self.join_service = JoinService(context, self.coordinator, self.access, self.kubernetes, self.signing)
-        self.activation = NodeActivation(context, self.coordinator, self.signing, self.access, self.evictions)
+        self.admissions = Admissions(context)  # the admin's consent to joins: the admitted EKs
+        self.join_service = JoinService(context, self.coordinator, self.access, self.kubernetes, self.signing,
+                                        self.admissions)
+        self.activation = NodeActivation(context, self.coordinator, self.signing, self.access, self.evictions,
+                                         self.kubernetes)
         self.cluster = CoordinatorCluster(context, self.coordinator, self.signing)
         self.node = NodeSide(context)
         self.trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions, self.kubernetes)
-        self.status = PeerStatus(context, self.shared_store, self.evictions, self.signing)
+        self.status = PeerStatus(context, self.shared_store, self.evictions, self.signing, self.admissions)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
         self.backup = StateBackup(context, self.recovery, self.access, self.coordinator)
         self.removal = PeerRemoval(context, self.coordinator, self.kubernetes, self.evictions)

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
+from ansible_collections.constellation.cluster.plugins.module_utils.core.admission import parse_node_name
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import (
     STATE_IS_NODE,
@@ -94,12 +95,23 @@ class Readmission(Protocol):
         """The Node is a peer again."""
 
 
+class NodeNames(Protocol):
+    """The admin's names for nodes (core/kubernetes.py ``KubernetesJoin``)."""
+
+    def name_node(self, vpn_ip: str, name: str, method: str) -> None:
+        """``name`` is the only kubelet node name of the peer at ``vpn_ip``; AccessDenied if taken."""
+
+    def forget_node_name(self, vpn_ip: str) -> None:
+        """Gives a failed activation's name back."""
+
+
 class NodeActivation:
     """ActivateAdditionalNodes over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext, registry: Registry, signing: CoordinatorAuth, access: DiskClaim,
-                 evictions: Readmission):
+                 evictions: Readmission, names: Optional[NodeNames] = None):
         self.context = context
+        self.names = names
         self.registry = registry
         self.signing = signing
         self.access = access
@@ -108,12 +120,14 @@ class NodeActivation:
 
     def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode,
                        control_plane_endpoints: Sequence[str] = (),
-                       on_row: Optional[Callable[[Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
+                       on_row: Optional[Callable[[Dict[str, Any]], None]] = None,
+                       node_names: Optional[Dict[str, str]] = None) -> List[Dict[str, Any]]:
         """Activates the nodes at ``endpoints`` (host:port), in parallel; one result row each. The admin
         designates those of ``control_plane_endpoints`` control planes (recorded with the node: only they
         get control-plane material from the vpnapi). ``on_row(row)`` is called with each row, in order, as
         soon as it and those before it are done (in this thread): the pubapi reports progress with it, so
-        a client waiting for 64 activations hears from the Coordinator every few seconds."""
+        a client waiting for 64 activations hears from the Coordinator every few seconds. ``node_names``: endpoint
+        -> the name the admin gives the node (its inventory name), its only kubelet node name."""
         self.context.require_coordinator("ActivateAdditionalNodes")
         if not isinstance(endpoints, list) or not endpoints or len(endpoints) > MAX_NODES_PER_CALL:
             raise InputError("node_public_endpoints", "a non-empty list of host:port (at most %d)" % MAX_NODES_PER_CALL)
@@ -123,16 +137,18 @@ class NodeActivation:
         if not planes <= set(endpoints):
             raise InputError("control_plane_endpoints", "endpoints of node_public_endpoints",
                              sorted(planes - set(endpoints))[:8])
+        names = _parse_node_names(node_names, endpoints)
         with ThreadPoolExecutor(max_workers=min(self.activation_workers, len(endpoints)),
                                 thread_name_prefix="activate") as pool:
             rows = []
-            for row in pool.map(lambda e: self.activate_node(e, connect_node, e in planes), endpoints):
+            for row in pool.map(lambda e: self.activate_node(e, connect_node, e in planes, names.get(e)), endpoints):
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)
             return rows
 
-    def activate_node(self, endpoint: str, connect_node: ConnectNode, control_plane: bool = False) -> Dict[str, Any]:
+    def activate_node(self, endpoint: str, connect_node: ConnectNode, control_plane: bool = False,
+                      node_name: Optional[str] = None) -> Dict[str, Any]:
         """Activates one node, or resumes its interrupted activation (docs/agent.md, "Resumable
         activation"). The transport verifies the node's attestation (all but PCR 15); PCR 15 says which:
         zeros -> a fresh node: reserve an IP and run ActivateAsNode; our cluster ID -> a node locked to
@@ -149,11 +165,13 @@ class NodeActivation:
             with connect_node(endpoint) as client:
                 membership = self.registry.membership(client)
                 if membership == "ours":
-                    return self._resume_node(endpoint, host, client, row, control_plane)
+                    return self._resume_node(endpoint, host, client, row, control_plane, node_name)
                 if membership != "fresh":
                     raise StateError("%s is locked to another cluster (PCR 15)" % endpoint)
                 vpn_ip = self.registry.reserve_node_ip()
                 self.context.log("node_ip_reserved", node=endpoint, node_vpn_ip=vpn_ip)
+                if node_name is not None and self.names is not None:  # before the node is asked anything
+                    self.names.name_node(vpn_ip, node_name, "ActivateAdditionalNodes")
                 request = self.registry.node_activation_request(vpn_ip)
 
                 def record_then_key(disk_uuid: str, node_vpn_pub_key: str) -> bytes:
@@ -174,6 +192,8 @@ class NodeActivation:
             maybe_locked = locked or (sent and isinstance(err, (ConnectionLost, OSError)))
             if vpn_ip is not None and not maybe_locked:
                 try:
+                    if self.names is not None:
+                        self.names.forget_node_name(vpn_ip)
                     self.registry.release_node_ip(vpn_ip)
                 except ConstellationError:
                     pass
@@ -187,7 +207,7 @@ class NodeActivation:
         return row
 
     def _resume_node(self, endpoint: str, host: str, client: NodeClient, row: Dict[str, Any],
-                     control_plane: bool = False) -> Dict[str, Any]:
+                     control_plane: bool = False, node_name: Optional[str] = None) -> Dict[str, Any]:
         """A node locked to our cluster (attested PCR 15): record it if needed, then wait until it
         reports IsNode (it fetches its disk key over the VPN)."""
         self.signing.authenticate_as_coordinator(client)  # the node pinned our key: its GetState details are ours to read
@@ -201,6 +221,8 @@ class NodeActivation:
         # Removed by the admin (core/peer_removal.py): it comes back only reset, rebooted and as a new peer.
         require_not_removed(self.context.store, vpn_pub_key, vpn_ip, "ActivateAdditionalNodes")
         readmit = self.evictions.check_readmission(vpn_ip, vpn_pub_key)  # evicted (core/trust.py): it passed again
+        if node_name is not None and self.names is not None:
+            self.names.name_node(vpn_ip, node_name, "ActivateAdditionalNodes")
         recorded = self.record_node(vpn_ip, vpn_pub_key, host, normalize_disk_uuid(disk_uuid), control_plane)
         if readmit:
             self.evictions.clear_eviction(vpn_ip)
@@ -256,3 +278,19 @@ class NodeActivation:
             raise StateError("GetStateDiskKey: no activation of %s is recorded" % vpn_ip)
         self.context.log("state_disk_key", node_vpn_ip=vpn_ip)
         return kms.state_disk_key(disk_uuid)
+
+
+def _parse_node_names(node_names: Any, endpoints: Sequence[str]) -> Dict[str, str]:
+    """``node_names`` checked: a mapping of some of ``endpoints`` to distinct node names."""
+    if node_names is None:
+        return {}
+    if not isinstance(node_names, dict):
+        raise InputError("node_names", "a mapping of node_public_endpoints to node names", type(node_names).__name__)
+    unknown = sorted(set(node_names) - set(endpoints))
+    if unknown:
+        raise InputError("node_names", "keys among node_public_endpoints", unknown[:8])
+    names = {endpoint: parse_node_name(name, "node_names[%s]" % endpoint) for endpoint, name in node_names.items()}
+    twice = sorted({name for name in names.values() if list(names.values()).count(name) > 1})
+    if twice:
+        raise InputError("node_names", "a distinct name per node", twice[:8])
+    return names

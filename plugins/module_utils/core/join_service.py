@@ -2,9 +2,10 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The Coordinator's join service (IssueJoinTicket): a node attests itself in-band on the connection that
-asks (``attest_over``, also used for rejoin tickets by core/trust.py), gets an IP reserved in the registry
-(core/coordinator.py) and a signed ticket with its secrets and, where the Coordinator has kubeadm, its
-Kubernetes join (core/kubernetes.py). The transport comes in as a port (``ports.JoinChannel``)."""
+asks (``attest_over``, also used for rejoin tickets by core/trust.py), proves that the admin admitted it (its
+TPM's EK, core/admission.py), gets an IP reserved in the registry (core/coordinator.py) and a signed ticket with
+its secrets and, where the Coordinator has kubeadm, its Kubernetes join (core/kubernetes.py) under the name the
+admin gave it. The transport comes in as a port (``ports.JoinChannel``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_ac
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import JoinTicket, NodeActivationRequest
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import node_init_secret
 
 if TYPE_CHECKING:  # pragma: no cover
     from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
@@ -56,6 +56,23 @@ class JoinMaterial(Protocol):
                           is_control_plane: bool) -> Dict[str, Any]:
         """``available`` and the join arguments, or why not."""
 
+    def name_node(self, vpn_ip: str, name: str, method: str) -> None:
+        """The admin's name for the peer at ``vpn_ip`` (its only kubelet node name)."""
+
+    def forget_node_name(self, vpn_ip: str) -> None:
+        """Gives a failed join's name back."""
+
+
+class JoinAdmission(Protocol):
+    """The admin's consent to a join (core/admission.py ``Admissions``)."""
+
+    def claim(self, ek: Optional[str], vpn_pub_key: str, peer: str, method: str) -> Optional[Dict[str, Any]]:
+        """The admission of the EK, bound to the node's key (``{name, ...}``); None where none is needed;
+        AccessDenied if the admin did not admit it."""
+
+    def release(self, claimed: Optional[Dict[str, Any]], vpn_pub_key: str) -> None:
+        """A failed join gives the binding back."""
+
 
 class JoinSigning(Protocol):
     """The Coordinators' signature on a join ticket (core/signing.py ``CoordinatorSigning``)."""
@@ -68,18 +85,20 @@ class JoinService:
     """The Coordinator's join service over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext, registry: Registry, access: DiskOwnership, kubernetes: JoinMaterial,
-                 signing: JoinSigning):
+                 signing: JoinSigning, admissions: JoinAdmission):
         self.context = context
+        self.admissions = admissions
         self.registry = registry
         self.access = access
         self.kubernetes = kubernetes
         self.signing = signing
 
-    def issue_join_ticket(self, disk_uuid: str, vpn_ip: str, public_ip: Optional[str] = None,
-                          certificate_request: Optional[bytes] = None, is_control_plane: bool = False) -> JoinTicket:
-        """The ticket for a verified node that reported ``disk_uuid`` and got ``vpn_ip`` reserved; with
-        the proof of the init secret of the node at ``public_ip``, and the Kubernetes join (core/kubernetes.py):
-        the kubelet certificate for ``certificate_request`` and, for a control plane, the PKI files."""
+    def issue_join_ticket(self, disk_uuid: str, vpn_ip: str, certificate_request: Optional[bytes] = None,
+                          is_control_plane: bool = False) -> JoinTicket:
+        """The ticket for a verified, admitted node that reported ``disk_uuid`` and got ``vpn_ip`` reserved, with
+        the Kubernetes join (core/kubernetes.py): the kubelet certificate for ``certificate_request``. It carries
+        no proof of any init secret: the node knows the ticket is ours by the Coordinators' signature, checked
+        with the key pinned in its agent config."""
         kms = self.context.require_coordinator("IssueJoinTicket")
         refuse_control_plane_join("IssueJoinTicket", is_control_plane)
         request = self.registry.node_activation_request(vpn_ip)
@@ -87,8 +106,7 @@ class JoinService:
         return JoinTicket(request.cluster_id, request.measurement_salt, kms.measurement_secret(),
                           kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
                           request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args,
-                          node_init_secret(self.context.init_secret, public_ip)
-                          if self.context.init_secret is not None and public_ip else None, request.coordinator_pub_key)
+                          coordinator_pub_key=request.coordinator_pub_key)
 
     def serve_join(self, disk_uuid: Any, node_vpn_pub_key: bytes, channel: JoinChannel,
                    validator: AttestationValidator, certificate_request: Optional[bytes] = None,
@@ -102,28 +120,42 @@ class JoinService:
         refuse_control_plane_join(method, is_control_plane)
         normalized_uuid = normalize_disk_uuid(disk_uuid)
         self.access.require_disk_uuid_free(normalized_uuid, b64(node_vpn_pub_key), method)  # before any attestation work
-        self.attest_over(channel, validator, method, channel.user_data(node_vpn_pub_key, disk_uuid), "join_refused")
+        validation = self.attest_over(channel, validator, method, channel.user_data(node_vpn_pub_key, disk_uuid),
+                                      "join_refused")
+        # The admin's consent, proven by the node's TPM (the EK its AK was certified through), before any IP is
+        # reserved or anything leaves; the admission is bound to this node's WireGuard key.
+        pub_key = b64(node_vpn_pub_key)
+        admitted = self.admissions.claim(getattr(validation, "ek_pub_sha256", None), pub_key, channel.peer_ip, method)
         vpn_ip = self.registry.reserve_node_ip()
-        added = False
+        added = named = False
         try:
+            if admitted is not None:  # its kubelet name: the one the admin gave it
+                self.kubernetes.name_node(vpn_ip, admitted["name"], method)
+                named = True
             # The disk UUID becomes this node's (by its WireGuard key) before its disk key leaves.
-            self.access.claim_disk_uuid(normalized_uuid, vpn_ip, b64(node_vpn_pub_key), method)
+            self.access.claim_disk_uuid(normalized_uuid, vpn_ip, pub_key, method)
             channel.deliver(self.signing.signed_join_ticket(  # signed, bound to this request and connection
-                self.issue_join_ticket(normalized_uuid, vpn_ip, channel.peer_ip, certificate_request),
+                self.issue_join_ticket(normalized_uuid, vpn_ip, certificate_request),
                 channel.user_data(node_vpn_pub_key, disk_uuid)))
-            version = self.registry.add_node_peer(vpn_ip, b64(node_vpn_pub_key), channel.peer_ip)
+            version = self.registry.add_node_peer(vpn_ip, pub_key, channel.peer_ip)
             added = True
         finally:
             if not added:
+                if named:
+                    self.kubernetes.forget_node_name(vpn_ip)
                 self.registry.release_node_ip(vpn_ip)
-        self.context.log("node_joined", peer=channel.peer_ip, node_vpn_ip=vpn_ip)
+                self.admissions.release(admitted, pub_key)
+        self.context.log("node_joined", peer=channel.peer_ip, node_vpn_ip=vpn_ip,
+                         node_name=admitted["name"] if admitted is not None else None,
+                         admitted=admitted is not None)
         return {"resource_version": version, "node_vpn_ip": vpn_ip}
 
     def attest_over(self, channel: JoinChannel, validator: AttestationValidator, method: str, expected_user_data: bytes,
-                    refused_event: str, **log_fields: Any) -> None:
+                    refused_event: str, **log_fields: Any) -> Any:
         """The node at the other end of ``channel`` attests itself in-band: a fresh nonce, its document
         of our variant, validated (enrolling a new AK where the variant needs it), and bound to this
-        connection and request (``expected_user_data``). Refusals are logged as ``refused_event``."""
+        connection and request (``expected_user_data``). Refusals are logged as ``refused_event``. Returns the
+        validation (its ``ek_pub_sha256``: the EK the signing AK was certified through, where the variant knows)."""
         nonce = secrets.token_bytes(32)
         oid, document = channel.challenge(nonce)
         if oid != validator.oid:
@@ -138,6 +170,7 @@ class JoinService:
             self.context.log(refused_event, peer=channel.peer_ip, reason="user data not bound to this connection", **log_fields)
             raise AttestationError("%s: the attestation is not bound to this connection and request "
                                    "(relayed or replayed?)" % method)
+        return validation
 
     def _validate_join(self, validator: AttestationValidator, document: bytes, nonce: bytes, channel: JoinChannel):
         """Validates the joining node's document; where the variant trusts an AK only after

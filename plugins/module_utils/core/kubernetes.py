@@ -10,7 +10,10 @@ designated a control plane at its activation; a join ticket never carries it.
 The kubeadm work is a port (``KubeadmProvider``, implemented by ``kubeadm/join_provider.py``, which also
 checks the kubelet CSRs); this room decides who gets what. A kubelet certificate names the node as the Coordinator knows it: the CSR may ask
 only for the caller's own VPN IP, and a node name once certified for one VPN IP (or the Coordinator's
-own) is refused to every other node, so no node can obtain a serving certificate in another's name."""
+own) is refused to every other node, so no node can obtain a serving certificate in another's name. Each peer
+has one name: the one the admin gave it (its admission's name for a joined node, its inventory name for a node
+activated by ActivateAdditionalNodes; ``name_node``), or, where the admin gave none (an older controller), the
+first name certified for it. A second name is refused."""
 
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
 
 KUBEADM_UNAVAILABLE = "kubeadm not available on the Coordinator"
-KEY_KUBELET_NODE_NAME_PREFIX = "kubeletNodeName/"
+KEY_KUBELET_NODE_NAME_PREFIX = "kubeletNodeName/"  # node name -> the VPN IP of the peer it belongs to
+KEY_NODE_NAME_PREFIX = "nodeName/"  # VPN IP -> the peer's one node name (the admin's, or its first certified one)
 
 
 @runtime_checkable
@@ -116,28 +120,34 @@ class KubernetesJoin:
             raise ConstellationError("%s: %s (this agent has no kubeadm provider)" % (method, KUBEADM_UNAVAILABLE))
         return provider
 
+    def name_node(self, vpn_ip: str, name: str, method: str) -> None:
+        """The admin names the peer at ``vpn_ip`` (its admission's name at a join, its inventory name at an
+        activation): its only kubelet node name from now on. AccessDenied if the name belongs to another peer,
+        or this peer has another name already."""
+        refused = self.context.store.update(lambda txn: _bind(txn, name, vpn_ip, admin=True))
+        if refused is not None:
+            self.context.log("node_name_refused", node_vpn_ip=vpn_ip, node_name=name, reason=refused)
+            raise AccessDenied("%s: node name %s %s" % (method, name, refused))
+        self.context.log("node_named", node_vpn_ip=vpn_ip, node_name=name)
+
+    def forget_node_name(self, vpn_ip: str) -> None:
+        """A join or activation that failed before the peer was recorded gives its name back."""
+        self.context.store.update(lambda txn: forget_node_names(txn, vpn_ip))
+
     def _bind_node_name(self, name: str, vpn_ip: str, method: str) -> None:
-        """A node name belongs to the first VPN IP it was certified for; the Coordinator's own kubelet name
-        belongs to the Coordinator. Refused (AccessDenied) for any other node."""
+        """A node name belongs to one peer, and a peer has one name: the admin's (``name_node``), else the first
+        certified for it; the Coordinator's own kubelet name belongs to the Coordinator. Refused (AccessDenied)
+        otherwise."""
         owner = self.context.vpn_ip if name == self._provider(method).own_node_name() else None
         if owner is not None and owner != vpn_ip:
             raise AccessDenied("%s: certificate_request: node name %s belongs to another node (%s)"
                                % (method, name, owner))
-        key = KEY_KUBELET_NODE_NAME_PREFIX + name
-
-        def bind(txn):
-            current = txn.get_default(key)
-            if current is not None and current.decode("ascii", "replace") != vpn_ip:
-                return current.decode("ascii", "replace")
-            if current is None:
-                txn.put(key, vpn_ip.encode("ascii"))
-            return None
-
-        other = self.context.store.update(bind)
-        if other is not None:
-            self.context.log("kubelet_cert_refused", node_vpn_ip=vpn_ip, node_name=name, reason="name of " + other)
-            raise AccessDenied("%s: certificate_request: node name %s belongs to another node (%s)"
-                               % (method, name, other))
+        if owner is not None:  # the Coordinator's own name, for itself
+            return
+        refused = self.context.store.update(lambda txn: _bind(txn, name, vpn_ip, admin=False))
+        if refused is not None:
+            self.context.log("kubelet_cert_refused", node_vpn_ip=vpn_ip, node_name=name, reason=refused)
+            raise AccessDenied("%s: certificate_request: node name %s %s" % (method, name, refused))
 
     def kubelet_cert_for(self, csr_data: bytes, vpn_ip: str, method: str) -> Dict[str, Any]:
         """The kubelet serving certificate for the node at ``vpn_ip``: the CSR checked (its name and the
@@ -215,3 +225,33 @@ class KubernetesJoin:
             return {"available": False, "reason": reason}
         return dict(self.kubernetes_join_for(vpn_ip, "IssueJoinTicket", certificate_request, is_control_plane),
                     available=True)
+
+
+def _bind(txn, name: str, vpn_ip: str, admin: bool) -> Optional[str]:
+    """In one transaction: ``name`` becomes the name of the peer at ``vpn_ip`` (both directions), or why not."""
+    owner = txn.get_default(KEY_KUBELET_NODE_NAME_PREFIX + name)
+    if owner is not None and owner.decode("ascii", "replace") != vpn_ip:
+        return "belongs to another node (%s)" % owner.decode("ascii", "replace")
+    current = txn.get_default(KEY_NODE_NAME_PREFIX + vpn_ip)
+    if current is not None and current.decode("utf-8", "replace") != name:
+        return "is not this node's name: it is named %s%s (one name per node)" % (
+            current.decode("utf-8", "replace"), "" if admin else " already")
+    if current is None:
+        # A peer named before names were recorded per peer: the names certified for it already.
+        had = sorted(key[len(KEY_KUBELET_NODE_NAME_PREFIX):] for key, value in txn.items(KEY_KUBELET_NODE_NAME_PREFIX)
+                     if value.decode("ascii", "replace") == vpn_ip)
+        if had and name not in had:
+            return "is not this node's name: it is named %s (one name per node)" % ", ".join(had)
+        txn.put(KEY_NODE_NAME_PREFIX + vpn_ip, name.encode("utf-8"))
+    if owner is None:
+        txn.put(KEY_KUBELET_NODE_NAME_PREFIX + name, vpn_ip.encode("ascii"))
+    return None
+
+
+def forget_node_names(txn, vpn_ip: str) -> None:
+    """In one transaction: the node names of the peer at ``vpn_ip`` (both directions)."""
+    for key, value in txn.items(KEY_KUBELET_NODE_NAME_PREFIX):
+        if value.decode("ascii", "replace") == vpn_ip:
+            txn.delete(key)
+    if txn.get_default(KEY_NODE_NAME_PREFIX + vpn_ip) is not None:
+        txn.delete(KEY_NODE_NAME_PREFIX + vpn_ip)

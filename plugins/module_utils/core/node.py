@@ -138,10 +138,10 @@ class NodeSide:
         ctx.require_state(method, State.ACCEPTING_INIT)
         if ctx.recovery_pending:
             raise StateError("%s: this node holds a cluster's state and waits for Recover" % method)
-        # A Coordinator of another cluster that passes our policy cannot prove our init secret.
-        check_node_proof(ticket.init_proof, ctx.init_secret_hash, method)
-        # Any Node of our cluster passes the policy we check the join service with (no PCR 15): only the
-        # Coordinators' key, pinned in our agent config, tells a Coordinator's ticket from a Node's.
+        # Any Node of our cluster, and a Coordinator of another cluster on the same image, passes the policy we
+        # check the join service with (no PCR 15): only the Coordinators' key, pinned in our agent config, tells
+        # our Coordinators' ticket from theirs. (A ticket carries no init proof: a proof derived from where the
+        # request came from would hand one node's proof to whoever joins from its address.)
         pinned = ctx.join_coordinator_pub_key
         try:
             if binding is None:

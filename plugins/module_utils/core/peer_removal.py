@@ -35,7 +35,8 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
-from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KEY_KUBELET_NODE_NAME_PREFIX
+from ansible_collections.constellation.cluster.plugins.module_utils.core.admission import forget_admission
+from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import forget_node_names
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import StoreError, Txn
@@ -201,11 +202,11 @@ class PeerRemoval:
 
 
 def _forget_holdings(tx: Txn, vpn_ip: str, vpn_pub_key: str, disk_uuid: Optional[str]) -> None:
-    """In one transaction: the kubelet names certified for ``vpn_ip``, its control-plane designation, its disk
-    UUID record and the ownership of that UUID (when it is this peer's)."""
-    for key, value in tx.items(KEY_KUBELET_NODE_NAME_PREFIX):
-        if value.decode("ascii", "replace") == vpn_ip:
-            tx.delete(key)
+    """In one transaction: the node names of ``vpn_ip``, the admission its WireGuard key joined with (a removed
+    node joins again only if the admin admits it again), its control-plane designation, its disk UUID record and
+    the ownership of that UUID (when it is this peer's)."""
+    forget_node_names(tx, vpn_ip)
+    forget_admission(tx, vpn_pub_key)
     if tx.get_default(node_records.KEY_CONTROL_PLANE_PREFIX + vpn_ip) is not None:
         tx.delete(node_records.KEY_CONTROL_PLANE_PREFIX + vpn_ip)
     if tx.get_default(node_records.KEY_NODE_DISK_UUID_PREFIX + vpn_ip) is not None:

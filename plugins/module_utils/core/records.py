@@ -121,8 +121,9 @@ class JoinTicket:
     coordinator_vpn_ip: str
     admin_pub_key: str
     kubeadm: Dict[str, Any] = field(default_factory=dict)
-    init_proof: Optional[bytes] = None  # proves to the joining node that this Coordinator holds our init secret
-    coordinator_pub_key: Optional[str] = None  # the key that signed it (the node checks with its own pinned one)
+    # The key that signed it (the node checks with its own pinned one). A ticket carries no proof of any init
+    # secret: the Coordinators' signature tells the node the ticket is its cluster's.
+    coordinator_pub_key: Optional[str] = None
     # The Coordinators' signature (core/signing.py) over the ticket and the request and connection it answers.
     signature: Optional[str] = None
 
@@ -138,8 +139,6 @@ class JoinTicket:
                "node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
                "coordinator_vpn_ip": self.coordinator_vpn_ip, "admin_pub_key": self.admin_pub_key,
                "kubeadm": dict(self.kubeadm)}
-        if self.init_proof is not None:
-            out["init_proof"] = b64(self.init_proof)
         if self.coordinator_pub_key is not None:
             out["coordinator_pub_key"] = self.coordinator_pub_key
         if self.signature is not None:
@@ -156,7 +155,7 @@ class JoinTicket:
                    b64d(data.get("measurement_secret"), "measurement_secret", 32),
                    b64d(data.get("state_disk_key"), "state_disk_key", kms_mod.STATE_DISK_KEY_LENGTH),
                    request.node_vpn_ip, request.peers, request.coordinator_vpn_ip, request.admin_pub_key,
-                   dict(kubeadm), request.init_proof, request.coordinator_pub_key, _signature(data))
+                   dict(kubeadm), request.coordinator_pub_key, _signature(data))
 
     def activation_request(self) -> NodeActivationRequest:
         """The ticket's non-secret part, as the activation request it replaces."""

@@ -42,11 +42,20 @@ class CoordinatorKey(Protocol):
         """The key Nodes pin."""
 
 
+class JoinConsent(Protocol):
+    """How this Coordinator consents to joins (core/admission.py ``Admissions``)."""
+
+    def state_fields(self) -> Dict[str, Any]:
+        """``{join_admission}``."""
+
+
 class PeerStatus:
     """GetState over the peer's ``PeerContext``."""
 
-    def __init__(self, context: PeerContext, shared_store: MemberState, evictions: EvictedPeers, signing: CoordinatorKey):
+    def __init__(self, context: PeerContext, shared_store: MemberState, evictions: EvictedPeers, signing: CoordinatorKey,
+                 admissions: Optional[JoinConsent] = None):
         self.context = context
+        self.admissions = admissions
         self.shared_store = shared_store
         self.evictions = evictions
         self.signing = signing
@@ -88,6 +97,8 @@ class PeerStatus:
             answer["evicted"] = [dict(record) for _ip, record in sorted(self.evictions.evicted.items())]
             # Nodes not re-attested for a while (core/trust.py): no new secret; evicted after unverified_eviction_after.
             answer["unverified"] = [dict(record) for _ip, record in sorted(self.evictions.unverified.items())]
+            if self.admissions is not None:  # how joins are consented to (core/admission.py)
+                answer.update(self.admissions.state_fields())
             # The Nodes the admin removed (core/peer_removal.py): add_nodes.yml refuses them, naming the way back.
             # Read from the store: without its majority (etcd) GetState still answers, without this list.
             try:

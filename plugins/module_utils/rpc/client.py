@@ -209,10 +209,10 @@ class PubAPIClient(Channel):
     def activate_additional_nodes(self, node_public_endpoints: List[str],
                                   on_log: Optional[Callable[[str], None]] = None,
                                   coordinator_public_endpoints: Optional[List[str]] = None,
-                                  control_plane_endpoints: Optional[List[str]] = None) -> Dict[str, Any]:
+                                  control_plane_endpoints: Optional[List[str]] = None, node_names=None) -> Dict[str, Any]:
         return self.invoke("ActivateAdditionalNodes", on_log, node_public_endpoints=list(node_public_endpoints),
                            coordinator_public_endpoints=list(coordinator_public_endpoints or []) or None,
-                           control_plane_endpoints=list(control_plane_endpoints or []) or None)
+                           control_plane_endpoints=list(control_plane_endpoints or []) or None, node_names=node_names or None)
 
     def recover(self, kms_uri: str) -> Dict[str, Any]:
         return self.invoke("Recover", kms_uri=kms_uri)

@@ -149,6 +149,7 @@ class StateAnswer(Record):
     state_disk_uuid: Optional[str] = wire("str")
     evicted: Optional[list] = wire("list", doc="the Coordinator's evicted peers")
     removed: Optional[list] = wire("list", doc="the Nodes the admin removed (RemovePeer; a Coordinator's details)")
+    join_admission: Optional[str] = wire("str", doc="how joins are consented to (AdmitNodes; a Coordinator's details)")
     etcd_member: Optional[str] = wire("str", doc="running or stopped: a Coordinator's etcd member (several Coordinators)")
     state_disk: Optional[dict] = wire("object", doc="whether the state is on the encrypted state disk: {encrypted, device, "
                                       "luks_uuid, open, message} (details only)")
@@ -212,6 +213,8 @@ class ActivateAdditionalNodesRequest(Record):
     coordinator_public_endpoints: Optional[List[str]] = wire("strlist", doc="further Coordinators, activated first")
     control_plane_endpoints: Optional[List[str]] = wire(
         "strlist", doc="those of node_public_endpoints the admin designates control planes")
+    node_names: Optional[dict] = wire("object", doc="endpoint -> the node's name (its inventory name): its only "
+                                      "kubelet node name")
 
 
 @dataclass(frozen=True)
@@ -440,6 +443,22 @@ class GetDataKeyAnswer(Record):
 
 
 @dataclass(frozen=True)
+class AdmitNodesRequest(Record):
+    nodes: list = wire("list", True, doc="[{ek_pub_sha256 (hex SHA-256 of the EK's SubjectPublicKeyInfo DER), name, "
+                       "state (present, absent)}]")
+    check: Optional[bool] = wire("bool", doc="predict only (check mode)")
+
+
+@dataclass(frozen=True)
+class AdmitNodesAnswer(Record):
+    changed: bool = wire("bool", True)
+    added: List[str] = wire("strlist", True)
+    removed: List[str] = wire("strlist", True)
+    renamed: List[str] = wire("strlist", True)
+    admissions: list = wire("list", True, doc="[{ek_pub_sha256, name, joined}], after the change")
+
+
+@dataclass(frozen=True)
 class GetStateDiskKeyAnswer(Record):
     state_disk_key: bytes = wire("b64", True, 32, doc="secret")
 
@@ -569,6 +588,10 @@ for _method in (
         Method("RemovePeer", ADMIN, RemovePeerRequest, RemovePeerAnswer, STREAMS_NONE,
                "the admin removes a Node from the Coordinator's cluster: its registry entry and VPN IP, its Kubernetes "
                "Node, what it held (kubelet names, control-plane designation, disk UUID); check: only reports",
+               access=Access(CALLER_ADMIN, SERVED_COORDINATOR)),
+        Method("AdmitNodes", ADMIN, AdmitNodesRequest, AdmitNodesAnswer, STREAMS_NONE,
+               "the admin (authenticated) admits nodes to join on an activated Coordinator: the SHA-256 of each TPM's "
+               "EK public key -> the node's name (its kubelet node name); state absent removes; check: only predicts",
                access=Access(CALLER_ADMIN, SERVED_COORDINATOR)),
         Method("ResetAgent", ADMIN, ResetAgentRequest, ResetAgentAnswer, STREAMS_NONE,
                "the admin resets this agent: it answers, stops, wipes its state (store, sealed key, disk UUID), takes "

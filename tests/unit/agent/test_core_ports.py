@@ -58,6 +58,13 @@ def coordinator(make_core, secret):
     return c, vpn
 
 
+def admitted_issuer(coord, name=None):
+    """The joining node's issuer, its (dummy) EK admitted by the admin on ``coord`` (AdmitNodes) under ``name``."""
+    ek = os.urandom(32).hex()
+    coord.admissions.admit_nodes([{"ek_pub_sha256": ek, "name": name or "node-" + ek[:8]}])
+    return DummyIssuer(ek_pub_sha256=ek)
+
+
 # --------------------------------------------------------------------------- ports
 
 
@@ -211,6 +218,30 @@ def test_activate_nodes_through_a_connect_port(make_core, secret):
         coord.activation.activate_nodes([], connect_node)
 
 
+def test_activation_names_each_node_as_the_admin_does(make_core, secret):
+    """ActivateAdditionalNodes' ``node_names`` (the inventory names): each node's only kubelet node name, bound
+    before the node is asked anything; a name another node has is refused and that node stays fresh."""
+    coord, _vpn = coordinator(make_core, secret)
+    nodes = {}
+    for octet in (50, 51):
+        nodes["10.42.0.%d:9000" % octet], _unused = make_core(MemoryTPM())
+        nodes["10.42.0.%d:9000" % octet].recovery.load()
+    first = coord.activation.activate_nodes(["10.42.0.50:9000"], lambda e: FakeNodeClient(nodes[e]),
+                                            node_names={"10.42.0.50:9000": "worker-0"})
+    assert first[0]["ok"] and coord.kubernetes.kubernetes_node_names(first[0]["node_vpn_ip"]) == ["worker-0"]
+    second = coord.activation.activate_nodes(["10.42.0.51:9000"], lambda e: FakeNodeClient(nodes[e]),
+                                             node_names={"10.42.0.51:9000": "worker-0"})
+    assert not second[0]["ok"] and "node name worker-0 belongs to another node" in second[0]["error"]
+    assert nodes["10.42.0.51:9000"].state == State.ACCEPTING_INIT
+    assert coord.coordinator.reserve_node_ip() == "10.118.0.12"  # its reserved IP went back
+    with pytest.raises(InputError, match="node_names"):
+        coord.activation.activate_nodes(["10.42.0.51:9000"], lambda e: FakeNodeClient(nodes[e]),
+                                        node_names={"10.42.0.52:9000": "worker-2"})
+    with pytest.raises(InputError, match=r"node_names\[10.42.0.51:9000\]"):
+        coord.activation.activate_nodes(["10.42.0.51:9000"], lambda e: FakeNodeClient(nodes[e]),
+                                        node_names={"10.42.0.51:9000": "Not A Name"})
+
+
 # --------------------------------------------------------------------------- the join, no transport
 
 
@@ -240,8 +271,10 @@ def test_join_through_ports(make_core, secret):
     node.recovery.load()
     node.context.join_coordinator_pub_key = coord.signing.coordinator_pub_key()  # the agent config's coordinator_pub_key
 
+    issuer = admitted_issuer(coord)
+
     def request_ticket(disk_uuid, node_vpn_pub_key, on_ticket):
-        channel = FakeJoinChannel(DummyIssuer(), on_ticket)
+        channel = FakeJoinChannel(issuer, on_ticket)
         channel.node_vpn_pub_key, channel.disk_uuid = node_vpn_pub_key, disk_uuid
         return coord.join_service.serve_join(disk_uuid, node_vpn_pub_key, channel, DummyValidator())
 
@@ -259,11 +292,14 @@ def test_join_refuses_an_unbound_attestation_and_releases_the_ip(make_core, secr
         coord.join_service.serve_join(core.new_disk_uuid(), os.urandom(32), channel, DummyValidator())
     # A node that takes the ticket but never confirms: its IP goes back to the pool.
     node_pub, disk_uuid = os.urandom(32), core.new_disk_uuid()
-    channel = FakeJoinChannel(DummyIssuer(), lambda ticket, binding: None, confirm=False)
+    channel = FakeJoinChannel(admitted_issuer(coord, "lost"), lambda ticket, binding: None, confirm=False)
     channel.node_vpn_pub_key, channel.disk_uuid = node_pub, disk_uuid
     with pytest.raises(ConnectionLost):
         coord.join_service.serve_join(disk_uuid, node_pub, channel, DummyValidator())
     assert coord.coordinator.reserve_node_ip() == "10.118.0.11"
+    # ... and its admission is unbound again, its name free: the node may come back with another key.
+    assert [a["joined"] for a in coord.admissions.listed()] == [False]
+    assert coord.kubernetes.kubernetes_node_names("10.118.0.11") == []
 
 
 def test_join_whose_confirmation_is_lost_says_so(make_core, secret):

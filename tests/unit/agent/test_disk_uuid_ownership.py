@@ -21,6 +21,7 @@ from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes impo
 from ansible_collections.constellation.cluster.tests.unit.agent.test_core_ports import (
     FakeJoinChannel,
     FakeNodeClient,
+    admitted_issuer,
     coordinator,
 )
 
@@ -31,10 +32,10 @@ def secret():
 
 
 def join(coord, disk_uuid, node_vpn_pub_key, confirm=True):
-    """A join with a valid attestation (the attacker runs the cluster's image, or forged it: finding 1)
-    for ``disk_uuid``; returns (what the Coordinator answered, the tickets the node received)."""
+    """A join with a valid attestation by an admitted TPM (the attacker runs the cluster's image on a node the
+    admin admitted) for ``disk_uuid``; returns (what the Coordinator answered, the tickets the node received)."""
     received = []
-    channel = FakeJoinChannel(DummyIssuer(), lambda ticket, _binding: received.append(ticket), confirm=confirm)
+    channel = FakeJoinChannel(admitted_issuer(coord), lambda ticket, _binding: received.append(ticket), confirm=confirm)
     channel.node_vpn_pub_key, channel.disk_uuid = node_vpn_pub_key, disk_uuid
     return coord.join_service.serve_join(disk_uuid, node_vpn_pub_key, channel, DummyValidator()), received
 

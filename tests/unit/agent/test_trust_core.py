@@ -94,15 +94,24 @@ def test_node_refuses_activation_without_its_own_proof_and_accepts_the_coordinat
     assert "init_proof" not in repr(core.NodeActivationRequest.from_dict(dict(request, init_proof=other)))
 
 
-def test_join_ticket_of_a_coordinator_without_our_init_secret_is_refused_before_the_lock(make_core):
+def test_join_ticket_of_a_coordinator_of_another_cluster_is_refused_before_the_lock(make_core):
+    """A Coordinator of another cluster passes the node's policy (same image): its ticket carries no init proof
+    (no ticket does), and the node refuses it by the Coordinators' key pinned in its agent config."""
+    ours, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.20")
+    ours.recovery.load()
+    ours.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem(),
+                                             init_secret=INIT_SECRET)
     stranger, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.21")  # passes the policy, another cluster
     stranger.recovery.load()
     stranger.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem(),
                                                  init_secret=os.urandom(32))
     node, _vpn = provisioned(make_core, "10.42.0.22")
-    ticket = stranger.join_service.issue_join_ticket(node.context.disk_uuid, stranger.coordinator.reserve_node_ip(), "10.42.0.22")
-    with pytest.raises(AccessDenied):
-        node.node.join(core.JoinTicket.from_dict(ticket.to_dict()))
+    node.context.join_coordinator_pub_key = ours.signing.coordinator_pub_key()
+    ticket = stranger.signing.signed_join_ticket(
+        stranger.join_service.issue_join_ticket(node.context.disk_uuid, stranger.coordinator.reserve_node_ip()), b"b")
+    assert "init_proof" not in ticket.to_dict()
+    with pytest.raises(AccessDenied, match="does not verify with the pinned Coordinator key"):
+        node.node.join(core.JoinTicket.from_dict(ticket.to_dict()), b"b")
     assert node.context.tpm.pcr15() == bytes(32) and node.context.read_disk_key() is None
 
 

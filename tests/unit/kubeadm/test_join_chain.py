@@ -56,10 +56,12 @@ class Cluster:
         self.port = self.server.address[1]
         self.keys = {}
 
-    def add_node(self, public_ip, control_plane=False):
-        """A node recorded as an activation records it (its disk UUID, the admin's control-plane
-        designation, its WireGuard key); its agent's private key is kept in ``keys``."""
+    def add_node(self, public_ip, control_plane=False, name=None):
+        """A node recorded as an activation records it (the admin's name for it, its disk UUID, the admin's
+        control-plane designation, its WireGuard key); its agent's private key is kept in ``keys``."""
         vpn_ip = self.core.coordinator.reserve_node_ip()
+        if name is not None:  # ActivateAdditionalNodes' node_names (the inventory name), or a join's admission
+            self.core.kubernetes.name_node(vpn_ip, name, "ActivateAdditionalNodes")
         priv_key = generate_priv_key()
         self.core.activation.record_node(vpn_ip, pub_key_from_priv_key(priv_key), public_ip, core_mod.new_disk_uuid(),
                                          control_plane)
@@ -180,7 +182,7 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_contro
     tickets = []
     for name in ("worker-0", "worker-1"):
         vpn_ip = cluster.core.coordinator.reserve_node_ip()
-        ticket = cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), vpn_ip, "10.42.0.20",
+        ticket = cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), vpn_ip,
                                                              make_csr("system:node:" + name, sans=())[0])
         tickets.append((vpn_ip, core_mod.JoinTicket.from_dict(ticket.to_dict()).kubeadm))
     (ip0, first), (ip1, second) = tickets
@@ -193,22 +195,60 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_contro
     # A joining node cannot make itself a control plane (finding 2): the ticket is refused, no token left.
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="is_control_plane: a node cannot designate itself a control plane"):
-        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(),
                                                     make_csr("system:node:control-plane-1", sans=())[0], True)
     assert cluster.tokens() == before
     assert ip0 != ip1
 
 
 def test_a_ticket_with_a_csr_in_another_nodes_name_is_refused(cluster):
-    cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+    cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(),
                                                 make_csr("system:node:worker-0", sans=())[0])
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="node name worker-0 belongs to another node"):
-        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None,
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(),
                                                     make_csr("system:node:worker-0", sans=())[0])
     with pytest.raises(InputError, match="certificate_request"):
-        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), None, b"garbage")
+        cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(), b"garbage")
     assert cluster.tokens() == before
+
+
+def test_a_node_gets_a_kubelet_certificate_for_one_name_only(cluster):
+    """Finding 9: a Node (activated by an older controller, so no name from the admin) certified as mallory asks
+    for kubelet certificates in further names no node holds yet: each is refused, nothing is recorded, no token
+    leaves; its own name still works."""
+    mallory = cluster.add_node("10.42.0.12")
+    with cluster.client(mallory) as client:
+        assert client.get_join_args(certificate_request=make_csr("system:node:mallory", sans=())[0])["node_name"] == "mallory"
+        before = cluster.tokens()
+        for name in ("mallory-2", "worker-7", "control-plane-1"):
+            with pytest.raises(RemoteError) as err:
+                client.get_join_args(certificate_request=make_csr("system:node:" + name, sans=())[0])
+            assert err.value.kind == "AccessDenied" and "is not this node's name: it is named mallory" in str(err.value)
+        assert cluster.tokens() == before
+        assert client.get_join_args(certificate_request=make_csr("system:node:mallory", sans=())[0])["node_name"] == "mallory"
+    assert cluster.core.kubernetes.kubernetes_node_names(mallory) == ["mallory"]
+
+
+def test_a_node_cannot_take_the_name_the_admin_gave_another_node(cluster):
+    """The admin named bob at his activation (his inventory name); bob has not asked for his certificate yet.
+    Mallory (no name from the admin) asks for bob's name first: refused, and bob gets his later. A node the admin
+    named gets no other name."""
+    bob = cluster.add_node("10.42.0.11", name="bob")
+    mallory = cluster.add_node("10.42.0.12")
+    alice = cluster.add_node("10.42.0.13", name="alice")
+    with cluster.client(mallory) as client:
+        with pytest.raises(RemoteError) as err:
+            client.get_join_args(certificate_request=make_csr("system:node:bob", sans=())[0])
+    assert err.value.kind == "AccessDenied" and "node name bob belongs to another node (%s)" % bob in str(err.value)
+    with cluster.client(alice) as client:
+        with pytest.raises(RemoteError) as err:
+            client.get_join_args(certificate_request=make_csr("system:node:alice-2", sans=())[0])
+    assert err.value.kind == "AccessDenied" and "is not this node's name: it is named alice" in str(err.value)
+    with cluster.client(bob) as client:
+        assert client.get_join_args(certificate_request=make_csr("system:node:bob", sans=())[0])["node_name"] == "bob"
+    with pytest.raises(AccessDenied, match="node name bob belongs to another node"):  # no re-naming onto bob
+        cluster.core.kubernetes.name_node(mallory, "bob", "ActivateAdditionalNodes")
 
 
 def test_the_vpnapi_without_a_provider_says_so(tmp_path, initialised, control_plane_dir):
