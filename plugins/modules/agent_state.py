@@ -164,7 +164,7 @@ deployment_mode:
   sample: host
 host_root_trusted:
   description:
-    - V(true) when the host's root is trusted on the peer (only with O(admin_priv_key_file)): nothing before userspace
+    - V(true) when the host's root is trusted on the peer (only with O(admin_priv_key_file)). Nothing before userspace
       measures the agent, so root can replay its PCR 13 and read the peer's secrets in a genuine boot. Warned about on
       every run.
   returned: success
