@@ -2,7 +2,8 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Token buckets for a costly unauthenticated request (EnrollAK: agent/pubapi.py declares its budgets; an aTLS
-handshake: rpc/server.py; the verification service: agent/verify_limit.py), per source and for all sources, with an optional budget of its own for named sources (a Node's Coordinators)."""
+handshake: rpc/server.py; the verification service: agent/verify_limit.py), per source and for all sources,
+with an optional budget of its own for named sources (a Node's Coordinators)."""
 
 from __future__ import annotations
 
