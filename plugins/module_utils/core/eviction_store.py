@@ -62,20 +62,16 @@ def save_unverified(store, vpn_ip: str, record: Mapping) -> int:
 
 def delete_unverified(store, vpn_ip: str) -> Optional[int]:
     """Forgets one unverified peer (it passed re-attestation, or was evicted); the new version, or None."""
-    key = KEY_UNVERIFIED_PREFIX + str(ipaddress.ip_address(vpn_ip))
-
-    def forget(tx: Txn) -> Optional[int]:
-        if tx.get_default(key) is None:
-            return None
-        tx.delete(key)
-        return _bump_evictions_version(tx)
-
-    return store.update(forget)
+    return _forget(store, KEY_UNVERIFIED_PREFIX + str(ipaddress.ip_address(vpn_ip)))
 
 
 def delete_eviction(store, vpn_ip: str) -> Optional[int]:
     """Forgets one eviction (re-admission); the new evictions version, or None if there was none."""
-    key = KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip))
+    return _forget(store, KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip)))
+
+
+def _forget(store, key: str) -> Optional[int]:
+    """Deletes ``key`` and bumps ``KEY_EVICTIONS_VERSION`` (one transaction); the new version, or None if absent."""
 
     def forget(tx: Txn) -> Optional[int]:
         if tx.get_default(key) is None:
