@@ -38,19 +38,16 @@ def _bump_evictions_version(tx: Txn) -> int:
 
 def save_eviction(store, vpn_ip: str, record: Mapping) -> int:
     """Records one eviction and bumps ``KEY_EVICTIONS_VERSION`` in one transaction; returns the new version."""
-    key = KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip))
-    value = json.dumps(dict(record), sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-    def write(tx: Txn) -> int:
-        tx.put(key, value)
-        return _bump_evictions_version(tx)
-
-    return store.update(write)
+    return _save(store, KEY_EVICTED_PREFIX + str(ipaddress.ip_address(vpn_ip)), record)
 
 
 def save_unverified(store, vpn_ip: str, record: Mapping) -> int:
     """Records one unverified peer and bumps ``KEY_EVICTIONS_VERSION`` (one transaction); the new version."""
-    key = KEY_UNVERIFIED_PREFIX + str(ipaddress.ip_address(vpn_ip))
+    return _save(store, KEY_UNVERIFIED_PREFIX + str(ipaddress.ip_address(vpn_ip)), record)
+
+
+def _save(store, key: str, record: Mapping) -> int:
+    """Puts ``record`` (JSON) at ``key`` and bumps ``KEY_EVICTIONS_VERSION`` in one transaction; the new version."""
     value = json.dumps(dict(record), sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     def write(tx: Txn) -> int:

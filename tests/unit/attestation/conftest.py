@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,11 @@ def swtpm_other_ca(get):
     tpm = _start(os.path.join(get("worker_dir"), "swtpm-other"), ek_cert=True, ca_dir=get("other_ca_dir"))
     yield tpm
     tpm.stop()
+
+
+@pytest.fixture
+def ek_ca_path(swtpm_ek, tmp_path):
+    """The fleet's EK CA bundle (root + intermediate), as an operator pins it."""
+    path = tmp_path / "ek_ca.pem"
+    path.write_bytes(b"".join(Path(p).read_bytes() for p in swtpm_ek.ca_cert_paths()))
+    return str(path)

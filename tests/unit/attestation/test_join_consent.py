@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -63,13 +62,6 @@ def ek_pub_sha256(ek_cert: bytes) -> str:
 
 def _wg_pub_key() -> bytes:
     return base64.b64decode(pub_key_from_priv_key(generate_priv_key()))
-
-
-@pytest.fixture
-def ek_ca_path(swtpm_ek, tmp_path):
-    path = tmp_path / "ek_ca.pem"
-    path.write_bytes(b"".join(Path(p).read_bytes() for p in swtpm_ek.ca_cert_paths()))
-    return str(path)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -46,14 +45,6 @@ NONCE = bytes(range(32))
 # The image's policy: what the forger claims (it knows the published measurements).
 IMAGE_PCRS = {4: b"\x04" * 32, 8: b"\x08" * 32, 9: b"\x09" * 32}
 POLICY = Measurements({i: Measurement(v) for i, v in IMAGE_PCRS.items()})
-
-
-@pytest.fixture
-def ek_ca_path(swtpm_ek, tmp_path):
-    """The fleet's EK CA bundle (root + intermediate), as an operator pins it."""
-    path = tmp_path / "ek_ca.pem"
-    path.write_bytes(b"".join(Path(p).read_bytes() for p in swtpm_ek.ca_cert_paths()))
-    return str(path)
 
 
 @pytest.fixture
