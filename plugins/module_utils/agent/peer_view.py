@@ -29,9 +29,12 @@ class CorePeerView(PeerView):
         # A rebooted peer that holds a cluster's state and waits for Recover or its rejoin (PCR 15 reset).
         return bool(ctx.recovery_pending) and ctx.admin_pub_key() is not None
 
+    def check_not_evicted(self, method: str, peer_ip: str) -> None:
+        self.core.evictions.require_not_evicted(peer_ip, method)
+
     def check_peer(self, method: str, peer_ip: str, vpn_pub_key: str) -> None:
         """An eviction or a removal may come while a connection is open: every request looks again (from memory)."""
-        self.core.evictions.require_not_evicted(peer_ip, method)
+        self.check_not_evicted(method, peer_ip)
         record = self.core.access.vpn_peer_record(peer_ip)
         if record is None or record.vpn_pub_key != vpn_pub_key:
             raise AccessDenied("%s: %s is no longer the peer that authenticated this connection" % (method, peer_ip))

@@ -105,7 +105,7 @@ class PubAPI:
     def get_state(self, conn: Connection, request: schema.Empty) -> None:
         # Least disclosure: state and role to anyone; VPN IP and key, disk UUID, evicted peers only on a
         # connection that proved the admin key or the Coordinators' key (AdminAuth).
-        full = conn.admin or getattr(conn, "coordinator", False)
+        full = conn.caller.admin or conn.caller.coordinator
         conn.stream.send_result(self.status.get_state() if full else self.status.public_state())
 
     def activate_as_coordinator(self, conn: Connection, request: schema.ActivateAsCoordinatorRequest) -> None:

@@ -66,25 +66,6 @@ class VPNAPI:
             return "vpnapi: %s is not a VPN peer of this cluster" % peer[0]
         return None
 
-    def _not_evicted(self, conn: Connection, method: str) -> None:
-        """An eviction may come while a connection is open: every request checks again (O(1))."""
-        self.evictions.require_not_evicted(conn.peer_ip, method)
-
-    def _authenticated(self, conn: Connection, method: str) -> str:
-        """The caller's WireGuard public key, proven on this connection (PeerAuth) and still the one the
-        registry holds for its VPN IP; AccessDenied otherwise. From memory: O(1) per request. The server checks
-        this before every handler (the methods' declarations, rpc/access.py); a held GetUpdate looks again
-        before it answers."""
-        self._not_evicted(conn, method)
-        pub_key = getattr(conn, "vpn_peer_pub_key", None)
-        if pub_key is None:
-            raise AccessDenied("%s: this connection has not proven the WireGuard key of %s (PeerAuth first)"
-                               % (method, conn.peer_ip))
-        record = self.access.vpn_peer_record(conn.peer_ip)
-        if record is None or record.vpn_pub_key != pub_key:
-            raise AccessDenied("%s: %s is no longer the peer that authenticated this connection" % (method, conn.peer_ip))
-        return pub_key
-
     def handlers(self) -> Dict[str, Any]:
         return {"PeerAuth": self.peer_auth, "GetUpdate": self.get_update, "GetJoinArgs": self.get_join_args,
                 "GetCertificateKey": self.get_certificate_key, "GetDataKey": self.get_data_key,
@@ -93,8 +74,8 @@ class VPNAPI:
     # Every handler gets its request decoded by the server (schema.py records).
     def peer_auth(self, conn: Connection, request: schema.Empty) -> None:
         """A fresh challenge; the caller answers with the MAC only the holder of its WireGuard private key
-        can make (wireguard/peer_auth.py), bound to this connection's two addresses and our key."""
-        self._not_evicted(conn, "PeerAuth")
+        can make (wireguard/peer_auth.py), bound to this connection's two addresses and our key. The server
+        refused an evicted caller before (the declaration: CALLER_VPN_PEER)."""
         challenge = secrets.token_bytes(peer_auth.CHALLENGE_SIZE)
         server_ip = conn.sock.getsockname()[0]
         conn.stream.send_msg({"challenge": b64e(challenge), "server_vpn_pub_key": self.access.peer_auth_server_pub_key()})
@@ -110,13 +91,13 @@ class VPNAPI:
         conn.stream.send_result({"authenticated": True})
 
     # Every other handler runs only for a PeerAuth'd peer on an activated Coordinator (schema.py declares it, the
-    # server checks it): ``conn.vpn_peer_pub_key`` is the key the caller proved.
+    # server checks it): ``conn.caller.vpn_pub_key`` is the key the caller proved.
     def get_update(self, conn: Connection, request: schema.GetUpdateRequest) -> None:
         if request.wait is not None:
             if not 0 < request.wait <= MAX_WAIT:
                 raise InputError("wait", "seconds in (0, %g]" % MAX_WAIT, request.wait)
             self._hold(request.resource_version, float(request.wait))
-            self._authenticated(conn, "GetUpdate")  # evicted (or another key) meanwhile: refused, nothing sent
+            conn.caller.confirm()  # evicted (or another key) meanwhile: refused as the server refuses, nothing sent
         answer = self.coordinator.get_update(request.resource_version)
         version = self._measurements_version()
         if version:
@@ -147,7 +128,7 @@ class VPNAPI:
     def _kubeadm(self, method: str, conn: Connection) -> str:
         if self.kubeadm is None:
             raise StateError("%s: %s" % (method, KUBEADM_UNAVAILABLE))
-        return conn.vpn_peer_pub_key
+        return conn.caller.vpn_pub_key
 
     def get_join_args(self, conn: Connection, request: schema.GetJoinArgsRequest) -> None:
         """A fresh token per call; the kubelet certificate only for the caller's own VPN IP; the PKI files
@@ -163,7 +144,7 @@ class VPNAPI:
             conn.peer_ip, vpn_pub_key=pub_key)})
 
     def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
-        pub_key = conn.vpn_peer_pub_key
+        pub_key = conn.caller.vpn_pub_key
         length = 32 if request.length is None else request.length
         key = self.access.get_data_key(request.data_key_id, length, pub_key)  # namespaced: peer/<pub_key>/<id>
         self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)

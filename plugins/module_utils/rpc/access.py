@@ -8,7 +8,8 @@ A declaration names a caller (``CALLER_*``: what the connection must have proven
 served (``SERVED_*``: the peer's states or role). The server learns what the connection proved from the
 ``Connection`` (``admin``: AdminAuth; ``authenticated_peer`` and ``vpn_peer_pub_key``: PeerAuth) and the peer's
 state from a ``PeerView`` the agent's wiring gives it (agent/peer_view.py reads the Core): this module imports
-neither the Core nor the agent.
+neither the Core nor the agent. ``authorise`` returns the authenticated ``Caller``, which the server hands the
+handler (``conn.caller``): a handler reads who called from it and checks nothing itself.
 
 The init secret's proof travels in the request (ActivateAsCoordinator's ``init_secret``, ActivateAsNode's
 ``init_proof``) and is checked by the Core before the node lock (docs/protocol.md, "Who may call"): the
@@ -17,8 +18,8 @@ declaration ``CALLER_INIT_SECRET`` says so, the server lets the request through 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import constants
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, StateError
@@ -28,12 +29,17 @@ CALLER_ANYONE = "anyone"
 CALLER_INIT_SECRET = "init-secret proof"  # in the request: checked by the Core before the node lock
 CALLER_ADMIN = "admin"  # AdminAuth with the admin key pinned at activation, on this connection
 CALLER_COORDINATORS = "Coordinators"  # AdminAuth role coordinator (the Coordinators' key): GetState's details only
+# From a VPN peer's address (the vpnapi admits known peers' VPN IPs only), not evicted: what PeerAuth itself needs.
+CALLER_VPN_PEER = "VPN peer"
 CALLER_PEER = "PeerAuth'd peer"  # PeerAuth: the WireGuard key recorded for the caller's VPN IP, on this connection
 # A PeerAuth'd peer that is not unverified (its last re-attestation passed): what a new secret needs.
 CALLER_VERIFIED_PEER = "verified peer"
 CALLER_CONTROL_PLANE = "designated control plane"  # a verified peer the admin designated a control plane
-CALLERS = (CALLER_ANYONE, CALLER_INIT_SECRET, CALLER_ADMIN, CALLER_COORDINATORS, CALLER_PEER, CALLER_VERIFIED_PEER,
-           CALLER_CONTROL_PLANE)
+CALLERS = (CALLER_ANYONE, CALLER_INIT_SECRET, CALLER_ADMIN, CALLER_COORDINATORS, CALLER_VPN_PEER, CALLER_PEER,
+           CALLER_VERIFIED_PEER, CALLER_CONTROL_PLANE)
+# The callers that must have proven a peer's WireGuard key on the connection (PeerAuth), and the admin key (AdminAuth).
+PEER_CALLERS = (CALLER_PEER, CALLER_VERIFIED_PEER, CALLER_CONTROL_PLANE)
+ADMIN_CALLERS = (CALLER_ADMIN,)
 
 # Where the method is served (the peer's state or role).
 SERVED_ALWAYS = "any state"
@@ -73,6 +79,21 @@ class Access:
         return "%s (%s)" % (self.caller, self.note) if self.note else self.caller
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who the server authenticated for the current request, as the method's declaration asks: the server hands it
+    to the handler (``conn.caller``). ``vpn_pub_key``: the WireGuard key the caller proved (PeerAuth), for the
+    methods that declare a peer; ``admin``/``coordinator``: what AdminAuth proved on this connection."""
+
+    peer_ip: str
+    vpn_pub_key: Optional[str] = None
+    admin: bool = False
+    coordinator: bool = False
+    # The declaration's check again, for a request held a while (a long poll): the caller may have been evicted or
+    # removed meanwhile. Raises as the server's check does.
+    confirm: Callable[[], Any] = field(default=lambda: None, repr=False, compare=False)
+
+
 class PeerView:
     """What the server asks about this peer before a handler runs; the agent's wiring gives one over its Core
     (agent/peer_view.py). The ``check_*`` methods raise the Core's own error (AccessDenied, with its reason)."""
@@ -83,6 +104,10 @@ class PeerView:
 
     def admin_key_pinned(self) -> bool:
         """An admin key is pinned: activated, waiting for its join, or rebooted holding a cluster's state."""
+        raise NotImplementedError
+
+    def check_not_evicted(self, method: str, peer_ip: str) -> None:
+        """The caller's VPN IP is not evicted (an eviction may come while a connection is open)."""
         raise NotImplementedError
 
     def check_peer(self, method: str, peer_ip: str, vpn_pub_key: str) -> None:
@@ -118,11 +143,23 @@ def _served(method: str, served: str, view: Optional[PeerView]) -> None:
         raise StateError("%s %s; this node is %s" % (method, why, state))
 
 
-def authorise(method: str, access: Access, conn: Any, view: Optional[PeerView]) -> None:
+def caller_of(conn: Any, confirm: Optional[Callable[[], Any]] = None) -> Caller:
+    """The ``Caller`` of what ``conn`` proved (AdminAuth, PeerAuth)."""
+    pub_key = getattr(conn, "vpn_peer_pub_key", None) if getattr(conn, "authenticated_peer", False) else None
+    return Caller(conn.peer_ip, pub_key, bool(getattr(conn, "admin", False)), bool(getattr(conn, "coordinator", False)),
+                  confirm or (lambda: None))
+
+
+def authorise(method: str, access: Access, conn: Any, view: Optional[PeerView]) -> Caller:
     """Raises StateError (not served in this peer's state) or AccessDenied (the connection has not proven what the
-    declaration asks), naming the method and what it needs; returns when the handler may run."""
+    declaration asks), naming the method and what it needs; returns the authenticated caller when the handler may
+    run (its ``confirm()`` checks again)."""
     _served(method, access.served, view)
-    caller = access.caller
+    _authenticate(method, access.caller, conn, view)
+    return caller_of(conn, lambda: authorise(method, access, conn, view))
+
+
+def _authenticate(method: str, caller: str, conn: Any, view: Optional[PeerView]) -> None:
     if caller in (CALLER_ANYONE, CALLER_INIT_SECRET):
         return
     if caller == CALLER_ADMIN:
@@ -134,6 +171,11 @@ def authorise(method: str, access: Access, conn: Any, view: Optional[PeerView]) 
         if not (getattr(conn, "admin", False) or getattr(conn, "coordinator", False)):
             raise AccessDenied("%s needs AdminAuth (the admin key, or role coordinator with the Coordinators' key)"
                                % method)
+        return
+    if caller == CALLER_VPN_PEER:
+        if view is None:
+            raise AccessDenied("%s needs a VPN peer's address: this server cannot tell this peer's registry" % method)
+        view.check_not_evicted(method, conn.peer_ip)
         return
     pub_key = getattr(conn, "vpn_peer_pub_key", None)
     if not getattr(conn, "authenticated_peer", False) or pub_key is None:

@@ -6,8 +6,8 @@
 From the table (``METHODS``) come the server's dispatch (``server.FrameServer`` refuses a method
 its API does not have and decodes every request before the handler sees it), the clients
 (``client.PubAPIClient``, ``AdminClient``, ``VPNAPIClient``: ``invoke(name, **fields)``), the relay
-of the atls connection plugin (which methods it passes on, which carry stdin) and the method
-table of docs/protocol.md (``markdown_table``, checked by a test). A new method is one request
+of the atls connection plugin (which methods it passes on, which carry stdin) and the tables of
+docs/protocol.md that list methods (``render_markdown``, checked by a test). A new method is one request
 record, one answer record and one ``register(Method(...))`` here, plus its handler.
 
 Decoding is strict on types (base64 through ``encoding.b64decode`` with the size, integers are
@@ -38,6 +38,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.access i
     CALLER_INIT_SECRET,
     CALLER_PEER,
     CALLER_VERIFIED_PEER,
+    CALLER_VPN_PEER,
     SERVED_ACCEPTING_INIT,
     SERVED_ACTIVATED,
     SERVED_ADMIN_KEY_PINNED,
@@ -600,7 +601,7 @@ for _method in (
         Method("PeerAuth", VPNAPI, Empty, PeerAuthAnswer, STREAMS_EXCHANGE,
                "proves the caller's WireGuard private key (the one recorded for its VPN IP) for this connection: "
                "a MAC over a fresh challenge; every other vpnapi method requires it",
-               access=Access(CALLER_ANYONE, SERVED_COORDINATOR, "from a known peer's VPN IP: the proof itself")),
+               access=Access(CALLER_VPN_PEER, SERVED_COORDINATOR, "the proof itself")),
         Method("GetUpdate", VPNAPI, GetUpdateRequest, GetUpdateAnswer, STREAMS_NONE,
                "the peer changes since a version (only the version when nothing changed); with `wait`, a long poll: "
                "held until the peers or the measurements version change, or `wait` seconds passed",
@@ -643,6 +644,25 @@ def methods_of(*apis: str) -> List[Method]:
     return [m for m in METHODS.values() if m.api in apis]
 
 
+# The agent's listeners (docs/protocol.md's opening table): where, over what, and which APIs.
+LISTENERS = (
+    ("public endpoint, port 9000", "aTLS (server attested; client not verified by TLS)", (PUBAPI, ADMIN)),
+    ("Coordinator VPN IP, port 9027", "plain TCP inside the WireGuard VPN; callers must be known peers (source IP = "
+     "a peer's /32) and prove that peer's WireGuard private key (`PeerAuth`)", (VPNAPI,)),
+)
+API_TITLES = {PUBAPI: "the pubapi", ADMIN: "the admin channel", VPNAPI: "the vpnapi"}
+
+
+def markdown_listeners() -> str:
+    """The opening table of docs/protocol.md (the listeners and every method each serves), made from METHODS."""
+    lines = ["| listener | transport | methods |", "|---|---|---|"]
+    for listener, transport, apis in LISTENERS:
+        served = "; ".join("%s: %s" % (API_TITLES[api], ", ".join("`%s`" % m.name for m in methods_of(api)))
+                           for api in apis)
+        lines.append("| %s | %s | %s |" % (listener, transport, served))
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table() -> str:
     """The method table of docs/protocol.md, made from METHODS."""
     lines = ["| method | API | who may call | served in | request | answer (END result) | streams | what it does |",
@@ -652,3 +672,19 @@ def markdown_table() -> str:
                  item.answer.describe(), item.streams, item.summary)
         lines.append("| `%s` | %s | %s | %s | %s | %s | %s | %s |" % cells)
     return "\n".join(lines) + "\n"
+
+
+# docs/protocol.md's generated blocks: ``<!-- NAME:begin -->`` ... ``<!-- NAME:end -->``, by NAME.
+MARKDOWN_BLOCKS = {"listeners": markdown_listeners, "methods": markdown_table}
+
+
+def render_markdown(text: str) -> str:
+    """``text`` (docs/protocol.md) with every generated block made again from METHODS; ValueError if a block's
+    markers are missing."""
+    for name, make in MARKDOWN_BLOCKS.items():
+        begin, end = "<!-- %s:begin -->\n" % name, "<!-- %s:end -->" % name
+        if begin not in text or end not in text:
+            raise ValueError("the document has no generated block %s (%s ... %s)" % (name, begin.strip(), end))
+        head, rest = text.split(begin, 1)
+        text = head + begin + make() + end + rest.split(end, 1)[1]
+    return text

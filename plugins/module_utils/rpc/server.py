@@ -33,9 +33,9 @@ Authenticated peers (issue 29, the vpnapi's long polls): a connection whose hand
 ``max_peer_connections`` (0: none, the default), at most ``MAX_PEER_CONNECTIONS_PER_SOURCE`` per source IP
 (beyond either it stays in the general budget). Such a connection is never replaced by a newer one, so a
 stranger's connections cannot push out a Node's held GetUpdate; it may sit idle between requests for
-``unauthenticated_idle_timeout`` (a Node asks again at once). Handlers get a ``Connection`` and the
-request's params and must finish the answer with exactly one END (``send_result``); any
-exception they raise becomes an END error naming what was wrong.
+``unauthenticated_idle_timeout`` (a Node asks again at once). Handlers get a ``Connection`` (its ``caller``:
+who the server authenticated, as the method's declaration asks) and the request's record and must finish the
+answer with exactly one END (``send_result``); any exception they raise becomes an END error naming what was wrong.
 """
 
 from __future__ import annotations
@@ -114,6 +114,9 @@ class Connection:
         self.admin = False
         self.coordinator = False  # set by AdminAuth (role coordinator): the caller proved the Coordinators' key
         self.authenticated_peer = False  # set by a handler: the caller proved a registered peer's key (PeerAuth)
+        # Who the server authenticated for the current request, as its declaration asks (``access.authorise``): the
+        # handler reads who called from it.
+        self.caller = access.Caller(self.peer_ip)
         self._awaiting = awaiting or (lambda waiting: True)  # the server's view: waiting on the client or busy
 
     @property
@@ -543,13 +546,15 @@ class FrameServer:
 
     def _authorise(self, conn: Connection, method: str) -> None:
         """The method's declaration (schema.Method.access, rpc/access.py), before the handler runs: StateError or
-        AccessDenied naming the method and what it needs. A refused method that streams stdin has it drained first
-        (the client sends it whatever happens)."""
+        AccessDenied naming the method and what it needs; otherwise ``conn.caller`` is the authenticated caller the
+        handler gets. A refused method that streams stdin has it drained first (the client sends it whatever
+        happens)."""
         spec = schema.METHODS.get(method)
         if spec is None or self.insecure_skip_access_checks:
+            conn.caller = access.caller_of(conn)
             return
         try:
-            access.authorise(method, spec.access, conn, self.peer_view)
+            conn.caller = access.authorise(method, spec.access, conn, self.peer_view)
         except ConstellationError as err:
             self._log_limited("access_denied", server=self.name, method=method, peer=conn.peer_ip, reason=str(err)[:200])
             if spec.stdin:

@@ -41,8 +41,7 @@ from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_vpnapi_pe
 
 SAMPLE = {"str": "x", "int": 0, "bool": False, "number": 1, "list": [], "strlist": [], "object": {}}
 REFUSALS = ("AccessDenied", "StateError")
-CALLERS_WITH_A_PROOF_ON_THE_CONNECTION = (access.CALLER_ADMIN, access.CALLER_COORDINATORS, access.CALLER_PEER,
-                                          access.CALLER_CONTROL_PLANE)
+CALLERS_WITH_A_PROOF_ON_THE_CONNECTION = access.ADMIN_CALLERS + (access.CALLER_COORDINATORS,) + access.PEER_CALLERS
 
 
 def served_in(declared: str, state: str) -> bool:
@@ -236,7 +235,7 @@ def test_a_peerauthd_peer_gets_no_admin_method(mixed):
     with AgentClient.connect_plain("127.77.0.1:%d" % plain.address[1], sock=sock) as client:
         client.peer_auth(cluster.keys[node_ip], cluster.core.context.vpn_pub_key)
         assert len(client.get_data_key("app")) == 32  # its PeerAuth counts where it is declared
-        for method in ("ExportState", "Exec", "PutFile", "FetchFile", "RemovePeer"):
+        for method in (m.name for m in schema.methods_of(schema.ADMIN) if m.access.caller in access.ADMIN_CALLERS):
             error = ask(client.stream, schema.METHODS[method], well_formed(schema.METHODS[method], {}))["error"]
             assert error["kind"] == "AccessDenied" and error["message"].startswith("%s needs AdminAuth" % method)
 
@@ -246,7 +245,7 @@ def test_the_admin_gets_no_vpnapi_method_without_peerauth(mixed):
     with AgentClient.connect("127.0.0.1:%d" % attested.address[1], [DummyValidator()]) as client:
         client.admin_auth(key)
         assert client.export_state()["items"]  # its AdminAuth counts where it is declared
-        for method in ("GetStateDiskKey", "GetDataKey", "GetCertificateKey", "GetMeasurements", "GetUpdate"):
+        for method in (m.name for m in schema.methods_of(schema.VPNAPI) if m.access.caller in access.PEER_CALLERS):
             error = ask(client.stream, schema.METHODS[method], well_formed(schema.METHODS[method], {}))["error"]
             assert error["kind"] == "AccessDenied" and error["message"].startswith("%s needs PeerAuth" % method)
 

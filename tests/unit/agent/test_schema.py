@@ -29,10 +29,35 @@ from ansible_collections.constellation.cluster.plugins.plugin_utils.atls import 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_docs_method_table_is_the_generated_one():
+def test_docs_method_tables_are_the_generated_ones():
+    """Every generated block of docs/protocol.md (the method table, the listeners' table) is what the schema makes
+    now, and no hand-written table row there names a method (it would be a list the schema does not keep)."""
     text = (ROOT / "docs" / "protocol.md").read_text()
     documented = text.split("<!-- methods:begin -->\n", 1)[1].split("<!-- methods:end -->", 1)[0]
     assert documented == schema.markdown_table()
+    assert text == schema.render_markdown(text), "docs/protocol.md: regenerate its tables (schema.render_markdown)"
+    hand_written = text
+    for name in schema.MARKDOWN_BLOCKS:
+        head, rest = hand_written.split("<!-- %s:begin -->" % name, 1)
+        hand_written = head + rest.split("<!-- %s:end -->" % name, 1)[1]
+    rows = [line for line in hand_written.splitlines() if line.startswith("|")]
+    listing = [row for row in rows if row.split("|")[1].strip().strip("`") in schema.METHODS]
+    assert not listing, listing
+
+
+def test_the_generated_docs_follow_the_schema():
+    """A method added to the schema appears in every generated table, and a stale copy is refused."""
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    schema.register(schema.Method("Echo", schema.VPNAPI, schema.Empty, schema.Empty, schema.STREAMS_NONE, "a test method",
+                                  access=schema.Access(schema.CALLER_PEER, schema.SERVED_COORDINATOR)))
+    try:
+        fresh = schema.render_markdown(text)
+        assert fresh != text
+        assert "`GetMeasurements`, `Echo` |" in schema.markdown_listeners() and "| `Echo` | vpnapi |" in fresh
+    finally:
+        schema.unregister("Echo")
+    with pytest.raises(ValueError, match="no generated block listeners"):
+        schema.render_markdown(text.replace("<!-- listeners:begin -->", ""))
 
 
 def test_every_api_handler_set_equals_the_table():
@@ -100,8 +125,7 @@ def vpn_server(echo_method):
     def get_update(conn, request: schema.GetUpdateRequest):
         conn.stream.send_result({"resource_version": request.resource_version})
 
-    handlers = {"Echo": echo, "GetUpdate": get_update, "PeerAuth": None, "GetJoinArgs": None, "GetCertificateKey": None,
-                "GetDataKey": None, "GetStateDiskKey": None, "GetMeasurements": None}
+    handlers = dict(dict.fromkeys(m.name for m in schema.methods_of(schema.VPNAPI)), Echo=echo, GetUpdate=get_update)
     # A stand-in vpnapi without a Core: its GetUpdate answers anyone.
     server = FrameServer("vpnapi", ("127.0.0.1", 0), handlers, apis=(schema.VPNAPI,), insecure_skip_access_checks=True).start()
     yield "127.0.0.1:%d" % server.address[1]

@@ -72,7 +72,7 @@ def secret_requests(c, node):
             ("GetDataKey", lambda: api.get_data_key(conn, schema.GetDataKeyRequest(data_key_id="app", length=32))),
             ("GetStateDiskKey", lambda: api.get_state_disk_key(conn, schema.Empty()))):
         try:
-            access.authorise(method, schema.METHODS[method].access, conn, view)
+            conn.caller = access.authorise(method, schema.METHODS[method].access, conn, view)
             call()
         except AccessDenied as err:
             refusals.append(err)

@@ -19,7 +19,7 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records, state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     KIND_END,
     FrameStream,
@@ -93,7 +93,7 @@ def secrets_of(cluster, node_ip):
 PARAMS = {"GetJoinArgs": {"is_control_plane": True}, "GetDataKey": {"data_key_id": "foo"},
           "GetUpdate": {"resource_version": -1}}
 ATTACKS = [(m.name, PARAMS.get(m.name, {})) for m in schema.methods_of(schema.VPNAPI)
-           if m.access.caller in (schema.CALLER_PEER, schema.CALLER_CONTROL_PLANE)] + [("GetJoinArgs", {})]
+           if m.access.caller in access.PEER_CALLERS] + [("GetJoinArgs", {})]
 
 
 def test_a_process_on_a_node_without_its_wireguard_key_gets_nothing(cluster):

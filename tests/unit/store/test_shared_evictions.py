@@ -186,7 +186,7 @@ def _attack_from_evicted_node(coordinator, node):
     for method, request in (("GetUpdate", schema.GetUpdateRequest(resource_version=0)), ("GetStateDiskKey", schema.Empty()),
                             ("GetDataKey", schema.GetDataKeyRequest(data_key_id="app", length=32))):
         with pytest.raises(AccessDenied) as err:  # as the vpnapi's FrameServer dispatches: authorise, then the handler
-            access.authorise(method, schema.METHODS[method].access, conn, view)
+            conn.caller = access.authorise(method, schema.METHODS[method].access, conn, view)
             handlers[method](conn, request)
         assert err.value.reason == "evicted"
     channel = FakeRejoinChannel(FakeRejoinChannel.user_data(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"]),
