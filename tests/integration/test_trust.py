@@ -36,6 +36,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import init_
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 
@@ -212,8 +213,9 @@ def test_a_tampered_node_is_evicted_within_two_intervals(trust):
     # handshakes themselves.
     assert elapsed <= 2 * INTERVAL + 4, elapsed
     # The evicted node gets no data key, no update, no disk key: the vpnapi refuses it.
-    for method, fields in (("GetDataKey", {"data_key_id": "app", "length": 32}), ("GetUpdate", {"resource_version": 0}),
-                           ("GetStateDiskKey", {})):
+    asks = {"GetDataKey": {"data_key_id": "app", "length": 32}, "GetUpdate": {"resource_version": 0}}
+    for method, fields in ((m.name, asks.get(m.name, {})) for m in schema.methods_of(schema.VPNAPI)
+                           if m.access.caller in access.PEER_CALLERS):  # every one that needs PeerAuth, from the schema
         with pytest.raises((RemoteError, ConstellationError, OSError)):
             trust.vpnapi("h3", method, **fields)
     # Re-admission is refused while it fails attestation: nothing changes.

@@ -19,11 +19,14 @@ from tests.support import ROOT
 from tests.support.cluster import lab_cluster
 from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
 
 pytestmark = pytest.mark.lab
 
-ATTACKS = [("GetJoinArgs", {"is_control_plane": True}), ("GetCertificateKey", {}), ("GetStateDiskKey", {}),
-           ("GetDataKey", {"data_key_id": "app"}), ("GetUpdate", {"resource_version": -1})]
+# Every vpnapi method that needs PeerAuth, from the schema (a new one is attacked too), with the most one could ask.
+PARAMS = {"GetJoinArgs": {"is_control_plane": True}, "GetDataKey": {"data_key_id": "app"},
+          "GetUpdate": {"resource_version": -1}}
+ATTACKS = [(m.name, PARAMS.get(m.name, {})) for m in schema.methods_of(schema.VPNAPI) if m.access.caller in access.PEER_CALLERS]
 
 # Runs as nobody inside the Node's namespaces: raw frames to the Coordinator's vpnapi, then the agent's key file.
 ATTACKER = r"""

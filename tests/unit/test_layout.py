@@ -204,3 +204,107 @@ def test_the_lab_has_no_import_cycle_and_imports_no_test_kit():
     kit = ["lab/%s imports %s" % (path.name, name) for path in sorted((ROOT / "lab").glob("*.py"))
            for name in _imports(path) if name == "tests" or name.startswith("tests.")]
     assert not kit, kit
+
+
+# ------------------------------------------------------------------ authentication is the server's alone
+
+# What the server checks before a handler runs (rpc/access.py over the PeerView, agent/peer_view.py): a handler
+# calling one of these, or reading what AdminAuth or PeerAuth proved from the connection instead of from the
+# authenticated caller the server hands it (``conn.caller``), keeps a second copy of a method's caller rule.
+SERVER_CHECKS = {"authorise", "check_peer", "check_verified", "check_control_plane", "check_not_evicted",
+                 "require_not_evicted", "require_verified", "require_designated_control_plane", "vpn_peer_record",
+                 "is_evicted", "is_unverified", "is_designated_control_plane"}
+CONNECTION_PROOFS = {"admin", "coordinator", "authenticated_peer", "vpn_peer_pub_key"}
+
+
+def _handler_methods(cls: ast.ClassDef):
+    """The methods of a handler class (it has ``handlers()`` returning ``{name: self.method}``) that serve a
+    request: the handlers and every ``self._helper`` they call, transitively."""
+    methods = {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
+    listed = methods.get("handlers")
+    if listed is None:
+        return []
+    todo = [node.attr for node in ast.walk(listed)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"]
+    seen = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in methods:
+            continue
+        seen.add(name)
+        todo.extend(node.func.attr for node in ast.walk(methods[name]) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "self")
+    return [methods[name] for name in sorted(seen)]
+
+
+def test_no_handler_checks_what_the_schema_declares():
+    offenders = []
+    for path in sorted((MODULE_UTILS / "agent").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+            for method in _handler_methods(cls):
+                for node in ast.walk(method):
+                    called = node.func.attr if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        else node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+                    if called in SERVER_CHECKS:
+                        offenders.append("%s:%d %s.%s calls %s" % (rel, node.lineno, cls.name, method.name, called))
+                    if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in CONNECTION_PROOFS
+                            and isinstance(node.value, ast.Name) and node.value.id == "conn"):
+                        offenders.append("%s:%d %s.%s reads conn.%s (the server hands conn.caller)"
+                                         % (rel, node.lineno, cls.name, method.name, node.attr))
+    assert not offenders, offenders
+
+
+class _View:
+    """A PeerView that admits (``admit``) or refuses every check, in the state a declaration is served in."""
+
+    def __init__(self, state: str, admit: bool):
+        self._state, self._admit = state, admit
+
+    def state(self):
+        return self._state
+
+    def admin_key_pinned(self):
+        return True
+
+    def _check(self, method, *_args):
+        from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied
+
+        if not self._admit:
+            raise AccessDenied("%s: refused by the view" % method)
+
+    check_not_evicted = check_peer = check_verified = check_control_plane = _check
+
+
+def test_every_method_declares_a_caller_rule_the_server_enforces():
+    """Each declaration's caller rule is one the server knows: it admits a caller that proved everything and
+    refuses one that proved nothing (unless the rule is open to anyone, the init proof being the Core's)."""
+    from types import SimpleNamespace
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
+
+    open_rules = (access.CALLER_ANYONE, access.CALLER_INIT_SECRET)
+    wrong = []
+    for name, method in sorted(schema.METHODS.items()):
+        declared = method.access
+        if declared.caller not in access.CALLERS or declared.served not in access.SERVED:
+            wrong.append("%s: %s, %s" % (name, declared.caller, declared.served))
+            continue
+        state = "AcceptingInit" if declared.served == access.SERVED_ACCEPTING_INIT else "ActivatingNodes"
+        proven = SimpleNamespace(peer_ip="10.118.0.2", admin=True, coordinator=True, authenticated_peer=True,
+                                 vpn_peer_pub_key="key")
+        caller = access.authorise(name, declared, proven, _View(state, True))
+        if caller.peer_ip != "10.118.0.2" or (declared.caller in access.PEER_CALLERS and caller.vpn_pub_key != "key"):
+            wrong.append("%s: the handler would not get the authenticated caller (%r)" % (name, caller))
+        stranger = SimpleNamespace(peer_ip="10.118.0.3", admin=False, coordinator=False, authenticated_peer=False)
+        try:
+            access.authorise(name, declared, stranger, _View(state, False))
+        except AccessDenied:
+            if declared.caller in open_rules:
+                wrong.append("%s: %s refused a stranger" % (name, declared.caller))
+        else:
+            if declared.caller not in open_rules:
+                wrong.append("%s: %s let a stranger through" % (name, declared.caller))
+    assert not wrong, wrong
