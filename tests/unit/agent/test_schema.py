@@ -155,3 +155,21 @@ def test_client_refuses_a_method_of_another_api(vpn_server):
     with PubAPIClient(socket.create_connection(("127.0.0.1", int(vpn_server.split(":")[1])), timeout=5)) as client:
         with pytest.raises(InputError, match="method: expected one of"):
             client.invoke("GetUpdate", resource_version=1)
+
+
+def test_one_declaration_makes_a_methods_records():
+    request, answer = schema.declare("Echo", schema.VPNAPI, schema.STREAMS_NONE,
+                                     schema.Access(schema.CALLER_PEER, schema.SERVED_COORDINATOR), "a test method",
+                                     request=schema.spec("text str!: what to echo", "blob b64(4)"),
+                                     answer=schema.GetMeasurementsAnswer)
+    try:
+        assert (request.__name__, answer) == ("EchoRequest", schema.GetMeasurementsAnswer)
+        assert schema.METHODS["Echo"].request is request
+        assert request.describe() == "`text` str, `blob?` b64(4)"
+        assert request.decode({"text": "hi", "blob": "AAAAAA=="}) == request("hi", bytes(4))
+        with pytest.raises(InputError, match="^text: expected a value"):
+            request.decode({"blob": "AAAAAA=="})
+    finally:
+        schema.unregister("Echo")
+    with pytest.raises(ValueError, match="field 'text: a string' is not"):
+        schema.record("Bad", schema.spec("text: a string"))
