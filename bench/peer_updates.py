@@ -206,13 +206,6 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
     from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
     from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
 
-    class UnauthenticatedVPNAPI(VPNAPI):
-        """The vpnapi before issue 25: the source IP was the caller's only identity."""
-
-        def _authenticated(self, conn, method):
-            self._not_evicted(conn, method)
-            return ""
-
     state_dir = tempfile.mkdtemp(prefix="bench-peers-")
     devnull = open(os.devnull, "w", encoding="utf-8")  # pylint: disable=consider-using-with
     log = JSONLog(devnull)  # the agent logs every request: keep that cost in
@@ -237,7 +230,7 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
         finally:
             server.stop()
         # The same Core, the vpnapi without PeerAuth (before issue 25), interleaved with the authenticated one.
-        plain = UnauthenticatedVPNAPI.for_core(coordinator, log=log)
+        plain = VPNAPI.for_core(coordinator, log=log)  # served without the server's checks: no PeerAuth
         server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), plain.handlers(), log=log,
                              accept_check=plain.accept_check, apis=(schema.VPNAPI,),
                              insecure_skip_access_checks=True).start()
