@@ -224,7 +224,7 @@ def declare(name: str, api: str, streams: str, access: Access, summary: str, req
     return records[0], records[1]
 
 
-_, StateAnswer = declare(
+Empty, StateAnswer = declare(
     "GetState", PUBAPI, STREAMS_NONE,
     Access(CALLER_ANYONE, SERVED_ALWAYS, "the details: admin or Coordinators"),
     "the peer's state and role; after AdminAuth also its VPN IP and key, disk UUID, whether its state is on an "
@@ -275,7 +275,7 @@ ActivateAsNodeRequest, ActivateAsNodeAnswer = declare(
                  "sends), then that every field is there (core/records.py NodeActivationRequest)."),
     answer=spec("state str!", "node_vpn_ip str"))
 
-_, ActivateAsAdditionalCoordinatorAnswer = declare(
+ActivateAsNodeRequest, ActivateAsAdditionalCoordinatorAnswer = declare(
     "ActivateAsAdditionalCoordinator", PUBAPI, STREAMS_EXCHANGE,
     Access(CALLER_INIT_SECRET, SERVED_ACCEPTING_INIT, "init_proof; checked by the Core before the node lock"),
     "a Coordinator makes this peer a further Coordinator: disk UUID and VPN key out, the KMS URI and etcd cluster "
@@ -303,7 +303,7 @@ IssueJoinTicketRequest, IssueJoinTicketAnswer = declare(
                  "certificate_request b64: the kubelet's PKCS#10 CSR (DER or PEM)"),
     answer=spec("resource_version int!", "node_vpn_ip str"))
 
-RecoverRequest, _ = declare(
+RecoverRequest, StateAnswer = declare(
     "Recover", PUBAPI, STREAMS_NONE,
     Access(CALLER_ANYONE, SERVED_ACCEPTING_INIT, "the KMS URI: the Core checks it derives the cluster ID"),
     "the rebooted Coordinator (PCR 15 reset, state stored) gets the KMS URI back; Nodes rejoin instead",
@@ -317,7 +317,7 @@ IssueRejoinTicketRequest, IssueRejoinTicketAnswer = declare(
     request=spec("vpn_ip str!", "node_vpn_pub_key b64(32)!", "disk_uuid str!"),
     answer=spec("resource_version int!"))
 
-_, EnrollAKAnswer = declare(
+Empty, EnrollAKAnswer = declare(
     "EnrollAK", PUBAPI, STREAMS_EXCHANGE,
     Access(CALLER_ANYONE, SERVED_ALWAYS, "rate limited per source"),
     "qemu-vtpm-ek: EK certificate and AK out, credential challenge in, recovered secret out",
@@ -369,7 +369,7 @@ FetchFileRequest, FetchFileAnswer = declare(
     request=spec("path str!"),
     answer=spec("size int!", "sha256 str!"))
 
-_, ExportStateAnswer = declare(
+Empty, ExportStateAnswer = declare(
     "ExportState", ADMIN, STREAMS_NONE,
     Access(CALLER_ADMIN, SERVED_COORDINATOR),
     "an activated Coordinator's whole store, for backup.yml (the controller encrypts it); admin only",
@@ -412,7 +412,7 @@ ResetAgentRequest, ResetAgentAnswer = declare(
                  "force bool: reset a Coordinator too"),
     answer=spec("state str!", "wiped strlist!"))
 
-_, PeerAuthAnswer = declare(
+Empty, PeerAuthAnswer = declare(
     "PeerAuth", VPNAPI, STREAMS_EXCHANGE,
     Access(CALLER_VPN_PEER, SERVED_COORDINATOR, "the proof itself"),
     "proves the caller's WireGuard private key (the one recorded for its VPN IP) for this connection: a MAC over a "
@@ -449,7 +449,7 @@ GetJoinArgsRequest, GetJoinArgsAnswer = declare(
                 "node_name str",
                 "control_plane_files list: secret"))
 
-_, GetCertificateKeyAnswer = declare(
+Empty, GetCertificateKeyAnswer = declare(
     "GetCertificateKey", VPNAPI, STREAMS_NONE,
     Access(CALLER_CONTROL_PLANE, SERVED_COORDINATOR),
     "a fresh kubeadm certificate key, the control-plane certificates uploaded under it",
@@ -463,7 +463,7 @@ GetDataKeyRequest, GetDataKeyAnswer = declare(
     request=spec("data_key_id str!", "length int"),
     answer=spec("data_key b64!: secret"))
 
-_, GetStateDiskKeyAnswer = declare(
+Empty, GetStateDiskKeyAnswer = declare(
     "GetStateDiskKey", VPNAPI, STREAMS_NONE,
     Access(CALLER_VERIFIED_PEER, SERVED_COORDINATOR, "its own key only"),
     "the caller's own state disk key, for a node whose activation was interrupted (docs/agent.md)",
@@ -482,14 +482,13 @@ SetMeasurementsRequest, SetMeasurementsAnswer = declare(
     answer=spec("changed bool!", "version int!", "sets strlist!", "added strlist", "removed strlist",
                 "peers object: {vpn_ip: the set it matched at its last re-attestation}"))
 
-_, GetMeasurementsAnswer = declare(
+Empty, GetMeasurementsAnswer = declare(
     "GetMeasurements", VPNAPI, STREAMS_NONE,
     Access(CALLER_PEER, SERVED_COORDINATOR),
     "the accepted measurement sets the Coordinators hold (the document and its signature; each node checks them "
     "with its own pinned key)",
     request=Empty,
     answer=spec("version int!", "document b64!", "signature str"))
-del _  # the records a method shares with an earlier one
 
 
 def method(name: Any, apis: Tuple[str, ...] = APIS) -> Method:
