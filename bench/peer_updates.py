@@ -79,7 +79,7 @@ def _varint_len(n: int) -> int:
 
 def _proto_full_bytes(peers: list[PeerRecord], version: int) -> int:
     """Wire size of GetUpdateResponse{resource_version=1 int64, peers=2 repeated Peer{public_ip=1,
-    vpn_ip=2, vpn_pub_key=3 bytes(32), role=4}} (SPEC 6.2/6.3)."""
+    vpn_ip=2, vpn_pub_key=3 bytes(32), role=4}} (the Coordinator's protobuf messages)."""
     total = 1 + _varint_len(version)
     for p in peers:
         body = (2 + len(p.public_ip or "") if p.public_ip else 0) + 2 + len(p.vpn_ip) + 2 + 32 + 2

@@ -40,7 +40,7 @@ if [ ! -f "$stamp" ]; then
 fi
 
 # collections/ansible_collections/constellation/cluster -> repository root, so that
-# ansible.cfg's collections_path finds constellation.cluster (DESIGN.md section 2).
+# ansible.cfg's collections_path finds constellation.cluster (README.md).
 mkdir -p collections/ansible_collections/constellation
 [ -L collections/ansible_collections/constellation/cluster ] || ln -sfn ../../.. collections/ansible_collections/constellation/cluster
 

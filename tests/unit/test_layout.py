@@ -16,7 +16,7 @@ RPC = "ansible_collections.constellation.cluster.plugins.module_utils.rpc"
 MAY_IMPORT_RPC = ("agent/", "rpc/")
 # Over ~500 lines, each with its reason.
 LONG_FILES = {
-    "plugins/module_utils/attestation/vtpm.py": "the strict validator is one ordered procedure (DESIGN.md 4, "
+    "plugins/module_utils/attestation/vtpm.py": "the strict validator is one ordered procedure (docs/attestation.md, "
                                                 "steps 1-7) next to the issuer it must match byte for byte",
     "plugins/module_utils/rpc/schema.py": "the ONE method table: a request and an answer record per method, "
                                           "which the server, the clients, the relay and the docs read",
