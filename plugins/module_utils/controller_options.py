@@ -93,7 +93,7 @@ COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
     node_endpoints=dict(type="list", elements="str", default=[]),
     kubernetes_etcd_snapshot=dict(type="bool", default=False),
 )
-# Day-2 (issue 28): the admin removes a Node through the Coordinator; resets a peer's agent.
+# Day-2: the admin removes a Node through the Coordinator; resets a peer's agent.
 REMOVE_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
     coordinator_public_endpoint=dict(type="str", required=True),
     node_public_ip=dict(type="str"),

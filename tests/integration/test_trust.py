@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Trust that stays true after activation (issue 15, items 1, 3, 4, 5), on real agents (swtpm,
+"""Trust that stays true after activation, on real agents (swtpm,
 wireguard-go, namespaces), lab ``ttrust``. Every attack here is refused, and no secret leaves:
 
 * init secret (4): a fresh peer refuses ActivateAsCoordinator and ActivateAsNode without the proof of

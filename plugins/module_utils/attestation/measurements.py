@@ -9,7 +9,7 @@ a bare hex string as value is the legacy form and means enforced.
 Several accepted sets (a rolling image upgrade, docs/site.md "Upgrade the image"): ``{"accepted": {"<name>":
 {"4": {...}, ...}, ...}}``, each set in the shape above; a peer passes when it matches ANY set, and the result
 names the set it matched. A plain policy is one set named ``default`` (DEFAULT_SET_NAME). ``parse_policy`` reads
-both forms: a ``Measurements`` for the plain form (every caller before issue 28 sees what it always saw), a
+both forms: a ``Measurements`` for the plain form (so a caller that knows only plain policies sees what it expects), a
 ``MeasurementSets`` for the named form; both have ``sets``, ``match`` and ``compare``, and ``per_set`` applies
 a transform (the agent's PCR 13, PCR 15 for fresh nodes, ...) to each set.
 """

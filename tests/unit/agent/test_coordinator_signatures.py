@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 6: tickets and peer lists are the Coordinators' (core/signing.py).
+"""Tickets and peer lists are the Coordinators' (core/signing.py).
 
 The attacker is a Node of the cluster: it holds the measurement secret, the cluster ID and salt, and passes
 the policy a rebooted or joining node checks its Coordinator with (no PCR 15), but it does not hold the KMS.

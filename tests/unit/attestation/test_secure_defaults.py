@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, findings 1, 4 and 10, against the real Core, validators and pubapi server: with the
+"""Secure defaults against the real Core, validators and pubapi server: with the
 defaults (no variant named anywhere), a software key that declares itself a TPM key gets nothing;
 qemu-vtpm needs the explicit acknowledgement and dummy the test suite; a policy that enforces no PCR
 is refused naming its file."""

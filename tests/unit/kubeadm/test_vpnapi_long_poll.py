@@ -1,11 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""GetUpdate's long poll (issue 29) over real sockets: a real Coordinator Core and the real vpnapi FrameServer on
+"""GetUpdate's long poll over real sockets: a real Coordinator Core and the real vpnapi FrameServer on
 loopback (VPN 127.77.0.0/16, each client bound to the VPN IP of the peer it claims to be, as test_join_chain.py's
 Cluster). A held GetUpdate wakes on a change of the peer set, returns at its bounded wait, ends with AccessDenied
 and no peers when its Node is evicted meanwhile; a non-peer and an unauthenticated connection hold nothing; a Node
-before issue 29 (no ``wait``) is answered at once. The server's budgets: a Node's PeerAuth'd connection is in the
+of an older version (no ``wait``) is answered at once. The server's budgets: a Node's PeerAuth'd connection is in the
 peers' budget, which strangers' connections never push out, and at most MAX_PEER_CONNECTIONS_PER_SOURCE per VPN IP."""
 
 from __future__ import annotations
