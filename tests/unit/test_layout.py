@@ -224,7 +224,7 @@ _PENDING = {"docs/architecture.md"}
 # Forbidden: the upstream spec's and the design notes' names (neither file is in the repository), and
 # "issue N" (a comment says why the code is as it is, not which issue changed it; "issue 7.8 ms" is a verb).
 # A name in code (``valid_args(SPEC)``, ``SPEC = dict(...)``) is not a citation.
-_UPSTREAM_NOTES = re.compile(r"(?:(?<![\w.(])|(?<=\()(?<![\w.]\())(?:S" r"PEC|DES" r"IGN)(?:\.md\b|\s*§|\s+\d|\s*[;:)](?!\s*dict))")
+_UPSTREAM_NOTES = re.compile(r"(?:(?<![\w.(])|(?<=\()(?<![\w.]\())(?:S[P]EC|DES[I]GN)(?:\.md\b|\s*§|\s+\d|\s*[;:)](?!\s*dict))")
 _ISSUE_NUMBER = re.compile(r"(?i)\bissues?\s+#?\d+\b(?![.,]\d)")
 # A cited path: relative (not after "/", "~", "$", "{" or a word), at least one folder, a file name with one of
 # these suffixes, not followed by a word character or a "/".
@@ -289,8 +289,6 @@ def _cited_bases(rel: str):
     else:
         roles = sorted(path for path in (ROOT / "roles").iterdir() if path.is_dir())
     return [ROOT, MODULE_UTILS, ROOT / "plugins", (ROOT / rel).parent] + roles
-
-
 
 
 def _operators_inventory(cited: str) -> bool:
