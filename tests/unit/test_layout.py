@@ -231,6 +231,31 @@ _ISSUE_NUMBER = re.compile(r"(?i)\bissues?\s+#?\d+\b(?![.,]\d)")
 _CITED_PATH = re.compile(r"(?<![\w./~$<{}-])((?:[\w.-]+/)+[\w-][\w.-]*\.(?:py|md|rst|yml|yaml|sh))(?![\w/])")
 
 
+# A cited section: ``docs/<name>.md, "Heading"`` (or ``<name>.md "Heading"``); a bare upper-case document name: ``README.md``.
+_CITED_SECTION = re.compile(r'((?:[\w.-]+/)*[\w-]+\.md),? "([^"\n]+)"')
+_BARE_DOCUMENT = re.compile(r"(?<![\w./~$<{}-])([A-Z][A-Z_]*\.md)\b")
+
+
+def _sections(path: Path):
+    """What a section citation may name: a Markdown heading, or a paragraph's bold lead-in (``**Text.**``);
+    backticks are ignored, and the citation may give the title's beginning only."""
+    titles = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            titles.append(line.lstrip("#").strip())
+        elif line.startswith("**") and "**" in line[2:]:
+            titles.append(line[2:line.index("**", 2)])
+    return [title.replace("`", "") for title in titles]
+
+
+def _cited_section_missing(doc: str, title: str, rel: str) -> bool:
+    for path in (ROOT / doc, (ROOT / rel).parent / doc):
+        if path.is_file():
+            title = title.replace("`", "")
+            return not any(section.startswith(title) for section in _sections(path))
+    return False  # a missing document is the path rule's finding
+
+
 def _repository_text_files():
     for folder, dirs, files in os.walk(ROOT):
         dirs[:] = sorted(d for d in dirs if d not in _NOT_OURS and not d.endswith(".egg-info")
@@ -325,7 +350,11 @@ def test_every_cited_path_exists_and_nothing_cites_what_the_repository_lacks():
       not a path of ours (an operator's ``group_vars/all.yml``, Kubernetes' ``manifests/``); in one of them,
       it must name an existing file or folder there, or lie in a folder .gitignore names (generated, such as
       the lab's inventory) or in an inventory under inventories/ other than the ones kept (an operator's).
-      Whatever the files are named, the rule holds.
+      A bare upper-case document name (``README.md``) must exist at the root or beside the citing file;
+    * a cited section, ``docs/<name>.md, "Title"`` (comma optional), names the beginning of a Markdown heading or of
+      a paragraph's bold lead-in of that document (backticks ignored).
+
+    Whatever the files are named, the rules hold.
     """
     unknown_notes, issue_numbers, missing = [], [], []
     ignored = _ignored_folders()
@@ -342,6 +371,12 @@ def test_every_cited_path_exists_and_nothing_cites_what_the_repository_lacks():
             for cited in _CITED_PATH.findall(prose):
                 if _cited_path_missing(cited, rel, ignored):
                     missing.append("%s cites %s" % (rel, cited))
+            for cited in _BARE_DOCUMENT.findall(prose):
+                if not (ROOT / cited).exists() and not ((ROOT / rel).parent / cited).exists():
+                    missing.append("%s cites %s" % (rel, cited))
+            for doc, title in _CITED_SECTION.findall(prose):
+                if _cited_section_missing(doc, title, rel):
+                    missing.append('%s cites %s, "%s"' % (rel, doc, title))
     problems = (["cites a file the repository does not contain: " + line for line in unknown_notes]
                 + ["narrates history (say why, not which issue): " + line for line in issue_numbers]
                 + ["cites a path that does not exist: " + line for line in sorted(set(missing))])
