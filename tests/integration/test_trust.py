@@ -173,7 +173,7 @@ def test_a_node_unreachable_for_a_few_rounds_is_unverified_then_verified_again(t
 
 
 def test_a_strangers_getstate_tells_state_and_role_only(trust):
-    """Finding 9: before AdminAuth, GetState names no VPN key, no disk UUID, no evicted peers; a wrong admin key
+    """Least disclosure: before AdminAuth, GetState names no VPN key, no disk UUID, no evicted peers; a wrong admin key
     or a forged Coordinator key unlocks nothing; the admin gets the details."""
     from cryptography.hazmat.primitives.asymmetric import ed25519
 

@@ -181,7 +181,7 @@ def test_the_coordinators_signed_rejoin_ticket_is_taken(make_core, cluster):
 
 @pytest.mark.parametrize("forgery", ["unsigned", "signed_by_a_node_key", "coordinator_signature_of_another_connection"])
 def test_a_node_cannot_hand_a_fresh_node_a_join_ticket(make_core, secret, cluster, forgery):
-    """Finding 6, join: a fresh node checks the join service with the policy without PCR 15, which any Node
+    """Join: a fresh node checks the join service with the policy without PCR 15, which any Node
     passes. (Without an init secret, as with the explicit insecure option: the signature is what is left.)"""
     coordinator, node, _vpn, _store, _tpm = cluster
     fresh, fresh_vpn = make_core(MemoryTPM(), public_ip="10.42.0.20")

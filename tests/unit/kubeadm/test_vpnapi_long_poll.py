@@ -92,7 +92,7 @@ def test_a_held_get_update_returns_at_its_bounded_wait_and_a_behind_node_at_once
     assert error is None and answer["resource_version"] == version and answer["long_poll"] is True
 
 
-def test_a_node_before_issue_29_is_answered_at_once_without_the_long_poll_field(cluster):
+def test_an_older_node_is_answered_at_once_without_the_long_poll_field(cluster):
     node_ip = cluster.add_node("10.42.0.11")
     with cluster.client(node_ip) as client:
         assert client.get_update(_version(cluster)) == {"resource_version": _version(cluster)}
@@ -250,9 +250,9 @@ def test_close_ends_a_held_get_update_at_once(cluster):
     assert not thread.is_alive() and out == [None]
 
 
-def test_a_coordinator_before_issue_29_is_polled_as_before(cluster):
+def test_an_older_coordinator_is_polled_as_before(cluster):
     """Its GetUpdate ignores ``wait`` and answers at once (no ``long_poll``): the answer is used, the Coordinator
-    is remembered, and the next call says None (the agent polls it every update_interval, as before)."""
+    is remembered, and the next call says None (the agent polls it every update_interval)."""
     node_ip = cluster.add_node("10.42.0.11")
     cluster.server.stop()
 
