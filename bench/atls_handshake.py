@@ -159,7 +159,7 @@ _CLIENT = None
 
 def ossl_client_handshake(raw_sock: socket.socket, validators) -> SSL.Connection:
     """The client half: a fresh nonce as SNI, the handshake, then verify_peer_certificate before the
-    caller may send a byte (SPEC.md 1.5)."""
+    caller may send a byte (docs/atls.md, "Client: verify before the first byte")."""
     global _CLIENT
     if _CLIENT is None:
         _CLIENT = ossl_client_context()

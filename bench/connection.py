@@ -18,7 +18,7 @@ Last line: one JSON object with the figures.
 
     .venv/bin/python bench/connection.py [--hosts 5] [--tasks 40] [--rounds 1] [--profile]
 
---profile first takes one task apart on the first host (docs/connection.md, "Where the time goes"):
+--profile first takes one task apart on the first host (docs/connection.md, "Where the time of one task goes"):
 the aTLS connect, attestation and AdminAuth; an Exec round trip; the node's fresh interpreter
 (start-up, imports, the whole module) against ExecModule's warm one; and, from a one-host
 playbook, what is left on the controller (worker, payload, relay).

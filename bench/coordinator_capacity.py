@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""How many Nodes one Coordinator serves at the agent's defaults (issue 29 part 2), on loopback.
+"""How many Nodes one Coordinator serves at the agent's defaults, on loopback.
 
 Per size N (default 100, 1,000 and 5,000 peers: the Coordinator and N - 1 Nodes):
 
@@ -259,7 +259,7 @@ def poll_costs(coordinator, vpnapi, spec) -> dict:
 
 
 def poller_main(spec_file: str) -> None:
-    """The Nodes of the slice ask for updates as the agent does: mode ``poll`` (before issue 29: every
+    """The Nodes of the slice ask for updates as the agent does: mode ``poll`` (an older agent, or a Coordinator that does not hold: every
     ``update_interval`` a new connection, PeerAuth, GetUpdate, close; a pool of threads) or ``long`` (the agent
     now, agent/long_poll.py: one kept PeerAuth'd connection per Node, GetUpdate with ``wait`` =
     ``update_interval``, asked again at once; a thread per Node). The first requests are spread at random over
@@ -584,7 +584,7 @@ def run_size(n: int, args, work: str) -> dict:
         time.sleep(1.0)
         idle = _cpu_window(pid, args.idle_window)
 
-        # 2. the polls of the Nodes before issue 29 (and of any Node whose Coordinator does not hold): no
+        # 2. the polls of older Nodes (and of any Node whose Coordinator does not hold): no
         #    re-attestation.
         pollers, outs = _pollers("poll", n, info, nodes, args, work, size_dir)
         procs.extend(pollers)
@@ -698,7 +698,7 @@ def main() -> None:
     print("a poll's parts in the Coordinator's process (us, median, %d peers): %s" % (rows[-1]["n"], json.dumps(costs)))
     result.update({"cost_%s" % k: v for k, v in costs.items()})
     print("idle: the Coordinator with its peers registered, nothing asking (baseline). polls: every Node polls as")
-    print("before issue 29 (a new connection, PeerAuth, GetUpdate, close; baseline). long: the agent now, one held")
+    print("poll: as older agents do (a new connection, PeerAuth, GetUpdate, close; baseline). long: the agent now, one held")
     print("GetUpdate per Node (agent/long_poll.py). full: long polls and re-attestation at the defaults (cpu_share_N).")
     print("poll p50/p99: a poll's latency (polls). held late99: how late a held GetUpdate is answered after its wait")
     print("(p99, full: poll_p99_ms_N). update: from a change of the peers to each Node having it (p50/p99).")

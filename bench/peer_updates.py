@@ -11,7 +11,7 @@ lab/etcd.py): a Coordinator Core (real swtpm) restarted over a store that holds 
 FrameServer on loopback, and a poll as a Node's agent makes it (a new TCP connection from a peer's VPN IP,
 the known-peer check, PeerAuth with the node's WireGuard key (its pair key cached, as the agent's), GetUpdate
 with the current version, close): median ms. Same run, same server: the poll without PeerAuth, as the
-vpnapi answered it before issue 25 (source IP only), to show what the proof costs. The VPN CIDR is
+vpnapi would answer it with the source IP as the only identity, to show what the proof costs. The VPN CIDR is
 127.0.0.0/16 so that loopback addresses are VPN IPs (no namespace needed). Baseline, same run, same
 server: the registry loaded from the store for the known-peer check and for GetUpdate (what the
 Coordinator did before the in-memory registry, core/peer_cache.py).
@@ -79,7 +79,7 @@ def _varint_len(n: int) -> int:
 
 def _proto_full_bytes(peers: list[PeerRecord], version: int) -> int:
     """Wire size of GetUpdateResponse{resource_version=1 int64, peers=2 repeated Peer{public_ip=1,
-    vpn_ip=2, vpn_pub_key=3 bytes(32), role=4}} (SPEC 6.2/6.3)."""
+    vpn_ip=2, vpn_pub_key=3 bytes(32), role=4}} (the Coordinator's protobuf messages)."""
     total = 1 + _varint_len(version)
     for p in peers:
         body = (2 + len(p.public_ip or "") if p.public_ip else 0) + 2 + len(p.vpn_ip) + 2 + 32 + 2
@@ -229,7 +229,7 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
             coordinator.context.peer_registry = in_memory
         finally:
             server.stop()
-        # The same Core, the vpnapi without PeerAuth (before issue 25), interleaved with the authenticated one.
+        # The same Core, the vpnapi without PeerAuth (the baseline), interleaved with the authenticated one.
         plain = VPNAPI.for_core(coordinator, log=log)  # served without the server's checks: no PeerAuth
         server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), plain.handlers(), log=log,
                              accept_check=plain.accept_check, apis=(schema.VPNAPI,),
@@ -334,7 +334,7 @@ def main() -> None:
         print("baseline = the same server and Core reading the registry from the store for the known-peer check")
         print("           and GetUpdate (before core/peer_cache.py); server_nochange_ms_N is the file store,")
         print("           *_etcd the etcd store. no/with PeerAuth: the same Core, two servers polled in turn (5")
-        print("           rounds, median): the vpnapi before issue 25 (source IP only) and now (WireGuard key proof).")
+        print("           rounds, median): the vpnapi with the source IP only and with the WireGuard key proof.")
     print(json.dumps(result))
 
 

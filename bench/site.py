@@ -16,7 +16,7 @@ Last line: one JSON object with, per size N, first_run_s_N, second_run_s_N and p
 --repeat > 1), second_run_changed_N, second_vs_ping_N (the worst pair), first_vs_second_N,
 per_host_s_N (second run seconds per host) and load_N (1-min load average before that size); and
 the variant, forks and sizes.
-Goals (issue 29): second_run_changed_N == 0, second_vs_ping_N <= 1.5 at 16 and 64 hosts,
+Goals: second_run_changed_N == 0, second_vs_ping_N <= 1.5 at 16 and 64 hosts,
 first_vs_second_64 <= 2, per_host_s_N flat from 4 to 64.
 """
 

@@ -1,4 +1,4 @@
-"""The lab of simulated hosts (``python -m lab``, DESIGN.md section 5): a product-side tool, used by the demo,
+"""The lab of simulated hosts (``python -m lab``, docs/site.md, "The lab"): a product-side tool, used by the demo,
 Molecule, the tests and the benchmarks; it imports the collection's module_utils and never the test kit
 (tests/support). ``lab.lab.Lab`` composes the parts, one module each:
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The lab: N simulated hosts on one machine (DESIGN.md section 5).
+"""The lab: N simulated hosts on one machine (docs/site.md, "The lab").
 
 Each host is a network namespace ``cl-<lab>-h<i>`` joined to the others through a bridge
 namespace ``cl-<lab>-br`` (which also holds the admin address .1, the "operator's machine").

@@ -40,12 +40,12 @@ if [ ! -f "$stamp" ]; then
 fi
 
 # collections/ansible_collections/constellation/cluster -> repository root, so that
-# ansible.cfg's collections_path finds constellation.cluster (DESIGN.md section 2).
+# ansible.cfg's collections_path finds constellation.cluster (README.md).
 mkdir -p collections/ansible_collections/constellation
 [ -L collections/ansible_collections/constellation/cluster ] || ln -sfn ../../.. collections/ansible_collections/constellation/cluster
 
 # ansible-test's virtual environments download get-pip.py from a host that is not reachable
-# here; this stand-in uses ensurepip plus pip (ENVIRONMENT.md, ansible-test).
+# here; this stand-in uses ensurepip plus pip.
 GETPIP="$HOME/.ansible/test/cache/get_pip_24_2.py"
 if [ ! -f "$GETPIP" ]; then
     mkdir -p "$(dirname "$GETPIP")"

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Connection plugin atls: Ansible runs modules on attested Constellation nodes (DESIGN.md 1, 3).
+"""Connection plugin atls: Ansible runs modules on attested Constellation nodes (docs/connection.md).
 
 A thin adapter: aTLS (module_utils/atls.py) attests the node before any byte is sent, the admin
 channel (module_utils/rpc/client.py, docs/protocol.md) runs commands and moves files.

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Attested TLS (SPEC.md 1) on Python's ``ssl`` and ``cryptography``.
+"""Attested TLS (docs/atls.md, "Wire format") on Python's ``ssl`` and ``cryptography``.
 
 Server side: the client's 32-byte nonce arrives as SNI (std base64). For every connection the
 server takes a fresh ECDSA P-256 key, asks its issuer for an attestation document binding
@@ -13,7 +13,7 @@ the whole certificate check (validity, self-signature, attestation, key binding)
 caller gets the socket, so no application byte is ever sent to an unverified peer.
 
 Only the server is attested. The mutual mode (server nonce carried in the acceptable-CA list)
-cannot be built on the stdlib (SPEC.md 7.3); see docs/atls.md for how the join flow binds the
+cannot be built on the stdlib; see docs/atls.md, "Mutual aTLS and the join flow", for how the join flow binds the
 node's attestation to the connection instead.
 """
 
@@ -104,7 +104,7 @@ def spki_hash(public_key) -> bytes:
 def build_certificate(priv_key, extensions: Iterable[Tuple[str, bytes]],
                       not_before: datetime.datetime, not_after: datetime.datetime) -> x509.Certificate:
     """A self-signed ``CN=Constellation`` certificate carrying each (OID, value) as a
-    non-critical extension (SPEC.md 1.4). Exposed so tests can build hostile certificates."""
+    non-critical extension (docs/atls.md, "Wire format"). Exposed so tests can build hostile certificates."""
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, COMMON_NAME)])
     builder = (x509.CertificateBuilder()
                .subject_name(name).issuer_name(name)
@@ -182,7 +182,7 @@ def client_context() -> ssl.SSLContext:
 def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator], nonce: bytes,
                             now: Optional[datetime.datetime] = None,
                             attestation_timeout: float = ATTESTATION_TIMEOUT) -> Tuple[Validation, str]:
-    """SPEC.md 1.5: returns (validation, variant OID) or raises AttestationError with the reason."""
+    """The checks of docs/atls.md "Client: verify before the first byte": returns (validation, variant OID) or raises AttestationError with the reason."""
     require_cryptography()
     if not der:
         raise AttestationError("peer presented no certificate")
@@ -402,7 +402,7 @@ class AttestedServerContext:
     """Server half of aTLS. ``context`` is the listening SSLContext; every handshake through it
     gets its own key, attestation document and certificate.
 
-    ``issuer=None`` makes plain self-signed certificates without attestation (SPEC.md 1.2 mode
+    ``issuer=None`` makes plain self-signed certificates without attestation (docs/atls.md, "Wire format": mode
     "server no issuer"). Subclasses may override :meth:`certificate_for` (tests build hostile
     servers that way).
     """

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Names and numbers every layer shares, defined once (SPEC.md 2.7 and 6.4)."""
+"""Names and numbers every layer shares, defined once."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ PCR_INDEX_CLUSTER_ID = 15  # the node lock: extended with the cluster ID at acti
 # systemd-stub only for system-extension add-ons next to a UKI (Constellation's images expect it to be zero).
 PCR_INDEX_AGENT = 13
 
-# Peer states on the wire (SPEC 6.4: values and names as Constellation's Coordinator).
+# Peer states on the wire: values and names as Constellation's Coordinator (docs/protocol.md, "States").
 STATE_UNINITIALIZED = "Uninitialized"
 STATE_ACCEPTING_INIT = "AcceptingInit"
 STATE_ACTIVATING_NODES = "ActivatingNodes"

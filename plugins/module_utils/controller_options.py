@@ -34,7 +34,7 @@ ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
     vpn_interface=dict(type="str", removed_in_version="2.0.0", removed_from_collection="constellation.cluster"),
 )
 ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
-    # Renamed in 0.2.0 (DESIGN.md 6: entity, interface, kind); the old names work until 2.0.0.
+    # Renamed in 0.2.0 (docs/names.md: entity, interface, kind); the old names work until 2.0.0.
     coordinator_public_endpoint=dict(type="str", required=True, aliases=["coordinator_endpoint"],
                                      deprecated_aliases=[_deprecated("coordinator_endpoint")]),
     node_public_endpoints=dict(type="list", elements="str", required=True,
@@ -93,7 +93,7 @@ COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
     node_endpoints=dict(type="list", elements="str", default=[]),
     kubernetes_etcd_snapshot=dict(type="bool", default=False),
 )
-# Day-2 (issue 28): the admin removes a Node through the Coordinator; resets a peer's agent.
+# Day-2: the admin removes a Node through the Coordinator; resets a peer's agent.
 REMOVE_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
     coordinator_public_endpoint=dict(type="str", required=True),
     node_public_ip=dict(type="str"),

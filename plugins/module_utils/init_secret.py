@@ -61,7 +61,7 @@ def parse_init_secret_hash(value: Any, field: str = "init_secret_hash") -> str:
 
 def require_init_secret_hash(value: Any, insecure_unauthenticated_activation: bool = False,
                              field: str = "init_secret_hash") -> Optional[str]:
-    """The agent's ``init_secret_hash``, required (issue 25): without it any client that reaches a
+    """The agent's ``init_secret_hash``, required: without it any client that reaches a
     fresh node activates it with its own admin key and then runs Exec as root there. ``None`` only
     with the explicit ``insecure_unauthenticated_activation: true`` (the agent warns on every start)."""
     if value is not None:

@@ -153,7 +153,7 @@ def main():
             variant=dict(type="str", choices=list(choose.VARIANT_NAMES), default=choose.DEFAULT_VARIANT),
             nonce=dict(type="str"),
             user_data=dict(type="str", default=""),
-            # Renamed (DESIGN.md 6: one suffix for files); the old name works until 2.0.0.
+            # Renamed (docs/names.md: one suffix for files); the old name works until 2.0.0.
             event_log_file=dict(type="path", default="/sys/kernel/security/tpm0/binary_bios_measurements", aliases=["event_log_path"],
                                 deprecated_aliases=[dict(name="event_log_path", version="2.0.0", collection_name="constellation.cluster")]),
         ),

@@ -163,7 +163,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             kms_uri=dict(type="str", no_log=True),
-            # Renamed (DESIGN.md 6: one suffix for files, one name per value); the old names work until 2.0.0.
+            # Renamed (docs/names.md: one suffix for files, one name per value); the old names work until 2.0.0.
             master_secret_file=dict(type="path", aliases=["master_secret_path"],
                                     deprecated_aliases=[_deprecated("master_secret_path")]),
             key_id=dict(type="str"),

@@ -272,7 +272,7 @@ def main():
 
     initialised = is_initialised(params.kubernetes_dir)
     kubeconfig = os.path.join(params.kubernetes_dir, "admin.conf")
-    # *_path: the old names of the *_file values (DESIGN.md 6), returned too until 2.0.0.
+    # *_path: the old names of the *_file values (docs/names.md), returned too until 2.0.0.
     out = dict(changed=result.changed, initialised=initialised, kubeconfig_file=kubeconfig, kubeconfig_path=kubeconfig,
                admin_kubeconfig_file=params.admin_kubeconfig_path, admin_kubeconfig_path=params.admin_kubeconfig_path,
                phases=result.phases)

@@ -207,7 +207,7 @@ def main():
 
 
 def _kubeconfig(kubernetes_dir):
-    # kubelet_kubeconfig_path: the old name (DESIGN.md 6), returned too until 2.0.0.
+    # kubelet_kubeconfig_path: the old name (docs/names.md), returned too until 2.0.0.
     path = os.path.join(kubernetes_dir, "kubelet.conf")
     return {"kubelet_kubeconfig_file": path, "kubelet_kubeconfig_path": path}
 

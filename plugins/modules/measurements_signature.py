@@ -11,7 +11,7 @@ module: measurements_signature
 short_description: Sign a measurements file, or verify its signature, as cosign sign-blob does
 version_added: "0.3.0"
 description:
-  - Measurements policies are taken on trust only when signed (SPEC 2.6a). A signature here is the detached form
+  - Measurements policies are taken on trust only when signed (docs/attestation.md, "Signed measurements"). A signature here is the detached form
     C(cosign sign-blob --key) prints for an ECDSA P-256 key - standard base64 of the ASN.1 DER ECDSA signature over
     SHA-256 of the file's exact bytes - in C(<path>.sig); C(cosign verify-blob --key cosign.pub --signature FILE.sig
     FILE --insecure-ignore-tlog) accepts it, and this module accepts cosign's.
@@ -165,7 +165,7 @@ def main():
         argument_spec=dict(
             path=dict(type="path", required=True),
             state=dict(type="str", choices=["signed", "verified"], default="verified"),
-            # Renamed (DESIGN.md 6: priv_key/pub_key, one suffix for files); the old names work until 2.0.0.
+            # Renamed (docs/names.md: priv_key/pub_key, one suffix for files); the old names work until 2.0.0.
             priv_key_file=dict(type="path", aliases=["private_key_path"], deprecated_aliases=[_deprecated("private_key_path")]),
             priv_key_passphrase=dict(type="str", no_log=True, aliases=["private_key_passphrase"],
                                      deprecated_aliases=[_deprecated("private_key_passphrase")]),

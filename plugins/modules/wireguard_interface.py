@@ -34,7 +34,7 @@ options:
     aliases: [private_key_file]
   address:
     description:
-      - The interface address with prefix, for example C(10.118.0.11/16) (SPEC; the VPN IP with the VPN prefix).
+      - The interface address with prefix, for example C(10.118.0.11/16) (the VPN IP with the VPN prefix).
       - Required when O(state=present). Must lie inside O(vpn_cidr). Other addresses on the interface are removed.
     type: str
   listen_port:
@@ -179,7 +179,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             name=dict(type="str", default="wg0"),
-            # Renamed (DESIGN.md 6: priv_key); the old name works until 2.0.0.
+            # Renamed (docs/names.md: priv_key); the old name works until 2.0.0.
             priv_key_file=dict(type="path", no_log=False, aliases=["private_key_file"],
                                deprecated_aliases=[dict(name="private_key_file", version="2.0.0",
                                                         collection_name="constellation.cluster")]),

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The controller's side of the chain of trust (DESIGN.md 1, steps 1, 2, 4 and recovery): the
-orchestration the cluster actions run (formerly module_utils/cluster.py; controller-only, so it may
+"""The controller's side of the chain of trust (docs/site.md: attestation, activation, recovery): the
+orchestration the cluster actions run (controller-only, so it may
 use the RPC client). Their options are in module_utils/controller_options.py.
 
 Each operation attests the peer first (aTLS verifies before the first byte is sent), asks its

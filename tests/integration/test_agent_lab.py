@@ -157,7 +157,7 @@ def test_coordinator_restart_with_file_store_then_add_node(cluster):
         state = c.get_state()
         assert {k: state[k] for k in ("state", "state_code", "role")} == {
             "state": "ActivatingNodes", "state_code": 2, "role": "coordinator"}
-        # After AdminAuth, GetState also reports the VPN identity (the controller no longer reads it from wg/ip
+        # After AdminAuth, GetState also reports the VPN identity (the controller reads it there, not from wg/ip
         # output); before it, anyone gets state and role only (least disclosure).
         assert "vpn_pub_key" not in state or state["vpn_pub_key"] is None
         c.admin_auth(cluster.admin_key)

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 28, part 4: backup.yml and restore.yml end to end on one lab (real agents, swtpm, wireguard-go).
+"""backup.yml and restore.yml end to end on one lab (real agents, swtpm, wireguard-go).
 
 h1 is the Coordinator (file store), h2 and h3 Nodes; the cluster is built with site.yml. backup.yml writes an
 encrypted backup (a second run writes none); then the Coordinator is destroyed - agent stopped, its state folder

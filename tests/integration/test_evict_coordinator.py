@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, findings 7 and 8, on real agents (swtpm, wireguard-go, namespaces, one real etcd member per
+"""Every Coordinator is re-attested and evictions are shared, on real agents (swtpm, wireguard-go, namespaces, one real etcd member per
 Coordinator, as tests/integration/test_coordinators.py runs them): h1 activates h2 and h3 as further
 Coordinators and h4 as a Node; then h3's boot chain is tampered with (``lab tamper``). The leader (h1, the
 first activated) re-attests it, evicts it out of the registry and out of the etcd cluster, every peer drops

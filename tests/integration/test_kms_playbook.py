@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 PYTHON = os.path.join(VENV_BIN, "python") if os.path.exists(os.path.join(VENV_BIN, "python")) else sys.executable
 
-# HKDFMeasurementSecret (SPEC.md 3.5): master key 40..5f, salt 60..7f
+# HKDFMeasurementSecret (docs/kms.md, "Test vectors"): master key 40..5f, salt 60..7f
 MASTER_KEY = bytes(range(0x40, 0x60))
 MASTER_SALT = bytes(range(0x60, 0x80))
 MEASUREMENT_SECRET_HEX = "4790578891f3fe6cc22cb661ecdc1b7e33121b1287546a52ba33a9136719c213"

@@ -1,4 +1,4 @@
-"""The lab builds real simulated hosts and leaves nothing behind (issue 2)."""
+"""The lab builds real simulated hosts and leaves nothing behind."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 28, parts 2 and 5: remove_node.yml and reset.yml end to end on one lab (real agents, swtpm,
+"""remove_node.yml and reset.yml end to end on one lab (real agents, swtpm,
 wireguard-go; lab ``trmnode``: h1 the Coordinator, h2 and h3 Nodes, file store, built by site.yml).
 
 * h3 is removed without its reset (``remove_node_reset=false``, as for a host that does not answer): gone from

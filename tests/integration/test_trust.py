@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Trust that stays true after activation (issue 15, items 1, 3, 4, 5), on real agents (swtpm,
+"""Trust that stays true after activation, on real agents (swtpm,
 wireguard-go, namespaces), lab ``ttrust``. Every attack here is refused, and no secret leaves:
 
 * init secret (4): a fresh peer refuses ActivateAsCoordinator and ActivateAsNode without the proof of
@@ -174,7 +174,7 @@ def test_a_node_unreachable_for_a_few_rounds_is_unverified_then_verified_again(t
 
 
 def test_a_strangers_getstate_tells_state_and_role_only(trust):
-    """Finding 9: before AdminAuth, GetState names no VPN key, no disk UUID, no evicted peers; a wrong admin key
+    """Least disclosure: before AdminAuth, GetState names no VPN key, no disk UUID, no evicted peers; a wrong admin key
     or a forged Coordinator key unlocks nothing; the admin gets the details."""
     from cryptography.hazmat.primitives.asymmetric import ed25519
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A rolling image upgrade without downtime (issue 28, part 1): playbooks/upgrade_image.yml on real agents
+"""A rolling image upgrade without downtime: playbooks/upgrade_image.yml on real agents
 (swtpm, wireguard-go, namespaces), lab ``timg``: 4 hosts, 1 Coordinator, file store, signed policies with the
 lab's pinned key; the cluster is activated directly (no site.yml: the budget), the lab writes the inventory.
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 2, on real agents (swtpm, wireguard-go, namespaces), lab ``vpnauth``: an
+"""The vpnapi trusts no source address alone, on real agents (swtpm, wireguard-go, namespaces), lab ``vpnauth``: an
 unprivileged process on a Node (``setpriv`` to nobody, inside the Node's namespaces, so its packets
 leave through the Node's WireGuard tunnel from the Node's VPN IP) asks the Coordinator's vpnapi for the
 control-plane PKI, a certificate key, the Node's disk key, a data key and the peer list: every request

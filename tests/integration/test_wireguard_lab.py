@@ -179,7 +179,7 @@ PEERS_PLAY = """
 
 def _local_inventory(inv: Path, hosts) -> Path:
     """Each lab host as an Ansible host: local connection, every command through a shell that enters the
-    host's mount and network namespaces (ENVIRONMENT.md "Molecule without Docker")."""
+    host's mount and network namespaces (docs/roles.md, "Molecule without Docker")."""
     (inv / "bin").mkdir(parents=True)
     host_vars = {}
     for h in hosts:

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Renamed options (DESIGN.md 6) keep working under their old names for one release, with a
+"""Renamed options (docs/names.md, "Renamed options") keep working under their old names for one release, with a
 deprecation, and the new and old name together are refused."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_agent_config_vpn_interface_and_its_old_name(tmp_path):
         AgentConfig.from_mapping(dict(base, wg_interface="a", vpn_interface="b"))
 
 
-# --- issue 27: the names of DESIGN.md 6 (pub_key/priv_key, vpn, vpnapi, one suffix for files, one name per value)
+# --- the names of docs/names.md (pub_key/priv_key, vpn, vpnapi, one suffix for files, one name per value)
 
 _BASE = {"state_dir": "/tmp/unused", "public_endpoint": "127.0.0.1:9000", "variant": "dummy",
          "insecure_unauthenticated_activation": True}

@@ -41,7 +41,7 @@ DEFAULT_REATTEST_INTERVAL = 60.0
 DEFAULT_REATTEST_UNREACHABLE_LIMIT = 3
 DEFAULT_REATTEST_WORKERS = 4
 MAX_UNVERIFIED_EVICTION_AFTER = 30 * 86400.0
-# Renamed keys (DESIGN.md 6); the old names work, with a warning in the log, until 2.0.0.
+# Renamed keys (docs/names.md); the old names work, with a warning in the log, until 2.0.0.
 _DEPRECATED_KEYS = {"wg_interface": "vpn_interface", "wg_listen_port": "vpn_listen_port", "vpn_api_port": "vpnapi_port",
                     "disk_uuid_file": "state_disk_uuid_file", "measurements_public_key": "measurements_pub_key"}
 _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",

@@ -130,7 +130,7 @@ class Agent:
                                                     os.path.join(config.state_dir, "disk")),
                                           self.store, log=self.log)
                            if config.state_disk_device else None)
-        with contextlib.suppress(FileNotFoundError):  # an agent before issue 26 kept the WireGuard key in plain form
+        with contextlib.suppress(FileNotFoundError):  # an older agent kept the WireGuard key in plain form
             os.unlink(os.path.join(config.state_dir, "%s.key" % config.vpn_interface))
         self.vpn = WireGuardVPN(config.vpn_interface, listen_port=config.vpn_listen_port, vpn_cidr=config.vpn_cidr)
         self.reset = AgentReset(config, self.vpn, self._stop, self.log)  # ResetAgent (agent/reset.py)

@@ -1,11 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A Node's long poll of its Coordinator (issue 29, docs/agent.md "Peer updates"): one kept, PeerAuth'd vpnapi
+"""A Node's long poll of its Coordinator (docs/agent.md, "Peer updates (long poll)"): one kept, PeerAuth'd vpnapi
 connection on which GetUpdate is sent with ``wait`` = ``update_interval``; the Coordinator answers at once when
 the peers or the measurements version change, else after the wait, and the Node asks again at once. Nothing
 here decides which Coordinator to ask or what happens on failure: ``get_update`` returns None when there is no
-long poll (the Coordinator answered at once, as one before issue 29 does; the kept connection failed), and the
+long poll (the Coordinator answered at once, as an older one does; the kept connection failed), and the
 agent then polls as before, which finds the Coordinator that answers (the failover)."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class LongPoll:
             endpoint, timeout=timeout, connect_timeout=FAILOVER_CONNECT_TIMEOUT))
         self._held: Optional[Tuple[str, AgentClient]] = None
         self._lock = threading.Lock()
-        self.refused: Set[str] = set()  # Coordinators that answered a long poll at once (before issue 29)
+        self.refused: Set[str] = set()  # Coordinators that answered a long poll at once (older versions)
 
     def get_update(self, coordinator_vpn_ip: str, resource_version: int) -> Optional[Dict[str, Any]]:
         """GetUpdate held by the Coordinator at ``coordinator_vpn_ip``; None: no long poll now (see above)."""
@@ -72,7 +72,7 @@ class LongPoll:
         except (OSError, ConstellationError):
             self.close()
             return None
-        if not answer.get("long_poll"):  # answered at once: a Coordinator before issue 29
+        if not answer.get("long_poll"):  # answered at once: an older Coordinator
             self.refused.add(coordinator_vpn_ip)
             self.close()
         return answer

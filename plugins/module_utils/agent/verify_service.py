@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Constellation's verification service, both sides (SPEC.md 4.1; docs/verify.md).
+"""Constellation's verification service, both sides (docs/verify.md).
 
 Server (every node agent): gRPC ``verify.API/GetAttestation`` (``GetAttestationRequest{nonce = 2}``
 -> ``GetAttestationResponse{attestation = 1}``) on port 9090 and HTTP ``GET /?nonce=<URL-safe

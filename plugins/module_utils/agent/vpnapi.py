@@ -8,7 +8,7 @@ wireguard/peer_auth.py): any other process on that Node (an unprivileged user, a
 gets nothing. Control-plane material goes only to peers the admin designated control planes;
 GetDataKey IDs are namespaced per caller.
 
-GetUpdate may be a long poll (issue 29, docs/protocol.md): with ``wait`` the answer is held until the peer set's
+GetUpdate may be a long poll (docs/protocol.md): with ``wait`` the answer is held until the peer set's
 version is not the caller's, the measurements version changes, or ``wait`` seconds passed; the caller is checked
 again before anything is sent (an evicted peer gets AccessDenied, no peers)."""
 

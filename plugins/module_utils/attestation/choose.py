@@ -35,7 +35,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 # The package of the collection's variant modules (VariantSpec.module).
 PACKAGE = "ansible_collections.constellation.cluster.plugins.module_utils.attestation"
 
-# Secure by default (issue 25): the AK is trusted only through the TPM's EK certificate chain.
+# Secure by default: the AK is trusted only through the TPM's EK certificate chain.
 # qemu-vtpm (Constellation's, trusts any AK) needs the acknowledgement insecure_trust_any_ak.
 QEMU_VTPM_EK_NAME = "qemu-vtpm-ek"
 DEFAULT_VARIANT = QEMU_VTPM_EK_NAME
@@ -137,7 +137,7 @@ def in_test_suite() -> bool:
 
 def check_variant_allowed(name: Any, insecure_trust_any_ak: Any = False, field: str = "variant",
                           ack_field: str = INSECURE_TRUST_ANY_AK) -> VariantSpec:
-    """The one rule of which variants may be used (issue 25), for agent, actions, modules and the
+    """The one rule of which variants may be used, for agent, actions, modules and the
     connection plugin alike:
 
     * ``dummy`` (no security) only under the test suite (``CONSTELLATION_TEST_SUITE=1``);

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The ``dummy`` variant (SPEC.md 1.7): no TPM, no security.
+"""The ``dummy`` variant (docs/attestation.md, "Variants and their OIDs"): no TPM, no security.
 
 The document is the JSON ``{"UserData": <b64>, "Nonce": <b64>}``, exactly what Constellation's
 FakeIssuer produces, so aTLS can be exercised without a TPM. It proves nothing about the peer

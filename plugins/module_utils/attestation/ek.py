@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Variant ``qemu-vtpm-ek`` (ours, DESIGN.md 4 step 6): the AK is trusted only after it was
+"""Variant ``qemu-vtpm-ek`` (ours): the AK is trusted only after it was
 certified through the TPM's EK certificate chain plus credential activation.
 
 ``qemu-vtpm`` trusts whatever AK a document names, so any software TPM can attest. This
@@ -18,7 +18,7 @@ variant closes that gap with a one-time **enrollment** before the one-shot issue
 
 ``VTPMEKValidator`` then validates documents exactly as ``qemu-vtpm`` does, but trusts an AK
 only if it is one of the certified records whose EK certificate still chains to the CAs it is
-given. The document format is unchanged (SPEC.md 2.1), so aTLS needs nothing new.
+given. The document format is unchanged (docs/attestation.md, "The document and the nonce binding"), so aTLS needs nothing new.
 
 OID: ``2.25.<uuid>`` (X.667: an OID under 2.25 built from a random UUID needs no registration
 and cannot collide with Constellation's 1.3.9900.x list or anyone else's). UUID

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The measurements policy: expected PCR values, enforced or warn-only (SPEC.md 2.6).
+"""The measurements policy: expected PCR values, enforced or warn-only (docs/attestation.md, "Measurements policy").
 
 JSON shape as Constellation's ``measurements.M``: ``{"4": {"expected": "<hex>", "warnOnly": false}}``;
 a bare hex string as value is the legacy form and means enforced.
@@ -9,7 +9,7 @@ a bare hex string as value is the legacy form and means enforced.
 Several accepted sets (a rolling image upgrade, docs/site.md "Upgrade the image"): ``{"accepted": {"<name>":
 {"4": {...}, ...}, ...}}``, each set in the shape above; a peer passes when it matches ANY set, and the result
 names the set it matched. A plain policy is one set named ``default`` (DEFAULT_SET_NAME). ``parse_policy`` reads
-both forms: a ``Measurements`` for the plain form (every caller before issue 28 sees what it always saw), a
+both forms: a ``Measurements`` for the plain form (so a caller that knows only plain policies sees what it expects), a
 ``MeasurementSets`` for the named form; both have ``sets``, ``match`` and ``compare``, and ``per_set`` applies
 a transform (the agent's PCR 13, PCR 15 for fresh nodes, ...) to each set.
 """
@@ -29,7 +29,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.constants im
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
-# 32 bytes for TPM SHA-256 PCRs, 48 for TDX RTMRs (SPEC.md 2.6).
+# 32 bytes for TPM SHA-256 PCRs, 48 for TDX RTMRs (docs/attestation.md, "Measurements policy").
 _ALLOWED_LENGTHS = (32, 48)
 _INDEX = re.compile(r"\A[0-9]{1,2}\Z")  # ASCII digits only: "²" is a digit to str.isdigit(), not to int()
 # The name a plain (single-set) policy's one set gets, and what a set's name may be (an image version).
@@ -283,7 +283,7 @@ class MeasurementsMismatch(AttestationError):
 
 
 def expected_pcr15(cluster_id: bytes) -> bytes:
-    """PCR 15 after the node lock: SHA-256(0^32 || SHA-256(cluster_id)) (SPEC.md 2.7)."""
+    """PCR 15 after the node lock: SHA-256(0^32 || SHA-256(cluster_id)) (docs/attestation.md, "PCR 15 and the cluster ID")."""
     return extend_digest(bytes(32), hashlib.sha256(cluster_id).digest())
 
 

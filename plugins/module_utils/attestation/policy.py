@@ -28,7 +28,7 @@ DEFAULT_ATTESTATION_TIMEOUT = 30.0
 
 
 def _deprecated(alias: str) -> Dict[str, str]:
-    """An old option name that keeps working, with a deprecation warning, until 2.0.0 (DESIGN.md 6)."""
+    """An old option name that keeps working, with a deprecation warning, until 2.0.0 (docs/names.md)."""
     return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
 
 
@@ -48,7 +48,7 @@ ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
 )
 ATTESTATION_MUTUALLY_EXCLUSIVE = [("measurements", "measurements_file")]
 
-# What PCR 15 says about a peer (SPEC.md 2.7): never locked, locked to our cluster, or to another.
+# What PCR 15 says about a peer (docs/attestation.md, "PCR 15 and the cluster ID"): never locked, locked to our cluster, or to another.
 FRESH = "fresh"
 OURS = "ours"
 OTHER = "other"

@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Data sealed to this TPM under a PCR policy (tpm2-pytss): the key that encrypts a peer's secrets at rest
-(core/sealed.py).
+(core/at_rest.py).
 
 ``seal`` creates a sealed data object (KEYEDHASH, no sign/decrypt) under the TPM's storage root key - an ECC
 P-256 primary of the owner hierarchy made from the TCG template, the same key on every call, on no other TPM -

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Signed measurements files (SPEC.md 2.6a): a detached signature in the form ``cosign sign-blob
+"""Signed measurements files (docs/attestation.md, "Signed measurements"): a detached signature in the form ``cosign sign-blob
 --key`` prints for an ECDSA P-256 key, that is standard base64 (padded) of the ASN.1 DER ECDSA
 signature over SHA-256 of the file's exact bytes; checked against a pinned public key (PEM
 SubjectPublicKeyInfo, as ``cosign.pub``) BEFORE the file is parsed. ``cryptography`` does the

@@ -32,7 +32,7 @@ except ImportError as _err:  # ansible-test's import sanity runs without third-p
 DEFAULT_TCTI = "device:/dev/tpmrm0"
 _PCR_READ_BATCH = 8  # TPM2_PCR_Read returns at most 8 digests per call
 
-# TPM_ALG_ID of the hash banks (SPEC.md 2.1: 4=SHA1, 11=SHA256, 12=SHA384, 13=SHA512).
+# TPM_ALG_ID of the hash banks (docs/attestation.md, "The document and the nonce binding": 4=SHA1, 11=SHA256, 12=SHA384, 13=SHA512).
 BANK_IDS = {"sha1": 0x0004, "sha256": 0x000B, "sha384": 0x000C, "sha512": 0x000D}
 BANK_NAMES = {v: k for k, v in BANK_IDS.items()}
 DIGEST_SIZES = {0x0004: 20, 0x000B: 32, 0x000C: 48, 0x000D: 64}
@@ -219,7 +219,7 @@ def extend_pcr(tcti: Optional[str], index: int, digest: bytes) -> None:
 
 
 def mark_initialized(tcti: Optional[str], cluster_id: bytes) -> None:
-    """The node lock's point of no return: TPM2_PCR_Event(PCR 15, cluster_id) (SPEC.md 2.7)."""
+    """The node lock's point of no return: TPM2_PCR_Event(PCR 15, cluster_id) (docs/attestation.md, "PCR 15 and the cluster ID")."""
     if len(cluster_id) != 32:
         raise InputError("cluster_id", "32 bytes", "%d bytes" % len(cluster_id))
     pcr_event(tcti, PCR_INDEX_CLUSTER_ID, cluster_id)

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The record of an attestation variant (name and OID, SPEC.md 1.6) and the interface every issuer
+"""The record of an attestation variant (name and OID, docs/attestation.md, "Variants and their OIDs") and the interface every issuer
 and validator follows.
 
 aTLS (atls.py) only knows this interface: an issuer turns (user_data, nonce) into a
@@ -21,7 +21,7 @@ class Variant:
     oid: str
 
 
-# Constellation's variants (SPEC.md 1.6): their names and OIDs are fixed by Constellation. Ours, and
+# Constellation's variants (docs/attestation.md, "Variants and their OIDs"): their names and OIDs are fixed by Constellation. Ours, and
 # which variants exist at all, are the chooser's registrations (choose.py), the one registry.
 DUMMY = Variant("dummy", "1.3.9900.1.1")
 QEMU_VTPM = Variant("qemu-vtpm", "1.3.9900.5.1")

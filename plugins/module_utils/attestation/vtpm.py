@@ -1,11 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""vTPM attestation, variant ``qemu-vtpm`` (SPEC.md 2): issuer and strict validator.
+"""vTPM attestation, variant ``qemu-vtpm`` (docs/attestation.md, "The document and the nonce binding"): issuer and strict validator.
 
 The document is Constellation's ``vtpm.AttestationDocument`` marshalled as Go's encoding/json
 does, so a Constellation verifier accepts ours and ours accepts theirs. The validator runs
-the steps of DESIGN.md 4 in order; every refusal raises AttestationError naming what was wrong.
+the steps of docs/attestation.md "What the validator checks, in order"; every refusal raises AttestationError naming what was wrong.
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ def verify_signature(ak: AKInfo, data: bytes, raw_sig: bytes) -> int:
 
 
 class VTPMValidator:
-    """Validates ``qemu-vtpm`` documents (DESIGN.md 4), strictly and in order.
+    """Validates ``qemu-vtpm`` documents (docs/attestation.md, "What the validator checks, in order"), strictly and in order.
 
     ``pcr_selection``: the PCRs of the SHA-256 bank the quote must cover, exactly (default all 24,
     as the issuer quotes). ``check_event_log``: replay a present event log against the quote.
@@ -441,7 +441,7 @@ class VTPMValidator:
         self._ak_cache: Dict[bytes, AKInfo] = {}
         self._cache_lock = threading.Lock()
 
-    # Variant hook (SPEC.md 2.4 step 3): qemu-vtpm trusts the AK unconditionally.
+    # Variant hook (docs/attestation.md, "What the validator checks, in order" step 3): qemu-vtpm trusts the AK unconditionally.
     def trust_ak(self, ak_pub: bytes, ak: AKInfo) -> None:
         return None
 
@@ -456,9 +456,9 @@ class VTPMValidator:
         return info
 
     def validate(self, document: bytes, nonce: bytes) -> Validation:
-        # 1. the document (SPEC.md 2.1)
+        # 1. the document (docs/attestation.md, "The document and the nonce binding")
         attestation, instance_info, user_data = decode_document(document)
-        # 2. nonce binding (SPEC.md 2.2)
+        # 2. nonce binding (docs/attestation.md, "The document and the nonce binding")
         tpm_nonce = make_tpm_nonce(instance_info, make_extra_data(user_data, nonce))
         # 3. the AK: restricted signing key with pinned algorithms, then the variant's trust
         ak_pub = _unb64(attestation.get("ak_pub"), "Attestation.ak_pub")

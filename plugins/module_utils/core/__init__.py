@@ -1,14 +1,14 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A peer's Core: states, roles, the node lock and the activation logic (SPEC.md 4, 6).
+"""A peer's Core: states, roles, the node lock and the activation logic (docs/protocol.md, "States").
 
 No sockets here: the agent's servers (``agent/pubapi.py``, ``vpnapi.py``, ``admin.py``) call the services
 and turn errors into answers; where an operation needs a transport (activating a node, a join), the caller
 passes it in as a port (``ports.py``). Nothing in this package imports Ansible, ``atls``, ``rpc/``,
 ``agent/`` or ``kubeadm/`` (tests/unit/test_layout.py).
 
-* States only advance (SPEC 6.4). A node whose activation was interrupted after the node lock waits
+* States only advance (docs/protocol.md, "States"). A node whose activation was interrupted after the node lock waits
   (``NodeWaitingForClusterJoin``, persisted) and resumes (``activation``); ``Failed`` is left for what
   cannot be resumed.
 * The node lock (``NodeLock``, ``lock``): an in-process compare-and-swap, then PCR 15 is extended with

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Who gets what from the Coordinator (issue 25, findings 2 and 5): the vpnapi's caller authentication
+"""Who gets what from the Coordinator: the vpnapi's caller authentication
 (PeerAuth: proof of the WireGuard private key the registry recorded for the caller's VPN IP,
 wireguard/peer_auth.py), the admin's control-plane designation, GetDataKey's per-caller namespace, and
 the ownership of disk UUIDs (a UUID belongs to the first peer recorded with it)."""

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The cluster's versioned peer set and registry (SPEC §6.8).
+"""The cluster's versioned peer set and registry (docs/store.md, "Typed records").
 
 * ``VersionedPeerSet``: every change bumps ``resource_version``; a bounded change log lets
   ``updates_since(v)`` answer with only what changed since ``v`` (or just the version when nothing

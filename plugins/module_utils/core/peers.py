@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A peer of the cluster (``PeerRecord``, SPEC §6.8) and its store and WireGuard forms. The VPN IP
+"""A peer of the cluster (``PeerRecord``, docs/store.md, "Typed records") and its store and WireGuard forms. The VPN IP
 allocation is core/vpn_ips.py, the versioned peer set and the registry core/peer_set.py."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 )
 
 ROLES = (ROLE_COORDINATOR, ROLE_NODE, ROLE_ADMIN)
-# Store key names of SPEC §6.8, for the stores that persist a peer set.
+# Store key names of docs/store.md, "Typed records", for the stores that persist a peer set.
 STORE_PEER_PREFIX = "peerPrefix"
 STORE_RESOURCE_VERSION = "peersResourceVersion"
 _GO_ROLES = {"coordinator": "Coordinator", "node": "Node", "admin": "Admin"}
@@ -29,7 +29,7 @@ _GO_ROLES = {"coordinator": "Coordinator", "node": "Node", "admin": "Admin"}
 
 @dataclass(frozen=True)
 class PeerRecord:
-    """One cluster member as the Coordinator stores it (SPEC §6.8 ``peerPrefix<vpnIP>``)."""
+    """One cluster member as the Coordinator stores it (docs/store.md, "Typed records" ``peerPrefix<vpnIP>``)."""
 
     vpn_ip: str
     vpn_pub_key: str

@@ -5,7 +5,7 @@
 once per ``reattest_interval`` (core/trust.py ``PeerTrust.reattest_peers``), on the leader only where several
 Coordinators share the duties (core/leadership.py).
 
-Spread over the interval, not all at once (issue 29): each peer has a stable offset in the interval (from a hash
+Spread over the interval, not all at once: each peer has a stable offset in the interval (from a hash
 of its VPN IP, ``spread_offset``), and a cycle re-attests, every ``tick``, the peers whose offset has come
 (``due``). A Coordinator with 5,000 Nodes does ~83 re-attestations a second, not 5,000 in a burst that
 would delay the polls behind it. A peer added during a cycle is first re-attested in the next (within one

@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The records the Core hands out and takes: activation results, the node activation request
-and step, and the join ticket (SPEC 4.1, the parts that apply here)."""
+and step, and the join ticket (docs/protocol.md, "IssueJoinTicket", the parts that apply here)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ class NodeActivationStep:
 
 @dataclass(frozen=True, repr=False)
 class JoinTicket:
-    """What the join service hands a verified node (SPEC 4.1, the parts that apply here)."""
+    """What the join service hands a verified node (docs/protocol.md, "IssueJoinTicket", the parts that apply here)."""
 
     cluster_id: bytes
     measurement_salt: bytes

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""States, roles and the state machine of a peer (SPEC 6.4): states only advance, and any error
+"""States, roles and the state machine of a peer (docs/protocol.md, "States"): states only advance, and any error
 after the point of no return leaves ``Failed``."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 
 
 class State(enum.IntEnum):
-    """SPEC 6.4: values and names as Constellation's Coordinator."""
+    """Values and names as Constellation's Coordinator (docs/protocol.md, "States")."""
 
     UNINITIALIZED = 0
     ACCEPTING_INIT = 1

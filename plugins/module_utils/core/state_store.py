@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A peer's persisted state, as typed records on top of a store (``store.py``), in the
-Coordinator's key layout (SPEC §6.8): the peer registry, the node state, the KMS settings and the init
+Coordinator's key layout (docs/store.md, "Typed records"): the peer registry, the node state, the KMS settings and the init
 secret; what the Coordinator records about the nodes it activates is core/node_records.py, the evictions
 core/eviction_store.py. (Named ``peerstore.py`` before 0.2.0; it always held more than peers.)
 
@@ -278,7 +278,7 @@ def load_init_secret(store) -> Optional[bytes]:
 
 
 def move_cluster_keys(local, cluster) -> int:
-    """Moves every key but ``LOCAL_KEYS`` (and ``LOCAL_PREFIXES``) from the ``local`` store to ``cluster`` (SPEC 6.8: the first
+    """Moves every key but ``LOCAL_KEYS`` (and ``LOCAL_PREFIXES``) from the ``local`` store to ``cluster`` (docs/store.md, "Typed records": the first
     Coordinator's state goes to etcd when its member starts): written to ``cluster`` in one transaction,
     then deleted from ``local`` in one. A crash in between leaves stale copies in ``local`` that nothing
     reads: a Coordinator whose member has data reads the cluster's keys from etcd only. Returns how many

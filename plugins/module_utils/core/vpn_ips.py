@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""VPN IP allocation (SPEC §6.6): coordinators get 10.118.0.1-10.118.0.10, nodes and admins 10.118.0.11
+"""VPN IP allocation (docs/wireguard.md, "Addresses and ports"): coordinators get 10.118.0.1-10.118.0.10, nodes and admins 10.118.0.11
 and up; freed addresses are reused first (lowest first), else a "next" counter moves on. Pure in-memory
 logic, persisted with the peer registry (core/peer_set.py)."""
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The encrypted state disk, as Constellation's disk-mapper sets it up (SPEC §4.5, docs/agent.md "State disk").
+"""The encrypted state disk, as Constellation's disk-mapper sets it up (docs/agent.md, "State disk").
 
 Rooms: ``luks.py`` (the ``cryptsetup`` seam: LUKS2 format, header UUID, key check, open, close; whether this
 kernel has dm-crypt), ``state_disk.py`` (``StateDisk``: format on the first activation, open and mount with the

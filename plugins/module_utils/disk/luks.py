@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The ``cryptsetup`` seam (modelled on community.crypto's ``luks_device`` CryptHandler): every call goes
 through an injected ``CommandRunner`` (command.py), keys only ever on stdin (``--key-file -``), never on argv
-or in a file. Constellation's parameters (SPEC §4.5): LUKS2, ``aes-xts-plain64``, integrity ``hmac(sha256)``,
+or in a file. Constellation's parameters (docs/agent.md, "State disk"): LUKS2, ``aes-xts-plain64``, integrity ``hmac(sha256)``,
 sector 4096, PBKDF argon2id (4 threads, 64 MiB)."""
 
 from __future__ import annotations

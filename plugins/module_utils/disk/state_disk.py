@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""``StateDisk``: the node's state disk as Constellation's disk-mapper keeps it (SPEC §4.5). A device without a
+"""``StateDisk``: the node's state disk as Constellation's disk-mapper keeps it (docs/agent.md, "State disk"). A device without a
 LUKS2 header is formatted only on the first activation, with the disk UUID the Coordinator derives the disk key
 for as its LUKS UUID; a header with another UUID, a wrong key or a device that holds anything else is refused,
 naming the device and what was expected. Then it is opened at /dev/mapper/<name>, given an ext4 file system when

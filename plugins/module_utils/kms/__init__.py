@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""KMS and storage URIs, the master secret and the keys derived from it (SPEC.md 3).
+"""KMS and storage URIs, the master secret and the keys derived from it (docs/kms.md).
 
 Compatible with Constellation's ``internal/kms/uri`` and cluster KMS: the same URI forms,
 the same ``constellation-mastersecret.json`` file and the same HKDF-SHA256 derivations, so a

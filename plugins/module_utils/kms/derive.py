@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """HKDF-SHA256 derivations and the named key IDs, exactly as Constellation's cluster KMS
-(SPEC.md 3.3): the same master secret gives the same keys in both."""
+(docs/kms.md, "Derived keys"): the same master secret gives the same keys in both."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ except ImportError:  # a host without it can still parse URIs; deriving says wha
 else:
     HAS_CRYPTOGRAPHY = True
 
-# Constellation's constants (SPEC.md 3.3).
+# Constellation's constants (docs/kms.md, "Derived keys").
 DEK_PREFIX = "key-"
 MASTER_SECRET_LENGTH_DEFAULT = 32
 MASTER_SECRET_LENGTH_MIN = 16

@@ -29,7 +29,7 @@ STORAGE_SCHEME = "storage"
 CLUSTER_KMS = "cluster-kms"
 NO_STORE = "no-store"
 
-# Parameters in the order Constellation writes them (SPEC.md 3.1). Every one is mandatory.
+# Parameters in the order Constellation writes them (docs/kms.md, "The KMS URI"). Every one is mandatory.
 KMS_BACKENDS: Dict[str, Tuple[str, ...]] = {
     CLUSTER_KMS: ("key", "salt"),
     "aws": ("region", "accessKeyID", "accessKey", "keyName"),

@@ -128,7 +128,7 @@ class InitParams:
             raise InputError("kubelet_tls_key_file", "both kubelet_tls_cert_file and kubelet_tls_key_file, or neither",
                              self.kubelet_tls_key_file)
         if not self.kubelet_tls_cert_file:
-            # The first kubelet's serving certificate is signed with the cluster CA at init (SPEC.md §4.4).
+            # The first kubelet's serving certificate is signed with the cluster CA at init (docs/kubeadm.md, "Init, step by step as Constellation does it").
             self.kubelet_tls_cert_file = os.path.join(self.kubernetes_dir, KUBELET_TLS_CERT_FILE)
             self.kubelet_tls_key_file = os.path.join(self.kubernetes_dir, KUBELET_TLS_KEY_FILE)
         for name in ("kubelet_tls_cert_file", "kubelet_tls_key_file"):
@@ -324,7 +324,7 @@ def render_join(params: JoinParams) -> list:
         "nodeRegistration": {
             "name": params.node_name,
             "criSocket": params.cri_socket,
-            # On join the provider ID goes into the KubeletConfiguration document instead (SPEC.md §5).
+            # On join the provider ID goes into the KubeletConfiguration document instead (docs/kubeadm.md, "What is rendered").
             "kubeletExtraArgs": _extra_args(_kubelet_extra_args(params, False), api),
         },
         "discovery": {"bootstrapToken": {

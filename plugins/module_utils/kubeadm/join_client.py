@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The joining node's kubeadm side of the chain of trust (SPEC.md 4.5, JoinClient): it asks its
+"""The joining node's kubeadm side of the chain of trust (Constellation's JoinClient; docs/kubeadm.md): it asks its
 Coordinator, through the WireGuard tunnel that authenticates it, for what it needs, and joins.
 
 ``join_via_coordinator`` does Constellation's join steps on the node: a kubelet key and CSR
@@ -59,7 +59,7 @@ def _same_key(cert, key_pem: bytes) -> bool:
 
 
 def _write_control_plane_files(pki: str, files: Any) -> None:
-    """The eight files of SPEC.md 4.1, and nothing else: keys 0600, certificates and sa.pub 0644."""
+    """The eight files of docs/kubeadm.md "Control-plane PKI files", and nothing else: keys 0600, certificates and sa.pub 0644."""
     if not isinstance(files, list):
         raise StateError("the Coordinator sent no control_plane_files for a control-plane join")
     by_name = {}

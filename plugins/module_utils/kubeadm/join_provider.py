@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Coordinator's kubeadm side of the chain of trust (SPEC.md 4.1, 4.5, 6.3): what a verified node
+"""The Coordinator's kubeadm side of the chain of trust (docs/kubeadm.md, "Join inside the chain of trust"): what a verified node
 needs to join, made fresh for each request from the control plane on this host.
 
 * ``join_args()``: the API server endpoint (the server of ``admin.conf``), a NEW bootstrap token per call
@@ -200,7 +200,7 @@ class JoinProvider:
         return key
 
     def control_plane_files(self) -> List[Dict[str, bytes]]:
-        """The control-plane PKI Constellation ships in a join ticket (SPEC.md 4.1): ``[{name, data}]``."""
+        """The control-plane PKI Constellation ships in a join ticket (docs/kubeadm.md, "Control-plane PKI files"): ``[{name, data}]``."""
         self.require("control plane files")
         files = []
         for name in CONTROL_PLANE_PKI_FILES:

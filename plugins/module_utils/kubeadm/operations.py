@@ -131,7 +131,7 @@ class _PrivateConfig:
 # --------------------------------------------------------------------------- operations
 
 
-# The steps of Constellation's init (SPEC.md §5, bootstrapper InitCluster), in order.
+# The steps of Constellation's init (its bootstrapper's InitCluster; docs/kubeadm.md), in order.
 INIT_STEP_AUDIT_POLICY = "audit-policy"
 INIT_STEP_PREFLIGHT = "preflight"
 INIT_STEP_CERTS = "certs"
@@ -274,7 +274,7 @@ def _run_init_step(step: str, kubeadm: Kubeadm, params: InitParams, docs: list, 
 
 def init_control_plane(kubeadm: Kubeadm, params: InitParams, upload_certs: bool = False,
                        check_mode: bool = False) -> InitResult:
-    """Constellation's init (SPEC.md §5), step by step, unless this host already is a control plane:
+    """Constellation's init, step by step, unless this host already is a control plane:
 
     audit policy (where the API server's ``audit-policy-file`` points) -> ``kubeadm init phase preflight``
     -> ``kubeadm init phase certs all`` -> the kubelet's serving certificate signed locally with the new CA

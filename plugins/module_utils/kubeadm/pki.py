@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The kubelet's serving certificate, signed with the cluster CA (SPEC.md §4.4-4.5).
+"""The kubelet's serving certificate, signed with the cluster CA (docs/kubeadm.md, "Join inside the chain of trust").
 
 The API server verifies kubelets against the cluster CA (``kubelet-certificate-authority``), so a
 kubelet's self-signed serving certificate would break ``kubectl logs``/``exec``. Constellation's

@@ -417,7 +417,7 @@ class VPNAPIClient(PeerAuthClient, Channel):
 
     def get_update(self, resource_version: int, wait: Optional[float] = None) -> Dict[str, Any]:
         """``wait``: a long poll (the Coordinator answers at a change or after ``wait`` seconds; its answer
-        then says ``long_poll``; a Coordinator before issue 29 answers at once)."""
+        then says ``long_poll``; an older Coordinator answers at once)."""
         return self.invoke("GetUpdate", resource_version=int(resource_version), wait=wait)
 
     def get_state_disk_key(self) -> bytes:

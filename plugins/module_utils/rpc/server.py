@@ -28,7 +28,7 @@ thread or its handshake. ``reserved_for(source_ip)`` (the agent passes who its C
 sources ``reserved_connections`` slots of their own, which no other source's connection takes, and the
 first place in the aTLS context's quote queue (atls.py).
 
-Authenticated peers (issue 29, the vpnapi's long polls): a connection whose handler set
+Authenticated peers (the vpnapi's long polls): a connection whose handler set
 ``conn.authenticated_peer`` (it proved a registered peer's key: PeerAuth) leaves the budget above for its own,
 ``max_peer_connections`` (0: none, the default), at most ``MAX_PEER_CONNECTIONS_PER_SOURCE`` per source IP
 (beyond either it stays in the general budget). Such a connection is never replaced by a newer one, so a

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The node agent's key-value stores (SPEC §6.8): one interface, three back ends.
+"""The node agent's key-value stores (docs/store.md, "Interface"): one interface, three back ends.
 
 Rooms: ``base.py`` (interface, transactions, MemoryStore), ``file.py``, ``etcd.py``; this module
 re-exports their names and holds ``open_store`` and ``transfer``.
@@ -90,7 +90,7 @@ def open_store(spec: Mapping[str, Any], cipher: Any = None) -> _BaseStore:
 
 
 def transfer(src: _BaseStore, dst: _BaseStore) -> int:
-    """Copies every key of ``src`` into ``dst`` in one transaction of ``dst`` (SPEC §6.8: the
+    """Copies every key of ``src`` into ``dst`` in one transaction of ``dst`` (docs/store.md, "Interface": the
     in-memory store goes to etcd on activation). Keys only in ``dst`` stay. Returns the count."""
     entries = src.items("")
 

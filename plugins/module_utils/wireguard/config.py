@@ -222,7 +222,7 @@ def diff_peers(requests: Iterable[PeerRequest], live: InterfaceState, exclusive:
     A present peer that exists with other settings is *changed* (updated in place: its session
     survives). A live peer is *removed* when it is marked absent, when ``exclusive`` and it is not
     listed, or when a wanted peer takes over one of its allowed IPs with a different key (the VPN IP
-    was reassigned: SPEC §6.6 diffs by AllowedIPs).
+    was reassigned: peers are diffed by AllowedIPs, docs/wireguard.md).
     """
     added: list[Peer] = []
     changed: list[Peer] = []
@@ -252,7 +252,7 @@ def diff_peers(requests: Iterable[PeerRequest], live: InterfaceState, exclusive:
 
 @dataclass(frozen=True)
 class InterfaceSpec:
-    """The interface as wanted. ``address`` is ``<vpn_ip>/<prefix>`` (SPEC: ``<vpnIP>/16``)."""
+    """The interface as wanted. ``address`` is ``<vpn_ip>/<prefix>`` (``<vpn_ip>/16``, docs/wireguard.md, "Addresses and ports")."""
 
     name: str
     address: str

@@ -26,7 +26,7 @@ LISTEN_PORT = 51820
 PERSISTENT_KEEPALIVE = 10
 MTU = 1420
 KEY_FILE_MODE = 0o600
-# wireguard-go refuses to start without this where no kernel module exists (ENVIRONMENT.md).
+# wireguard-go refuses to start without this where no kernel module exists (docs/wireguard.md, "Environment notes").
 WIREGUARD_GO_ENV = {"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
 
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The accepted measurement sets on a running cluster (issue 28, image upgrade), attacked over real sockets:
+"""The accepted measurement sets on a running cluster (an image upgrade), attacked over real sockets:
 SetMeasurements on the admin channel (no admin key, a Node, an unsigned or altered document where a key is
 pinned, a stale version, retiring a set a peer still runs) and GetMeasurements on the vpnapi (no PeerAuth, a
 stranger, a Node's own vpnapi). A real Core (Coordinator, in-memory TPM and store), loopback as the VPN

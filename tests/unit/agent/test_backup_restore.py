@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 28, part 4 (core/backup.py): the Coordinator's state exported over the admin channel (``ExportState``)
+"""Backup and restore (core/backup.py): the Coordinator's state exported over the admin channel (``ExportState``)
 and restored onto a fresh peer (``ActivateAsCoordinator`` with ``restore_state``). Real Cores behind the real
 pubapi and admin channel servers on loopback (dummy attestation), attacked as a stranger would: no admin key, a
 Node, the wrong state, no init secret, another cluster's backup, a Node's state. A refused restore leaves the

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 2: control-plane material goes only to nodes the ADMIN designated control planes.
+"""Control-plane material goes only to nodes the ADMIN designated control planes.
 The designation comes with ActivateAdditionalNodes (control_plane_endpoints) and the Coordinator records
 it with the node's WireGuard key; a joining node asking is_control_plane is refused."""
 

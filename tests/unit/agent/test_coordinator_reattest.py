@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 7, at the Core through its ports (no sockets, no etcd; the real etcd case is
+"""Coordinators re-attested by the leader, at the Core through its ports (no sockets, no etcd; the real etcd case is
 tests/unit/store/test_shared_evictions.py): the leader re-attests the other Coordinators and evicts one
 that fails attestation; one that is only unreachable is never evicted (the admin removes a dead
 Coordinator: remove_coordinator.yml); the leader never re-attests or evicts itself."""

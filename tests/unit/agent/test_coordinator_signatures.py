@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 6: tickets and peer lists are the Coordinators' (core/signing.py).
+"""Tickets and peer lists are the Coordinators' (core/signing.py).
 
 The attacker is a Node of the cluster: it holds the measurement secret, the cluster ID and salt, and passes
 the policy a rebooted or joining node checks its Coordinator with (no PCR 15), but it does not hold the KMS.
@@ -181,7 +181,7 @@ def test_the_coordinators_signed_rejoin_ticket_is_taken(make_core, cluster):
 
 @pytest.mark.parametrize("forgery", ["unsigned", "signed_by_a_node_key", "coordinator_signature_of_another_connection"])
 def test_a_node_cannot_hand_a_fresh_node_a_join_ticket(make_core, secret, cluster, forgery):
-    """Finding 6, join: a fresh node checks the join service with the policy without PCR 15, which any Node
+    """Join: a fresh node checks the join service with the policy without PCR 15, which any Node
     passes. (Without an init secret, as with the explicit insecure option: the signature is what is left.)"""
     coordinator, node, _vpn, _store, _tpm = cluster
     fresh, fresh_vpn = make_core(MemoryTPM(), public_ip="10.42.0.20")

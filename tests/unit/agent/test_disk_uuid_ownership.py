@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 5, against the real Core: the join service derived a disk key for whatever disk
-UUID the caller named, and UUIDs are public (GetState). Now a disk UUID belongs to the first peer
+"""Disk UUID ownership, against the real Core: the attacker asks for the disk key of a disk UUID it does not
+own (UUIDs are public: GetState). A disk UUID belongs to the first peer
 recorded with it (by its WireGuard key): a join or activation naming a UUID of another peer (a Node's,
 or the Coordinator's own) gets nothing, with an AccessDenied naming the UUID as taken."""
 

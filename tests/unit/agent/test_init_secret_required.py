@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 3: a fresh agent with the defaults cannot be taken by a stranger. Without
+"""A fresh agent with the defaults cannot be taken by a stranger. Without
 ``init_secret_hash`` it does not start at all (unless ``insecure_unauthenticated_activation: true``,
 which it then warns about on every start); with the hash the role derives from the cluster's init
 secret, a stranger's activation with his own admin key is refused before the node lock, and he gets
@@ -108,7 +108,7 @@ def test_a_stranger_cannot_activate_a_fresh_agent_provisioned_with_the_hash(tmp_
 
 
 def test_qemu_vtpm_is_refused_without_the_acknowledgement_and_warned_about_on_every_start(tmp_path, swtpm):
-    """Issue 25, finding 1 at the agent: qemu-vtpm trusts any AK; the agent refuses it unless its config
+    """A forged AK at the agent: qemu-vtpm trusts any AK; the agent refuses it unless its config
     says insecure_trust_any_ak: true, and then logs insecure_variant (warning) at every start."""
     pcrs = read_pcrs(swtpm.tcti)
     policy = tmp_path / "measurements.json"

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 9 (GetState): a stranger who reaches a peer's pubapi learns its state and role only, not
+"""Least disclosure (GetState): a stranger who reaches a peer's pubapi learns its state and role only, not
 its VPN key, disk UUID or the Coordinator's evicted peers. The admin (AdminAuth) and the Coordinators
 (AdminAuth role coordinator, with their signing key) get the details; the Coordinators' key opens nothing else.
 The real pubapi and admin channel servers on loopback (dummy attestation), real Cores."""

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 11: idle connections must not fill a Node's pubapi, and a Node that cannot be
+"""Idle connections must not fill a Node's pubapi, and a Node that cannot be
 reached (a handshake that times out, is reset or ends) is unreachable, never a failed attestation.
 Real servers on loopback (the pubapi FrameServer with aTLS, the Core's re-attestation with the real
 aTLS client); every loop is bounded and timeouts only detect a hang."""

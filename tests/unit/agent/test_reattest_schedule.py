@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Re-attestation spread over the interval (issue 29, core/reattest_loop.py): each peer once per interval at
+"""Re-attestation spread over the interval (core/reattest_loop.py): each peer once per interval at
 its stable offset, in batches of one tick's share, not all at once; a peer added mid-cycle comes in the next
 cycle, one removed is skipped; the unreachable limit and the unverified period (core/trust.py) count per peer. A fake clock
 whose ``stop.wait`` advances it: no sleeping, no timing assertion."""

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 28, part 2 (remove a node) at the Core and on the admin channel: RemovePeer takes the Node out of the
+"""Removing a node at the Core and on the admin channel: RemovePeer takes the Node out of the
 registry (a new peer-set version, its VPN IP free for the next node), forgets what it held (kubelet names,
 control-plane designation, disk UUID and its ownership, an eviction), records it as removed (its rejoin and its
 resumption are refused, GetState lists it); check mode changes nothing; a second run changes nothing; a

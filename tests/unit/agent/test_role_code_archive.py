@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The node_agent role's code archive (issue 26, "The archive is verified"), the whole role run by
+"""The node_agent role's code archive (verified before it is unpacked), the whole role run by
 ansible-playbook on this machine (local connection, every path in a temporary folder, no packages, no
 service): the archive is built in a private folder of the run (0700, removed at the end, also when the run
 fails), reproducibly (Molecule node_agent's idempotence run: the same bytes, nothing changed), and the node checks its copy

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The node_agent role's defaults as Ansible renders them (issue 25, items 1, 3 and 9): the agent
+"""The node_agent role's defaults as Ansible renders them (secure by default): the agent
 configuration it writes for a host, checked with the agent's own loader as the role's first task does
 (filter agent_config_error). By default: variant qemu-vtpm-ek with the controller's EK CA file, this
 host's init secret hash derived from the cluster's init secret, the verification service on the public
@@ -129,7 +129,7 @@ def test_qemu_vtpm_without_the_acknowledgement_is_refused_naming_the_role_variab
 
 
 def test_the_state_disk_device_reaches_the_agent_config_with_its_packages(tmp_path, ek_ca_file, pub_key_file):
-    """Issue 26: empty by default (no key, no cryptsetup); set, it is in the config and cryptsetup-bin installed."""
+    """The state disk device: empty by default (no key, no cryptsetup); set, it is in the config and cryptsetup-bin installed."""
     base = dict(constellation_ek_ca_path=ek_ca_file, node_agent_measurements={"4": {"expected": "aa" * 32}},
                 constellation_measurements_pub_key_file=pub_key_file,
                 node_agent_insecure_unauthenticated_activation=True)

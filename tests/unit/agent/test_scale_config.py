@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The agent settings issue 17 added: activation_workers (bounded) and ak_alg (rsa or ecc)."""
+"""The agent settings for scale: activation_workers (bounded) and ak_alg (rsa or ecc)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 15 at the Core, through its ports (no sockets): the init secret (refused before the node
+"""Trust after activation at the Core, through its ports (no sockets): the init secret (refused before the node
 lock), re-attestation and eviction (a failed attestation evicts at once, an unreachable peer is
 unverified after the limit and evicted only after a period; the vpnapi refuses an evicted peer; re-admission keeps the key), rejoin tickets (only
 a recorded peer, bound to the connection; a Node never takes the KMS URI), and signed policies."""

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The attacker of issue 25, finding 1: a plain software P-256 key that *declares* itself a restricted,
+"""The forged-AK attacker: a plain software P-256 key that *declares* itself a restricted,
 fixedTPM signing key (TPMT_PUBLIC attributes are just bits the key's owner writes) and signs a
 TPMS_ATTEST quote of its own making over the verifier's nonce, claiming the PCR values the policy wants.
 No TPM is involved. The signature is sound, so only the variant's AK trust can tell."""

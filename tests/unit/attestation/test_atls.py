@@ -220,7 +220,7 @@ def test_validator_error_is_reported_and_nothing_sent(serve):
 
 def test_handshake_timeout():
     """A peer that accepts TCP and never answers: the client gives up after its timeout; no
-    attestation arrived, so it is unreachable, not a failed attestation (issue 25, finding 11)."""
+    attestation arrived, so it is unreachable, not a failed attestation."""
     listener = socket.create_server(("127.0.0.1", 0))
     try:
         start = time.monotonic()

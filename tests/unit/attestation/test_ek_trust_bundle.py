@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The EK trust anchor of qemu-vtpm-ek as real hosts need it (issue 25, item 1): a bundle of several
+"""The EK trust anchor of qemu-vtpm-ek as real hosts need it: a bundle of several
 vendors' CAs in one PEM file or a folder of PEM files, RSA and ECC EK certificates, intermediates
 given beside the roots or stored in the TPM's NV (TCG EK Credential Profile 2.5). Only a self-signed
 CA of the bundle is a trust anchor; an intermediate is a link, never an anchor. Certificates are made

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 11: EnrollAK needs no authentication and costs the Node's TPM a primary key. A
+"""EnrollAK needs no authentication and costs the Node's TPM a primary key. A
 client that sits in the middle of the exchange must not block anyone's quote nor keep its connection,
 and a flood is refused before any TPM work. A real qemu-vtpm-ek pubapi (swtpm with an EK certificate)
 on loopback; loops are bounded and timeouts only detect a hang."""

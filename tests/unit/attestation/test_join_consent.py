@@ -153,7 +153,7 @@ def _join(coord, issuer, disk_uuid=None, node_vpn_pub_key=None):
 
 
 def test_a_genuine_tpm_the_admin_did_not_admit_gets_no_ticket(coordinator, fleet_tpm):
-    """Finding 1: a host with a genuine, vendor-certified TPM that runs the image (its root can replay PCR 13)
+    """A host with a genuine, vendor-certified TPM that runs the image (its root can replay PCR 13)
     asks for a join ticket. Its attestation is sound and its AK is enrolled through its EK, but the admin never
     admitted that EK: no ticket, no secret, no VPN IP, no disk UUID recorded; the refusal names the EK and the
     way to admit it. Once the admin admits it, the same TPM joins."""
@@ -246,7 +246,7 @@ def test_without_an_ek_a_join_needs_the_insecure_option_which_is_warned_about(co
 
 
 def test_a_join_from_a_fresh_nodes_address_gets_no_proof_of_its_init_secret(coordinator, fleet_tpm, make_node):
-    """Finding 2: the attacker joins (with an admitted TPM of his own) from the address of a fresh node, the
+    """The attacker joins (with an admitted TPM of his own) from the address of a fresh node, the
     victim, provisioned with the init secret hash for that address. The ticket carries no init proof at all, so
     the attacker cannot activate the victim under his own admin key: the victim refuses, stays fresh."""
     coord = coordinator()

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Several named accepted measurement sets (issue 28, rolling image upgrade): the format, the plain form as the
+"""Several named accepted measurement sets (a rolling image upgrade): the format, the plain form as the
 one set "default", which set matched, the transforms per set, the signature over the whole file, and a real
 swtpm quote validated against two sets."""
 
@@ -53,7 +53,7 @@ def test_named_sets_parse_and_round_trip():
 
 def test_plain_form_is_one_set_named_default():
     plain = parse_policy(_set(V1))
-    assert isinstance(plain, Measurements)  # what every caller before issue 28 saw
+    assert isinstance(plain, Measurements)  # what a caller that knows only plain policies expects
     assert list(plain.sets) == [DEFAULT_SET_NAME]
     assert plain.match(V1)[0] == DEFAULT_SET_NAME
     assert list(as_sets(plain).sets) == [DEFAULT_SET_NAME]

@@ -118,7 +118,7 @@ def test_the_seal_covers_the_enforced_boot_pcrs_not_15_nor_warn_only_nor_what_ro
         sealed_pcrs(policy, "image")
 
 
-# ---------------------------------------------------------------- re-sealed ahead of a reboot (issue 28, image upgrade)
+# ---------------------------------------------------------------- re-sealed ahead of a reboot (image upgrade)
 
 AGENT = hashlib.sha256(b"agent").digest()
 

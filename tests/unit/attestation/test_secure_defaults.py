@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, findings 1, 4 and 10, against the real Core, validators and pubapi server: with the
+"""Secure defaults against the real Core, validators and pubapi server: with the
 defaults (no variant named anywhere), a software key that declares itself a TPM key gets nothing;
 qemu-vtpm needs the explicit acknowledgement and dummy the test suite; a policy that enforces no PCR
 is refused naming its file."""
@@ -88,7 +88,7 @@ def agent_node_validator(config: AgentConfig):
     return choose.validator(config.variant, fresh_node_policy(load_policy_file(config.measurements)), trust)
 
 
-# ------------------------------------------------------------------ finding 1: the forged software AK
+# ------------------------------------------------------------------ the forged software AK
 
 
 def test_the_forgery_is_sound_and_trusting_any_ak_accepts_it(genuine_ek_cert):
@@ -100,7 +100,7 @@ def test_the_forgery_is_sound_and_trusting_any_ak_accepts_it(genuine_ek_cert):
 
 
 def test_the_default_validator_refuses_a_software_ak_that_declares_itself_a_tpm_key(ek_ca_path, genuine_ek_cert):
-    """Finding 1 at the chooser: the default variant's validator (the trust the defaults load) does
+    """The forged AK at the chooser: the default variant's validator (the trust the defaults load) does
     not accept the forged document."""
     trust = choose.load_trust(choose.DEFAULT_VARIANT, ek_ca_path)
     validator = choose.validator(choose.DEFAULT_VARIANT, POLICY, trust)
@@ -136,7 +136,7 @@ class _PermissiveServerCheck:
 
 def test_a_coordinator_with_the_defaults_gives_a_forged_software_ak_no_join_ticket(
         tmp_path, swtpm_ek, ek_ca_path, genuine_ek_cert):
-    """Finding 1 end to end: a Coordinator wired as the agent wires it, from a configuration that names
+    """The forged AK end to end: a Coordinator wired as the agent wires it, from a configuration that names
     no variant, serves IssueJoinTicket over its real aTLS pubapi. The forger attests with its software
     AK (claiming the image's PCRs and a fresh PCR 15) and, asked to enroll, offers a genuine EK
     certificate of the fleet. It gets no ticket (no measurement secret, disk key, VPN IP) and is
@@ -200,7 +200,7 @@ def test_qemu_vtpm_needs_the_acknowledgement_everywhere(tmp_path, ek_ca_path, sw
 
 
 def test_dummy_is_refused_outside_the_test_suite(tmp_path, ek_ca_path, monkeypatch):
-    """Finding 10: dummy proves nothing; outside the test suite no adapter accepts it."""
+    """Dummy proves nothing; outside the test suite no adapter accepts it."""
     assert choose.validator("dummy").oid  # the suite (CONSTELLATION_TEST_SUITE=1, tests/conftest.py)
     monkeypatch.delenv(choose.TEST_SUITE_ENV)
     for attempt in (lambda: choose.validator("dummy"), lambda: choose.issuer("dummy"),
@@ -213,7 +213,7 @@ def test_dummy_is_refused_outside_the_test_suite(tmp_path, ek_ca_path, monkeypat
         choose.validator("dummy")
 
 
-# ------------------------------------------------------------------ finding 4: a policy that enforces nothing
+# ------------------------------------------------------------------ a policy that enforces nothing
 
 
 @pytest.mark.parametrize("policy", [
@@ -223,7 +223,7 @@ def test_dummy_is_refused_outside_the_test_suite(tmp_path, ek_ca_path, monkeypat
     {"15": {"expected": "00" * 32, "warnOnly": False}, "4": {"expected": "aa" * 32, "warnOnly": True}},
 ])
 def test_a_policy_that_enforces_no_pcr_is_refused_naming_the_file(tmp_path, ek_ca_path, policy):
-    """Finding 4: with such a policy every TPM that booted anything would pass (PCR 15 is the cluster
+    """With such a policy every TPM that booted anything would pass (PCR 15 is the cluster
     ID, set by the agent itself, not a measurement of what booted). The agent refuses to start with it
     and every controller loader refuses it, naming the file."""
     from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent

@@ -1,4 +1,4 @@
-"""Variant names and OIDs (SPEC.md 1.6), looked up through the chooser, the one registry."""
+"""Variant names and OIDs (docs/attestation.md, "Variants and their OIDs"), looked up through the chooser, the one registry."""
 
 import pytest
 

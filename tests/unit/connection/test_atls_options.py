@@ -281,7 +281,7 @@ def test_signed_policy_file_is_used_only_when_its_signature_verifies(key_file, t
         settings_from_options(options(key_file, measurements_pub_key_file=str(pub_path)))
 
 
-# ------------------------------------------------------------------ secure by default (issue 25)
+# ------------------------------------------------------------------ secure by default
 
 
 def test_default_variant_is_qemu_vtpm_ek_and_needs_the_ek_ca(key_file, tmp_path):

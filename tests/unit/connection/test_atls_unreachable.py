@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 11, at the connection plugin: a host whose aTLS handshake is reset or ends before
+"""Unreachable is not tampering, at the connection plugin: a host whose aTLS handshake is reset or ends before
 its attestation arrived is unreachable with the reason, never "attestation refused" (that verdict is
 kept for a document that arrived and failed verification). Real sockets on loopback."""
 

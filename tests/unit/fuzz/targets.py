@@ -7,7 +7,7 @@ Shared by the property-based tests of tests/unit/fuzz (a few seconds each in ``m
 by scripts/fuzz.py (``make fuzz``: at least 100,000 inputs per parser), imported by the collection
 path so that pytest, ansible-test units and the script all find it.
 
-The contract each target checks (issue 14, item 4): a parser returns a valid object or raises one
+The contract each target checks: a parser returns a valid object or raises one
 of the project's documented errors (``errors.ConstellationError`` and its subclasses: InputError,
 AttestationError, ProtocolError, ...), never anything else; and no error message holds secret
 material (``Target.secrets``: the KMS key and salt of the seeds, in every spelling they have there).

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Property-based fuzzing of every parser of untrusted data (issue 14, item 5).
+"""Property-based fuzzing of every parser of untrusted data.
 
 Each parser returns a valid object or raises one of the project's documented errors, never anything
 else, and no error text holds secret material. Inputs are mutations of real documents (targets.py;

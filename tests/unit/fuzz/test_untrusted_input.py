@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The foreign exceptions issue 14 measured, one test each: now documented errors naming the field,
+"""Foreign exceptions a parser could raise, one test each: documented errors naming the field,
 with bounded nesting; a bad RPC frame gets an END error and the connection goes on; a crash in a
 connection thread is one JSON log line."""
 

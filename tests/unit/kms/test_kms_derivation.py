@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""HKDF derivations against Constellation's test vectors (SPEC.md 3.5) and its case rules."""
+"""HKDF derivations against Constellation's test vectors (docs/kms.md, "Test vectors") and its case rules."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def seq(start, end):
     return bytes(range(start, end + 1))
 
 
-# (name, ikm, salt, info, length, output) - SPEC.md 3.5
+# (name, ikm, salt, info, length, output): docs/kms.md, "Test vectors" says where each comes from
 VECTORS = [
     ("HKDFZero", bytes(32), bytes(32), b"key-00000000-0000-0000-0000-000000000000", 32,
      "2b5c829f691bfd4232f8aac464bccc07e605c7c8e82cbca09837e86d0b6d0665"),

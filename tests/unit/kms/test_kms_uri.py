@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""kms:// and storage:// URIs (SPEC.md 3.1): Constellation's forms, and what a strict parser refuses."""
+"""kms:// and storage:// URIs (docs/kms.md, "The KMS URI"): Constellation's forms, and what a strict parser refuses."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ GCP = dict(projectID="proj-1", location="europe-west3", keyRing="ring", credenti
 
 
 def test_constellation_example_parses():
-    # SPEC.md 3.1: Key="key", Salt="salt" (the unit-test input, below our 16-byte minimum for keys)
+    # Constellation's unit-test input Key="key", Salt="salt" (docs/kms.md, "The KMS URI"; below our 16-byte minimum for keys)
     parsed = kms.parse_uri("kms://cluster-kms?key=a2V5&salt=c2FsdA==")
     assert parsed.scheme == "kms" and parsed.backend == "cluster-kms"
     assert dict(parsed.params) == {"key": "a2V5", "salt": "c2FsdA=="}

@@ -1,4 +1,4 @@
-"""Rendered kubeadm configurations against documents written by hand from SPEC.md §5
+"""Rendered kubeadm configurations against documents written by hand from Constellation's (docs/kubeadm.md)
 (never produced by calling the renderer)."""
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def test_defaults_endpoint_is_the_vpn_ip_and_optional_fields_absent():
     assert docs[1]["apiServer"]["certSANs"] == ["127.0.0.1", "10.118.0.1"]
     assert docs[1]["networking"] == {"serviceSubnet": "10.96.0.0/16", "podSubnet": "10.244.0.0/16"}
     assert "bootstrapTokens" not in docs[0] and "certificateKey" not in docs[0]
-    # The kubelet's serving certificate is always the one init signs with the cluster CA (SPEC.md §4.4).
+    # The kubelet's serving certificate is always the one init signs with the cluster CA (docs/kubeadm.md, "Init, step by step as Constellation does it").
     assert docs[2]["tlsCertFile"] == "/etc/kubernetes/pki/kubelet-serving.crt"
     assert docs[2]["tlsPrivateKeyFile"] == "/etc/kubernetes/pki/kubelet-serving.key"
     assert [{"name": "cloud-provider", "value": ""}, {"name": "node-ip", "value": "10.118.0.1"}] == \

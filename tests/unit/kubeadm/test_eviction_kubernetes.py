@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, finding 8 (Kubernetes side): an eviction must reach Kubernetes. A real Core (Coordinator)
+"""Eviction (Kubernetes side): an eviction must reach Kubernetes. A real Core (Coordinator)
 with its kubeadm provider on a control plane made by the kubeadm TEST DOUBLE and the STAND-IN for the
 Kubernetes API server (tests/doubles/kube_apiserver.py, not Kubernetes): the evicted Node's Node object
 is deleted (the stand-in sees the DELETE), its kubelet certificate is short-lived and a renewal by the

@@ -1,4 +1,4 @@
-"""Constellation's init sequence (SPEC.md §5), driven through the kubeadm TEST DOUBLE (tests/doubles/kubeadm)
+"""Constellation's init sequence (docs/kubeadm.md), driven through the kubeadm TEST DOUBLE (tests/doubles/kubeadm)
 at the process boundary: the order of the kubeadm commands, the files each step leaves, the kubelet's
 serving certificate signed by the new cluster CA, and the ``<clusterName>-admin`` kubeconfig in
 ``system:masters``; and what the double itself accepts and refuses of kubeadm's init CLI."""

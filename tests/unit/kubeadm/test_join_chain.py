@@ -192,7 +192,7 @@ def test_the_join_ticket_carries_a_fresh_token_the_kubelet_cert_and_never_contro
         .get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [ip1]  # the ticket's VPN IP
     assert "control_plane_files" not in first
-    # A joining node cannot make itself a control plane (finding 2): the ticket is refused, no token left.
+    # A joining node cannot make itself a control plane: the ticket is refused, no token left.
     before = cluster.tokens()
     with pytest.raises(AccessDenied, match="is_control_plane: a node cannot designate itself a control plane"):
         cluster.core.join_service.issue_join_ticket(core_mod.new_disk_uuid(), cluster.core.coordinator.reserve_node_ip(),
@@ -214,7 +214,7 @@ def test_a_ticket_with_a_csr_in_another_nodes_name_is_refused(cluster):
 
 
 def test_a_node_gets_a_kubelet_certificate_for_one_name_only(cluster):
-    """Finding 9: a Node (activated by an older controller, so no name from the admin) certified as mallory asks
+    """A Node (activated by an older controller, so no name from the admin) certified as mallory asks
     for kubelet certificates in further names no node holds yet: each is refused, nothing is recorded, no token
     leaves; its own name still works."""
     mallory = cluster.add_node("10.42.0.12")

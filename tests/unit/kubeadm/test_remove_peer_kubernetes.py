@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 28, part 2 (Kubernetes side): a removed Node's Node object is deleted, its kubelet name is free for the
+"""Removing a node (Kubernetes side): a removed Node's Node object is deleted, its kubelet name is free for the
 next node, and it gets no kubelet certificate any more. A real Core (Coordinator) with its kubeadm provider on a
 control plane made by the kubeadm TEST DOUBLE and the STAND-IN for the Kubernetes API server
 (tests/doubles/kube_apiserver.py, not Kubernetes)."""

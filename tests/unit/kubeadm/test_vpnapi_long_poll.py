@@ -1,11 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""GetUpdate's long poll (issue 29) over real sockets: a real Coordinator Core and the real vpnapi FrameServer on
+"""GetUpdate's long poll over real sockets: a real Coordinator Core and the real vpnapi FrameServer on
 loopback (VPN 127.77.0.0/16, each client bound to the VPN IP of the peer it claims to be, as test_join_chain.py's
 Cluster). A held GetUpdate wakes on a change of the peer set, returns at its bounded wait, ends with AccessDenied
 and no peers when its Node is evicted meanwhile; a non-peer and an unauthenticated connection hold nothing; a Node
-before issue 29 (no ``wait``) is answered at once. The server's budgets: a Node's PeerAuth'd connection is in the
+of an older version (no ``wait``) is answered at once. The server's budgets: a Node's PeerAuth'd connection is in the
 peers' budget, which strangers' connections never push out, and at most MAX_PEER_CONNECTIONS_PER_SOURCE per VPN IP."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_a_held_get_update_returns_at_its_bounded_wait_and_a_behind_node_at_once
     assert error is None and answer["resource_version"] == version and answer["long_poll"] is True
 
 
-def test_a_node_before_issue_29_is_answered_at_once_without_the_long_poll_field(cluster):
+def test_an_older_node_is_answered_at_once_without_the_long_poll_field(cluster):
     node_ip = cluster.add_node("10.42.0.11")
     with cluster.client(node_ip) as client:
         assert client.get_update(_version(cluster)) == {"resource_version": _version(cluster)}
@@ -250,9 +250,9 @@ def test_close_ends_a_held_get_update_at_once(cluster):
     assert not thread.is_alive() and out == [None]
 
 
-def test_a_coordinator_before_issue_29_is_polled_as_before(cluster):
+def test_an_older_coordinator_is_polled_as_before(cluster):
     """Its GetUpdate ignores ``wait`` and answers at once (no ``long_poll``): the answer is used, the Coordinator
-    is remembered, and the next call says None (the agent polls it every update_interval, as before)."""
+    is remembered, and the next call says None (the agent polls it every update_interval)."""
     node_ip = cluster.add_node("10.42.0.11")
     cluster.server.stop()
 

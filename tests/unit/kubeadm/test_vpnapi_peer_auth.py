@@ -1,7 +1,7 @@
-"""Issue 25, finding 2, attacked over real sockets: the vpnapi authorised by source IP only, so any
-process on a Node (an unprivileged user, a hostNetwork pod) that connects from the Node's VPN IP got
-the control-plane PKI (ca.key, sa.key, the front-proxy and etcd CA keys), a certificate key, the node's
-disk key and data keys. Now a connection must first prove the WireGuard private key the Coordinator's
+"""Caller authentication of the vpnapi, attacked over real sockets: were the vpnapi to authorise by source IP
+only, any process on a Node (an unprivileged user, a hostNetwork pod) that connects from the Node's VPN IP
+would get the control-plane PKI (ca.key, sa.key, the front-proxy and etcd CA keys), a certificate key, the
+node's disk key and data keys. So a connection must first prove the WireGuard private key the Coordinator's
 registry recorded for that address (PeerAuth); control-plane material goes only to a node the admin
 designated a control plane; GetDataKey IDs are namespaced per caller.
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Issue 25, findings 7 and 8, on a real three-member etcd cluster with TLS (core/coordinator_removal.py's
+"""Coordinators re-attested and evictions shared, on a real three-member etcd cluster with TLS (core/coordinator_removal.py's
 fixture): three Coordinators' Cores (in-memory TPM and VPN, each on its own etcd member at 127.0.0.1-3, which
 stand for their VPN IPs) share the cluster's state.
 

@@ -127,7 +127,7 @@ NODE = {"role": "coordinator", "vpn_ip": "10.118.0.1", "vpn_priv_key": base64.b6
 
 
 def test_node_state_and_kms_round_trip_through_transfer(store_factory):
-    """Before activation the agent keeps state in memory; activation transfers it (SPEC §6.8)."""
+    """Before activation the agent keeps state in memory; activation transfers it (docs/store.md, "Typed records")."""
     memory = MemoryStore()
     state_store.save_node_state(memory, NODE)
     kms = {"kms_uri": "kms://cluster-kms?salt=AAAA", "storage_uri": "storage://no-store", "key_encryption_key_id": ""}

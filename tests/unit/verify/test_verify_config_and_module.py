@@ -36,7 +36,7 @@ def test_every_agent_serves_it_on_constellations_ports_by_default():
 
 @pytest.mark.parametrize("wildcard", ["0.0.0.0:9000", "[::]:9000"])
 def test_it_binds_the_public_address_not_all_addresses_by_default(wildcard):
-    """Issue 25, finding 9: with public_endpoint on all addresses, the verification service listens on
+    """Least disclosure: with public_endpoint on all addresses, the verification service listens on
     public_ip only (it was 0.0.0.0); an explicit endpoint is taken as it is."""
     config = AgentConfig.from_mapping(dict(BASE, public_endpoint=wildcard, public_ip="192.0.2.7"))
     assert (config.verify_grpc_endpoint, config.verify_http_endpoint) == ("192.0.2.7:9090", "192.0.2.7:8080")

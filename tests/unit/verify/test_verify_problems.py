@@ -58,7 +58,7 @@ def test_state_problems(changes, problems):
 
 
 def test_an_evicted_coordinator_is_named_with_its_etcd_membership():
-    """Issue 25, finding 7: the leader evicted a Coordinator that failed re-attestation."""
+    """The leader evicted a Coordinator that failed re-attestation."""
     removed = {"reason": "attestation failed: PCR 4", "public_ip": "10.42.0.12", "role": "coordinator",
                "etcd_member": "removed"}
     assert verify_problems("h2", peer=COORDINATOR, attested=True, coordinator=True, cluster_id="c2V0",

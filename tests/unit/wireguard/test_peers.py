@@ -1,4 +1,4 @@
-"""Versioned peer sets and VPN IP allocation (SPEC 6.6/6.8)."""
+"""Versioned peer sets and VPN IP allocation (docs/wireguard.md, "Addresses and ports"; docs/store.md, "Typed records")."""
 
 from __future__ import annotations
 

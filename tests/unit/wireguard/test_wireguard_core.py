@@ -201,7 +201,7 @@ def test_absent_peer_removed_and_absent_unknown_ignored():
 
 
 def test_reassigned_vpn_ip_removes_old_key():
-    # SPEC 6.6: diff by AllowedIPs -- a new key for the same /32 replaces the old peer.
+    # Peers are diffed by AllowedIPs: a new key for the same /32 replaces the old peer.
     live = _live(_lp(K1, "10.118.0.12"))
     diff = diff_peers(_reqs(Peer(K2, "10.118.0.12")), live)
     assert [p.pub_key for p in diff.added] == [K2] and [p.pub_key for p in diff.removed] == [K1]
