@@ -202,7 +202,7 @@ def test_every_plugin_that_takes_the_attestation_options_is_in_the_action_group(
     ``_VALID_ARGS`` (what Ansible passes through to it: every ClusterAction, and verify_attestation); for a module
     without an action plugin, its argument_spec built from ATTESTATION_ARGUMENT_SPEC (constellation_verify).
     Every such plugin is in meta/runtime.yml's ``action_groups.attestation``, so a play's ``module_defaults`` for
-    ``group/constellation.cluster.attestation`` reaches it, and the group
+    ``group/constellation.cluster.attestation`` (playbooks/vars/attestation_defaults.yml) reaches it, and the group
     lists nothing else."""
     import yaml
 
