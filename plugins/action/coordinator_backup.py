@@ -26,12 +26,12 @@ class ActionModule(ClusterAction):
     _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
-        from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
+        from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
         from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
         from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import decode_salt
 
-        master = MasterSecret.from_uri(args["kms_uri"])
-        cluster_id = ClusterKMS(master).cluster_id(decode_salt(args["measurement_salt"]))
+        kms = kms_mod.open_kms(args["kms_uri"])
+        cluster_id = kms_mod.cluster_id(kms, decode_salt(args["measurement_salt"]))
         exported = backup.export_state(args["endpoint"], settings, self.load_admin_priv_key(args["admin_priv_key_file"]),
                                        cluster_id)
         out = {"changed": False, "endpoint": args["endpoint"], "cluster_id": base64.b64encode(cluster_id).decode()}
@@ -50,10 +50,10 @@ class ActionModule(ClusterAction):
         elif args["kubernetes"]:
             kubernetes = KUBERNETES_NOT_TAKEN
             warnings.append(KUBERNETES_NOT_TAKEN["reason"])
-        current = backup.fingerprint(master, exported, snapshot_sha256)
+        current = backup.fingerprint(kms, exported, snapshot_sha256)
         for path, _manifest in reversed(backup.backups(args["backup_dir"], out["cluster_id"])):
             try:
-                manifest, _state = backup.open_backup(path, master, cluster_id)
+                manifest, _state = backup.open_backup(path, kms, cluster_id)
             except backup.BackupRefused as err:  # a damaged newest backup is no reason to skip this one
                 warnings.append("the newest backup is not usable, a new one is made: %s" % err)
                 break
@@ -62,7 +62,7 @@ class ActionModule(ClusterAction):
                 return dict(out, warnings=warnings) if warnings else out
             break
         out["changed"] = True
-        manifest, data, name = backup.seal(master, exported, args["endpoint"], kubernetes, snapshot)
+        manifest, data, name = backup.seal(kms, exported, args["endpoint"], kubernetes, snapshot)
         if self._task.check_mode:
             out.update(path=None, manifest=manifest, note="check mode: a new backup would be written")
         else:

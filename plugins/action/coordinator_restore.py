@@ -22,17 +22,17 @@ class ActionModule(ClusterAction):
         from cryptography.hazmat.primitives import serialization
 
         from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret
-        from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
+        from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
         from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
         from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import decode_salt
 
-        master = MasterSecret.from_uri(args["kms_uri"])
+        kms = kms_mod.open_kms(args["kms_uri"])
         salt = decode_salt(args["measurement_salt"])
-        cluster_id = ClusterKMS(master).cluster_id(salt)
+        cluster_id = kms_mod.cluster_id(kms, salt)
         path, named = backup.choose(args["backup"], args["backup_dir"], cluster_id)
         # Every check before anything is sent: a refused backup never reaches a host.
         try:
-            manifest, exported, snapshot = backup.open_all(path, master, cluster_id)
+            manifest, exported, snapshot = backup.open_all(path, kms, cluster_id)
         except backup.BackupRefused as err:
             raise backup.BackupRefused("backup refused, nothing was sent: %s" % err) from None
         if args["kubernetes_etcd_snapshot"] and snapshot is None:

@@ -17,6 +17,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
     MASTER_SECRET_LENGTH_MAX,
     SALT_LENGTH_MAX,
     coordinator_pub_key as _coordinator_pub_key,
+    derive_key as _derive_key,
     open_kms,
 )
 
@@ -46,7 +47,7 @@ def derive_key(uri, key_id, length=32):
     try:
         if isinstance(length, str) and length.isdigit():
             length = int(length)
-        return open_kms(uri).derive_key(key_id, length).hex()
+        return _derive_key(open_kms(uri), key_id, length).hex()
     except ConstellationError as err:
         raise AnsibleFilterError("derive_key: %s" % err) from None
 

@@ -130,6 +130,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
     ClusterKMS,
     MasterSecret,
+    derive_key,
     open_kms,
     secret_file_state,
     state_disk_key_id,
@@ -199,7 +200,7 @@ def main():
         else:
             key_id = p["key_id"]
             length = p["length"]
-        key = kms.derive_key(key_id, length)
+        key = derive_key(kms, key_id, length)
         result = dict(changed=False, key_id=key_id, length=length)
         if p["dest"]:
             data = _encode(key, p["format"])

@@ -5,8 +5,9 @@
 
 A backup is two files in the backup folder (0700), both 0600, written atomically, the data first:
 
-* ``<name>.enc``: ``AES-256-GCM(key, nonce, plaintext, aad)``, the key ``kms.backup_key(master secret)``
-  (HKDF with an info label of its own, docs/kms.md; never the master secret itself), the plaintext the
+* ``<name>.enc``: ``AES-256-GCM(key, nonce, plaintext, aad)``, the key ``kms.backup_key(kms)``
+  (the KMS's key for an info label of its own, outside GetDataKey's reach, docs/kms.md; for the cluster KMS an
+  HKDF of the master secret, never the master secret itself), the plaintext the
   canonical JSON of ``{"coordinator_state": <ExportState answer>}``, and where Kubernetes is managed
   ``"kubernetes_etcd_snapshot"``: Kubernetes' etcd snapshot (base64; kubeadm/etcd_snapshot.py, its appended
   SHA-256 checked when sealed and when opened);
@@ -69,15 +70,22 @@ def _aad(manifest: Dict[str, Any]) -> bytes:
     return canonical({k: v for k, v in manifest.items() if k not in _DATA_FIELDS})
 
 
-def fingerprint(master: kms_mod.MasterSecret, exported: Dict[str, Any], kubernetes_etcd_sha256: Optional[str] = None) -> str:
+def fingerprint(kms: kms_mod.KMS, exported: Dict[str, Any], kubernetes_etcd_sha256: Optional[str] = None) -> str:
     """A keyed digest of the state (HMAC-SHA256 under a key derived from the backup key): says whether two
     exports hold the same state without saying anything about it to whoever reads the manifest. With a
     Kubernetes etcd snapshot, its SHA-256 is part of it (without one, the digest is the one of format v1's
     first backups)."""
-    key = kms_mod.hkdf_sha256(kms_mod.backup_key(master), b"", _FINGERPRINT_INFO, 32)
+    key = kms_mod.hkdf_sha256(kms_mod.backup_key(kms), b"", _FINGERPRINT_INFO, 32)
     doc = exported if kubernetes_etcd_sha256 is None else {"coordinator_state": exported,
                                                            "kubernetes_etcd_sha256": kubernetes_etcd_sha256}
     return hmac.new(key, canonical(doc), hashlib.sha256).hexdigest()
+
+
+def key_derivation(kms: kms_mod.KMS) -> str:
+    """The manifest's ``cipher.key``: how the backup key is derived from this KMS."""
+    if isinstance(kms, kms_mod.ClusterKMS):
+        return KEY_DERIVATION
+    return "the KMS's get_dek(%s)" % kms_mod.BACKUP_KEY_INFO.decode()
 
 
 def _now() -> Tuple[str, str]:
@@ -85,7 +93,7 @@ def _now() -> Tuple[str, str]:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), now.strftime("backup-%Y%m%dT%H%M%S%fZ")
 
 
-def seal(master: kms_mod.MasterSecret, exported: Dict[str, Any], endpoint: str,
+def seal(kms: kms_mod.KMS, exported: Dict[str, Any], endpoint: str,
          kubernetes: Optional[Dict[str, Any]] = None, kubernetes_etcd_snapshot: Optional[bytes] = None
          ) -> Tuple[Dict[str, Any], bytes, str]:
     """(manifest, data, name) of a new backup of ``exported`` (an ExportState answer) and, when given, of
@@ -112,11 +120,11 @@ def seal(master: kms_mod.MasterSecret, exported: Dict[str, Any], endpoint: str,
     manifest = {"format": FORMAT, "created": created, "cluster_id": exported.get("cluster_id"),
                 "coordinator": {"endpoint": endpoint, "vpn_ip": exported.get("vpn_ip")}, "contents": contents,
                 "peer_resource_version": peer_resource_version(exported),
-                "state_fingerprint": fingerprint(master, exported, snapshot_sha256),
-                "cipher": {"algorithm": CIPHER, "key": KEY_DERIVATION, "nonce": base64.b64encode(nonce).decode(),
+                "state_fingerprint": fingerprint(kms, exported, snapshot_sha256),
+                "cipher": {"algorithm": CIPHER, "key": key_derivation(kms), "nonce": base64.b64encode(nonce).decode(),
                            "aad": "the canonical JSON of this manifest without %s" % " and ".join(_DATA_FIELDS)},
                 "data_file": name + DATA_SUFFIX}
-    data = nonce + AESGCM(kms_mod.backup_key(master)).encrypt(nonce, canonical(plain), _aad(manifest))
+    data = nonce + AESGCM(kms_mod.backup_key(kms)).encrypt(nonce, canonical(plain), _aad(manifest))
     manifest.update(data_sha256=hashlib.sha256(data).hexdigest(), data_size=len(data))
     return manifest, data, name
 
@@ -253,14 +261,14 @@ def backups(backup_dir: str, cluster_id: Optional[str] = None) -> List[Tuple[str
     return sorted(found, key=lambda item: (str(item[1].get("created")), item[0]))
 
 
-def open_backup(path: str, master: kms_mod.MasterSecret, cluster_id: bytes) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def open_backup(path: str, kms: kms_mod.KMS, cluster_id: bytes) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(manifest, the Coordinator's exported state) of the backup whose manifest is ``path``, after every
     check (module docstring); BackupRefused naming the file and the reason otherwise."""
-    manifest, exported, _snapshot = open_all(path, master, cluster_id)
+    manifest, exported, _snapshot = open_all(path, kms, cluster_id)
     return manifest, exported
 
 
-def open_all(path: str, master: kms_mod.MasterSecret, cluster_id: bytes
+def open_all(path: str, kms: kms_mod.KMS, cluster_id: bytes
              ) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[bytes]]:
     """(manifest, the Coordinator's exported state, Kubernetes' etcd snapshot or None) of the backup whose
     manifest is ``path``, after every check of ``open_backup`` and, when the manifest lists a snapshot, its size,
@@ -288,7 +296,7 @@ def open_all(path: str, master: kms_mod.MasterSecret, cluster_id: bytes
         raise BackupRefused("%s: a backup of another cluster (cluster ID %s, this inventory's is %s)"
                             % (path, str(manifest.get("cluster_id"))[:64], base64.b64encode(cluster_id).decode()))
     try:
-        plain = AESGCM(kms_mod.backup_key(master)).decrypt(data[:12], data[12:], _aad(manifest))
+        plain = AESGCM(kms_mod.backup_key(kms)).decrypt(data[:12], data[12:], _aad(manifest))
     except (InvalidTag, ValueError):
         raise BackupRefused("%s: the authenticated decryption failed: the manifest or the data was changed, or the "
                             "backup was made with another master secret" % path) from None
@@ -308,7 +316,7 @@ def open_all(path: str, master: kms_mod.MasterSecret, cluster_id: bytes
             raise BackupRefused("%s: the Kubernetes etcd snapshot does not match the manifest's size and sha256" % path)
         check_snapshot(snapshot, "%s: the Kubernetes etcd snapshot" % path)
     if not isinstance(exported, dict) or exported.get("cluster_id") != manifest.get("cluster_id") \
-            or not hmac.compare_digest(fingerprint(master, exported, entry and entry.get("sha256")),
+            or not hmac.compare_digest(fingerprint(kms, exported, entry and entry.get("sha256")),
                                        str(manifest.get("state_fingerprint"))):
         raise BackupRefused("%s: the decrypted state does not match the manifest (cluster ID, fingerprint)" % path)
     return manifest, exported, snapshot

@@ -187,9 +187,9 @@ def decode_salt(value: Any, field_name: str = "measurement_salt") -> bytes:
 
 
 def derive_cluster_id(kms_uri: str, measurement_salt: bytes) -> bytes:
-    from ansible_collections.constellation.cluster.plugins.module_utils.kms import open_kms
+    from ansible_collections.constellation.cluster.plugins.module_utils.kms import cluster_id, open_kms
 
-    return open_kms(kms_uri).cluster_id(measurement_salt)
+    return cluster_id(open_kms(kms_uri), measurement_salt)
 
 
 def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: str, measurement_salt: bytes,

@@ -177,6 +177,49 @@ def test_nothing_imports_the_tests_or_the_benches_but_tests():
     assert not offenders, offenders
 
 
+def _takes_the_attestation_options(names) -> bool:
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import ATTESTATION_ARGUMENT_SPEC
+
+    return set(ATTESTATION_ARGUMENT_SPEC) <= set(names)
+
+
+def _plugins_taking_the_attestation_options():
+    """{name: why} of every action plugin and module that takes the shared attestation options."""
+    import importlib
+
+    found = {}
+    for path in sorted((ROOT / "plugins" / "action").glob("*.py")):
+        action = importlib.import_module(PKG + "plugins.action." + path.stem).ActionModule
+        if _takes_the_attestation_options(getattr(action, "_VALID_ARGS", ())):
+            found[path.stem] = "plugins/action/%s.py's _VALID_ARGS" % path.stem
+    for path in sorted((ROOT / "plugins" / "modules").glob("*.py")):
+        if path.stem in found:
+            continue
+        if any(isinstance(node, ast.Name) and node.id == "ATTESTATION_ARGUMENT_SPEC" for node in ast.walk(ast.parse(path.read_text()))):
+            found[path.stem] = "plugins/modules/%s.py's argument_spec" % path.stem
+    return found
+
+
+def test_every_plugin_that_takes_the_attestation_options_is_in_the_action_group():
+    """The rule: a plugin takes the shared attestation options when the arguments it accepts include every option
+    of attestation/policy.py's ATTESTATION_ARGUMENT_SPEC. For an action plugin that is its ActionModule's
+    ``_VALID_ARGS`` (what Ansible passes through to it: every ClusterAction, and verify_attestation); for a module
+    without an action plugin, its argument_spec built from ATTESTATION_ARGUMENT_SPEC (constellation_verify).
+    Every such plugin is in meta/runtime.yml's ``action_groups.attestation``, so a play's ``module_defaults`` for
+    ``group/constellation.cluster.attestation`` (playbooks/vars/attestation_defaults.yml) reaches it, and the group
+    lists nothing else."""
+    import yaml
+
+    group = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())["action_groups"]["attestation"]
+    takers = _plugins_taking_the_attestation_options()
+    missing = sorted("%s (%s)" % (name, why) for name, why in takers.items() if name not in group)
+    assert not missing, "not in meta/runtime.yml's action_groups.attestation: %s" % missing
+    extra = sorted(set(group) - set(takers))
+    assert not extra, "in action_groups.attestation but taking no attestation options: %s" % extra
+    assert len(group) == len(set(group)), "listed twice: %s" % sorted({n for n in group if group.count(n) > 1})
+    assert "activate_nodes" in takers and "master_secret" not in takers  # the rule sees both kinds
+
+
 def _lab_imports():
     """lab/<module> -> the lab modules it imports (anywhere in the file, a function's body included)."""
     graph = {}

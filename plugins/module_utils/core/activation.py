@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence
 
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.admission import parse_node_name
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
@@ -277,7 +278,7 @@ class NodeActivation:
         if disk_uuid is None:
             raise StateError("GetStateDiskKey: no activation of %s is recorded" % vpn_ip)
         self.context.log("state_disk_key", node_vpn_ip=vpn_ip)
-        return kms.state_disk_key(disk_uuid)
+        return kms_mod.state_disk_key(kms, disk_uuid)
 
 
 def _parse_node_names(node_names: Any, endpoints: Sequence[str]) -> Dict[str, str]:

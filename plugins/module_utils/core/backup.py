@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol
 
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, open_kms, parse_admin_pub_key
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
@@ -119,7 +120,7 @@ class StateBackup:
         if measurement_salt is not None and bytes(measurement_salt) != node.measurement_salt:
             raise InputError("measurement_salt", "the measurement salt of the backup's cluster")
         kms = open_kms(kms_uri)
-        cluster_id = kms.cluster_id(node.measurement_salt)
+        cluster_id = kms_mod.cluster_id(kms, node.measurement_salt)
         if cluster_id != node.cluster_id:
             raise StateError("%s: the KMS URI does not derive the backup's cluster ID (a backup of another cluster?)"
                              % method)
@@ -146,7 +147,7 @@ class StateBackup:
             self.recovery.resume()  # KMS, init secret, VPN with the same key and IP, registry, evictions
             pub_key = ctx.vpn_pub_key
             self.access.claim_disk_uuid(ctx.disk_uuid, restored.vpn_ip, pub_key, method)  # this host's disk
-            ctx.keep_disk_key(kms.state_disk_key(ctx.disk_uuid))
+            ctx.keep_disk_key(kms_mod.state_disk_key(kms, ctx.disk_uuid))
             if peer_version_floor is not None:  # the Nodes refuse an older set: continue above what they applied
                 ctx.peer_registry.update(lambda r: r.peers.continue_above(peer_version_floor))
             registry = ctx.peer_registry.current()

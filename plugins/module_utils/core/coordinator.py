@@ -114,7 +114,7 @@ class Coordinator:
         if vpn_cidr != getattr(ctx.vpn, "vpn_cidr", VPN_CIDR):
             raise InputError("cluster_config.vpn_cidr", "the agent's VPN CIDR %s" % getattr(ctx.vpn, "vpn_cidr", VPN_CIDR),
                              vpn_cidr)
-        cluster_id = kms.cluster_id(salt)
+        cluster_id = kms_mod.cluster_id(kms, salt)
         ctx.take_lock(cluster_id, method)
         ctx.log("node_lock", role=ROLE_COORDINATOR, pcr=15)
         try:
@@ -138,7 +138,7 @@ class Coordinator:
                                     cluster_id=cluster_id, measurement_salt=salt, admin_pub_key=admin_pub_key,
                                     coordinator_vpn_ip=record.vpn_ip, cluster_name=str(config.get("cluster_name", "")),
                                     disk_uuid=ctx.disk_uuid, state=int(State.ACTIVATING_NODES)))
-            ctx.keep_disk_key(kms.state_disk_key(ctx.disk_uuid))
+            ctx.keep_disk_key(kms_mod.state_disk_key(kms, ctx.disk_uuid))
             ctx.advance(State.ACTIVATING_NODES)
         except BaseException as err:
             ctx.fail(method, err)
@@ -179,7 +179,7 @@ class Coordinator:
         return {"init_proof": b64(node_init_secret(self.context.init_secret, public_ip))}
 
     def state_disk_key(self, disk_uuid: str) -> bytes:
-        return self.context.require_coordinator("state disk key").state_disk_key(disk_uuid)
+        return kms_mod.state_disk_key(self.context.require_coordinator("state disk key"), disk_uuid)
 
     def add_node_peer(self, vpn_ip: str, vpn_pub_key: str, public_ip: str, role: str = "node") -> int:
         """Records an activated node (or Coordinator: ``role``) at its reserved IP and adds it to our

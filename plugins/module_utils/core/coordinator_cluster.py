@@ -232,7 +232,7 @@ class CoordinatorCluster:
         if not isinstance(secrets, Mapping):
             raise InputError("secrets", "a mapping", type(secrets).__name__)
         kms = open_kms(secrets.get("kms_uri"))
-        if kms.cluster_id(request.measurement_salt) != request.cluster_id:
+        if kms_mod.cluster_id(kms, request.measurement_salt) != request.cluster_id:
             raise StateError("%s: the KMS URI does not derive this cluster's ID" % METHOD)
         members = secrets.get("etcd_initial_cluster")
         if not isinstance(members, str) or "=" not in members:
@@ -265,7 +265,7 @@ class CoordinatorCluster:
             admin_pub_key=request.admin_pub_key, coordinator_vpn_ip=request.node_vpn_ip, disk_uuid=self.context.disk_uuid,
             peers=tuple(p for p in records if p.role == ROLE_COORDINATOR and p.vpn_ip != request.node_vpn_ip),
             state=int(State.ACTIVATING_NODES)))
-        self.context.keep_disk_key(self.context.kms.state_disk_key(self.context.disk_uuid))
+        self.context.keep_disk_key(kms_mod.state_disk_key(self.context.kms, self.context.disk_uuid))
         self._pending_coordinator = None
         self.context.advance(State.ACTIVATING_NODES)
         self.context.log("coordinator_joined", coordinator_vpn_ip=request.node_vpn_ip)

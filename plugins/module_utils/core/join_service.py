@@ -13,6 +13,7 @@ import hmac
 import secrets
 from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol
 
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, normalize_disk_uuid
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import refuse_control_plane_join
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
@@ -103,8 +104,8 @@ class JoinService:
         refuse_control_plane_join("IssueJoinTicket", is_control_plane)
         request = self.registry.node_activation_request(vpn_ip)
         kubeadm_args = self.kubernetes.ticket_kubernetes(vpn_ip, certificate_request, False)
-        return JoinTicket(request.cluster_id, request.measurement_salt, kms.measurement_secret(),
-                          kms.state_disk_key(normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
+        return JoinTicket(request.cluster_id, request.measurement_salt, kms_mod.measurement_secret(kms),
+                          kms_mod.state_disk_key(kms, normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
                           request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args,
                           coordinator_pub_key=request.coordinator_pub_key)
 

@@ -138,4 +138,4 @@ class PeerAccess:
             raise InputError("data_key_id", "no disk UUID (state disk keys go only to their node)", data_key_id)
         if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 64:
             raise InputError("length", "an integer in 1..64", length)
-        return kms.derive_key(data_key_namespace(caller_vpn_pub_key or self.context.vpn_pub_key) + data_key_id, length)
+        return kms_mod.derive_key(kms, data_key_namespace(caller_vpn_pub_key or self.context.vpn_pub_key) + data_key_id, length)

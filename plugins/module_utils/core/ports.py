@@ -60,20 +60,9 @@ class Store(Protocol):
 
 @runtime_checkable
 class KMS(kms_backends.KMS, Protocol):
-    """The cluster's KMS (``kms.ClusterKMS``): every secret the Core hands out is derived here.
-    The KMS protocol of ``kms/backends.py`` (a key by ID and length) plus the named keys."""
-
-    def cluster_id(self, measurement_salt: bytes) -> bytes:
-        """The cluster ID for this salt."""
-
-    def measurement_secret(self) -> bytes:
-        """The measurement secret."""
-
-    def state_disk_key(self, disk_uuid: str) -> bytes:
-        """The state disk key of one node's disk."""
-
-    def derive_key(self, key_id: str, length: int) -> bytes:
-        """A named data key."""
+    """The cluster's KMS, any backend of the table (``kms.open_kms``): every secret the Core hands out is
+    derived from it. The KMS protocol of ``kms/backends.py`` (``get_dek``); the named keys (cluster ID,
+    measurement secret, state disk keys) are ``kms``'s functions over it (``kms/keys.py``)."""
 
 
 @runtime_checkable

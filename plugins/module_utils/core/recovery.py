@@ -161,7 +161,7 @@ class Recovery:
             raise StateError("%s: a Node does not take the KMS URI; it rejoins with a ticket from its Coordinator "
                              "(IssueRejoinTicket), by itself" % method)
         kms = open_kms(kms_uri)
-        cluster_id = kms.cluster_id(node.measurement_salt)
+        cluster_id = kms_mod.cluster_id(kms, node.measurement_salt)
         if not hmac.compare_digest(cluster_id, node.cluster_id):
             raise StateError("%s: the KMS URI does not derive this node's cluster ID" % method)
         ctx.take_lock(cluster_id, method)

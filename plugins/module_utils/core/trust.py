@@ -36,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.certified_ak_store import keep_certified_aks
 from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import (
@@ -285,7 +286,7 @@ class PeerTrust:
         if self.evictions.clear_unverified(vpn_ip):
             self.context.log("peer_verified", vpn_ip=vpn_ip, public_ip=channel.peer_ip, by="rejoin")
         registry = self.context.peer_registry.current()
-        ticket = RejoinTicket(kms.state_disk_key(normalized_uuid), kms.measurement_secret(),
+        ticket = RejoinTicket(kms_mod.state_disk_key(kms, normalized_uuid), kms_mod.measurement_secret(kms),
                               tuple(registry.peers.peers.values()), registry.peers.version)
         # Signed, bound to this request and connection: the Node checks it with the key it pinned at activation.
         channel.deliver(self.signing.signed_rejoin_ticket(ticket, binding))

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The KMS protocol and the ONE table that picks a backend from a ``kms://`` URI.
+"""The KMS protocol, the backends we ship (rows of ``registry.py``'s table) and ``open_kms``.
 
 The cluster KMS is the backend we have (``cluster.py``). The others Constellation knows (AWS KMS,
 GCP KMS, Azure Key Vault or managed HSM) are recognised from the same table: their URIs are parsed
@@ -11,16 +11,21 @@ Adding a backend: docs/kms.md, "Backends".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Protocol, Tuple, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.cluster import ClusterKMS, MasterSecret
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.derive import DERIVED_KEY_LENGTH_DEFAULT
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.registry import (
+    BACKENDS,
+    KMS_SCHEME,
+    STORAGE_SCHEME,
+    Backend,
+    register_backend,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.uri import (
     CLUSTER_KMS,
-    KMS_BACKENDS,
-    KMS_SCHEME,
+    NO_STORE,
     BackendURI,
     _b64_param,
     parse_uri,
@@ -29,60 +34,54 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms.uri impo
 
 @runtime_checkable
 class KMS(Protocol):
-    """What every KMS backend offers: a key by ID and length (Constellation's ``GetDEK``-based
-    ``GetDataKey``). The cluster KMS also derives the named keys the Core needs."""
+    """What a KMS backend writes: Constellation's ``GetDEK``, a key by ID (used verbatim) and length. Every
+    other key (``derive_key``, the named keys, the backup key) is derived over it in ``keys.py``."""
 
-    def derive_key(self, key_id: str, length: int = DERIVED_KEY_LENGTH_DEFAULT) -> bytes:
-        """The data key ``key_id`` of ``length`` bytes."""
+    def get_dek(self, dek_id: str, length: int = DERIVED_KEY_LENGTH_DEFAULT) -> bytes:
+        """The key ``dek_id`` of ``length`` bytes."""
 
 
 class KMSBackendUnavailable(ConstellationError):
     """The URI is valid, but this controller cannot use its backend."""
 
 
-@dataclass(frozen=True)
-class Backend:
-    """One row of the table: the backend's name in ``kms://<name>?...``, its parameters in
-    Constellation's order, and how to open it (None: valid, but not available here)."""
-
-    name: str
-    params: Tuple[str, ...]
-    summary: str
-    open: Optional[Callable[[BackendURI], KMS]] = None
-
-
 def _open_cluster_kms(parsed: BackendURI) -> ClusterKMS:
     return ClusterKMS(MasterSecret(_b64_param(parsed, "key"), _b64_param(parsed, "salt")))
 
 
-_SUMMARIES = {
-    CLUSTER_KMS: "Constellation's cluster KMS: HKDF-SHA256 of the master secret (kms://cluster-kms?key=...&salt=...)",
-    "aws": "AWS KMS (needs the AWS client, not installed here)",
-    "azure": "Azure Key Vault or managed HSM (needs the Azure client, not installed here)",
-    "gcp": "Google Cloud KMS (needs the Google client, not installed here)",
-}
+AZURE_VAULT_TYPES = (
+    "vault.azure.net",
+    "vault.azure.cn",
+    "vault.usgovcloudapi.net",
+    "vault.microsoftazure.de",
+    "managedhsm.azure.net",
+)
 
-BACKENDS: Dict[str, Backend] = {}
-
-
-def register_backend(backend: Backend) -> Backend:
-    """Adds a backend to the table (and its parameters to the URI parser's)."""
-    if backend.name in BACKENDS and BACKENDS[backend.name] != backend:
-        raise ValueError("KMS backend %s is already registered" % backend.name)
-    BACKENDS[backend.name] = backend
-    KMS_BACKENDS[backend.name] = tuple(backend.params)
-    return backend
-
-
-for _name, _params in list(KMS_BACKENDS.items()):
-    register_backend(Backend(_name, _params, _SUMMARIES.get(_name, _name),
-                             _open_cluster_kms if _name == CLUSTER_KMS else None))
-
-
-def unregister_backend(name: str) -> None:
-    """Removes a backend added with register_backend (tests)."""
-    BACKENDS.pop(name, None)
-    KMS_BACKENDS.pop(name, None)
+# The backends Constellation knows, their parameters in the order Constellation writes them (docs/kms.md).
+register_backend(Backend(
+    CLUSTER_KMS, ("key", "salt"),
+    "Constellation's cluster KMS: HKDF-SHA256 of the master secret (kms://cluster-kms?key=...&salt=...)",
+    _open_cluster_kms, secret_params=("key", "salt"), base64_params=("key", "salt")))
+register_backend(Backend(
+    "aws", ("region", "accessKeyID", "accessKey", "keyName"), "AWS KMS (needs the AWS client, not installed here)",
+    secret_params=("accessKey",), free_text_params=("accessKey",)))
+register_backend(Backend(
+    "azure", ("tenantID", "clientID", "clientSecret", "vaultName", "vaultType", "keyName"),
+    "Azure Key Vault or managed HSM (needs the Azure client, not installed here)",
+    secret_params=("clientSecret",), free_text_params=("clientSecret",), choices=(("vaultType", AZURE_VAULT_TYPES),)))
+register_backend(Backend(
+    "gcp", ("projectID", "location", "keyRing", "credentialsPath", "keyName"),
+    "Google Cloud KMS (needs the Google client, not installed here)", free_text_params=("credentialsPath",)))
+register_backend(Backend(NO_STORE, (), "no storage", scheme=STORAGE_SCHEME))
+register_backend(Backend(
+    "aws", ("bucket", "region", "accessKeyID", "accessKey"), "AWS S3", secret_params=("accessKey",),
+    free_text_params=("accessKey",), scheme=STORAGE_SCHEME))
+register_backend(Backend(
+    "azure", ("account", "container", "tenantID", "clientID", "clientSecret"), "Azure Blob Storage",
+    secret_params=("clientSecret",), free_text_params=("clientSecret",), scheme=STORAGE_SCHEME))
+register_backend(Backend(
+    "gcp", ("projectID", "bucket", "credentialsPath"), "Google Cloud Storage", free_text_params=("credentialsPath",),
+    scheme=STORAGE_SCHEME))
 
 
 def open_kms(uri: str, field: str = "kms_uri") -> KMS:

@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The cluster KMS, the backend this controller has: the master secret and every key derived
-from it (Constellation's ``constellation-mastersecret.json`` and ``kms://cluster-kms`` URI)."""
+"""The cluster KMS, the backend this controller has: the master secret and its ``get_dek``, HKDF-SHA256
+of the master secret (Constellation's ``constellation-mastersecret.json`` and ``kms://cluster-kms`` URI).
+Every other key is derived over ``get_dek`` in ``keys.py``, as for any backend."""
 
 from __future__ import annotations
 
@@ -10,35 +11,28 @@ import base64
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import TYPE_CHECKING, Mapping, Union
 
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.kms import keys
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.derive import (
-    BACKUP_KEY_INFO,
-    COORDINATOR_SIGNING_KEY_ID,
     DEK_PREFIX,
     DERIVED_KEY_LENGTH_DEFAULT,
-    EMERGENCY_SSH_CA_KEY_ID,
     KEY_ID_LENGTH_MAX,
     MASTER_SECRET_FILE_SIZE_MAX,
     MASTER_SECRET_LENGTH_DEFAULT,
     MASTER_SECRET_LENGTH_MAX,
     MASTER_SECRET_LENGTH_MIN,
-    MEASUREMENT_SECRET_KEY_ID,
     RNG_LENGTH_DEFAULT,
     SALT_LENGTH_MAX,
-    STATE_DISK_KEY_LENGTH,
     _check_bytes,
     _check_key_id,
-    _check_length,
-    derive_cluster_id,
     hkdf_sha256,
-    state_disk_key_id,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.registry import KMS_SCHEME
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.uri import (
     CLUSTER_KMS,
-    KMS_SCHEME,
     _b64_param,
     decode_base64,
     format_uri,
@@ -46,10 +40,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms.uri impo
     safe_name,
 )
 
-try:
+if TYPE_CHECKING:  # pragma: no cover
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-except ImportError:  # deriving says what is missing (derive.hkdf_sha256)
-    pass
 
 
 @dataclass(frozen=True, repr=False)
@@ -144,7 +136,7 @@ class MasterSecret:
 
 @dataclass(frozen=True, repr=False)
 class ClusterKMS:
-    """Constellation's cluster KMS: every key is HKDF-SHA256 of the master secret."""
+    """Constellation's cluster KMS: every key is HKDF-SHA256 of the master secret (``get_dek``)."""
 
     master_secret: MasterSecret
 
@@ -161,56 +153,29 @@ class ClusterKMS:
         return hkdf_sha256(self.master_secret.key, self.master_secret.salt,
                            dek_id.encode("utf-8"), length)
 
+    # Shorthands for the keys every backend gives (kms/keys.py), for callers that hold a ClusterKMS.
+
     def derive_key(self, key_id: str, length: int = DERIVED_KEY_LENGTH_DEFAULT) -> bytes:
         """The key the KeyService hands out for ``GetDataKey(key_id)``: info = ``"key-" + key_id``."""
-        _check_key_id("key_id", key_id, KEY_ID_LENGTH_MAX)
-        _check_length("length", length)
-        return self.get_dek(DEK_PREFIX + key_id, length)
+        return keys.derive_key(self, key_id, length)
 
     def state_disk_key(self, disk_uuid: str) -> bytes:
-        """The LUKS passphrase (raw bytes) of the state disk with that UUID."""
-        return self.derive_key(state_disk_key_id(disk_uuid), STATE_DISK_KEY_LENGTH)
+        return keys.state_disk_key(self, disk_uuid)
 
     def measurement_secret(self) -> bytes:
-        return self.derive_key(MEASUREMENT_SECRET_KEY_ID, DERIVED_KEY_LENGTH_DEFAULT)
+        return keys.measurement_secret(self)
 
     def cluster_id(self, measurement_salt: bytes) -> bytes:
-        return derive_cluster_id(self.measurement_secret(), measurement_salt)
+        return keys.cluster_id(self, measurement_salt)
 
     def emergency_ssh_ca_seed(self) -> bytes:
-        return self.derive_key(EMERGENCY_SSH_CA_KEY_ID, DERIVED_KEY_LENGTH_DEFAULT)
+        return keys.emergency_ssh_ca_seed(self)
 
     def emergency_ssh_ca_priv_key(self) -> "Ed25519PrivateKey":
-        """The emergency SSH CA (RFC 016): an ed25519 key made from the derived seed."""
-        return Ed25519PrivateKey.from_private_bytes(self.emergency_ssh_ca_seed())
+        return keys.emergency_ssh_ca_priv_key(self)
 
     def coordinator_signing_priv_key(self) -> "Ed25519PrivateKey":
-        """The Coordinators' signing key: an Ed25519 key made from the derived seed
-        ``key-coordinator_signing_key`` (every Coordinator derives the same one)."""
-        return coordinator_signing_priv_key(self)
+        return keys.coordinator_signing_priv_key(self)
 
     def coordinator_pub_key(self) -> str:
-        """Its public key as Nodes pin it: standard base64 of the 32 raw bytes."""
-        return coordinator_pub_key(self)
-
-
-def backup_key(master: MasterSecret) -> bytes:
-    """The 32-byte AES-256-GCM key of the cluster's backups (backup.yml, restore.yml):
-    HKDF-SHA256(IKM = master key, salt = master salt, info = BACKUP_KEY_INFO). Not a ``key-`` ID: no KMS
-    ``derive_key`` call (and so no GetDataKey) can produce it."""
-    return hkdf_sha256(master.key, master.salt, BACKUP_KEY_INFO, 32)
-
-
-def coordinator_signing_priv_key(kms) -> "Ed25519PrivateKey":
-    """The Coordinators' Ed25519 signing key from any KMS with ``derive_key`` (the cluster KMS and the
-    other backends alike)."""
-    return Ed25519PrivateKey.from_private_bytes(kms.derive_key(COORDINATOR_SIGNING_KEY_ID, DERIVED_KEY_LENGTH_DEFAULT))
-
-
-def coordinator_pub_key(kms) -> str:
-    """Standard base64 of the raw 32-byte Ed25519 public key of ``coordinator_signing_priv_key``."""
-    from cryptography.hazmat.primitives import serialization
-
-    pub_key = coordinator_signing_priv_key(kms).public_key()
-    raw = pub_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return base64.b64encode(raw).decode("ascii")
+        return keys.coordinator_pub_key(self)

@@ -3,8 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """``kms://`` and ``storage://`` URIs, parsed and formatted as Constellation's ``internal/kms/uri``.
 
-Errors name the field and what was expected; they never echo a URI or a value that could hold
-key material (``safe_name`` decides what may be shown).
+Every parameter's rule (secret, free text, base64, a few allowed values) is read from the backend's row in
+``registry.py``. Errors name the field and what was expected; they never echo a URI or a value that could
+hold key material (``safe_name`` decides what may be shown).
 """
 
 from __future__ import annotations
@@ -23,41 +24,17 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms.derive i
     URI_VALUE_LENGTH_MAX,
     _preview,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.registry import (
+    KMS_SCHEME,
+    STORAGE_SCHEME,
+    TABLES,
+    Backend,
+    backend_of,
+)
 
-KMS_SCHEME = "kms"
-STORAGE_SCHEME = "storage"
 CLUSTER_KMS = "cluster-kms"
 NO_STORE = "no-store"
 
-# Parameters in the order Constellation writes them (docs/kms.md, "The KMS URI"). Every one is mandatory.
-KMS_BACKENDS: Dict[str, Tuple[str, ...]] = {
-    CLUSTER_KMS: ("key", "salt"),
-    "aws": ("region", "accessKeyID", "accessKey", "keyName"),
-    "azure": ("tenantID", "clientID", "clientSecret", "vaultName", "vaultType", "keyName"),
-    "gcp": ("projectID", "location", "keyRing", "credentialsPath", "keyName"),
-}
-STORAGE_BACKENDS: Dict[str, Tuple[str, ...]] = {
-    NO_STORE: (),
-    "aws": ("bucket", "region", "accessKeyID", "accessKey"),
-    "azure": ("account", "container", "tenantID", "clientID", "clientSecret"),
-    "gcp": ("projectID", "bucket", "credentialsPath"),
-}
-_BACKENDS = {KMS_SCHEME: KMS_BACKENDS, STORAGE_SCHEME: STORAGE_BACKENDS}
-
-AZURE_VAULT_TYPES = (
-    "vault.azure.net",
-    "vault.azure.cn",
-    "vault.usgovcloudapi.net",
-    "vault.microsoftazure.de",
-    "managedhsm.azure.net",
-)
-
-# Values never echoed in errors.
-SECRET_PARAMS = frozenset(("key", "salt", "accessKey", "clientSecret"))
-_BASE64_PARAMS = frozenset(("key", "salt"))
-# Free text (secrets, file paths): any printable character. Everything else is a cloud
-# identifier, for which '&', '=', '?', '#', '%' or spaces can only mean an injection attempt.
-_FREE_TEXT_PARAMS = frozenset(("accessKey", "clientSecret", "credentialsPath"))
 _IDENTIFIER = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:/@+-]*\Z")
 _URLSAFE_B64 = re.compile(r"\A[A-Za-z0-9_-]*={0,2}\Z")
 _STD_B64 = re.compile(r"\A[A-Za-z0-9+/]*={0,2}\Z")
@@ -71,10 +48,10 @@ def safe_name(value: object) -> object:
     where a name was expected, and errors never echo it (nor more than 12 characters of it)."""
     if not isinstance(value, str):
         return None
-    if _SAFE_NAME.match(value) or value in _BACKENDS:
+    if _SAFE_NAME.match(value) or value in TABLES:
         return value
-    for backends in _BACKENDS.values():
-        if value in backends or any(value in names for names in backends.values()):
+    for backends in TABLES.values():
+        if value in backends or any(value in row.params for row in backends.values()):
             return value
     return None
 
@@ -88,7 +65,9 @@ class BackendURI:
     params: Tuple[Tuple[str, str], ...] = ()
 
     def __repr__(self) -> str:
-        shown = ", ".join("%s=%s" % (k, "<secret>" if k in SECRET_PARAMS else v) for k, v in self.params)
+        # A backend no longer in the table shows no value at all.
+        row = backend_of(self.scheme, self.backend)
+        shown = ", ".join("%s=%s" % (k, "<secret>" if row is None or row.is_secret(k) else v) for k, v in self.params)
         return "BackendURI(%s://%s?%s)" % (self.scheme, self.backend, shown)
 
     def get(self, name: str) -> str:
@@ -106,22 +85,23 @@ def _escape(value: str) -> str:
 
 def format_uri(scheme: str, backend: str, params: Mapping[str, str], field: str = "uri") -> str:
     """Builds a URI in Constellation's parameter order; values are validated, then escaped."""
-    backends = _BACKENDS.get(scheme)
+    backends = TABLES.get(scheme)
     if backends is None:
         raise InputError(field + " scheme", "one of kms, storage", safe_name(scheme))
     if backend not in backends:
         raise InputError(field + " backend", "one of " + ", ".join(backends), safe_name(backend))
-    names = backends[backend]
+    row = backends[backend]
+    names = row.params
     unknown = sorted(set(params) - set(names))
     if unknown:
         raise InputError(safe_name(unknown[0]) or field, "only the parameters of %s://%s (%s)"
                          % (scheme, backend, ", ".join(names)))
     for name in names:
-        _check_value(scheme, backend, name, params.get(name))
+        _check_value(row, name, params.get(name))
     if not names:
         return "%s://%s" % (scheme, backend)
     # Base64 values are written raw, as Constellation does (their alphabet is query-safe).
-    query = "&".join("%s=%s" % (name, params[name] if name in _BASE64_PARAMS else _escape(params[name]))
+    query = "&".join("%s=%s" % (name, params[name] if name in row.base64_params else _escape(params[name]))
                      for name in names)
     return "%s://%s?%s" % (scheme, backend, query)
 
@@ -150,7 +130,7 @@ def parse_uri(uri: str, field: str = "uri") -> BackendURI:
     if any(c.isspace() or not c.isprintable() for c in uri):
         raise InputError(field, "a URI without spaces or control characters")
     scheme, sep, rest = uri.partition("://")
-    if not sep or scheme not in _BACKENDS:
+    if not sep or scheme not in TABLES:
         raise InputError(field + " scheme", "kms:// or storage://", safe_name(scheme if sep else uri.split(":", 1)[0]))
     if "#" in rest:
         raise InputError(field + " fragment", "no '#' fragment (escape '#' in values as %23)")
@@ -160,10 +140,11 @@ def parse_uri(uri: str, field: str = "uri") -> BackendURI:
     backend = authority.rstrip("/")
     if "@" in backend or ":" in backend:
         raise InputError(field + " backend", "a bare backend name (no user info, no port)")
-    backends = _BACKENDS[scheme]
+    backends = TABLES[scheme]
     if backend not in backends:
         raise InputError(field + " backend", "one of " + ", ".join(backends), safe_name(backend))
-    names = backends[backend]
+    row = backends[backend]
+    names = row.params
     if not names:
         if qmark and query:
             raise InputError(field, "no parameters for %s://%s" % (scheme, backend))
@@ -185,7 +166,7 @@ def parse_uri(uri: str, field: str = "uri") -> BackendURI:
     for name in names:
         if name not in values:
             raise InputError(name, "a value (missing from the %s URI)" % scheme)
-        _check_value(scheme, backend, name, values[name])
+        _check_value(row, name, values[name])
     return BackendURI(scheme, backend, tuple((n, values[n]) for n in names))
 
 
@@ -215,21 +196,22 @@ def _unescape_twice(name: str, raw: str) -> str:
     return value
 
 
-def _check_value(scheme: str, backend: str, name: str, value: object) -> None:
-    secret = name in SECRET_PARAMS
+def _check_value(row: Backend, name: str, value: object) -> None:
+    secret = row.is_secret(name)
     if not isinstance(value, str) or value == "":
         raise InputError(name, "a non-empty value")
     if len(value) > URI_VALUE_LENGTH_MAX:
         raise InputError(name, "at most %d characters" % URI_VALUE_LENGTH_MAX, "%d characters" % len(value))
     if not value.isprintable():
         raise InputError(name, "printable characters only")
-    if name in _BASE64_PARAMS:
+    allowed = row.allowed(name)
+    if name in row.base64_params:
         if not _URLSAFE_B64.match(value):
             raise InputError(name, "URL-safe base64 with padding (A-Z a-z 0-9 - _ =)")
-    elif name == "vaultType":
-        if value not in AZURE_VAULT_TYPES:
-            raise InputError(name, "one of " + ", ".join(AZURE_VAULT_TYPES), _preview(value))
-    elif name not in _FREE_TEXT_PARAMS and not _IDENTIFIER.match(value):
+    elif allowed is not None:
+        if value not in allowed:
+            raise InputError(name, "one of " + ", ".join(allowed), None if secret else _preview(value))
+    elif name not in row.free_text_params and not _IDENTIFIER.match(value):
         raise InputError(name, "an identifier (letters, digits and . _ : / @ + -)", None if secret else _preview(value))
 
 

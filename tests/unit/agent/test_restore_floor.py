@@ -90,7 +90,7 @@ def cluster(make_core, tmp_path, swtpm):
     folder = str(tmp_path / "backups")
 
     def back_up():
-        manifest, data, name = backup.seal(secret, coordinator.backup.export_state(), "10.42.0.11:9000")
+        manifest, data, name = backup.seal(kms.ClusterKMS(secret), coordinator.backup.export_state(), "10.42.0.11:9000")
         return backup.write(folder, manifest, data, name)
 
     return {"coordinator": coordinator, "node": node, "secret": secret, "admin_key": admin_key, "folder": folder,
@@ -104,7 +104,7 @@ def test_the_newest_backup_left_is_refused_when_the_nodes_applied_a_newer_peer_s
     coordinator.coordinator.remove_peer(cluster["evictee"].vpn_ip)  # the eviction
     node.node.apply_update(coordinator.coordinator.get_update(node.context.resource_version))
     newer = cluster["back_up"]()
-    old_version = backup.open_backup(older, cluster["secret"], cluster_id)[0]["peer_resource_version"]
+    old_version = backup.open_backup(older, kms.ClusterKMS(cluster["secret"]), cluster_id)[0]["peer_resource_version"]
     applied = node.context.resource_version
     assert old_version < applied
     # The attacker deletes the newer backup: the older one is the newest left.
@@ -112,7 +112,7 @@ def test_the_newest_backup_left_is_refused_when_the_nodes_applied_a_newer_peer_s
         os.remove(path)
     path, named = backup.choose(None, cluster["folder"], cluster_id)
     assert (path, named) == (older, False)
-    _manifest, exported = backup.open_backup(path, cluster["secret"], cluster_id)
+    _manifest, exported = backup.open_backup(path, kms.ClusterKMS(cluster["secret"]), cluster_id)
     version = backup.peer_resource_version(exported)
     assert version == old_version
     # The surviving Node answers the version it applied (GetState's details, after AdminAuth, attested).
@@ -142,7 +142,7 @@ def test_a_named_backup_is_taken_and_the_newest_passes_when_it_is_not_older(clus
     assert reached == {endpoint: applied}
     path, named = backup.choose(None, cluster["folder"], cluster_id)
     assert (path, named) == (newest, False)
-    manifest, exported = backup.open_backup(path, cluster["secret"], cluster_id)
+    manifest, exported = backup.open_backup(path, kms.ClusterKMS(cluster["secret"]), cluster_id)
     assert backup.peer_resource_version(exported) == manifest["peer_resource_version"] == applied
     backup.check_not_older(path, applied, reached)  # not older: taken
     # The admin names the older one (its path, or its name in the folder): taken as named, no check.

@@ -36,12 +36,12 @@ def export_of(master, extra=b"peer"):
 
 
 def written(tmp_path, master, exported):
-    manifest, data, name = backup.seal(master, exported, "192.0.2.10:9000")
+    manifest, data, name = backup.seal(kms.ClusterKMS(master), exported, "192.0.2.10:9000")
     return backup.write(str(tmp_path / "backups"), manifest, data, name)
 
 
 def test_the_key_is_derived_with_its_own_label_and_is_no_kms_key(master):
-    key = kms.backup_key(master)
+    key = kms.backup_key(kms.ClusterKMS(master))
     assert len(key) == 32 and key != master.key
     assert key == kms.hkdf_sha256(master.key, master.salt, b"constellation.cluster/backup-encryption-key/v1", 32)
     cluster = kms.ClusterKMS(master)
@@ -58,13 +58,13 @@ def test_round_trip_files_and_modes(tmp_path, master):
     assert sorted(p.name for p in folder.iterdir()) == sorted([os.path.basename(path), manifest["data_file"]])
     assert b"wireguard-private-key" not in (folder / manifest["data_file"]).read_bytes()
     cluster_id = kms.ClusterKMS(master).cluster_id(SALT)
-    opened, state = backup.open_backup(path, master, cluster_id)
+    opened, state = backup.open_backup(path, kms.ClusterKMS(master), cluster_id)
     assert state == exported and opened == manifest
     assert backup.backups(str(folder), manifest["cluster_id"]) == [(path, manifest)]
     assert backup.backups(str(folder), "another") == []
     # The fingerprint says "same state" and nothing else; another state has another one.
-    assert manifest["state_fingerprint"] == backup.fingerprint(master, exported)
-    assert backup.fingerprint(master, export_of(master, b"other")) != manifest["state_fingerprint"]
+    assert manifest["state_fingerprint"] == backup.fingerprint(kms.ClusterKMS(master), exported)
+    assert backup.fingerprint(kms.ClusterKMS(master), export_of(master, b"other")) != manifest["state_fingerprint"]
 
 
 @pytest.mark.parametrize("how, reason", [
@@ -103,7 +103,7 @@ def test_a_tampered_backup_is_refused_naming_the_file_and_the_reason(tmp_path, m
         data_path.write_bytes(bytes(data))
     open(path, "w").write("{not json" if how == "json" else json.dumps(manifest))
     with pytest.raises(backup.BackupRefused) as refused:
-        backup.open_backup(path, master, kms.ClusterKMS(master).cluster_id(SALT))
+        backup.open_backup(path, kms.ClusterKMS(master), kms.ClusterKMS(master).cluster_id(SALT))
     assert reason in str(refused.value)
     assert str(tmp_path / "backups") in str(refused.value)
 
@@ -112,10 +112,10 @@ def test_a_foreign_backup_and_another_master_secret_are_refused(tmp_path, master
     path = written(tmp_path, master, export_of(master))
     other = kms.MasterSecret.generate()
     with pytest.raises(backup.BackupRefused) as refused:  # this inventory's cluster ID differs
-        backup.open_backup(path, other, kms.ClusterKMS(other).cluster_id(SALT))
+        backup.open_backup(path, kms.ClusterKMS(other), kms.ClusterKMS(other).cluster_id(SALT))
     assert "a backup of another cluster" in str(refused.value)
     with pytest.raises(backup.BackupRefused) as refused:  # same cluster ID claimed, another key
-        backup.open_backup(path, other, kms.ClusterKMS(master).cluster_id(SALT))
+        backup.open_backup(path, kms.ClusterKMS(other), kms.ClusterKMS(master).cluster_id(SALT))
     assert "the authenticated decryption failed" in str(refused.value)
 
 
@@ -132,23 +132,23 @@ SOURCE = {"control_plane": "cp-1", "endpoint": "127.0.0.1:2379", "revision": 42,
 
 def test_the_kubernetes_etcd_snapshot_is_sealed_listed_and_opened(tmp_path, master):
     exported, snapshot = export_of(master), snapshot_of()
-    manifest, data, name = backup.seal(master, exported, "192.0.2.10:9000", SOURCE, snapshot)
+    manifest, data, name = backup.seal(kms.ClusterKMS(master), exported, "192.0.2.10:9000", SOURCE, snapshot)
     path = backup.write(str(tmp_path / "backups"), manifest, data, name)
     entry = backup.kubernetes_etcd_entry(manifest)
     assert entry == dict(SOURCE, name="kubernetes_etcd", included=True, size=len(snapshot),
                          sha256=hashlib.sha256(snapshot).hexdigest(), what=entry["what"])
     assert b"kubernetes-secret" not in data and base64.b64encode(snapshot)[:200] not in data
     cluster_id = kms.ClusterKMS(master).cluster_id(SALT)
-    opened, state, restored = backup.open_all(path, master, cluster_id)
+    opened, state, restored = backup.open_all(path, kms.ClusterKMS(master), cluster_id)
     assert (opened, state, restored) == (manifest, exported, snapshot)
-    assert backup.open_backup(path, master, cluster_id) == (manifest, exported)
+    assert backup.open_backup(path, kms.ClusterKMS(master), cluster_id) == (manifest, exported)
     # The fingerprint covers the snapshot: the same one says "unchanged", another one does not.
     sha = entry["sha256"]
-    assert manifest["state_fingerprint"] == backup.fingerprint(master, exported, sha)
-    assert manifest["state_fingerprint"] not in {backup.fingerprint(master, exported),
-                                                 backup.fingerprint(master, exported, hashlib.sha256(snapshot_of(b"x")).hexdigest())}
+    assert manifest["state_fingerprint"] == backup.fingerprint(kms.ClusterKMS(master), exported, sha)
+    assert manifest["state_fingerprint"] not in {backup.fingerprint(kms.ClusterKMS(master), exported),
+                                                 backup.fingerprint(kms.ClusterKMS(master), exported, hashlib.sha256(snapshot_of(b"x")).hexdigest())}
     # Without Kubernetes, the manifest says why nothing of it is included.
-    plain_manifest = backup.seal(master, exported, "192.0.2.10:9000")[0]
+    plain_manifest = backup.seal(kms.ClusterKMS(master), exported, "192.0.2.10:9000")[0]
     assert backup.kubernetes_etcd_entry(plain_manifest) is None
     assert plain_manifest["contents"][1] == {"name": "kubernetes_etcd", "included": False,
                                              "reason": "Kubernetes is not managed by this inventory"}
@@ -169,7 +169,7 @@ def test_a_damaged_snapshot_is_not_sealed(master, how, reason):
         snapshot[16] ^= 1
         snapshot[-32:] = hashlib.sha256(bytes(snapshot[:-32])).digest()
     with pytest.raises(backup.BackupRefused, match="the Kubernetes etcd snapshot to back up %s" % reason):
-        backup.seal(master, export_of(master), "192.0.2.10:9000", SOURCE, bytes(snapshot))
+        backup.seal(kms.ClusterKMS(master), export_of(master), "192.0.2.10:9000", SOURCE, bytes(snapshot))
 
 
 def _reseal(path, master, manifest, plain):
@@ -178,7 +178,7 @@ def _reseal(path, master, manifest, plain):
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     nonce = base64.b64decode(manifest["cipher"]["nonce"])
-    data = nonce + AESGCM(kms.backup_key(master)).encrypt(nonce, backup.canonical(plain), backup._aad(manifest))
+    data = nonce + AESGCM(kms.backup_key(kms.ClusterKMS(master))).encrypt(nonce, backup.canonical(plain), backup._aad(manifest))
     manifest.update(data_sha256=hashlib.sha256(data).hexdigest(), data_size=len(data))
     (path.parent / manifest["data_file"]).write_bytes(data)
     path.write_text(json.dumps(manifest))
@@ -191,7 +191,7 @@ def _reseal(path, master, manifest, plain):
 ])
 def test_a_backup_whose_snapshot_does_not_match_is_refused(tmp_path, master, how, reason):
     exported, snapshot = export_of(master), snapshot_of()
-    manifest, data, name = backup.seal(master, exported, "192.0.2.10:9000", SOURCE, snapshot)
+    manifest, data, name = backup.seal(kms.ClusterKMS(master), exported, "192.0.2.10:9000", SOURCE, snapshot)
     path = tmp_path / "backups" / (name + backup.MANIFEST_SUFFIX)
     backup.write(str(tmp_path / "backups"), manifest, data, name)
     plain = {"coordinator_state": exported}
@@ -205,5 +205,5 @@ def test_a_backup_whose_snapshot_does_not_match_is_refused(tmp_path, master, how
         plain["kubernetes_etcd_snapshot"] = base64.b64encode(bytes(damaged)).decode()
     _reseal(path, master, manifest, plain)
     with pytest.raises(backup.BackupRefused, match=reason) as refused:
-        backup.open_all(str(path), master, kms.ClusterKMS(master).cluster_id(SALT))
+        backup.open_all(str(path), kms.ClusterKMS(master), kms.ClusterKMS(master).cluster_id(SALT))
     assert str(path) in str(refused.value)

@@ -1,13 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The KMS backend table: a toy backend registered through it alone, the backends that are valid
-but not available here, and no error message that ever contains key or salt material."""
+"""The KMS backend table: the backends that are valid but not available here, and no error message that
+ever contains key or salt material (a toy backend registered through the table alone: test_kms_toy_backend.py)."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
 
 import pytest
 
@@ -16,37 +15,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 
 KEY = bytes(range(1, 33))
 SALT = bytes(range(101, 133))
-
-
-class ToyKMS:
-    def __init__(self, seed: str):
-        self.seed = seed
-
-    def derive_key(self, key_id: str, length: int = 32) -> bytes:
-        return hashlib.sha256((self.seed + key_id).encode()).digest()[:length]
-
-
-@pytest.fixture
-def toy_backend():
-    backend = kms.register_backend(kms.Backend("toy", ("seed",), "a test backend",
-                                               lambda parsed: ToyKMS(parsed.get("seed"))))
-    yield backend
-    kms.unregister_backend("toy")
-
-
-def test_toy_backend_registered_in_the_table_opens_from_its_uri(toy_backend):
-    uri = kms.format_kms_uri("toy", seed="abc")
-    assert uri == "kms://toy?seed=abc"
-    opened = kms.open_kms(uri)
-    assert isinstance(opened, kms.KMS)
-    assert opened.derive_key("x", 16) == hashlib.sha256(b"abcx").digest()[:16]
-    with pytest.raises(ConstellationError, match="seed"):
-        kms.open_kms("kms://toy?other=1")
-
-
-def test_unregistered_toy_is_unknown():
-    with pytest.raises(ConstellationError, match="kms_uri backend: expected one of cluster-kms"):
-        kms.open_kms("kms://toy?seed=abc")
 
 
 @pytest.mark.parametrize("uri", [

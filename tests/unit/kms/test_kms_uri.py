@@ -48,7 +48,7 @@ def test_url_safe_alphabet_used():
 @pytest.mark.parametrize("backend,params", [("aws", AWS), ("azure", AZURE), ("gcp", GCP)])
 def test_external_kms_round_trip_and_unavailable(backend, params):
     uri = kms.format_kms_uri(backend, **params)
-    assert uri.startswith("kms://%s?%s=" % (backend, kms.KMS_BACKENDS[backend][0]))
+    assert uri.startswith("kms://%s?%s=" % (backend, kms.BACKENDS[backend].params[0]))
     parsed = kms.parse_kms_uri(uri)
     assert dict(parsed.params) == params
     with pytest.raises(kms.KMSBackendUnavailable, match="not available on this controller"):

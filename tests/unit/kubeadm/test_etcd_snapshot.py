@@ -189,10 +189,10 @@ def test_a_real_snapshot_goes_into_the_encrypted_backup_and_comes_back(kubernete
     exported = {"format": "constellation.cluster/coordinator-state/v1", "vpn_ip": "10.118.0.1", "items": {},
                 "cluster_id": base64.b64encode(cluster_id).decode()}
     snap = etcd_snapshot.take(kubernetes_etcd["etcd"].endpoint, tls)
-    manifest, data, name = backup.seal(master, exported, "192.0.2.10:9000", {"revision": snap.revision}, snap.data)
+    manifest, data, name = backup.seal(kms.ClusterKMS(master), exported, "192.0.2.10:9000", {"revision": snap.revision}, snap.data)
     path = backup.write(str(tmp_path), manifest, data, name)
     assert backup.kubernetes_etcd_entry(manifest)["sha256"] == snap.sha256
-    assert backup.open_all(path, master, cluster_id)[2] == snap.data
+    assert backup.open_all(path, kms.ClusterKMS(master), cluster_id)[2] == snap.data
 
 
 def _run(capsys, args, check_mode=False, diff=False):
