@@ -453,14 +453,15 @@ def _ignored_folders():
 
 def _cited_bases(rel: str):
     """Where a relative path may start: the repository root, plugins/module_utils (the modules' own relative
-    form: ``core/status.py``), plugins/, the citing file's folder and a role's folder (in a role: its own;
-    elsewhere: any, as docs/roles.md says ``meta/main.yml`` of every role)."""
+    form: ``core/status.py``), plugins/, playbooks/ (a play's ``vars/`` and ``tasks/``), the citing file's folder
+    and a role's folder (in a role: its own; elsewhere: any, as docs/roles.md says ``meta/main.yml`` of every
+    role)."""
     parts = rel.split("/")
     if parts[0] == "roles" and len(parts) > 2:
         roles = [ROOT / "roles" / parts[1]]
     else:
         roles = sorted(path for path in (ROOT / "roles").iterdir() if path.is_dir())
-    return [ROOT, MODULE_UTILS, ROOT / "plugins", (ROOT / rel).parent] + roles
+    return [ROOT, MODULE_UTILS, ROOT / "plugins", ROOT / "playbooks", (ROOT / rel).parent] + roles
 
 
 def _operators_inventory(cited: str) -> bool:
@@ -492,8 +493,8 @@ def test_every_cited_path_exists_and_nothing_cites_what_the_repository_lacks():
       with at least one folder whose file name ends in .py, .md, .rst, .yml, .yaml or .sh, not preceded by
       ``/``, ``~``, ``$``, ``<``, ``{``, ``}``, ``-``, ``.`` or a word character (so absolute paths, URLs,
       templates and placeholders are not citations). It is resolved against the repository root,
-      plugins/module_utils (the modules' relative form, ``core/status.py``), plugins/, the citing file's folder
-      and a role's folder: the bases in which its first folder exists. In none of them, it is
+      plugins/module_utils (the modules' relative form, ``core/status.py``), plugins/, playbooks/, the citing
+      file's folder and a role's folder: the bases in which its first folder exists. In none of them, it is
       not a path of ours (an operator's ``group_vars/all.yml``, Kubernetes' ``manifests/``); in one of them,
       it must name an existing file or folder there, or lie in a folder .gitignore names (generated, such as
       the lab's inventory) or in an inventory under inventories/ other than the ones kept (an operator's).
