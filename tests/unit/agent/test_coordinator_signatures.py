@@ -32,15 +32,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node, admin_pem
 
 State = core.State
 ATTACKER_PEER = PeerRecord.parse("10.118.0.66", pub_key_from_priv_key(generate_priv_key()), "10.42.0.66", "coordinator")
 
-
-def admin_pem() -> str:
-    return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
 @pytest.fixture
@@ -56,11 +52,7 @@ def cluster(make_core, secret):
     coordinator.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     store, tpm = MemoryStore(), MemoryTPM()
     node, node_vpn = make_core(tpm, store=store, public_ip="10.42.0.12")
-    node.recovery.load()
-    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
-    step = node.node.activate_as_node_begin(request.to_dict())
-    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    activate_node(coordinator, node, "10.42.0.12")
     return coordinator, node, node_vpn, store, tpm
 
 

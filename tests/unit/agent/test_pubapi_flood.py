@@ -35,8 +35,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
-from ansible_collections.constellation.cluster.tests.unit.agent.test_core_ports import FakeNodeClient, admin_pem
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, admin_pem
+from ansible_collections.constellation.cluster.tests.unit.agent.test_core_ports import FakeNodeClient
 
 vtpm = pytest.importorskip("ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm")
 
