@@ -38,7 +38,6 @@ State = core.State
 ATTACKER_PEER = PeerRecord.parse("10.118.0.66", pub_key_from_priv_key(generate_priv_key()), "10.42.0.66", "coordinator")
 
 
-
 @pytest.fixture
 def secret():
     return kms.MasterSecret.generate()

@@ -23,7 +23,6 @@ from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes impo
 State = core.State
 
 
-
 @pytest.fixture
 def secret():
     return kms.MasterSecret.generate()

@@ -39,7 +39,6 @@ State = core.State
 CORE_DIR = pathlib.Path(core.__file__).parent
 
 
-
 @pytest.fixture
 def secret():
     return kms.MasterSecret.generate()

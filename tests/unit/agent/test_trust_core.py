@@ -41,7 +41,6 @@ State = core.State
 INIT_SECRET = os.urandom(32)
 
 
-
 def provisioned(make_core, public_ip, store=None):
     c, vpn = make_core(MemoryTPM(), store=store, public_ip=public_ip)
     c.context.init_secret_hash = init_secret.init_secret_hash(INIT_SECRET, public_ip)
