@@ -14,9 +14,11 @@ from typing import Dict, List, Sequence
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
 from ansible_collections.constellation.cluster.plugins.module_utils import core
 from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
@@ -157,3 +159,19 @@ def record_nodes(coordinator, public_ips: Sequence[str]) -> Dict[str, dict]:
         coordinator.activation.record_node(vpn_ip, key, public_ip, core.new_disk_uuid())
         nodes[public_ip] = {"vpn_ip": vpn_ip, "vpn_pub_key": key, "state": "IsNode"}
     return nodes
+
+
+class RefusingValidator(DummyValidator):
+    """A validator that refuses every document that arrives (a PCR 4 mismatch)."""
+
+    def validate(self, document, nonce):
+        raise AttestationError("measurements mismatch: PCR 4: expected aa, found bb")
+
+
+def close_all(socks) -> None:
+    """Closes each socket of ``socks``, ignoring one already gone."""
+    for s in socks:
+        try:
+            s.close()
+        except OSError:
+            pass
