@@ -99,6 +99,17 @@ def other_key():
 # ------------------------------------------------------------------ rejoin
 
 
+def forged(ticket, forgery, context: str, coordinator_signed) -> dict:
+    """``ticket`` as the ``forgery`` hands it over: unsigned, signed with a Node's key (for ``context``), or with
+    a genuine Coordinator signature (``coordinator_signed(ticket, binding)``) for another connection's request
+    (a replay)."""
+    if forgery == "signed_by_a_node_key":
+        ticket = ticket.signed(signing.sign(other_key(), context, signing.ticket_payload(ticket.to_dict(), b"x" * 32)))
+    elif forgery == "coordinator_signature_of_another_connection":
+        ticket = coordinator_signed(ticket, os.urandom(32))
+    return ticket.to_dict()
+
+
 def rebooted(make_core, node, store, tpm):
     """The Node after a reboot: PCR 15 reset, its state stored, its disk locked (no disk key readable yet)."""
     tpm.pcr = bytes(32)
@@ -117,13 +128,7 @@ def test_a_node_cannot_answer_another_nodes_rejoin_and_rewrite_its_peers(make_co
 
     def forge(conn, request):
         ticket = RejoinTicket(attacker_disk_key, measurement_secret, (ATTACKER_PEER,), 99)
-        if forgery == "signed_by_a_node_key":
-            ticket = ticket.signed(signing.sign(other_key(), signing.CONTEXT_REJOIN_TICKET,
-                                                signing.ticket_payload(ticket.to_dict(), b"x" * 32)))
-        elif forgery == "coordinator_signature_of_another_connection":
-            # A genuine Coordinator signature, but for another connection's request (a replay).
-            ticket = coordinator.signing.signed_rejoin_ticket(ticket, os.urandom(32))
-        return ticket.to_dict()
+        return forged(ticket, forgery, signing.CONTEXT_REJOIN_TICKET, coordinator.signing.signed_rejoin_ticket)
 
     attacker = Attacker({})
     attacker.server.handlers["IssueRejoinTicket"] = ticket_handler(forge, attacker.confirmed, "rejoined")
@@ -183,12 +188,7 @@ def test_a_node_cannot_hand_a_fresh_node_a_join_ticket(make_core, secret, cluste
     def forge(conn, request):
         ticket = JoinTicket(stolen.cluster_id, stolen.measurement_salt, kms.ClusterKMS(secret).measurement_secret(),
                             os.urandom(32), "10.118.0.70", (ATTACKER_PEER,), ATTACKER_PEER.vpn_ip, admin_pem())
-        if forgery == "signed_by_a_node_key":
-            ticket = ticket.signed(signing.sign(other_key(), signing.CONTEXT_JOIN_TICKET,
-                                                signing.ticket_payload(ticket.to_dict(), b"x" * 32)))
-        elif forgery == "coordinator_signature_of_another_connection":
-            ticket = coordinator.signing.signed_join_ticket(ticket, os.urandom(32))
-        return ticket.to_dict()
+        return forged(ticket, forgery, signing.CONTEXT_JOIN_TICKET, coordinator.signing.signed_join_ticket)
 
     attacker = Attacker({})
     attacker.server.handlers["IssueJoinTicket"] = ticket_handler(forge, attacker.confirmed, "joined")
