@@ -146,6 +146,7 @@ class EvictionCache:
                 setattr(self, attr, changed)
                 self._version = None
 
+
 class Evictions:
     """The evicted peers of the store the peer uses now (a new cache when it moved its state to etcd)."""
 
