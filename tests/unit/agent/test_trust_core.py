@@ -15,7 +15,6 @@ import subprocess
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, init_secret, kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
@@ -36,6 +35,7 @@ from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes impo
     admin_pem,
     record_nodes,
 )
+from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 
 State = core.State
 INIT_SECRET = os.urandom(32)
@@ -291,10 +291,8 @@ def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
 
 @pytest.fixture
 def signed(tmp_path):
-    key = ec.generate_private_key(ec.SECP256R1())
     pub = tmp_path / "cosign.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    key = measurements_key(pub)
     policy = tmp_path / "measurements.json"
     policy.write_text('{"4": {"expected": "%s", "warnOnly": false}}\n' % ("ab" * 32))
     (tmp_path / "measurements.json.sig").write_text(signature.sign_blob(key, policy.read_bytes()) + "\n")
@@ -329,8 +327,7 @@ def test_altered_unsigned_or_other_key_policies_are_refused_naming_the_file(sign
         read_policy_document(str(policy), public_key_path=str(pub))
     assert str(policy) in str(err.value) and "does not verify" in str(err.value)
     other = tmp_path / "other.pub"
-    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    measurements_key(other)  # another key's
     with pytest.raises(InputError, match="does not verify"):
         read_policy_document(str(policy), public_key_path=str(other))
     os.unlink(str(policy) + ".sig")
