@@ -20,7 +20,6 @@ import shutil
 import signal
 import stat
 from pathlib import Path
-from typing import Optional
 
 import pytest
 from ansible.parsing.vault import VaultLib, VaultSecret
@@ -30,6 +29,7 @@ from lab.lab import Lab
 from tests.support.playbook import LabPlaybooks
 from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
 
 pytestmark = pytest.mark.lab
 
@@ -41,8 +41,9 @@ class Cluster(LabPlaybooks):
         super().__init__(lab, inv)
         self.backups = inv / "backups"
 
-    def status(self, name: str, cluster_id: Optional[bytes] = None):
-        return super().status(name, cluster_id or self.cluster_id())
+    def status(self, name: str):
+        return peer_status(self.lab.host(name).public_endpoint, self.attestation_settings(), self.cluster_id(),
+                           self.admin_key())
 
     def master(self) -> MasterSecret:
         vault = VaultLib([("default", VaultSecret((self.inv / "vault_pass").read_text().strip().encode()))])

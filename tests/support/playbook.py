@@ -6,7 +6,7 @@ events (per host and task) and its stats (ok/changed/failed counts per host), ne
 
 ``run_playbook(path, inventory, work_dir, ...)`` runs a playbook file; ``run_tasks(work_dir, tasks, ...)``
 runs tasks on localhost (the local connection). Both return a ``PlayRun``. ``LabPlaybooks`` runs the
-repository's playbooks against a lab's inventory and reads a peer's status as the controller does."""
+repository's playbooks against a lab's inventory and reads the admin's settings and key from it."""
 
 from __future__ import annotations
 
@@ -153,14 +153,16 @@ class LabPlaybooks:
         return run_playbook(ROOT / playbook, str(self.inv / "hosts.yml"), self.inv.parent / ("%s-runs" % self.inv.name),
                             args + list(extra))
 
-    def status(self, name: str, cluster_id: Optional[bytes] = None):
-        """Host ``name``'s peer status as the controller reads it (attested, with the inventory's admin key)."""
-        from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
+    def attestation_settings(self):
+        """The attestation settings the controller takes for this lab from the inventory site.yml wrote."""
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
-        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
 
-        settings = settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
-                                       "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
-                                       "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
-        admin_key = load_priv_key((self.inv / "admin_key").read_bytes())
-        return peer_status(self.lab.host(name).public_endpoint, settings, cluster_id, admin_key)
+        return settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
+                                   "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
+                                   "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
+
+    def admin_key(self):
+        """The admin's private key site.yml wrote to the inventory."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
+
+        return load_priv_key((self.inv / "admin_key").read_bytes())
