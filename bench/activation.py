@@ -38,6 +38,7 @@ from lab.image import lab_measurements  # noqa: E402
 from lab.lab import Lab  # noqa: E402
 from lab.names import MAX_HOSTS  # noqa: E402
 from lab.netns import NetNS  # noqa: E402
+from lab.procs import processes_cpu  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils import kms  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMValidator  # noqa: E402
@@ -46,31 +47,19 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi
     coordinator_policy, fresh_node_policy)
 
 MAX_NODES = MAX_HOSTS - 1
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_by_pid():
     """{pid: (kind, CPU seconds of the process and of the children it reaped)} from /proc."""
     out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % pid) as handle:
-                stat = handle.read()
-            with open("/proc/%s/cmdline" % pid, "rb") as handle:
-                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        comm, _sep, rest = stat.partition("(")[2].rpartition(")")
-        times = [int(value) for value in rest.split()[11:15]]  # utime stime cutime cstime
+    for pid, (comm, cmdline, seconds) in processes_cpu().items():
         if "constellation-agent" in cmdline:
             kind = "agent: Coordinator" if "/hosts/h1/" in cmdline else "agents: Nodes"
         elif comm in ("wireguard-go", "swtpm"):
             kind = comm
         else:
             kind = "other"
-        out[int(pid)] = (kind, sum(times) / CLOCK_TICKS)
+        out[pid] = (kind, seconds)
     return out
 
 

@@ -101,20 +101,23 @@ def ossl_server_context() -> SSL.Context:
     """aTLS's TLS parameters: TLS 1.2 or newer, no stateless tickets, no session cache, ALPN.
     TLS 1.3 still sends two (stateful) tickets after the handshake: pyOpenSSL does not bind
     SSL_CTX_set_num_tickets, and with the cache off they cannot resume (openssl/openssl#8077)."""
-    ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
-    ctx.set_min_proto_version(SSL.TLS1_2_VERSION)
-    ctx.set_options(SSL.OP_NO_TICKET)
-    ctx.set_session_cache_mode(SSL.SESS_CACHE_OFF)
+    ctx = _ossl_context(SSL.TLS_SERVER_METHOD)
     ctx.set_alpn_select_callback(_select_alpn)
     return ctx
 
 
 def ossl_client_context() -> SSL.Context:
-    ctx = SSL.Context(SSL.TLS_CLIENT_METHOD)
+    ctx = _ossl_context(SSL.TLS_CLIENT_METHOD)
+    ctx.set_alpn_protos(_ALPN)
+    return ctx
+
+
+def _ossl_context(method) -> SSL.Context:
+    """Either side's part of aTLS's TLS parameters (ossl_server_context)."""
+    ctx = SSL.Context(method)
     ctx.set_min_proto_version(SSL.TLS1_2_VERSION)
     ctx.set_options(SSL.OP_NO_TICKET)
     ctx.set_session_cache_mode(SSL.SESS_CACHE_OFF)
-    ctx.set_alpn_protos(_ALPN)
     return ctx
 
 

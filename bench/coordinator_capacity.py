@@ -56,7 +56,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "collections"), os.path.join(HERE, "..")]
+sys.path[:0] = [os.path.join(HERE, "..", "collections"), os.path.join(HERE, ".."), HERE]
 os.environ.setdefault("TSS2_LOG", "all+none")
 
 # pylint: disable=wrong-import-position
@@ -68,8 +68,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.config
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.long_poll import JITTER  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView  # noqa: E402
+from peer_updates import BENCH_VPN_CIDR, _NullVPN  # noqa: E402
 
-BENCH_VPN_CIDR = "127.0.0.0/16"
 IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
 POLLS_PER_PROCESS = 2500  # Nodes one poller process drives (5,000 Nodes: 500 polls a second in all)
 POLL_THREADS = 24
@@ -102,18 +102,6 @@ def policy_without_pcr15():
 
 
 # --------------------------------------------------------------------------- the Coordinator's process
-
-
-class _NullVPN:
-    """The Core's VPN port without WireGuard (loopback addresses stand for the tunnel)."""
-
-    vpn_cidr = BENCH_VPN_CIDR
-
-    def setup(self, vpn_ip, priv_key):
-        pass
-
-    def set_peers(self, records, own_pub_key):
-        return True
 
 
 def coordinator_main(spec_file: str) -> None:

@@ -128,7 +128,8 @@ def measure(n: int) -> dict:
 
 
 class _NullVPN:
-    """The Core's VPN port without WireGuard (the poll path never touches it)."""
+    """The Core's VPN port without WireGuard (the poll path never touches it; loopback addresses stand for
+    the tunnel)."""
 
     vpn_cidr = BENCH_VPN_CIDR
 

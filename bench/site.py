@@ -37,6 +37,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "collections"), str(Pa
 
 from lab.lab import Lab  # noqa: E402
 from lab.names import MAX_HOSTS  # noqa: E402
+from lab.procs import processes_cpu  # noqa: E402
 from tests.support import ROOT, VENV_BIN  # noqa: E402
 # The timing callback of --profile: seconds from one task's start to the next one's (or the end).
 TASK_TIMES = r"""
@@ -79,7 +80,6 @@ PING_PLAY = """---
     - name: Ping
       ansible.builtin.ping:
 """
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _kind(comm: str, cmdline: str) -> str:
@@ -97,21 +97,12 @@ def _kind(comm: str, cmdline: str) -> str:
 def cpu_by_pid():
     """{pid: (kind, CPU seconds of the process and of the children it reaped)} from /proc."""
     out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
+    for pid, (comm, cmdline, seconds) in processes_cpu().items():
+        if pid == os.getpid():
             continue
-        try:
-            with open("/proc/%s/stat" % pid) as handle:
-                stat = handle.read()
-            with open("/proc/%s/cmdline" % pid, "rb") as handle:
-                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        comm, _sep, rest = stat.partition("(")[2].rpartition(")")
         if "ansible-playbook" in cmdline or "ansible-playbook" in comm:
             continue  # counted from this process's reaped children (workers included)
-        times = [int(value) for value in rest.split()[11:15]]  # utime stime cutime cstime
-        out[int(pid)] = (_kind(comm, cmdline), sum(times) / CLOCK_TICKS)
+        out[pid] = (_kind(comm, cmdline), seconds)
     return out
 
 

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import List
+from typing import Dict, List, Tuple
 
 from lab.names import LabError
 
@@ -23,6 +23,29 @@ def run(argv: List[str], check: bool = True, **kw) -> subprocess.CompletedProces
     if check and proc.returncode != 0:
         raise LabError("%s failed (%d): %s" % (" ".join(argv), proc.returncode, (proc.stderr or "").strip()))
     return proc
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def processes_cpu() -> Dict[int, Tuple[str, str, float]]:
+    """{pid: (comm, command line, CPU seconds of the process and of the children it reaped)} of every process
+    in /proc (one that ends while it is read is left out)."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as handle:
+                stat = handle.read()
+            with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        comm, _sep, rest = stat.partition("(")[2].rpartition(")")
+        times = [int(value) for value in rest.split()[11:15]]  # utime stime cutime cstime
+        out[int(pid)] = (comm, cmdline, sum(times) / CLOCK_TICKS)
+    return out
 
 
 def is_zombie(pid: int) -> bool:

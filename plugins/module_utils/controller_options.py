@@ -71,22 +71,21 @@ RECOVER_PEER_ARGS: Dict[str, Dict[str, Any]] = dict(
     kms_uri=dict(type="str", required=True, no_log=True),
     measurement_salt=dict(type="str", required=True, no_log=True),
 )
-# Backup and restore of the Coordinator's state (backup.yml, restore.yml; plugins/plugin_utils/backup.py).
-COORDINATOR_BACKUP_ARGS: Dict[str, Dict[str, Any]] = dict(
-    endpoint=dict(type="str", required=True),
-    kms_uri=dict(type="str", required=True, no_log=True),
-    measurement_salt=dict(type="str", required=True, no_log=True),
+# Backup and restore of the Coordinator's state (backup.yml, restore.yml; plugins/plugin_utils/backup.py): the
+# Coordinator, the KMS and the salt (as recover_peer) and the admin key.
+_COORDINATOR_ADMIN_ARGS: Dict[str, Dict[str, Any]] = dict(
+    RECOVER_PEER_ARGS,
     admin_priv_key_file=dict(type="path", required=True),
+)
+COORDINATOR_BACKUP_ARGS: Dict[str, Dict[str, Any]] = dict(
+    _COORDINATOR_ADMIN_ARGS,
     backup_dir=dict(type="path", required=True),
     kubernetes=dict(type="bool", default=False),
     kubernetes_etcd_snapshot=dict(type="str", no_log=True),
     kubernetes_etcd_source=dict(type="dict"),
 )
 COORDINATOR_RESTORE_ARGS: Dict[str, Dict[str, Any]] = dict(
-    endpoint=dict(type="str", required=True),
-    kms_uri=dict(type="str", required=True, no_log=True),
-    measurement_salt=dict(type="str", required=True, no_log=True),
-    admin_priv_key_file=dict(type="path", required=True),
+    _COORDINATOR_ADMIN_ARGS,
     init_secret=dict(type="str", no_log=True),
     backup=dict(type="path"),
     backup_dir=dict(type="path"),

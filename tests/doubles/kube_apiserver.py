@@ -351,21 +351,28 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             return None
 
+    def _admin_node(self, path, forbidden):
+        """(the name of the Node ``path`` addresses, the user) when an admin asks; (None, None) once the answer
+        is sent: 401 without a user, 405 for another path, 403 (``forbidden`` % (name, user)) for a non-admin."""
+        user, groups = self._user()
+        if user is None:
+            self._send(401, status_object(401, "Unauthorized", "Unauthorized"))
+            return None, None
+        if not path.startswith("/api/v1/nodes/"):
+            self._not_allowed()
+            return None, None
+        name = path[len("/api/v1/nodes/"):]
+        if not set(groups) & set(DELETE_GROUPS):
+            self._send(403, status_object(403, "Forbidden", forbidden % (name, user), {"name": name, "kind": "nodes"}))
+            return None, None
+        return name, user
+
     def do_PATCH(self):  # noqa: N802  (http.server's name)
         """Cordon / uncordon: a merge patch of a Node's ``spec.unschedulable`` (admins only)."""
         path = urlsplit(self.path).path.rstrip("/")
         body = self._body()
-        user, groups = self._user()
-        if user is None:
-            self._send(401, status_object(401, "Unauthorized", "Unauthorized"))
-            return
-        if not path.startswith("/api/v1/nodes/"):
-            self._not_allowed()
-            return
-        name = path[len("/api/v1/nodes/"):]
-        if not set(groups) & set(DELETE_GROUPS):
-            self._send(403, status_object(403, "Forbidden", 'nodes "%s" is forbidden: User "%s" cannot patch resource '
-                                          '"nodes"' % (name, user), {"name": name, "kind": "nodes"}))
+        name, user = self._admin_node(path, 'nodes "%s" is forbidden: User "%s" cannot patch resource "nodes"')
+        if name is None:
             return
         spec = (body or {}).get("spec") if isinstance(body, dict) else None
         if not isinstance(spec, dict) or set(spec) != {"unschedulable"} or not isinstance(spec["unschedulable"], bool):
@@ -425,18 +432,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self):  # noqa: N802  (http.server's name)
         path = urlsplit(self.path).path.rstrip("/")
         self._drain()
-        user, groups = self._user()
-        if user is None:
-            self._send(401, status_object(401, "Unauthorized", "Unauthorized"))
-            return
-        if not path.startswith("/api/v1/nodes/"):
-            self._not_allowed()
-            return
-        name = path[len("/api/v1/nodes/"):]
-        if not set(groups) & set(DELETE_GROUPS):
-            self._send(403, status_object(
-                403, "Forbidden", 'nodes "%s" is forbidden: User "%s" cannot delete resource "nodes" in API group "" '
-                'at the cluster scope' % (name, user), {"name": name, "kind": "nodes"}))
+        name, user = self._admin_node(path, 'nodes "%s" is forbidden: User "%s" cannot delete resource "nodes" in API '
+                                            'group "" at the cluster scope')
+        if name is None:
             return
         if not delete_node(self.server.cluster_dir, name):
             self._send(404, status_object(404, "NotFound", 'nodes "%s" not found' % name,

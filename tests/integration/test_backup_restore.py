@@ -26,38 +26,24 @@ from ansible.parsing.vault import VaultLib, VaultSecret
 
 from lab.agent import agent_dir, agent_vpn_priv_key, read_sealed, start_agent
 from lab.lab import Lab
-from tests.support import ROOT
-from tests.support.playbook import PlayRun, run_playbook
+from tests.support.playbook import LabPlaybooks
 from tests.support.wait import until
-from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
 
 pytestmark = pytest.mark.lab
 
-VENV_BIN = ROOT / ".venv" / "bin"
 NODES = ("h2", "h3")
 
 
-class Cluster:
+class Cluster(LabPlaybooks):
     def __init__(self, lab: Lab, inv: Path):
-        self.lab = lab
-        self.inv = inv
+        super().__init__(lab, inv)
         self.backups = inv / "backups"
 
-    def play(self, playbook: str, *extra: str) -> PlayRun:
-        args = ["--vault-password-file", str(self.inv / "vault_pass"),
-                "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")]
-        return run_playbook(ROOT / playbook, str(self.inv / "hosts.yml"), self.inv.parent / ("%s-runs" % self.inv.name),
-                            args + list(extra))
-
     def status(self, name: str):
-        settings = settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
-                                       "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
-                                       "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
-        admin_key = load_priv_key((self.inv / "admin_key").read_bytes())
-        return peer_status(self.lab.host(name).public_endpoint, settings, self.cluster_id(), admin_key)
+        return peer_status(self.lab.host(name).public_endpoint, self.attestation_settings(), self.cluster_id(),
+                           self.admin_key())
 
     def master(self) -> MasterSecret:
         vault = VaultLib([("default", VaultSecret((self.inv / "vault_pass").read_text().strip().encode()))])

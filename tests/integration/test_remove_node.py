@@ -19,41 +19,21 @@ from __future__ import annotations
 import os
 import re
 import signal
-from pathlib import Path
 
 import pytest
 
 from lab.agent import agent_dir, start_agent
 from lab.lab import Lab
-from tests.support import ROOT
-from tests.support.playbook import PlayRun, run_playbook
+from tests.support.playbook import LabPlaybooks, PlayRun
 from tests.support.wait import until
-from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
 
 pytestmark = pytest.mark.lab
 
-VENV_BIN = ROOT / ".venv" / "bin"
 
-
-class Cluster:
-    def __init__(self, lab: Lab, inv: Path):
-        self.lab = lab
-        self.inv = inv
-
-    def play(self, playbook: str, *extra: str) -> PlayRun:
-        args = ["--vault-password-file", str(self.inv / "vault_pass"),
-                "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")]
-        return run_playbook(ROOT / playbook, str(self.inv / "hosts.yml"), self.inv.parent / ("%s-runs" % self.inv.name),
-                            args + list(extra))
-
+class Cluster(LabPlaybooks):
     def status(self, name: str):
-        settings = settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
-                                       "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
-                                       "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
-        return peer_status(self.lab.host(name).public_endpoint, settings, None,
-                           load_priv_key((self.inv / "admin_key").read_bytes()))
+        return peer_status(self.lab.host(name).public_endpoint, self.attestation_settings(), None, self.admin_key())
 
     def wg_peers(self, name: str) -> set:
         return set(self.lab.host(name).run(["wg", "show", "wg0", "peers"], check=False).stdout.split())

@@ -6,6 +6,8 @@
 - ``ROOT`` (the repository), ``VENV_BIN``;
 - ``wait.until``: poll a condition;
 - ``procs``: processes by pid (the zombie check, waiting for an end);
+- ``threads``: ``run_in_threads``, one piece of work in several threads at once;
+- ``keys``: ``measurements_key``, a signing key whose public key a file pins;
 - ``cluster``: ``LabCluster`` (the admin's side of a lab: keys, agents, clients) and ``lab_cluster``, the one
   factory of a lab with its cluster for module fixtures;
 - ``playbook``: the one ansible-playbook runner (ansible-runner), results read from its events;

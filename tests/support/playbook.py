@@ -5,7 +5,8 @@
 events (per host and task) and its stats (ok/changed/failed counts per host), never from scraped output.
 
 ``run_playbook(path, inventory, work_dir, ...)`` runs a playbook file; ``run_tasks(work_dir, tasks, ...)``
-runs tasks on localhost (the local connection). Both return a ``PlayRun``."""
+runs tasks on localhost (the local connection). Both return a ``PlayRun``. ``LabPlaybooks`` runs the
+repository's playbooks against a lab's inventory and reads the admin's settings and key from it."""
 
 from __future__ import annotations
 
@@ -135,3 +136,33 @@ def run_tasks(work_dir: Path, tasks: List[dict], args: Sequence[str] = (), play:
     args = ["-e", "ansible_connection=local", "-e", "ansible_python_interpreter=%s" % (python or VENV_BIN / "python")] \
         + list(args)
     return run_playbook(path, str(inventory), work_dir, args, **kw)
+
+
+class LabPlaybooks:
+    """A lab and the inventory folder ``inv`` made for it (hosts.yml, vault_pass and, once site.yml ran,
+    measurements.json, ek_ca.pem, admin_key)."""
+
+    def __init__(self, lab, inv: Path):
+        self.lab = lab
+        self.inv = inv
+
+    def play(self, playbook: str, *extra: str) -> PlayRun:
+        """Runs the repository's ``playbook`` (a path below ROOT) on the inventory with its vault password."""
+        args = ["--vault-password-file", str(self.inv / "vault_pass"),
+                "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")]
+        return run_playbook(ROOT / playbook, str(self.inv / "hosts.yml"), self.inv.parent / ("%s-runs" % self.inv.name),
+                            args + list(extra))
+
+    def attestation_settings(self):
+        """The attestation settings the controller takes for this lab from the inventory site.yml wrote."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
+
+        return settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
+                                   "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
+                                   "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
+
+    def admin_key(self):
+        """The admin's private key site.yml wrote to the inventory."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
+
+        return load_priv_key((self.inv / "admin_key").read_bytes())

@@ -117,43 +117,34 @@ class EvictionCache:
     def record(self, vpn_ip: str, eviction: Mapping[str, Any]) -> None:
         """Writes one eviction, then publishes the evictions as the store holds them (another Coordinator
         may have written since our last read); if that read fails, ours is added to what we had."""
-        with self._lock:
-            eviction_store.save_eviction(self.store, vpn_ip, eviction)
-            try:
-                self._load()
-            except ConstellationError:
-                self._current = dict(self._current, **{vpn_ip: dict(eviction)})
-                self._version = None  # the next read in a shared store reloads
+        self._write("_current", lambda: eviction_store.save_eviction(self.store, vpn_ip, eviction), vpn_ip, eviction)
 
     def forget(self, vpn_ip: str) -> None:
-        with self._lock:
-            eviction_store.delete_eviction(self.store, vpn_ip)
-            try:
-                self._load()
-            except ConstellationError:
-                current = dict(self._current)
-                current.pop(vpn_ip, None)
-                self._current, self._version = current, None
+        self._write("_current", lambda: eviction_store.delete_eviction(self.store, vpn_ip), vpn_ip, None)
 
     def record_unverified(self, vpn_ip: str, record: Mapping[str, Any]) -> None:
         """Writes one unverified peer, then publishes what the store holds (as ``record``)."""
-        with self._lock:
-            eviction_store.save_unverified(self.store, vpn_ip, record)
-            try:
-                self._load()
-            except ConstellationError:
-                self._unverified = dict(self._unverified, **{vpn_ip: dict(record)})
-                self._version = None
+        self._write("_unverified", lambda: eviction_store.save_unverified(self.store, vpn_ip, record), vpn_ip, record)
 
     def forget_unverified(self, vpn_ip: str) -> None:
+        self._write("_unverified", lambda: eviction_store.delete_unverified(self.store, vpn_ip), vpn_ip, None)
+
+    def _write(self, attr: str, write: Callable[[], None], vpn_ip: str, record: Optional[Mapping[str, Any]]) -> None:
+        """``write`` (one store transaction), then the evictions and unverified peers as the store holds them;
+        if that read fails, the change alone is applied to the dict in ``attr`` (``record`` None: removed), and
+        the next read in a shared store reloads."""
         with self._lock:
-            eviction_store.delete_unverified(self.store, vpn_ip)
+            write()
             try:
                 self._load()
             except ConstellationError:
-                unverified = dict(self._unverified)
-                unverified.pop(vpn_ip, None)
-                self._unverified, self._version = unverified, None
+                changed = dict(getattr(self, attr))
+                if record is None:
+                    changed.pop(vpn_ip, None)
+                else:
+                    changed[vpn_ip] = dict(record)
+                setattr(self, attr, changed)
+                self._version = None
 
 
 class Evictions:

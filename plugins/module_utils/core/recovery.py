@@ -144,22 +144,25 @@ class Recovery:
         ctx.advance(stored)
 
     # -- recovery after a TPM reset
-    def _require_recovery(self, method: str) -> None:
+    def _recovering_node(self, method: str, role: str, refusal: str):
+        """The stored node record, for ``method`` on a node that waits for recovery in ``role`` (StateError
+        otherwise; ``refusal`` tells another role what it does instead)."""
         ctx = self.context
         if not ctx.recovery_pending:
             raise StateError("%s is allowed only on a node whose stored state waits for recovery (PCR 15 reset); "
                              "this node is %s" % (method, ctx.state.wire_name)).with_reason(
                                  REASON_NOT_WAITING_FOR_RECOVERY)
+        node = ctx.stored_node()
+        if node.role != role:
+            raise StateError("%s: %s" % (method, refusal))
+        return node
 
     def recover(self, kms_uri: str) -> Dict[str, Any]:
         ctx = self.context
         method = "Recover"
-        self._require_recovery(method)
-        node = ctx.stored_node()
-        if node.role != ROLE_COORDINATOR:
-            # Least secret: only the Coordinator ever holds the KMS URI (docs/agent.md, "Rejoin after a reboot").
-            raise StateError("%s: a Node does not take the KMS URI; it rejoins with a ticket from its Coordinator "
-                             "(IssueRejoinTicket), by itself" % method)
+        # Least secret: only the Coordinator ever holds the KMS URI (docs/agent.md, "Rejoin after a reboot").
+        node = self._recovering_node(method, ROLE_COORDINATOR, "a Node does not take the KMS URI; it rejoins with a "
+                                                               "ticket from its Coordinator (IssueRejoinTicket), by itself")
         kms = open_kms(kms_uri)
         cluster_id = kms_mod.cluster_id(kms, node.measurement_salt)
         if not hmac.compare_digest(cluster_id, node.cluster_id):
@@ -213,11 +216,8 @@ class Recovery:
         the disk key is the one we hold, if we hold one), take the node lock again and resume."""
         ctx = self.context
         method = "Rejoin"
-        self._require_recovery(method)
-        node = ctx.stored_node()
-        if node.role != ROLE_NODE:
-            raise StateError("%s: only a Node rejoins with a ticket; a Coordinator recovers with the KMS URI "
-                             "(recover.yml)" % method)
+        node = self._recovering_node(method, ROLE_NODE, "only a Node rejoins with a ticket; a Coordinator recovers with "
+                                                        "the KMS URI (recover.yml)")
         outcome: Dict[str, Any] = {}
 
         def on_ticket(data: Mapping[str, Any], binding: Optional[bytes] = None) -> None:

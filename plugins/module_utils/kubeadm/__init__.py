@@ -29,7 +29,8 @@ SubjectPublicKeyInfo hash: there is deliberately no way to express ``unsafeSkipC
 
 from __future__ import annotations
 
-# pylint: disable=unused-import
+# Each concern's public names (no two of them define one name differently).
+# pylint: disable=wildcard-import,unused-wildcard-import
 from ansible_collections.constellation.cluster.plugins.module_utils.command import CommandResult, run_command  # noqa: F401
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (  # noqa: F401
     ConstellationError,
@@ -37,113 +38,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     InputError,
     StateError,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.validate import (  # noqa: F401
-    API_VERSIONS,
-    AUDIT_API_VERSION,
-    AUDIT_LOG_DIR,
-    AUDIT_POLICY_FILE,
-    CONSTELLATION_SKIP_PHASES,
-    CONTROL_PLANE_PKI_FILES,
-    CRI_SOCKET,
-    DEFAULT_API_VERSION,
-    DEFAULT_CLUSTER_NAME,
-    DEFAULT_SERVICE_CIDR,
-    DEFAULT_TOKEN_TTL,
-    DOWNLOAD_CERTS_PHASE,
-    FLEX_VOLUME_PLUGIN_DIR,
-    INIT_PHASE_NAMES,
-    INIT_PHASES,
-    KUBE_PROXY_PHASE,
-    KUBEADM_GROUP,
-    KUBELET_API_VERSION,
-    KUBELET_LOCAL_MODE_MIN_VERSION,
-    KUBELET_TLS_CERT_FILE,
-    KUBELET_TLS_CIPHER_SUITES,
-    KUBELET_TLS_KEY_FILE,
-    KUBERNETES_DIR,
-    KUBERNETES_PORT,
-    PATCHES_DIR,
-    REDACTED,
-    REGISTER_WITH_TAINTS,
-    TOKEN_DESCRIPTION,
-    TOKEN_GROUP,
-    TOKEN_USAGES,
-    V1BETA4_MIN_VERSION,
-    ca_cert_hash,
-    common_argument_spec,
-    generate_certificate_key,
-    generate_token,
-    kubeconfig_ca_pems,
-    node_argument_spec,
-    token_id,
-    ttl_seconds,
-    validate_api_version,
-    validate_ca_cert_hash,
-    validate_certificate_key,
-    validate_cidr,
-    validate_endpoint,
-    validate_host,
-    validate_ip,
-    validate_kubernetes_version,
-    validate_node_name,
-    validate_skip_phases,
-    validate_token,
-    validate_token_id,
-    validate_ttl,
-)
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.pki import (  # noqa: F401
-    MASTERS_GROUP,
-    NODES_GROUP,
-    KubeletKeyPair,
-    issued_by,
-    kubeconfig_client_identity,
-    kubelet_cert_current,
-    kubelet_csr,
-    sign_kubelet_csr,
-)
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.config import (  # noqa: F401
-    InitParams,
-    JoinParams,
-    audit_policy,
-    audit_policy_path,
-    dump_documents,
-    redact,
-    render_init,
-    render_join,
-    render_token_config,
-)
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.command import (  # noqa: F401
-    Kubeadm,
-    KubeadmMissing,
-    TokenInfo,
-    find_kubeadm,
-    parse_token_list,
-)
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.operations import (  # noqa: F401
-    INIT_STEPS,
-    InitPhase,
-    InitResult,
-    JoinResult,
-    TokenResult,
-    admin_kubeconfig_current,
-    ensure_token,
-    init_commands,
-    init_control_plane,
-    is_initialised,
-    is_joined,
-    join_node,
-    list_tokens,
-    missing_control_plane_pki,
-    read_admin_kubeconfig,
-    read_ca_cert_hash,
-    remove_token,
-    write_audit_policy,
-    write_kubelet_serving_cert,
-)
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.nodes import (  # noqa: F401
-    MAX_WAIT_TIMEOUT,
-    NodeStatus,
-    wait_for_nodes_ready,
-)
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.validate import HAS_CRYPTOGRAPHY  # noqa: F401
-from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.config import HAS_YAML  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.validate import *  # noqa: F401,F403
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.pki import *  # noqa: F401,F403
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.config import *  # noqa: F401,F403
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.command import *  # noqa: F401,F403
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.operations import *  # noqa: F401,F403
+from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.nodes import *  # noqa: F401,F403

@@ -222,17 +222,22 @@ def validate_endpoint(value: object, field_name: str, default_port: Optional[int
     return "%s:%s" % (host, port)
 
 
-def validate_token(value: object, field_name: str = "token") -> str:
-    if not isinstance(value, str) or not _TOKEN_RE.match(value):
-        # Never echo a (possibly real) secret back into an error message.
-        raise InputError(field_name, "a bootstrap token of the form [a-z0-9]{6}.[a-z0-9]{16}")
+def _matching(pattern, value: object, field_name: str, expected: str, secret: bool = False) -> str:
+    """``value`` when it is a string ``pattern`` matches; InputError naming ``expected`` otherwise, which
+    never echoes a (possibly real) ``secret`` back into its message."""
+    if not isinstance(value, str) or not pattern.match(value):
+        if secret:
+            raise InputError(field_name, expected)
+        raise InputError(field_name, expected, value)
     return value
+
+
+def validate_token(value: object, field_name: str = "token") -> str:
+    return _matching(_TOKEN_RE, value, field_name, "a bootstrap token of the form [a-z0-9]{6}.[a-z0-9]{16}", secret=True)
 
 
 def validate_token_id(value: object, field_name: str = "token_id") -> str:
-    if not isinstance(value, str) or not _TOKEN_ID_RE.match(value):
-        raise InputError(field_name, "a bootstrap token ID of the form [a-z0-9]{6}", value)
-    return value
+    return _matching(_TOKEN_ID_RE, value, field_name, "a bootstrap token ID of the form [a-z0-9]{6}")
 
 
 def validate_ca_cert_hash(value: object, field_name: str = "ca_cert_hash") -> str:
@@ -246,16 +251,13 @@ def validate_ca_cert_hash(value: object, field_name: str = "ca_cert_hash") -> st
 
 
 def validate_certificate_key(value: object, field_name: str = "certificate_key") -> str:
-    if not isinstance(value, str) or not _CERT_KEY_RE.match(value):
-        raise InputError(field_name, "a certificate key of 64 lower-case hex digits (32 bytes)")
-    return value
+    return _matching(_CERT_KEY_RE, value, field_name, "a certificate key of 64 lower-case hex digits (32 bytes)",
+                     secret=True)
 
 
 def validate_ttl(value: object, field_name: str = "ttl") -> str:
     """A Go duration in hours, minutes and seconds (``15m``, ``1h30m``, ``0s`` = never expires)."""
-    if not isinstance(value, str) or not _TTL_RE.match(value):
-        raise InputError(field_name, "a duration such as 15m, 1h30m or 24h", value)
-    return value
+    return _matching(_TTL_RE, value, field_name, "a duration such as 15m, 1h30m or 24h")
 
 
 def ttl_seconds(value: str) -> int:

@@ -62,7 +62,20 @@ def check_value(value: Any, field: str = "value") -> bytes:
 # --------------------------------------------------------------------------- transactions
 
 
-class Txn:
+class _Reader:
+    """``get`` over ``get_default``, for a transaction and a store alike."""
+
+    def get(self, key: str) -> bytes:
+        value = self.get_default(key)
+        if value is None:
+            raise KeyNotFound(key)
+        return value
+
+    def get_default(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
+        raise NotImplementedError
+
+
+class Txn(_Reader):
     """Buffered writes over a reader; the store decides how to commit them."""
 
     def __init__(self, read_one: Callable[[str], Optional[bytes]],
@@ -70,12 +83,6 @@ class Txn:
         self._read_one = read_one
         self._read_range = read_range
         self.writes: Dict[str, Optional[bytes]] = {}  # None: delete
-
-    def get(self, key: str) -> bytes:
-        value = self.get_default(key)
-        if value is None:
-            raise KeyNotFound(key)
-        return value
 
     def get_default(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
         check_key(key)
@@ -103,17 +110,8 @@ class Txn:
         return sorted(merged.items())
 
 
-class _BaseStore:
+class _BaseStore(_Reader):
     """What every store shares: plain operations as one-step transactions, ``update``, closing."""
-
-    def get(self, key: str) -> bytes:
-        value = self.get_default(key)
-        if value is None:
-            raise KeyNotFound(key)
-        return value
-
-    def get_default(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
-        raise NotImplementedError
 
     def peek(self, key: str, default: Optional[bytes] = None) -> Optional[bytes]:
         """``get_default`` where a store can answer faster or without a majority, possibly a little behind

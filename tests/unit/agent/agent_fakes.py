@@ -9,11 +9,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from typing import List
+from typing import Dict, List, Sequence
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
+from ansible_collections.constellation.cluster.plugins.module_utils import core
 from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
 
 class RecordingVPN(ports.VPN):
@@ -122,3 +129,49 @@ def pubapi_server(core, **limits):
     finally:
         server.stop()
         tls.close()
+
+
+def activate_node(coordinator, node, public_ip: str):
+    """Loads ``node`` (a fresh Core) and activates it through ``coordinator`` (an active Coordinator's
+    Core) in ActivateAsNode's two steps, as the Coordinator's admission drives them; returns the first
+    step's answer."""
+    node.recovery.load()
+    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
+    step = node.node.activate_as_node_begin(request.to_dict())
+    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, public_ip, step.state_disk_uuid)
+    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    return step
+
+
+def admin_pem() -> str:
+    """A fresh admin public key (Ed25519, PEM), as activation takes it."""
+    return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def record_nodes(coordinator, public_ips: Sequence[str]) -> Dict[str, dict]:
+    """Records a Node (a fresh key, no Core of its own) at each of ``public_ips`` in ``coordinator``'s
+    registry: {public_ip: the peer as the Node's GetState reports it}."""
+    nodes = {}
+    for public_ip in public_ips:
+        key = pub_key_from_priv_key(generate_priv_key())
+        vpn_ip = coordinator.coordinator.reserve_node_ip()
+        coordinator.activation.record_node(vpn_ip, key, public_ip, core.new_disk_uuid())
+        nodes[public_ip] = {"vpn_ip": vpn_ip, "vpn_pub_key": key, "state": "IsNode"}
+    return nodes
+
+
+class RefusingValidator(DummyValidator):
+    """A validator that refuses every document that arrives (a PCR 4 mismatch)."""
+
+    def validate(self, document, nonce):
+        raise AttestationError("measurements mismatch: PCR 4: expected aa, found bb")
+
+
+def close_all(socks) -> None:
+    """Closes each socket of ``socks``, ignoring one already gone."""
+    for s in socks:
+        try:
+            s.close()
+        except OSError:
+            pass

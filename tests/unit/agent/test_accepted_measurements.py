@@ -33,6 +33,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN, pubapi_server
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
+from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 
 VPN_CIDR = "127.78.0.0/16"
 
@@ -266,10 +267,8 @@ def test_the_policy_file_and_its_signature_change_together_even_across_a_stop(tm
     from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import NEXT_SIGNATURE, PolicyFile
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 
-    key = ec.generate_private_key(ec.SECP256R1())
     pub = tmp_path / "m.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    key = measurements_key(pub)
     path = tmp_path / "measurements.json"
     policy_file = PolicyFile(str(path), str(pub))
     policy_file.write(document(1, "v1"), signature.sign_blob(key, document(1, "v1")))

@@ -24,7 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.init_secret 
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, pubapi_server
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node, pubapi_server
 
 PUBLIC_IP = "127.0.0.1"  # the servers listen here; the init secret proof is bound to the public IP
 INIT_SECRET = os.urandom(32)
@@ -48,11 +48,7 @@ def cluster(make_core):
     coordinator.recovery.load()
     coordinator.coordinator.activate_as_coordinator(secret.to_uri(), salt, pem(admin_key), init_secret=None)
     node, _node_vpn = make_core(MemoryTPM(), public_ip="10.42.0.12")
-    node.recovery.load()
-    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
-    step = node.node.activate_as_node_begin(request.to_dict())
-    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    activate_node(coordinator, node, "10.42.0.12")
     return {"coordinator": coordinator, "node": node, "admin_key": admin_key, "secret": secret, "salt": salt}
 
 

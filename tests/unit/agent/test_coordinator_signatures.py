@@ -32,15 +32,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node, admin_pem
 
 State = core.State
 ATTACKER_PEER = PeerRecord.parse("10.118.0.66", pub_key_from_priv_key(generate_priv_key()), "10.42.0.66", "coordinator")
-
-
-def admin_pem() -> str:
-    return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
 @pytest.fixture
@@ -56,11 +51,7 @@ def cluster(make_core, secret):
     coordinator.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     store, tpm = MemoryStore(), MemoryTPM()
     node, node_vpn = make_core(tpm, store=store, public_ip="10.42.0.12")
-    node.recovery.load()
-    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
-    step = node.node.activate_as_node_begin(request.to_dict())
-    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    activate_node(coordinator, node, "10.42.0.12")
     return coordinator, node, node_vpn, store, tpm
 
 
@@ -108,6 +99,17 @@ def other_key():
 # ------------------------------------------------------------------ rejoin
 
 
+def forged(ticket, forgery, context: str, coordinator_signed) -> dict:
+    """``ticket`` as the ``forgery`` hands it over: unsigned, signed with a Node's key (for ``context``), or with
+    a genuine Coordinator signature (``coordinator_signed(ticket, binding)``) for another connection's request
+    (a replay)."""
+    if forgery == "signed_by_a_node_key":
+        ticket = ticket.signed(signing.sign(other_key(), context, signing.ticket_payload(ticket.to_dict(), b"x" * 32)))
+    elif forgery == "coordinator_signature_of_another_connection":
+        ticket = coordinator_signed(ticket, os.urandom(32))
+    return ticket.to_dict()
+
+
 def rebooted(make_core, node, store, tpm):
     """The Node after a reboot: PCR 15 reset, its state stored, its disk locked (no disk key readable yet)."""
     tpm.pcr = bytes(32)
@@ -126,13 +128,7 @@ def test_a_node_cannot_answer_another_nodes_rejoin_and_rewrite_its_peers(make_co
 
     def forge(conn, request):
         ticket = RejoinTicket(attacker_disk_key, measurement_secret, (ATTACKER_PEER,), 99)
-        if forgery == "signed_by_a_node_key":
-            ticket = ticket.signed(signing.sign(other_key(), signing.CONTEXT_REJOIN_TICKET,
-                                                signing.ticket_payload(ticket.to_dict(), b"x" * 32)))
-        elif forgery == "coordinator_signature_of_another_connection":
-            # A genuine Coordinator signature, but for another connection's request (a replay).
-            ticket = coordinator.signing.signed_rejoin_ticket(ticket, os.urandom(32))
-        return ticket.to_dict()
+        return forged(ticket, forgery, signing.CONTEXT_REJOIN_TICKET, coordinator.signing.signed_rejoin_ticket)
 
     attacker = Attacker({})
     attacker.server.handlers["IssueRejoinTicket"] = ticket_handler(forge, attacker.confirmed, "rejoined")
@@ -192,12 +188,7 @@ def test_a_node_cannot_hand_a_fresh_node_a_join_ticket(make_core, secret, cluste
     def forge(conn, request):
         ticket = JoinTicket(stolen.cluster_id, stolen.measurement_salt, kms.ClusterKMS(secret).measurement_secret(),
                             os.urandom(32), "10.118.0.70", (ATTACKER_PEER,), ATTACKER_PEER.vpn_ip, admin_pem())
-        if forgery == "signed_by_a_node_key":
-            ticket = ticket.signed(signing.sign(other_key(), signing.CONTEXT_JOIN_TICKET,
-                                                signing.ticket_payload(ticket.to_dict(), b"x" * 32)))
-        elif forgery == "coordinator_signature_of_another_connection":
-            ticket = coordinator.signing.signed_join_ticket(ticket, os.urandom(32))
-        return ticket.to_dict()
+        return forged(ticket, forgery, signing.CONTEXT_JOIN_TICKET, coordinator.signing.signed_join_ticket)
 
     attacker = Attacker({})
     attacker.server.handlers["IssueJoinTicket"] = ticket_handler(forge, attacker.confirmed, "joined")

@@ -11,8 +11,6 @@ import threading
 import time
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
@@ -20,15 +18,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN, admin_pem
 
 State = core.State
-
-
-def admin_pem() -> str:
-    key = ed25519.Ed25519PrivateKey.generate()
-    return key.public_key().public_bytes(serialization.Encoding.PEM,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
 @pytest.fixture

@@ -13,10 +13,8 @@ import pathlib
 import threading
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN, admin_pem
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
@@ -39,11 +37,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 
 State = core.State
 CORE_DIR = pathlib.Path(core.__file__).parent
-
-
-def admin_pem() -> str:
-    return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 DETAILS = ("vpn_ip", "vpn_pub_key", "state_disk_uuid", "evicted")
@@ -48,11 +48,7 @@ def cluster(make_core):
     coordinator.recovery.load()
     coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem)
     node, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.12")
-    node.recovery.load()
-    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
-    step = node.node.activate_as_node_begin(request.to_dict())
-    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    activate_node(coordinator, node, "10.42.0.12")
     other = coordinator.coordinator.reserve_node_ip()
     coordinator.activation.record_node(other, "x" * 43 + "=", "10.42.0.13", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
     coordinator.trust.evict_peer(other, "test: failed re-attestation")

@@ -24,7 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node
 
 State = core.State
 
@@ -44,11 +44,7 @@ def cluster(make_core):
     node, node_vpn = make_core(MemoryTPM(), public_ip="10.42.0.12")
     events = []
     node.context.log = lambda event, **fields: events.append(dict(fields, event=event))
-    node.recovery.load()
-    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
-    step = node.node.activate_as_node_begin(request.to_dict())
-    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    activate_node(coordinator, node, "10.42.0.12")
     evictee = PeerRecord.parse(coordinator.coordinator.reserve_node_ip(), pub_key_from_priv_key(generate_priv_key()),
                                "10.42.0.13", "node")
     coordinator.coordinator.add_node_peer(evictee.vpn_ip, evictee.vpn_pub_key, evictee.public_ip)

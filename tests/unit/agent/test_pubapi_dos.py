@@ -17,13 +17,12 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import server as rpc_server
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import pubapi_server
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import RefusingValidator, close_all, pubapi_server
 
 # The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes).
 from ansible_collections.constellation.cluster.tests.unit.agent.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
@@ -43,16 +42,18 @@ def endpoint_of(server) -> str:
     return "127.0.0.1:%d" % server.address[1]
 
 
+def connected_from(server, source: str) -> socket.socket:
+    """A TCP connection to ``server`` from the loopback address ``source`` (a 10 s timeout)."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", server.address[1]))
+    return sock
+
+
 def idle_tcp(server, count, source="127.0.0.1"):
     """``count`` TCP connections from ``source`` that never send a byte."""
-    socks = []
-    for _i in range(count):
-        s = socket.socket()
-        s.bind((source, 0))
-        s.settimeout(10)
-        s.connect(("127.0.0.1", server.address[1]))
-        socks.append(s)
-    return socks
+    return [connected_from(server, source) for _i in range(count)]
 
 
 def idle_tls(server, count, source):
@@ -60,10 +61,7 @@ def idle_tls(server, count, source):
     then never a request."""
     socks = []
     for _i in range(count):
-        raw = socket.socket()
-        raw.bind((source, 0))
-        raw.settimeout(10)
-        raw.connect(("127.0.0.1", server.address[1]))
+        raw = connected_from(server, source)
         try:
             socks.append(atls.client_handshake(raw, [DummyValidator()]).sock)
         except Exception:  # pylint: disable=broad-except
@@ -85,20 +83,9 @@ def closed_by_server(sock) -> bool:
 def reattest_like_a_coordinator(server, source="127.0.0.1"):
     """The Coordinator's re-attestation path (agent/daemon.py connect_peer): aTLS with its timeouts, GetState,
     from the Coordinator's address ``source``."""
-    raw = socket.socket()
-    raw.bind((source, 0))
-    raw.settimeout(10)
-    raw.connect(("127.0.0.1", server.address[1]))
+    raw = connected_from(server, source)
     with AgentClient.connect(endpoint_of(server), [DummyValidator()], sock=raw, timeout=10) as client:
         return client.get_state()
-
-
-def close_all(socks):
-    for s in socks:
-        try:
-            s.close()
-        except OSError:
-            pass
 
 
 def test_idle_connections_of_one_source_do_not_lock_out_the_coordinator(pubapi):
@@ -251,14 +238,10 @@ def test_a_document_that_arrives_and_fails_verification_still_evicts_at_once(clu
     first round (AttestationError), as before."""
     c, _vpn, _nodes = cluster
 
-    class Refusing(DummyValidator):
-        def validate(self, document, nonce):
-            raise AttestationError("measurements mismatch: PCR 4: expected aa, found bb")
-
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), {}, tls=tls).start()
     try:
-        rows = c.trust.reattest_peers(connect_to(endpoint_of(server), [Refusing()], timeout=10))
+        rows = c.trust.reattest_peers(connect_to(endpoint_of(server), [RefusingValidator()], timeout=10))
         assert {r["outcome"] for r in rows} == {"evicted"}
         assert all("PCR 4" in r["error"] and r["error"].startswith("attestation failed") for r in rows)
     finally:

@@ -35,8 +35,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
-from ansible_collections.constellation.cluster.tests.unit.agent.test_core_ports import FakeNodeClient, admin_pem
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, admin_pem, close_all
+from ansible_collections.constellation.cluster.tests.unit.agent.test_core_ports import FakeNodeClient
 
 vtpm = pytest.importorskip("ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm")
 
@@ -173,14 +173,6 @@ def settled(server, count, within=30.0):
     while server.connection_count != count and time.monotonic() < deadline:
         time.sleep(0.05)
     return server.connection_count == count
-
-
-def close_all(socks):
-    for s in socks:
-        try:
-            s.close()
-        except OSError:
-            pass
 
 
 def test_idle_admin_auth_exchanges_do_not_lock_out_the_coordinator(node):

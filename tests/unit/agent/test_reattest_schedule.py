@@ -18,10 +18,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.reattes
     spread_offset,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
-from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import FakePeerClient, MemoryTPM
-from ansible_collections.constellation.cluster.tests.unit.agent.test_trust_core import admin_pem
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import (
+    FakePeerClient,
+    MemoryTPM,
+    admin_pem,
+    record_nodes,
+)
 
 INTERVAL = 60.0
 
@@ -153,12 +156,7 @@ def test_the_unreachable_limit_still_counts_cycles_of_each_peer(make_core):
     c, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
     c.recovery.load()
     c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
-    nodes = {}
-    for octet in (12, 13):
-        key = pub_key_from_priv_key(generate_priv_key())
-        vpn_ip = c.coordinator.reserve_node_ip()
-        c.activation.record_node(vpn_ip, key, "10.42.0.%d" % octet, core.new_disk_uuid())
-        nodes["10.42.0.%d" % octet] = {"vpn_ip": vpn_ip, "vpn_pub_key": key, "state": "IsNode"}
+    nodes = record_nodes(c, ("10.42.0.12", "10.42.0.13"))
     ours = expected_pcr15(c.context.cluster_id)
     down = nodes["10.42.0.12"]["vpn_ip"]
     calls = []

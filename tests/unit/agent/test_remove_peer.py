@@ -30,6 +30,7 @@ from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes impo
     FakePeerClient,
     FakeRejoinChannel,
     MemoryTPM,
+    activate_node,
     pubapi_server,
 )
 
@@ -215,11 +216,7 @@ def test_a_node_refuses_remove_peer_over_the_admin_channel(make_core):
     admin_key, admin_pem = keypair()
     coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem)
     node, _vpn = make_core(MemoryTPM(), public_ip="127.0.0.1")
-    node.recovery.load()
-    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
-    step = node.node.activate_as_node_begin(request.to_dict())
-    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "127.0.0.1", step.state_disk_uuid)
-    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    activate_node(coordinator, node, "127.0.0.1")
     with pubapi_server(node) as server, _connect("127.0.0.1:%d" % server.address[1]) as client:
         client.admin_auth(admin_key)  # even the admin: a Node has no registry to remove from
         with pytest.raises(RemoteError, match="RemovePeer") as err:

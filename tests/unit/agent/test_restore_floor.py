@@ -32,7 +32,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.peers i
 from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node
 
 SALT = os.urandom(32)
 
@@ -78,11 +78,7 @@ def cluster(make_core, tmp_path, swtpm):
     pcrs = read_pcrs(swtpm.tcti)
     settings = Settings(VTPMValidator(Measurements({i: Measurement(pcrs[i]) for i in (0, 4)})))
     node, _node_vpn = make_core(swtpm, public_ip="127.0.0.1")  # a real TPM: its PCR 15 takes the cluster ID
-    node.recovery.load()
-    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
-    step = node.node.activate_as_node_begin(request.to_dict())
-    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "127.0.0.1", step.state_disk_uuid)
-    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    activate_node(coordinator, node, "127.0.0.1")
     evictee = PeerRecord.parse(coordinator.coordinator.reserve_node_ip(), pub_key_from_priv_key(generate_priv_key()),
                                "10.42.0.13", "node")
     coordinator.coordinator.add_node_peer(evictee.vpn_ip, evictee.vpn_pub_key, evictee.public_ip)

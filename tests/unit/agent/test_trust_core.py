@@ -15,7 +15,6 @@ import subprocess
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, init_secret, kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
@@ -32,15 +31,14 @@ from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes impo
     FakePeerClient,
     FakeRejoinChannel,
     MemoryTPM,
+    activate_node,
+    admin_pem,
+    record_nodes,
 )
+from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 
 State = core.State
 INIT_SECRET = os.urandom(32)
-
-
-def admin_pem() -> str:
-    return ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
 def provisioned(make_core, public_ip, store=None):
@@ -123,12 +121,7 @@ def cluster(make_core):
     c, vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
     c.recovery.load()
     c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
-    nodes = {}
-    for octet in (12, 13):
-        key = pub_key_from_priv_key(generate_priv_key())
-        vpn_ip = c.coordinator.reserve_node_ip()
-        c.activation.record_node(vpn_ip, key, "10.42.0.%d" % octet, core.new_disk_uuid())
-        nodes["10.42.0.%d" % octet] = {"vpn_ip": vpn_ip, "vpn_pub_key": key, "state": "IsNode"}
+    nodes = record_nodes(c, ("10.42.0.12", "10.42.0.13"))
     return c, vpn, nodes
 
 
@@ -274,11 +267,7 @@ def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
     coordinator.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
     store, tpm = MemoryStore(), MemoryTPM()
     node, _vpn = make_core(tpm, store=store, public_ip="10.42.0.12")
-    node.recovery.load()
-    request = coordinator.coordinator.node_activation_request(coordinator.coordinator.reserve_node_ip())
-    step = node.node.activate_as_node_begin(request.to_dict())
-    coordinator.activation.record_node(request.node_vpn_ip, step.node_vpn_pub_key, "10.42.0.12", step.state_disk_uuid)
-    node.node.activate_as_node_finish(coordinator.coordinator.state_disk_key(step.state_disk_uuid))
+    step = activate_node(coordinator, node, "10.42.0.12")
     tpm.pcr = bytes(32)  # a reboot
     rebooted, _vpn = make_core(tpm, store=store, public_ip="10.42.0.12", disk_uuid=node.context.disk_uuid)
     rebooted.context.state_dir = node.context.state_dir
@@ -302,10 +291,8 @@ def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
 
 @pytest.fixture
 def signed(tmp_path):
-    key = ec.generate_private_key(ec.SECP256R1())
     pub = tmp_path / "cosign.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    key = measurements_key(pub)
     policy = tmp_path / "measurements.json"
     policy.write_text('{"4": {"expected": "%s", "warnOnly": false}}\n' % ("ab" * 32))
     (tmp_path / "measurements.json.sig").write_text(signature.sign_blob(key, policy.read_bytes()) + "\n")
@@ -340,8 +327,7 @@ def test_altered_unsigned_or_other_key_policies_are_refused_naming_the_file(sign
         read_policy_document(str(policy), public_key_path=str(pub))
     assert str(policy) in str(err.value) and "does not verify" in str(err.value)
     other = tmp_path / "other.pub"
-    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    measurements_key(other)  # another key's
     with pytest.raises(InputError, match="does not verify"):
         read_policy_document(str(policy), public_key_path=str(other))
     os.unlink(str(policy) + ".sig")

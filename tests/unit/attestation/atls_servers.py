@@ -93,6 +93,19 @@ def assert_refused_before_any_byte(server: RecordingServer, validators, reason: 
     return str(caught.value)
 
 
+def exchange_ping(server: RecordingServer, conn) -> ConnectionRecord:
+    """Sends "ping" over the attested ``conn``, expects the server's "pong" and closes ``conn``; returns the
+    server's record of the connection, which received "ping"."""
+    try:
+        conn.sock.sendall(b"ping")
+        assert conn.sock.recv(4) == b"pong"
+    finally:
+        conn.sock.close()
+    (record,) = server.wait(1)
+    assert record.received == b"ping"
+    return record
+
+
 # ---------------------------------------------------------------------------------------------
 # Hostile servers (each a real attack on the client)
 

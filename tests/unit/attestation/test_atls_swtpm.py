@@ -21,7 +21,7 @@ measurements_mod = pytest.importorskip(
 
 from ansible_collections.constellation.cluster.tests.unit.attestation.atls_servers import (  # noqa: E402  pylint: disable=wrong-import-position
     RecordingServer, RelayingServer, ReplayingServer, NonceIgnoringServer, TamperingServer,
-    assert_refused_before_any_byte)
+    exchange_ping, assert_refused_before_any_byte)
 
 LAB_IMAGE_PCR4 = hashlib.sha256(b"constellation lab image: kernel").digest()
 
@@ -59,18 +59,12 @@ def test_round_trip_swtpm(issuer, booted, servers):
     validator = vtpm.VTPMValidator(policy(pcr4=booted.hex(), pcr8="00" * 32,
                                           pcr15={"expected": "00" * 32, "warnOnly": False}))
     conn = atls.connect(server.endpoint, [validator])
-    try:
-        assert conn.variant_oid == "1.3.9900.5.1"
-        assert conn.validation.pcrs[4] == booted
-        assert set(conn.validation.pcrs) == set(range(24))
-        assert [(c.index, c.ok) for c in conn.validation.checks] == [(4, True), (8, True), (15, True)]
-        assert conn.validation.warnings == []
-        conn.sock.sendall(b"ping")
-        assert conn.sock.recv(4) == b"pong"
-    finally:
-        conn.sock.close()
-    (record,) = server.wait(1)
-    assert record.received == b"ping"
+    assert conn.variant_oid == "1.3.9900.5.1"
+    assert conn.validation.pcrs[4] == booted
+    assert set(conn.validation.pcrs) == set(range(24))
+    assert [(c.index, c.ok) for c in conn.validation.checks] == [(4, True), (8, True), (15, True)]
+    assert conn.validation.warnings == []
+    exchange_ping(server, conn)
 
 
 def test_warn_only_mismatch_connects_with_warning(issuer, booted, servers):

@@ -30,6 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy, fresh_node_policy
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import sealed_pcr_sets
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 
 V1 = {4: b"\x01" * 32, 9: b"\x02" * 32}
 V2 = {4: b"\x11" * 32, 9: b"\x12" * 32}
@@ -133,13 +134,8 @@ def test_a_set_that_enforces_nothing_is_refused_naming_it(tmp_path):
 
 
 def test_the_signature_covers_the_whole_file(tmp_path):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
     pub = tmp_path / "m.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    key = measurements_key(pub)
     path = tmp_path / "m.json"
     path.write_text(json.dumps(_doc()))
     (tmp_path / "m.json.sig").write_text(signature.sign_blob(key, path.read_bytes()))

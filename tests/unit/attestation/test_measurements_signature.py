@@ -13,10 +13,10 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.testing import patch_module_args
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from ansible_collections.constellation.cluster.plugins.filter.init_secret import init_secret_hash
 from ansible_collections.constellation.cluster.plugins.modules import measurements_signature
+from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 
 
 def run_module(capsys, args):
@@ -27,13 +27,11 @@ def run_module(capsys, args):
 
 @pytest.fixture
 def files(tmp_path):
-    key = ec.generate_private_key(ec.SECP256R1())
+    pub = tmp_path / "measurements.pub"
+    key = measurements_key(pub)
     priv = tmp_path / "measurements.key"
     priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                        serialization.NoEncryption()))
-    pub = tmp_path / "measurements.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
     policy = tmp_path / "measurements.json"
     policy.write_text('{"9": {"expected": "%s", "warnOnly": false}}\n' % ("12" * 32))
     return priv, pub, policy
@@ -58,8 +56,7 @@ def test_verify_refuses_an_altered_file_and_signing_refuses_another_key(capsys, 
     out = run_module(capsys, {"path": str(policy), "pub_key_file": str(pub)})
     assert out["failed"] and str(policy) in out["msg"] and "does not verify" in out["msg"]
     other = tmp_path / "other.pub"
-    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    measurements_key(other)  # another key's
     out = run_module(capsys, {"path": str(policy), "state": "signed", "priv_key_file": str(priv),
                               "pub_key_file": str(other)})
     assert out["failed"] and "not the one pub_key_file pins" in out["msg"]

@@ -40,6 +40,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.unit.attestation.forged_ak import SoftwareAKIssuer
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
+from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 
 NONCE = bytes(range(32))
 # The image's policy: what the forger claims (it knows the published measurements).
@@ -67,18 +68,13 @@ def default_agent_config(tmp_path, ek_ca_path, **extra) -> AgentConfig:
 
 def sign_policy(tmp_path, path) -> str:
     """Signs the policy file ``path`` (``path.sig``) with a fresh measurements key; returns the pinned key's path."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
 
-    key = ec.generate_private_key(ec.SECP256R1())
+    pub = tmp_path / "measurements.pub"
+    key = measurements_key(pub)
     with open(signature.signature_path(str(path)), "w", encoding="ascii") as handle:
         with open(str(path), "rb") as policy:
             handle.write(signature.sign_blob(key, policy.read()) + "\n")
-    pub = tmp_path / "measurements.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
     return str(pub)
 
 

@@ -16,10 +16,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import Settings
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import RefusingValidator
 
 
 @pytest.fixture
@@ -74,16 +74,12 @@ def test_a_reset_handshake_is_reported_unreachable_not_refused(settings_for, res
 
 
 def test_a_document_that_fails_verification_is_still_attestation_refused(settings_for):
-    class Refusing(DummyValidator):
-        def validate(self, document, nonce):
-            raise AttestationError("measurements mismatch: PCR 4: expected aa, found bb")
-
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), {}, tls=tls).start()
     try:
         endpoint = "127.0.0.1:%d" % server.address[1]
         with pytest.raises(AnsibleConnectionFailure, match="attestation refused, nothing was sent: .*PCR 4"):
-            open_admin_client(settings_for(endpoint), validators=[Refusing()])
+            open_admin_client(settings_for(endpoint), validators=[RefusingValidator()])
     finally:
         server.stop()
         tls.close()

@@ -49,6 +49,15 @@ class ApiServerStandIn:
         with open(self.not_ready_file, "w", encoding="utf-8") as handle:
             handle.write("".join(name + "\n" for name in names))
 
+    def node_names(self) -> list:
+        """The names of the Node objects the stand-in serves, sorted (read with the kubernetes client)."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=self.kubeconfig, client_configuration=configuration)
+        with client.ApiClient(configuration) as api_client:
+            return sorted(n.metadata.name for n in client.CoreV1Api(api_client).list_node().items)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

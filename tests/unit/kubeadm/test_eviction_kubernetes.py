@@ -14,8 +14,6 @@ import os
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core as core_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
@@ -24,7 +22,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN, admin_pem
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import kubeconfig_for
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import make_csr
@@ -32,20 +30,21 @@ from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_prov
 KUBELET_CERT_DAYS = 7  # kubeadm/join_provider.py's default (checked below)
 
 
-def _coordinator(tmp_path, provider):
+def kubeadm_coordinator(tmp_path, provider):
+    """An active Coordinator's Core whose kubeadm provider is ``provider``."""
     state_dir = tmp_path / "coordinator"
     state_dir.mkdir()
     coordinator = core_mod.Core(MemoryStore(), MemoryTPM(), RecordingVPN(), str(state_dir), "10.42.0.10",
                                 core_mod.new_disk_uuid())
     coordinator.recovery.load()
-    admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin)
+    coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
     coordinator.kubernetes.kubeadm_provider = provider
     return coordinator
 
 
-def _node(coordinator, name):
+def kubelet_node(coordinator, name):
+    """Records a Node that will be the kubelet ``name`` (public IP 10.42.0.2N for worker-N): (its VPN IP, its
+    kubelet CSR)."""
     vpn_ip = coordinator.coordinator.reserve_node_ip()
     coordinator.activation.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.%d" % (20 + int(name[-1])),
                                        core_mod.new_disk_uuid())
@@ -53,29 +52,20 @@ def _node(coordinator, name):
     return vpn_ip, csr
 
 
-def _node_names(apiserver):
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=apiserver.kubeconfig, client_configuration=configuration)
-    with client.ApiClient(configuration) as api_client:
-        return sorted(n.metadata.name for n in client.CoreV1Api(api_client).list_node().items)
-
-
 def test_eviction_deletes_the_node_object_and_a_renewal_gets_no_certificate(apiserver, control_plane_dir, tmp_path):
     provider = JoinProvider(KUBEADM_DOUBLE, control_plane_dir)
     provider.kubeconfig = apiserver.kubeconfig  # the stand-in's address instead of admin.conf's
-    coordinator = _coordinator(tmp_path, provider)
-    evicted_ip, csr = _node(coordinator, "worker-0")
-    kept_ip, kept_csr = _node(coordinator, "worker-1")
+    coordinator = kubeadm_coordinator(tmp_path, provider)
+    evicted_ip, csr = kubelet_node(coordinator, "worker-0")
+    kept_ip, kept_csr = kubelet_node(coordinator, "worker-1")
     issued = coordinator.kubernetes.kubelet_cert_for(csr, evicted_ip, "GetJoinArgs")
     coordinator.kubernetes.kubelet_cert_for(kept_csr, kept_ip, "GetJoinArgs")
-    assert _node_names(apiserver) == ["control-plane-0", "worker-0", "worker-1"]
+    assert apiserver.node_names() == ["control-plane-0", "worker-0", "worker-1"]
 
     coordinator.trust.evict_peer(evicted_ip, "attestation failed: PCR 4 (test)")
 
     # The API server no longer has its Node object; the other Node keeps its own.
-    assert _node_names(apiserver) == ["control-plane-0", "worker-1"]
+    assert apiserver.node_names() == ["control-plane-0", "worker-1"]
     # Its certificate runs out within days, and it cannot get another one (a renewal is a new CSR).
     cert = x509.load_pem_x509_certificate(issued["kubelet_cert"])
     assert cert.not_valid_after_utc - cert.not_valid_before_utc <= datetime.timedelta(days=KUBELET_CERT_DAYS, hours=2)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
@@ -12,6 +10,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
     MemoryStore,
     transfer,
 )
+from ansible_collections.constellation.cluster.tests.support.threads import run_in_threads
 
 
 def test_put_get_overwrite(store):
@@ -102,22 +101,13 @@ def _increment(tx):
 
 def test_concurrent_increments_shared_handle(store):
     """8 threads x 25 read-modify-write transactions on one handle: no update lost."""
-    errors = []
 
-    def work():
-        try:
-            for dummy in range(25):
-                with store.transaction() as tx:
-                    _increment(tx)
-        except Exception as err:  # pragma: no cover - reported below
-            errors.append(err)
+    def work(_index):
+        for dummy in range(25):
+            with store.transaction() as tx:
+                _increment(tx)
 
-    threads = [threading.Thread(target=work) for dummy in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    run_in_threads(work, 8, 60)
     assert store.get("counter") == b"200"
     assert len(store.items("log/")) == 200
 
@@ -125,22 +115,13 @@ def test_concurrent_increments_shared_handle(store):
 def test_concurrent_increments_separate_handles(store_factory):
     """8 threads, each with its own handle (for etcd: its own client, so commits really race;
     ``update`` retries the conflicts): no update lost."""
-    errors = []
 
-    def work():
-        try:
-            own = store_factory()
-            for dummy in range(15):
-                own.update(_increment)
-        except Exception as err:  # pragma: no cover - reported below
-            errors.append(err)
+    def work(_index):
+        own = store_factory()
+        for dummy in range(15):
+            own.update(_increment)
 
-    threads = [threading.Thread(target=work) for dummy in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors
+    run_in_threads(work, 8, 120)
     check = store_factory()
     assert check.get("counter") == b"120"
     assert [k for k, dummy in check.items("log/")] == ["log/%06d" % i for i in range(120)]

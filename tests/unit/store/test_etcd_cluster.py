@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import time
 
 import pytest
@@ -24,6 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_argv import initial_cluster
 from lab.etcd import Etcd, EtcdCluster, free_ports, tmpfs_dir
 from tests.support.procs import is_zombie
+from tests.support.threads import run_in_threads
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/etcd"), reason="/usr/bin/etcd is missing")
 
@@ -58,7 +58,6 @@ def _until(predicate, limit: float = 15.0):
 def test_two_coordinators_writing_at_once_lose_no_update(cluster):
     stores = [_store_on(cluster, 0), _store_on(cluster, 1)]
     rounds = 25
-    errors = []
 
     def writer(index):
         def bump(tx):
@@ -66,18 +65,10 @@ def test_two_coordinators_writing_at_once_lose_no_update(cluster):
             tx.put("peersResourceVersion", str(count + 1).encode())
             tx.put("peerPrefix10.118.%d.%d" % (index, count), b"{}")
 
-        try:
-            for dummy in range(rounds):
-                stores[index].update(bump)
-        except Exception as err:  # pylint: disable=broad-except
-            errors.append(err)
+        for dummy in range(rounds):
+            stores[index].update(bump)
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors
+    run_in_threads(writer, 2, 60)
     third = _store_on(cluster, 2)
     assert third.get("peersResourceVersion") == str(2 * rounds).encode()
     # Every write of both is there, each under the version it read: no two took the same one.

@@ -6,7 +6,6 @@ import base64
 import ipaddress
 import json
 import os
-import threading
 
 import pytest
 
@@ -15,6 +14,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerRegistry
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore, StoreError, transfer
+from ansible_collections.constellation.cluster.tests.support.threads import run_in_threads
 
 
 def _key(n: int) -> str:
@@ -80,22 +80,13 @@ def test_no_saved_state(store):
 
 def test_update_peer_registry_loses_no_peer(store_factory):
     """8 threads, each with its own handle, add peers through read-modify-write transactions."""
-    errors = []
 
     def work(n):
-        try:
-            own = store_factory()
-            for i in range(4):
-                state_store.update_peer_registry(own, lambda reg: reg.add(_key(10 + n * 4 + i), None, "admin"))
-        except Exception as err:  # pragma: no cover - reported below
-            errors.append(err)
+        own = store_factory()
+        for i in range(4):
+            state_store.update_peer_registry(own, lambda reg: reg.add(_key(10 + n * 4 + i), None, "admin"))
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors
+    run_in_threads(work, 8, 120)
     reg = state_store.load_peer_registry(store_factory())
     assert len(reg.peers) == 32 and reg.peers.version == 32
     assert sorted(reg.peers.peers, key=lambda a: int(ipaddress.ip_address(a))) == \
