@@ -123,8 +123,8 @@ def coordinator_main(spec_file: str) -> None:
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
     from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import JSONLog
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
@@ -151,7 +151,7 @@ def coordinator_main(spec_file: str) -> None:
 
     coordinator.context.peer_registry.update(add_nodes)  # one transaction
     registry = coordinator.context.peer_registry.current()
-    vpnapi = VPNAPI.for_core(coordinator, log=log)
+    vpnapi = vpnapi_handlers(coordinator, log=log)
     server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,  # as agent/daemon.py
                          accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
                          max_peer_connections=MAX_PEER_CONNECTIONS, peer_view=CorePeerView(coordinator)).start()

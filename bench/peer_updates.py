@@ -200,10 +200,11 @@ def _poll_ms(endpoint, source_ip: str, version: int, polls: int, pair_keys=None,
 
 
 def measure_server(store, tpm, n: int, polls: int) -> dict:
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import JSONLog
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
     from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
     from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
 
     class UnauthenticatedVPNAPI(VPNAPI):
@@ -221,7 +222,7 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
         registry = coordinator.context.peer_registry.current()
         assert len(registry.peers) == n
         version = registry.peers.version
-        vpnapi = VPNAPI.for_core(coordinator, log=log)
+        vpnapi = vpnapi_handlers(coordinator, log=log)
         server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
                              accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
                              peer_view=CorePeerView(coordinator)).start()
@@ -237,7 +238,9 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
         finally:
             server.stop()
         # The same Core, the vpnapi without PeerAuth (before issue 25), interleaved with the authenticated one.
-        plain = UnauthenticatedVPNAPI.for_core(coordinator, log=log)
+        plain = UnauthenticatedVPNAPI(log, coordinator=coordinator.coordinator, access=coordinator.access,
+                                      evictions=coordinator.evictions, kubernetes=coordinator.kubernetes,
+                                      activation=coordinator.activation, measurements=coordinator.measurements)
         server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), plain.handlers(), log=log,
                              accept_check=plain.accept_check, apis=(schema.VPNAPI,),
                              insecure_skip_access_checks=True).start()

@@ -24,8 +24,9 @@ import types
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI, coordinator_sources
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_sources
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import admin_handlers, pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
@@ -81,9 +82,9 @@ def node(swtpm, make_core):
     assert rows[0]["ok"], rows
     issuer = CountingIssuer(vtpm.VTPMIssuer(swtpm.tcti, event_log_path=None, banks=["sha256"]))
     tls = AgentServerContext(issuer, key_pool_size=0)
-    admin = AdminHandlers.for_core(peer)
-    handlers = dict(PubAPI.for_core(peer, DummyValidator(), admin=admin).handlers())
-    handlers.update(admin.handlers())
+    admin = admin_handlers(peer)
+    handlers = dict(pubapi_handlers(peer, DummyValidator()).handlers())
+    handlers.update(admin.handlers(), **RemoteExec(peer.context.state_dir).handlers())
     # As agent/daemon.py builds it: the Node's Coordinators (from its peer set) get the reserved room.
     wiring = coordinator_sources(peer, types.SimpleNamespace(coordinator_public_endpoint=None))
     server = FrameServer("pubapi", (NODE_IP, 0), handlers, tls=tls, apis=(schema.PUBAPI, schema.ADMIN),

@@ -33,7 +33,7 @@ def node(swtpm_ek):
     """A Node's pubapi (qemu-vtpm-ek on a swtpm with an EK certificate) that counts the EnrollAK requests it
     serves; (endpoint, the count, the Node's issuer, the fleet CA's certificate paths)."""
     issuer = VTPMEKIssuer(swtpm_ek.tcti, event_log_path=None)
-    api = PubAPI.for_core(None, issuer=issuer)
+    api = PubAPI(issuer=issuer)
     enrolled = []
     handlers = api.handlers()
     enroll = handlers["EnrollAK"]
