@@ -103,7 +103,7 @@ def _until(predicate, limit: float, what: str):
 
 
 def _serve(coordinator, log) -> FrameServer:
-    """The Coordinator's vpnapi on loopback, as the agent starts it (agent/daemon.py)."""
+    """The Coordinator's vpnapi on loopback, as the agent starts it (agent/wiring.py)."""
     vpnapi = vpnapi_handlers(coordinator, log=log)
     return FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
                        accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
@@ -136,7 +136,7 @@ def _raft_leader(cluster: EtcdCluster) -> int:
 
 
 class Poller(threading.Thread):
-    """A Node's update loop (agent/daemon.py ``_update_once``): GetUpdate from the Coordinator that answered last,
+    """A Node's update loop (agent/update_loop.py ``_update_once``): GetUpdate from the Coordinator that answered last,
     the next one when it does not answer; the answers applied to a peer map as the Node core does."""
 
     def __init__(self, endpoints, interval: float, vpn_priv_key: str):

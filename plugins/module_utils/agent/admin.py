@@ -163,7 +163,7 @@ class AdminHandlers:
         conn.stream.send_result(schema.AdmitNodesAnswer.decode(answer).encode())
 
     def reset_agent(self, conn: Connection, request: schema.ResetAgentRequest) -> None:
-        """The admin resets this agent (agent/daemon.py ``request_reset``): ``confirm`` must be this peer's
+        """The admin resets this agent (agent/reset.py ``AgentReset.request``): ``confirm`` must be this peer's
         public IP. A Coordinator refuses: its reset would end the cluster (remove_coordinator.yml first)."""
         public_ip = self.context.public_ip
         if request.confirm != public_ip:

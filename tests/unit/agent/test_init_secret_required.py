@@ -5,7 +5,7 @@
 ``init_secret_hash`` it does not start at all (unless ``insecure_unauthenticated_activation: true``,
 which it then warns about on every start); with the hash the role derives from the cluster's init
 secret, a stranger's activation with his own admin key is refused before the node lock, and he gets
-no admin channel, so no Exec. The agent is the real one (agent/daemon.py's wiring, real pubapi on loopback,
+no admin channel, so no Exec. The agent is the real one (agent/wiring.py, real pubapi on loopback,
 real swtpm), with the test suite's dummy attestation so that the stranger attests nothing special."""
 
 from __future__ import annotations

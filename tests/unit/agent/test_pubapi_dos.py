@@ -83,7 +83,7 @@ def closed_by_server(sock) -> bool:
 
 
 def reattest_like_a_coordinator(server, source="127.0.0.1"):
-    """The Coordinator's re-attestation path (agent/daemon.py connect_peer): aTLS with its timeouts, GetState,
+    """The Coordinator's re-attestation path (agent/wiring.py connect_peer): aTLS with its timeouts, GetState,
     from the Coordinator's address ``source``."""
     raw = socket.socket()
     raw.bind((source, 0))

@@ -33,7 +33,7 @@ def admin_pem() -> str:
 
 
 class Node:
-    """What the agent wires (agent/daemon.py): a FileStore in the state directory, the StateDisk, the Core."""
+    """What the agent wires (agent/wiring.py): a FileStore in the state directory, the StateDisk, the Core."""
 
     def __init__(self, tmp_path, image, tpm, disk_uuid=None):
         self.state_dir = str(tmp_path / "state")
