@@ -83,6 +83,7 @@ class Listeners:
     def __init__(self, config: AgentConfig, core: Core, tls: AgentServerContext, public_handlers: Dict[str, Any],
                  vpnapi: VPNAPI, peer_validator: Any, stop: threading.Event, log):
         self.config = config
+        self.public_address = atls.parse_endpoint(config.public_endpoint)  # (host, port)
         self.core = core
         self.tls = tls
         self.public_handlers = public_handlers
@@ -93,11 +94,10 @@ class Listeners:
 
     def serve_public(self) -> List[Any]:
         config = self.config
-        host, port = atls.parse_endpoint(config.public_endpoint)
         # Constellation's verification service: plain gRPC and HTTP, quotes for user data "VerifyService".
         servers = verify_service.serve(config.verify_grpc_endpoint, config.verify_http_endpoint, self.tls.issue,
                                        log=self.log)
-        servers.append(FrameServer("pubapi", (host, port), self.public_handlers, tls=self.tls, log=self.log,
+        servers.append(FrameServer("pubapi", self.public_address, self.public_handlers, tls=self.tls, log=self.log,
                                    apis=(schema.PUBAPI, schema.ADMIN), peer_view=CorePeerView(self.core),
                                    reserved_for=coordinator_sources(self.core, config)).start())
         return servers
@@ -109,7 +109,7 @@ class Listeners:
 
     def reattest_loop(self) -> ReattestLoop:
         config = self.config
-        port = atls.parse_endpoint(config.public_endpoint)[1]
+        port = self.public_address[1]
         timeout = max(2.0, min(10.0, float(config.reattest_interval)))
 
         def connect_peer(public_ip: str):

@@ -184,7 +184,8 @@ def vault(make_core):
     coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32),
                                                     admin_pem(key))
     admin = admin_handlers(coordinator)
-    handlers = dict(admin.handlers(), **RemoteExec(warm_interpreters=False).handlers(), OpenVault=lambda conn, request: conn.stream.send_result({"secret": secret}))
+    handlers = dict(admin.handlers(), **RemoteExec(warm_interpreters=False).handlers(),
+                    OpenVault=lambda conn, request: conn.stream.send_result({"secret": secret}))
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(coordinator)).start()
     yield "127.0.0.1:%d" % server.address[1], key, secret, spec

@@ -182,7 +182,10 @@ def admin_agent(swtpm, make_core):
     c, _vpn = make_core(swtpm)
     c.recovery.load()
     events = []
-    log = lambda event, **fields: events.append((event, fields))  # noqa: E731
+
+    def log(event, **fields):
+        events.append((event, fields))
+
     admin = admin_handlers(c, log=log)
     remote_exec = RemoteExec(c.context.state_dir, log=log)
     handlers = dict(pubapi_handlers(c, DummyValidator()).handlers())
