@@ -7,12 +7,12 @@ Per size N (default 100, 1,000 and 5,000 peers: the Coordinator and N - 1 Nodes)
 
 * the Coordinator: a real Core (its own swtpm, activated as Coordinator, VPN CIDR 127.0.0.0/16 so that
   loopback addresses are VPN IPs) in its OWN process, with the vpnapi FrameServer and the VPNAPI handlers
-  and the re-attestation loop as agent/daemon.py composes them (JSON log lines written, as the agent does).
+  and the re-attestation loop as agent/wiring.py composes them (JSON log lines written, as the agent does).
   Its registry gets the N - 1 Nodes through the registry API activation uses (``PeerRegistry.add``: a
   VPN IP allocated and the record put) in one store transaction (one per Node through ActivateAdditionalNodes
   would take minutes at 5,000 on the file store and is not what is measured here);
 * the Nodes' polls: ``pollers`` other processes, each Node with its own WireGuard key and its own VPN IP
-  (the client socket bound to it), polling as agent/daemon.py does every ``update_interval`` (10 s): a new
+  (the client socket bound to it), polling as agent/update_loop.py does every ``update_interval`` (10 s): a new
   TCP connection, PeerAuth (its pair key cached, as the agent's NodePeerAuth), GetUpdate with its version,
   close; a version change is fetched (GetUpdate's delta is applied to the Node's version; a new
   measurements version: GetMeasurements). The first polls are spread at random over one interval;
@@ -111,8 +111,8 @@ def coordinator_main(spec_file: str) -> None:
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
     from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import JSONLog
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
@@ -139,8 +139,8 @@ def coordinator_main(spec_file: str) -> None:
 
     coordinator.context.peer_registry.update(add_nodes)  # one transaction
     registry = coordinator.context.peer_registry.current()
-    vpnapi = VPNAPI.for_core(coordinator, log=log)
-    server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,  # as agent/daemon.py
+    vpnapi = vpnapi_handlers(coordinator, log=log)
+    server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,  # as agent/wiring.py
                          accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
                          max_peer_connections=MAX_PEER_CONNECTIONS, peer_view=CorePeerView(coordinator)).start()
     node = coordinator.context.stored_node()
@@ -153,7 +153,7 @@ def coordinator_main(spec_file: str) -> None:
     validator = choose.validator("qemu-vtpm", policy_without_pcr15(), insecure_trust_any_ak=True)
     timeout = max(2.0, min(10.0, float(spec["reattest_interval"])))
 
-    def connect_peer(ip: str):  # as agent/daemon.py: a new aTLS connection, a fresh nonce, a fresh quote
+    def connect_peer(ip: str):  # as agent/wiring.py: a new aTLS connection, a fresh nonce, a fresh quote
         endpoint = "%s:%d" % (ip, spec["reattest_port"])
         return connect_enrolling(lambda v: AgentClient.connect(endpoint, v, timeout=timeout), [validator])
 

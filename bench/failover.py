@@ -67,7 +67,7 @@ from peer_updates import _coordinator, _NullVPN, _poll_ms, measure_server  # noq
 from lab.etcd import Etcd, EtcdCluster, free_ports, tmpfs_dir  # noqa: E402
 from lab.swtpm import SwTPM, free_port  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils import core  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import JSONLog  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import DEFAULT_UPDATE_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError  # noqa: E402
@@ -76,7 +76,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc import s
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (  # noqa: E402
     FAILOVER_CONNECT_TIMEOUT, ask_in_turn)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (  # noqa: E402
@@ -103,8 +103,8 @@ def _until(predicate, limit: float, what: str):
 
 
 def _serve(coordinator, log) -> FrameServer:
-    """The Coordinator's vpnapi on loopback, as the agent starts it (agent/daemon.py)."""
-    vpnapi = VPNAPI.for_core(coordinator, log=log)
+    """The Coordinator's vpnapi on loopback, as the agent starts it (agent/wiring.py)."""
+    vpnapi = vpnapi_handlers(coordinator, log=log)
     return FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
                        accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
                        peer_view=CorePeerView(coordinator)).start()
@@ -136,7 +136,7 @@ def _raft_leader(cluster: EtcdCluster) -> int:
 
 
 class Poller(threading.Thread):
-    """A Node's update loop (agent/daemon.py ``_update_once``): GetUpdate from the Coordinator that answered last,
+    """A Node's update loop (agent/update_loop.py ``_update_once``): GetUpdate from the Coordinator that answered last,
     the next one when it does not answer; the answers applied to a peer map as the Node core does."""
 
     def __init__(self, endpoints, interval: float, vpn_priv_key: str):

@@ -201,10 +201,10 @@ def _poll_ms(endpoint, source_ip: str, version: int, polls: int, pair_keys=None,
 
 
 def measure_server(store, tpm, n: int, polls: int) -> dict:
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import JSONLog
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
     from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.peer_auth import PairKeys
 
     state_dir = tempfile.mkdtemp(prefix="bench-peers-")
@@ -215,7 +215,7 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
         registry = coordinator.context.peer_registry.current()
         assert len(registry.peers) == n
         version = registry.peers.version
-        vpnapi = VPNAPI.for_core(coordinator, log=log)
+        vpnapi = vpnapi_handlers(coordinator, log=log)
         server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), vpnapi.handlers(), log=log,
                              accept_check=vpnapi.accept_check, apis=(schema.VPNAPI,),
                              peer_view=CorePeerView(coordinator)).start()
@@ -231,7 +231,7 @@ def measure_server(store, tpm, n: int, polls: int) -> dict:
         finally:
             server.stop()
         # The same Core, the vpnapi without PeerAuth (the baseline), interleaved with the authenticated one.
-        plain = VPNAPI.for_core(coordinator, log=log)  # served without the server's checks: no PeerAuth
+        plain = vpnapi_handlers(coordinator, log=log)  # served without the server's checks: no PeerAuth
         server = FrameServer("vpnapi", (coordinator.context.vpn_ip, 0), plain.handlers(), log=log,
                              accept_check=plain.accept_check, apis=(schema.VPNAPI,),
                              insecure_skip_access_checks=True).start()

@@ -196,7 +196,7 @@ def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
     from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
     from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
     from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
 
@@ -216,7 +216,8 @@ def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
     peer.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
                                              cluster_config={"vpn_cidr": "127.0.0.0/16"})
-    api = VPNAPI.for_core(peer, kubeadm=JoinProvider(KUBEADM_DOUBLE, dirs["cp"]))
+    peer.kubernetes.kubeadm_provider = JoinProvider(KUBEADM_DOUBLE, dirs["cp"])  # as the agent config gives it
+    api = vpnapi_handlers(peer)
     server = FrameServer("vpnapi", ("127.0.0.1", 0), api.handlers(), accept_check=api.accept_check,
                          apis=(schema.VPNAPI,), peer_view=CorePeerView(peer)).start()
     # Loopback connections come from the Coordinator's own VPN IP: the module proves the Coordinator's key.

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import ATTESTATION_ARGUMENT_SPEC
 from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import ACTIVATE_NODES_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError

@@ -100,7 +100,7 @@ def test_the_agent_on_debians_cryptography_refuses_an_oid_it_cannot_encode_by_na
     probe = (
         "import json, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig\n"
+        "from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig\n"
         "from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError\n"
         "out = {}\n"
         "for variant in ('qemu-vtpm', 'qemu-vtpm-ek'):\n"

@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The pubapi (docs/protocol.md): thin handlers over the Core's services (core/__init__.py: each handler
-class gets the services it calls, ``PubAPI.for_core`` picks them from a ``Core``). They decode parameters,
+class gets the services it calls, agent/wiring.py passes them). They decode parameters,
 call the services, encode answers and drive the message exchanges; the Core gets the transport as a port
 (``core/ports.py``): ``connect_node`` for activating nodes, a ``JoinChannel`` for the join service,
 a ``TicketRequest`` for the joining node."""
@@ -67,7 +67,7 @@ class PubAPI:
     Coordinators, with ``coordinator_endpoints``: the agent config's, for EnrollAK's budget of theirs)."""
 
     def __init__(self, validator_for_nodes=None, connect_node: Optional[Callable[[str], AgentClient]] = None,
-                 admin=None, log=None, issuer=None, validator_for_activation=None, *, status=None, coordinator=None,
+                 log=None, issuer=None, validator_for_activation=None, *, status=None, coordinator=None,
                  activation=None, cluster=None, node=None, join_service=None, trust=None, recovery=None, backup=None,
                  coordinator_endpoints: Sequence[Optional[str]] = ()):
         self.coordinator_endpoints = [e for e in coordinator_endpoints if e]
@@ -85,14 +85,7 @@ class PubAPI:
         activation_validator = validator_for_activation or validator_for_nodes
         self.connect_node = connect_node or (lambda endpoint: connect_enrolling(
             lambda validators: AgentClient.connect(endpoint, validators), [activation_validator]))
-        self.admin = admin
         self._log = log or (lambda event, **fields: None)
-
-    @classmethod
-    def for_core(cls, core, *args: Any, **kwargs: Any) -> "PubAPI":
-        """The handlers over ``core``'s services (None: no Core, e.g. to list the handlers)."""
-        names = ("status", "coordinator", "activation", "cluster", "node", "join_service", "trust", "recovery", "backup")
-        return cls(*args, **kwargs, **{name: getattr(core, name, None) for name in names})
 
     def handlers(self) -> Dict[str, Any]:
         return {"GetState": self.get_state, "ActivateAsCoordinator": self.activate_as_coordinator,

@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """ResetAgent's side in the agent (agent/admin.py answers, reset.yml and remove_node.yml ask): the agent answers,
-stops shortly after, its WireGuard interface goes, its state is wiped, and ``daemon.main`` starts it again fresh in
+stops shortly after, its WireGuard interface goes, its state is wiped, and ``wiring.main`` starts it again fresh in
 the same process. PCR 15 keeps the old cluster ID until a reboot (docs/site.md, "Reset hosts")."""
 
 from __future__ import annotations

@@ -31,29 +31,20 @@ LOOK_AGAIN = 5.0  # a held GetUpdate looks at the measurements version (and a sh
 
 
 class VPNAPI:
-    """``kubeadm``: the Coordinator's kubeadm provider (``kubeadm/join_provider.py``); it becomes the Kubernetes
-    service's (``core/kubernetes.py`` decides who gets what). None: GetJoinArgs and GetCertificateKey answer that
-    kubeadm is not available here. The services (core/__init__.py; ``VPNAPI.for_core`` picks them from a
-    ``Core``): ``coordinator`` (registry, updates), ``access`` (PeerAuth, data keys), ``evictions``,
-    ``kubernetes`` (join material), ``activation`` (GetStateDiskKey)."""
+    """The services (core/__init__.py; agent/wiring.py passes them): ``coordinator`` (registry, updates), ``access``
+    (PeerAuth, data keys), ``evictions``, ``kubernetes`` (join material; its ``kubeadm_provider``, None:
+    GetJoinArgs and GetCertificateKey answer that kubeadm is not available here), ``activation``
+    (GetStateDiskKey), ``measurements`` (GetMeasurements, GetUpdate's version)."""
 
-    def __init__(self, kubeadm=None, log=None, *, coordinator=None, access=None, evictions=None, kubernetes=None,
-                 activation=None, measurements=None):
+    def __init__(self, log=None, *, coordinator=None, access=None, evictions=None, kubernetes=None, activation=None,
+                 measurements=None):
         self.measurements = measurements  # core/accepted_measurements.py (GetMeasurements, GetUpdate's version)
         self.coordinator = coordinator
         self.access = access
         self.evictions = evictions
         self.kubernetes = kubernetes
         self.activation = activation
-        if kubeadm is not None:
-            kubernetes.kubeadm_provider = kubeadm
         self._log = log or (lambda event, **fields: None)
-
-    @classmethod
-    def for_core(cls, core, *args: Any, **kwargs: Any) -> "VPNAPI":
-        """The handlers over ``core``'s services (None: no Core, e.g. to list the handlers)."""
-        names = ("coordinator", "access", "evictions", "kubernetes", "activation", "measurements")
-        return cls(*args, **kwargs, **{name: getattr(core, name, None) for name in names})
 
     @property
     def kubeadm(self):

@@ -104,30 +104,38 @@ class Core:
     def __init__(self, store: Store, tpm: TPM, vpn: VPN, state_dir: str, public_ip: str,
                  disk_uuid: str, log: Optional[Callable[..., None]] = None,
                  kubeadm_join_args: Optional[Callable[[], Dict[str, Any]]] = None,
-                 init_secret_hash: Optional[str] = None, at_rest: Optional[SealedStorage] = None):
+                 init_secret_hash: Optional[str] = None, at_rest: Optional[SealedStorage] = None, *,
+                 join_coordinator_pub_key: Optional[str] = None, agent_measurement: Optional[Dict[str, Any]] = None,
+                 deployment_mode: Optional[str] = None, state_disk: Optional[Any] = None,
+                 etcd_member: Optional[Any] = None, kubeadm_provider: Optional[Any] = None,
+                 activation_workers: int = ACTIVATION_WORKERS, insecure_join_without_admission: bool = False,
+                 measurements_policy: Optional[Any] = None):
         self.context = context = PeerContext(store, tpm, vpn, state_dir, public_ip, disk_uuid, log=log,
                                              kubeadm_join_args=kubeadm_join_args, init_secret_hash=init_secret_hash,
-                                             at_rest=at_rest)
+                                             at_rest=at_rest, join_coordinator_pub_key=join_coordinator_pub_key,
+                                             agent_measurement=agent_measurement, deployment_mode=deployment_mode,
+                                             state_disk=state_disk, etcd_member=etcd_member)
         self.signing = CoordinatorSigning(context)
         self.access = PeerAccess(context)
         self.evictions = Evictions(context)
         self.shared_store = SharedStore(context)
-        self.kubernetes = KubernetesJoin(context, self.access, self.evictions)
+        self.kubernetes = KubernetesJoin(context, self.access, self.evictions, kubeadm_provider)
         self.coordinator = Coordinator(context, self.shared_store, self.access, self.signing)
-        self.admissions = Admissions(context)  # the admin's consent to joins: the admitted EKs
+        self.admissions = Admissions(context, insecure_join_without_admission)  # the admin's consent to joins: the admitted EKs
         self.join_service = JoinService(context, self.coordinator, self.access, self.kubernetes, self.signing,
                                         self.admissions)
         self.activation = NodeActivation(context, self.coordinator, self.signing, self.access, self.evictions,
-                                         self.kubernetes)
+                                         self.kubernetes, activation_workers)
         self.cluster = CoordinatorCluster(context, self.coordinator, self.signing)
         self.node = NodeSide(context)
-        self.trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions, self.kubernetes)
+        # the accepted measurement sets (image upgrades); ``measurements_policy``: the agent's policy in force
+        self.measurements = AcceptedMeasurements(context, measurements_policy)
+        self.trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions, self.kubernetes,
+                               self.measurements.record_peer_set)
         self.status = PeerStatus(context, self.shared_store, self.evictions, self.signing, self.admissions)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
         self.backup = StateBackup(context, self.recovery, self.access, self.coordinator)
         self.removal = PeerRemoval(context, self.coordinator, self.kubernetes, self.evictions)
-        self.measurements = AcceptedMeasurements(context)  # the accepted measurement sets (image upgrades)
-        self.trust.record_measurement_set = self.measurements.record_peer_set
 
     # The few read-only accessors every side uses; everything else: the services above.
     @property

@@ -67,16 +67,18 @@ def check_document(document: bytes, signature: Optional[str], pub_key: Any, curr
 
 
 class AcceptedMeasurements:
-    """The accepted sets on this peer. The agent sets ``pub_key`` (the pinned measurements key, or None),
-    ``current`` (a callable: the policy in force here), ``on_apply(document, signature, sets)`` and ``own_set``
-    (a callable: the set this peer's own PCRs match, or None)."""
+    """The accepted sets on this peer. ``policy``: the agent's policy in force (agent/measurement_policy.py), which
+    gives ``pub_key`` (the pinned measurements key, or None), ``current()`` (the policy in force here),
+    ``apply(document, signature, sets)`` (``on_apply``) and ``own_set()`` (the set this peer's own PCRs match, or
+    None). None: no policy here (nothing applied, no own set)."""
 
-    def __init__(self, context: PeerContext):
+    def __init__(self, context: PeerContext, policy: Optional[Any] = None):
         self.context = context
-        self.pub_key: Any = None
-        self.current: Callable[[], Any] = lambda: None
-        self.on_apply: Optional[Callable[[bytes, Optional[str], MeasurementSets], None]] = None
-        self.own_set: Callable[[], Optional[str]] = lambda: None
+        self.pub_key: Any = policy.pub_key if policy is not None else None
+        self.current: Callable[[], Any] = policy.current if policy is not None else (lambda: None)
+        self.on_apply: Optional[Callable[[bytes, Optional[str], MeasurementSets], Any]] = (
+            policy.apply if policy is not None else None)
+        self.own_set: Callable[[], Optional[str]] = policy.own_set if policy is not None else (lambda: None)
         self._lock = threading.Lock()
         self._recorded: Dict[str, str] = {}  # vpn_ip -> set, as last written to the store
         self._version = (0.0, 0)  # (when read, version): version()'s cache

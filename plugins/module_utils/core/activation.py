@@ -110,14 +110,14 @@ class NodeActivation:
     """ActivateAdditionalNodes over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext, registry: Registry, signing: CoordinatorAuth, access: DiskClaim,
-                 evictions: Readmission, names: Optional[NodeNames] = None):
+                 evictions: Readmission, names: Optional[NodeNames] = None, activation_workers: int = ACTIVATION_WORKERS):
         self.context = context
         self.names = names
         self.registry = registry
         self.signing = signing
         self.access = access
         self.evictions = evictions
-        self.activation_workers = ACTIVATION_WORKERS  # the agent's ``activation_workers``
+        self.activation_workers = activation_workers  # the agent's ``activation_workers``
 
     def activate_nodes(self, endpoints: Sequence[str], connect_node: ConnectNode,
                        control_plane_endpoints: Sequence[str] = (),

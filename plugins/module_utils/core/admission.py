@@ -71,15 +71,11 @@ def _dump(record: dict) -> bytes:
 
 
 class Admissions:
-    """The admitted EKs over the peer's ``PeerContext``. ``insecure_join_without_admission`` is set by the agent
-    (its config); True lets any attested node join (warned on every start, reported in GetState)."""
+    """The admitted EKs over the peer's ``PeerContext``. ``insecure_join_without_admission``: the agent's option
+    (its config); True lets any attested node join (warned at every start, reported in GetState)."""
 
-    def __init__(self, context: PeerContext):
+    def __init__(self, context: PeerContext, insecure_join_without_admission: bool = False):
         self.context = context
-        self.insecure_join_without_admission = False
-
-    def configure(self, insecure_join_without_admission: bool) -> None:
-        """The agent's option (its config), set at every start; where it is True this says so as a warning."""
         self.insecure_join_without_admission = bool(insecure_join_without_admission)
         if self.insecure_join_without_admission:
             self.context.log("insecure_join_without_admission", level="warning",

@@ -37,25 +37,28 @@ class PeerContext(StateMachine):
     def __init__(self, store: Store, tpm: TPM, vpn: VPN, state_dir: str, public_ip: str,
                  disk_uuid: str, log: Optional[Callable[..., None]] = None,
                  kubeadm_join_args: Optional[Callable[[], Dict[str, Any]]] = None,
-                 init_secret_hash: Optional[str] = None, at_rest: Optional[SealedStorage] = None):
+                 init_secret_hash: Optional[str] = None, at_rest: Optional[SealedStorage] = None, *,
+                 join_coordinator_pub_key: Optional[str] = None, agent_measurement: Optional[Dict[str, Any]] = None,
+                 deployment_mode: Optional[str] = None, state_disk: Optional[Any] = None,
+                 etcd_member: Optional[Any] = None):
         super().__init__(log)
         # The secrets this peer keeps in files (core/at_rest.py): sealed to its TPM by the agent.
         self.at_rest = at_rest if at_rest is not None else PlainStorage()
-        self.agent_measurement: Optional[Dict[str, Any]] = None  # attestation/agent_measurement.py, set by the agent
-        self.deployment_mode = deployment.DEFAULT  # attestation/deployment.py, set by the agent
+        self.agent_measurement = agent_measurement  # attestation/agent_measurement.py, from the agent
+        self.deployment_mode = deployment_mode or deployment.DEFAULT  # attestation/deployment.py, from the agent
         # hex SHA-256 of this node's init secret (init_secret.py): activation needs its proof. None: any caller
         # may activate this node (as before; the agent logs a warning).
         self.init_secret_hash = init_secret_hash
         self.init_secret: Optional[bytes] = None  # the Coordinator's copy of the cluster's init secret
         # A node that joins by itself: the Coordinators' signing key from its agent config (core/signing.py);
         # join tickets must verify with it. Activated Nodes pin theirs in their node state.
-        self.join_coordinator_pub_key: Optional[str] = None
+        self.join_coordinator_pub_key = join_coordinator_pub_key
         # ``store`` holds everything while the cluster's state is local; a Coordinator that runs an etcd
         # member (``etcd_member``, core/shared_store.py) moves the cluster's keys there and ``store``
         # becomes that cluster; ``local_store`` keeps what is this peer's own (state_store.LOCAL_KEYS).
         self.store = store
         self.local_store = store
-        self.etcd_member: Optional[Any] = None  # ports.ClusterStoreMember, set by the agent
+        self.etcd_member = etcd_member  # ports.ClusterStoreMember, from the agent config
         self.tpm = tpm
         self.vpn = vpn
         self.state_dir = state_dir
@@ -69,9 +72,9 @@ class PeerContext(StateMachine):
         self.peer_registry = PeerRegistryCache(store)
         self.peers_apply_lock = threading.Lock()  # the Coordinator applies registry peers one at a time
         self.recovery_pending = False
-        # The encrypted state disk (ports.StateDiskPort, set by the agent with state_disk_device); None: the state
+        # The encrypted state disk (ports.StateDiskPort, from the agent with state_disk_device); None: the state
         # is not on an encrypted disk, and GetState says so.
-        self.state_disk: Optional[Any] = None
+        self.state_disk = state_disk
 
     # -- the cluster's store
     def switch_to(self, cluster: Any) -> None:

@@ -84,11 +84,12 @@ class KubernetesJoin:
     """The Coordinator's Kubernetes join material. ``kubeadm_provider`` is set by the agent (the vpnapi's
     ``kubeadm``); None: no kubeadm on this Coordinator."""
 
-    def __init__(self, context: PeerContext, access: ControlPlaneDesignation, evictions: EvictionCheck):
+    def __init__(self, context: PeerContext, access: ControlPlaneDesignation, evictions: EvictionCheck,
+                 kubeadm_provider: Optional[KubeadmProvider] = None):
         self.context = context
         self.access = access
         self.evictions = evictions
-        self.kubeadm_provider: Optional[KubeadmProvider] = None
+        self.kubeadm_provider = kubeadm_provider
 
     def delete_kubernetes_node(self, vpn_ip: str) -> None:
         """An evicted Node's Kubernetes Node object goes (its pods are rescheduled elsewhere), where this

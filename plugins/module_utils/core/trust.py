@@ -73,7 +73,8 @@ class PeerTrust:
     """Re-attestation, eviction and rejoin tickets over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext, registry: Registry, join: InBandAttestation, signing: TrustSigning,
-                 evictions: EvictionRecords, kubernetes: KubernetesNodes):
+                 evictions: EvictionRecords, kubernetes: KubernetesNodes,
+                 record_measurement_set: Optional[Callable[[str, Optional[str]], None]] = None):
         self.context = context
         self.registry = registry
         self.join = join
@@ -85,7 +86,7 @@ class PeerTrust:
         # Wall clock seconds: an unverified peer's ``since`` is compared across restarts and Coordinators.
         self.clock: Callable[[], float] = time.time
         # (vpn_ip, set name): which accepted measurement set a peer matched (core/accepted_measurements.py)
-        self.record_measurement_set: Callable[[str, Optional[str]], None] = lambda vpn_ip, name: None
+        self.record_measurement_set = record_measurement_set or (lambda vpn_ip, name: None)
 
     @property
     def state(self) -> State:

@@ -141,7 +141,7 @@ class PairKeys:
 
 
 class NodePeerAuth:
-    """A Node agent's side (agent/daemon.py): PeerAuth on each new vpnapi connection with the node's WireGuard key
+    """A Node agent's side (agent/update_loop.py): PeerAuth on each new vpnapi connection with the node's WireGuard key
     (its pair keys cached across polls), checking the Coordinator's announced key against the one the
     node knows from its peers."""
 

@@ -114,14 +114,14 @@ class FakeRejoinChannel:
 def pubapi_server(core, **limits):
     """A peer's pubapi and admin channel on loopback as the agent builds them (dummy attestation; the
     server's default limits unless ``limits`` says otherwise): yields the started ``FrameServer``."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import admin_handlers, pubapi_handlers
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
-    admin = AdminHandlers.for_core(core)
-    handlers = dict(PubAPI.for_core(core, DummyValidator(), admin=admin).handlers())
-    handlers.update(admin.handlers())
+    admin = admin_handlers(core)
+    handlers = dict(pubapi_handlers(core, DummyValidator()).handlers())
+    handlers.update(admin.handlers(), **RemoteExec(core.context.state_dir).handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(core), **limits).start()
     try:

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core as core_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
@@ -87,7 +87,7 @@ class Cluster:
         service.current = lambda: self.policy
         service.own_set = lambda: "v1"
         service.on_apply = self._apply
-        self.vpnapi = VPNAPI.for_core(self.core)
+        self.vpnapi = vpnapi_handlers(self.core)
         self.vpn_server = FrameServer("vpnapi", ("127.78.0.1", 0), self.vpnapi.handlers(),
                                       accept_check=self.vpnapi.accept_check, apis=(schema.VPNAPI,),
                                       peer_view=CorePeerView(self.core)).start()

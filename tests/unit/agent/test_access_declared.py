@@ -21,9 +21,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import admin_handlers, vpnapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
@@ -182,8 +182,9 @@ def vault(make_core):
 
     coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32),
                                                     admin_pem(key))
-    admin = AdminHandlers.for_core(coordinator, warm_interpreters=False)
-    handlers = dict(admin.handlers(), OpenVault=lambda conn, request: conn.stream.send_result({"secret": secret}))
+    admin = admin_handlers(coordinator)
+    handlers = dict(admin.handlers(), **RemoteExec(warm_interpreters=False).handlers(),
+                    OpenVault=lambda conn, request: conn.stream.send_result({"secret": secret}))
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(coordinator)).start()
     yield "127.0.0.1:%d" % server.address[1], key, secret, spec
@@ -215,8 +216,9 @@ def mixed(tmp_path):
     cluster = Cluster(tmp_path, str(tmp_path / "kubernetes"), provider=False)
     key = ed25519.Ed25519PrivateKey.generate()
     cluster.core.context.save_node(admin_pub_key=admin_pem(key))  # the admin key pinned at activation: ours
-    admin = AdminHandlers.for_core(cluster.core, warm_interpreters=False)
-    handlers = dict(VPNAPI.for_core(cluster.core).handlers(), **admin.handlers())
+    admin = admin_handlers(cluster.core)
+    handlers = dict(vpnapi_handlers(cluster.core).handlers(), **admin.handlers(),
+                    **RemoteExec(warm_interpreters=False).handlers())
     view = CorePeerView(cluster.core)
     plain = FrameServer("mixed", ("127.77.0.1", 0), handlers, apis=(schema.VPNAPI, schema.ADMIN), peer_view=view).start()
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)

@@ -21,10 +21,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.execution.warm import WarmUnavailable, content_digest
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import admin_handlers, pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import pubapi_server
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
@@ -182,20 +182,25 @@ def admin_agent(swtpm, make_core):
     c, _vpn = make_core(swtpm)
     c.recovery.load()
     events = []
-    admin = AdminHandlers.for_core(c, log=lambda event, **fields: events.append((event, fields)))
-    handlers = dict(PubAPI.for_core(c, DummyValidator(), admin=admin).handlers())
-    handlers.update(admin.handlers())
+
+    def log(event, **fields):
+        events.append((event, fields))
+
+    admin = admin_handlers(c, log=log)
+    remote_exec = RemoteExec(c.context.state_dir, log=log)
+    handlers = dict(pubapi_handlers(c, DummyValidator()).handlers())
+    handlers.update(admin.handlers(), **remote_exec.handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(c)).start()
     key, pem = keypair()
     client = connect("127.0.0.1:%d" % server.address[1])
     client.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), pem)
     client.admin_auth(key)
-    yield client, admin, events
+    yield client, remote_exec, events
     client.close()
     server.stop()
     tls.close()
-    admin.close()
+    remote_exec.close()
 
 
 def _both(client, payload, interpreter=PYTHON, cmd=None, env=None):
@@ -207,7 +212,7 @@ def _both(client, payload, interpreter=PYTHON, cmd=None, env=None):
 
 @pytest.mark.parametrize("name", sorted(BODIES))
 def test_exec_module_gives_what_a_plain_run_gives(admin_agent, name):
-    client, _admin, _events = admin_agent
+    client, _remote_exec, _events = admin_agent
     payload = make_payload(BODIES[name])
     for _round in range(2):  # the first starts the fork server, the second uses it
         warm, plain = _both(client, payload, env={"X_WARM": "yes"})
@@ -222,7 +227,7 @@ def test_exec_module_gives_what_a_plain_run_gives(admin_agent, name):
 
 
 def test_exec_module_children_share_no_state_but_reuse_the_import(admin_agent):
-    client, admin, _events = admin_agent
+    client, remote_exec, _events = admin_agent
     body = "import os, json\nbasic.counter += 1\nprint(json.dumps([basic.counter, basic.IMPORTED_IN != os.getpid()]))\n"
     payload = make_payload(body)
     results = [client.exec_module(PYTHON, PYTHON, payload) for _round in range(3)]
@@ -230,30 +235,30 @@ def test_exec_module_children_share_no_state_but_reuse_the_import(admin_agent):
     # Another zip (another ansible version) never meets the first one's modules.
     other = make_payload(body, basic=FAKE_BASIC + b"counter = 10\n")
     assert json.loads(client.exec_module(PYTHON, PYTHON, other).stdout) == [11, True]
-    assert len(admin.warm.servers()) == 2
+    assert len(remote_exec.warm.servers()) == 2
 
 
 def test_exec_module_a_rebuilt_zip_of_the_same_content_finds_its_server_warm(admin_agent):
     # The next playbook run builds the same module zip with other timestamps: same server.
-    client, admin, events = admin_agent
+    client, remote_exec, events = admin_agent
     body = "import os\nprint(basic.IMPORTED_IN)\n"
     first = client.exec_module(PYTHON, PYTHON, make_payload(body, built=(2026, 1, 1, 0, 0, 0)))
     rebuilt = make_payload(body, built=(2026, 11, 24, 13, 30, 10))
     assert rebuilt != make_payload(body, built=(2026, 1, 1, 0, 0, 0))
     again = client.exec_module(PYTHON, PYTHON, rebuilt)
     assert first.warm and again.warm and first.stdout == again.stdout  # imported in the same server
-    assert len(admin.warm.servers()) == 1
+    assert len(remote_exec.warm.servers()) == 1
     assert [e for e, _f in events].count("warm_server_started") == 1
     # One byte of module_utils more is another content: another server.
     other = client.exec_module(PYTHON, PYTHON, make_payload(body, basic=FAKE_BASIC + b"\n"))
-    assert other.warm and other.stdout != first.stdout and len(admin.warm.servers()) == 2
+    assert other.warm and other.stdout != first.stdout and len(remote_exec.warm.servers()) == 2
 
 
 def test_exec_module_reads_a_zip_once_per_distinct_bytes(admin_agent, monkeypatch):
     # Every task of a run sends the same bytes: the zip is read (for its content digest) once.
     from ansible_collections.constellation.cluster.plugins.module_utils.agent.execution import warm as warm_module
 
-    client, _admin, _events = admin_agent
+    client, _remote_exec, _events = admin_agent
     reads = []
     monkeypatch.setattr(warm_module, "content_digest", lambda data: reads.append(data) or content_digest(data))
     payload = make_payload("print(basic.IMPORTED_IN)\n")
@@ -288,7 +293,7 @@ def test_content_digest_reads_names_and_bytes_and_refuses_a_broken_zip():
 
 
 def test_exec_module_falls_back_to_plain_exec(admin_agent, tmp_path):
-    client, _admin, events = admin_agent
+    client, _remote_exec, events = admin_agent
     body = "print('ran')\n"
     # A payload for another interpreter path than the one asked for: plain.
     other = "/usr/bin/python3" if PYTHON != "/usr/bin/python3" else "/usr/local/bin/python3"
@@ -314,23 +319,23 @@ def test_exec_module_falls_back_to_plain_exec(admin_agent, tmp_path):
 
 
 def test_exec_module_restarts_a_dead_fork_server(admin_agent):
-    client, admin, _events = admin_agent
+    client, remote_exec, _events = admin_agent
     payload = make_payload("import os\nprint(os.getppid())\n")
     first = client.exec_module(PYTHON, PYTHON, payload)
-    (server_pid,) = admin.warm.servers()
+    (server_pid,) = remote_exec.warm.servers()
     assert first.warm and int(first.stdout) == server_pid
     os.kill(server_pid, signal.SIGKILL)
     for _attempt in range(50):  # bounded: the reader notices the closed socket
-        if not admin.warm.servers():
+        if not remote_exec.warm.servers():
             break
         time.sleep(0.05)
     again = client.exec_module(PYTHON, PYTHON, payload)
-    (new_pid,) = admin.warm.servers()
+    (new_pid,) = remote_exec.warm.servers()
     assert again.warm and again.exit_code == 0 and new_pid != server_pid and int(again.stdout) == new_pid
 
 
 def test_exec_module_timeout_kills_the_child_and_logs_no_payload(admin_agent):
-    client, _admin, events = admin_agent
+    client, _remote_exec, events = admin_agent
     secret = "s3cr3t-%s" % os.urandom(8).hex()
     payload = make_payload("import time\nsecret = %r\ntime.sleep(30)\n" % secret)
     res = client.exec_module(PYTHON, PYTHON, payload, env={"TOKEN": secret}, timeout=0.5)
@@ -339,13 +344,13 @@ def test_exec_module_timeout_kills_the_child_and_logs_no_payload(admin_agent):
 
 
 def test_exec_module_keeps_at_most_max_servers(admin_agent):
-    client, admin, _events = admin_agent
-    admin.warm.max_servers = 1
+    client, remote_exec, _events = admin_agent
+    remote_exec.warm.max_servers = 1
     first, second = make_payload("print(1)\n"), make_payload("print(2)\n", basic=FAKE_BASIC + b"# other\n")
     assert client.exec_module(PYTHON, PYTHON, first).stdout == b"1\n"
-    (first_pid,) = admin.warm.servers()
+    (first_pid,) = remote_exec.warm.servers()
     assert client.exec_module(PYTHON, PYTHON, second).stdout == b"2\n"
-    (second_pid,) = admin.warm.servers()  # the least recently used one stopped
+    (second_pid,) = remote_exec.warm.servers()  # the least recently used one stopped
     assert second_pid != first_pid
     for _attempt in range(50):  # bounded: the stopped server is reaped
         if not os.path.exists("/proc/%d" % first_pid):

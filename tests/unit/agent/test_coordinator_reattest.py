@@ -18,7 +18,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied, AttestationError, ConstellationError)
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import FakePeerClient, MemoryTPM
@@ -59,7 +59,7 @@ def test_a_tampered_coordinator_is_re_attested_and_evicted(leader):
     assert peers["10.42.0.3"]["vpn_pub_key"] not in [p.vpn_pub_key for p in vpn.peers]
     (eviction,) = c.get_state()["evicted"]
     assert eviction["role"] == "coordinator" and "PCR 11" in eviction["reason"]
-    assert "evicted" in VPNAPI.for_core(c).accept_check((tampered, 4000))
+    assert "evicted" in vpnapi_handlers(c).accept_check((tampered, 4000))
     with pytest.raises(AccessDenied):
         c.evictions.require_not_evicted(tampered, "GetDataKey")
     assert c.trust.evict_peer(c.context.vpn_ip, "test") is None and c.coordinator.is_known_peer_ip(c.context.vpn_ip)

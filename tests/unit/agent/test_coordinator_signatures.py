@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.core import signing

@@ -106,7 +106,7 @@ def _node_params(cluster_id, salt, coordinator_pub, admin, secret=None):
 
 
 def test_a_node_asks_its_coordinator_first_then_every_other_one_it_knows(swtpm, make_core, secret):
-    """Several Coordinators (#18): the Node's update loop tries them in this order (agent/daemon.py)."""
+    """Several Coordinators (#18): the Node's update loop tries them in this order (agent/update_loop.py)."""
     c, _vpn = make_core(swtpm)
     c.recovery.load()
     assert c.recovery.coordinator_vpn_ips() == []

@@ -5,7 +5,7 @@
 ``init_secret_hash`` it does not start at all (unless ``insecure_unauthenticated_activation: true``,
 which it then warns about on every start); with the hash the role derives from the cluster's init
 secret, a stranger's activation with his own admin key is refused before the node lock, and he gets
-no admin channel, so no Exec. The agent is the real one (agent/daemon.py's wiring, real pubapi on loopback,
+no admin channel, so no Exec. The agent is the real one (agent/wiring.py, real pubapi on loopback,
 real swtpm), with the test suite's dummy attestation so that the stranger attests nothing special."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from lab.swtpm import free_port
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent, AgentConfig, JSONLog, main
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import build_agent, main
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import read_pcrs
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
@@ -59,7 +61,7 @@ def test_the_agent_does_not_start_without_an_init_secret_hash(tmp_path, swtpm, c
 
 def _start(config: AgentConfig):
     log = io.StringIO()
-    agent = Agent(config, JSONLog(stream=log)).start()
+    agent = build_agent(config, JSONLog(stream=log)).start()
     return agent, log
 
 

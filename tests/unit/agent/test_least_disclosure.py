@@ -18,10 +18,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import admin_handlers, pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
@@ -30,9 +30,9 @@ DETAILS = ("vpn_ip", "vpn_pub_key", "state_disk_uuid", "evicted")
 
 
 def serve(core):
-    admin = AdminHandlers.for_core(core, warm_interpreters=False)
-    handlers = dict(PubAPI.for_core(core, DummyValidator(), admin=admin).handlers())
-    handlers.update(admin.handlers())
+    admin = admin_handlers(core)
+    handlers = dict(pubapi_handlers(core, DummyValidator()).handlers())
+    handlers.update(admin.handlers(), **RemoteExec(warm_interpreters=False).handlers())
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(core)).start()
     return server, tls, "127.0.0.1:%d" % server.address[1]

@@ -19,7 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import server as rpc_server
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import RefusingValidator, close_all, pubapi_server
@@ -81,7 +81,7 @@ def closed_by_server(sock) -> bool:
 
 
 def reattest_like_a_coordinator(server, source="127.0.0.1"):
-    """The Coordinator's re-attestation path (agent/daemon.py connect_peer): aTLS with its timeouts, GetState,
+    """The Coordinator's re-attestation path (agent/wiring.py connect_peer): aTLS with its timeouts, GetState,
     from the Coordinator's address ``source``."""
     raw = connected_from(server, source)
     with AgentClient.connect(endpoint_of(server), [DummyValidator()], sock=raw, timeout=10) as client:
@@ -126,7 +126,7 @@ def test_a_connection_that_sends_no_request_or_idles_unauthenticated_is_closed(s
     c, _vpn = make_core(swtpm)
     c.recovery.load()
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
-    server = FrameServer("pubapi", ("127.0.0.1", 0), dict(PubAPI.for_core(c, DummyValidator()).handlers()), tls=tls,
+    server = FrameServer("pubapi", ("127.0.0.1", 0), dict(pubapi_handlers(c, DummyValidator()).handlers()), tls=tls,
                          first_request_timeout=0.5, unauthenticated_idle_timeout=0.5, peer_view=CorePeerView(c)).start()
     try:
         silent = idle_tcp(server, 1)[0]

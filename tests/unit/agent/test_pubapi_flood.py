@@ -8,7 +8,7 @@ Coordinators keep room of their own.
 
 Real servers on loopback: an activated Node (its Core on a swtpm) serves its pubapi and admin channel with the
 qemu-vtpm issuer on that swtpm, the Coordinator's source address marked by the agent's own wiring
-(pubapi.coordinator_sources, as agent/daemon.py wires it); the Coordinator's Core re-attests it through core/trust.py with a real aTLS
+(pubapi.coordinator_sources, as agent/wiring.py wires it); the Coordinator's Core re-attests it through core/trust.py with a real aTLS
 handshake (a TPM quote), AdminAuth role coordinator and GetState. The attackers bind 127.0.0.N. Every loop is
 bounded; timeouts only detect a hang."""
 
@@ -24,8 +24,9 @@ import types
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI, coordinator_sources
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_sources
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import admin_handlers, pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
@@ -81,10 +82,10 @@ def node(swtpm, make_core):
     assert rows[0]["ok"], rows
     issuer = CountingIssuer(vtpm.VTPMIssuer(swtpm.tcti, event_log_path=None, banks=["sha256"]))
     tls = AgentServerContext(issuer, key_pool_size=0)
-    admin = AdminHandlers.for_core(peer)
-    handlers = dict(PubAPI.for_core(peer, DummyValidator(), admin=admin).handlers())
-    handlers.update(admin.handlers())
-    # As agent/daemon.py builds it: the Node's Coordinators (from its peer set) get the reserved room.
+    admin = admin_handlers(peer)
+    handlers = dict(pubapi_handlers(peer, DummyValidator()).handlers())
+    handlers.update(admin.handlers(), **RemoteExec(peer.context.state_dir).handlers())
+    # As agent/wiring.py builds it: the Node's Coordinators (from its peer set) get the reserved room.
     wiring = coordinator_sources(peer, types.SimpleNamespace(coordinator_public_endpoint=None))
     server = FrameServer("pubapi", (NODE_IP, 0), handlers, tls=tls, apis=(schema.PUBAPI, schema.ADMIN),
                          reserved_for=wiring, peer_view=CorePeerView(peer)).start()
@@ -107,7 +108,7 @@ def bound_socket(server, source):
 
 def reattest(coordinator, server, rounds=3):
     """``rounds`` re-attestation rounds of the Coordinator's Core (core/trust.py) over the real aTLS client from
-    the Coordinator's address, as agent/daemon.py's connect_peer; the rows of each."""
+    the Coordinator's address, as agent/wiring.py's connect_peer; the rows of each."""
     validator = vtpm.VTPMValidator(Measurements())
 
     def connect_peer(public_ip):

@@ -21,9 +21,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.admin import AdminHandlers
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import admin_handlers, pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurement, Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import read_pcrs
@@ -54,9 +54,9 @@ class Settings:
 @contextlib.contextmanager
 def node_pubapi(node, tpm):
     """The Node's pubapi and admin channel on loopback as the agent builds them, attesting with its swtpm."""
-    admin = AdminHandlers.for_core(node)
-    handlers = dict(PubAPI.for_core(node, DummyValidator(), admin=admin).handlers())
-    handlers.update(admin.handlers())
+    admin = admin_handlers(node)
+    handlers = dict(pubapi_handlers(node, DummyValidator()).handlers())
+    handlers.update(admin.handlers(), **RemoteExec(node.context.state_dir).handlers())
     with VTPMIssuer(tpm.tcti, event_log_path=None) as issuer:
         tls = AgentServerContext(issuer, key_pool_size=0)
         server = FrameServer("pubapi", ("127.0.0.1", 0), handlers, tls=tls, peer_view=CorePeerView(node)).start()

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import (
     ACTIVATION_WORKERS,
     MAX_ACTIVATION_WORKERS,

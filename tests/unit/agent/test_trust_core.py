@@ -23,7 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     load_policy, read_policy_document)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AccessDenied, AttestationError, ConstellationError, InputError, StateError)
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
@@ -145,7 +145,7 @@ def test_a_failed_attestation_evicts_at_once_and_the_vpnapi_refuses_the_peer(clu
     assert update["removed"] == [evicted_ip]
     assert [e["vpn_ip"] for e in c.get_state()["evicted"]] == [evicted_ip]
     assert "PCR 9" in c.get_state()["evicted"][0]["reason"]
-    api = VPNAPI.for_core(c)
+    api = vpnapi_handlers(c)
     assert "evicted" in api.accept_check((evicted_ip, 4000))
     with pytest.raises(AccessDenied) as err:
         c.evictions.require_not_evicted(evicted_ip, "GetDataKey")

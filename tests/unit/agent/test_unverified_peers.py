@@ -20,7 +20,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import FakePeerClient
 from ansible_collections.constellation.cluster.tests.unit.agent.test_pubapi_dos import BlackHole, connect_to
@@ -63,7 +63,7 @@ def secret_requests(c, node):
     """What a Node asks its Coordinator for over the vpnapi, on a connection that proved its WireGuard key
     (PeerAuth), each authorised as the vpnapi server does before its handler (rpc/access.py, the schema's
     declaration): a data key, its disk key. Returns (answers, refusals)."""
-    api = VPNAPI.for_core(c)
+    api = vpnapi_handlers(c)
     view = CorePeerView(c)
     conn = SimpleNamespace(peer_ip=node["vpn_ip"], peer=(node["vpn_ip"], 40000), stream=Recorder(), admin=False,
                            authenticated_peer=True, vpn_peer_pub_key=node["vpn_pub_key"])

@@ -10,7 +10,7 @@ import io
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import JSONLog
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import ask_in_turn
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError

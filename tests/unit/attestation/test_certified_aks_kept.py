@@ -33,7 +33,7 @@ def node(swtpm_ek):
     """A Node's pubapi (qemu-vtpm-ek on a swtpm with an EK certificate) that counts the EnrollAK requests it
     serves; (endpoint, the count, the Node's issuer, the fleet CA's certificate paths)."""
     issuer = VTPMEKIssuer(swtpm_ek.tcti, event_log_path=None)
-    api = PubAPI.for_core(None, issuer=issuer)
+    api = PubAPI(issuer=issuer)
     enrolled = []
     handlers = api.handlers()
     enroll = handlers["EnrollAK"]
@@ -54,7 +54,7 @@ def node(swtpm_ek):
 class Coordinator:
     """A Coordinator's agent as far as re-attestation's AK trust goes: its sealed store (a file encrypted with
     a storage key sealed by its own swtpm), a Core over it, the EK roots of its config, and the connection
-    re-attestation opens (``connect_enrolling``, as agent/daemon.py's ``connect_peer``)."""
+    re-attestation opens (``connect_enrolling``, as agent/wiring.py's ``connect_peer``)."""
 
     def __init__(self, state_dir, tcti, ca_paths, log):
         state_dir.mkdir(exist_ok=True)

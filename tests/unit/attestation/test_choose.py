@@ -229,7 +229,7 @@ class _EKServer:
         self.issuer = choose.issuer("qemu-vtpm-ek", tpm.tcti, event_log_path=None)
         self.tls = AgentServerContext(self.issuer)
         self.enrollments = 0
-        pubapi = PubAPI.for_core(None, issuer=self.issuer)
+        pubapi = PubAPI(issuer=self.issuer)
 
         def enroll(conn, params):
             self.enrollments += 1
@@ -304,7 +304,7 @@ def test_ek_variant_refuses_a_wrong_pcr_before_enrolling(ek_server, swtpm_ek, tm
 def test_enroll_ak_on_a_variant_without_ek_is_refused(swtpm):
     issuer = choose.issuer("qemu-vtpm", swtpm.tcti, event_log_path=None)
     tls = AgentServerContext(issuer)
-    pubapi = PubAPI.for_core(None, issuer=issuer)
+    pubapi = PubAPI(issuer=issuer)
     server = FrameServer("pubapi", ("127.0.0.1", 0), {"EnrollAK": pubapi.enroll_ak}, tls=tls).start()
     try:
         with AgentClient.connect("127.0.0.1:%d" % server.address[1],

@@ -28,7 +28,7 @@ def ek_node(swtpm_ek):
     """A Node's pubapi with the qemu-vtpm-ek issuer on a swtpm with an EK certificate; (server, api,
     issuer, the fleet CA's certificate paths)."""
     issuer = VTPMEKIssuer(swtpm_ek.tcti, event_log_path=None)
-    api = PubAPI.for_core(None, issuer=issuer)
+    api = PubAPI(issuer=issuer)
     tls = AgentServerContext(issuer, key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), api.handlers(), tls=tls).start()
     server.test_ca_certs = swtpm_ek.ca_cert_paths()

@@ -22,9 +22,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, init_secret, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent, AgentConfig, JSONLog
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import build_agent
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI, fresh_node_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import fresh_node_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import VTPMEKIssuer
@@ -95,7 +98,7 @@ class Coordinator:
         trust = choose.load_trust(variant, ek_ca_path if not insecure else None, insecure_trust_any_ak=insecure)
         validator = choose.validator(variant, fresh_node_policy(POLICY), trust, insecure_trust_any_ak=insecure)
         self.tls = AgentServerContext(DummyIssuer())
-        self.server = FrameServer("pubapi", ("127.0.0.1", 0), PubAPI.for_core(self.core, validator).handlers(),
+        self.server = FrameServer("pubapi", ("127.0.0.1", 0), pubapi_handlers(self.core, validator).handlers(),
                                   tls=self.tls, apis=(schema.PUBAPI,), peer_view=CorePeerView(self.core)).start()
         self.endpoint = "127.0.0.1:%d" % self.server.address[1]
 
@@ -235,7 +238,7 @@ def test_without_an_ek_a_join_needs_the_insecure_option_which_is_warned_about(co
     config = AgentConfig.from_mapping(dict(data, insecure_join_without_admission=True))
     for _start_again in range(2):
         log = io.StringIO()
-        agent = Agent(config, JSONLog(stream=log)).start()
+        agent = build_agent(config, JSONLog(stream=log)).start()
         try:
             assert agent.core.admissions.insecure_join_without_admission is True
         finally:

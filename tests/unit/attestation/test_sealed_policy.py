@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Nothing unsigned decides what the storage key is sealed to. Offline edits of a host's disk, then a restart of
-the real agent (agent/daemon.py's wiring, the real Core, a real swtpm): a set added to the policy file and signed
+the real agent (agent/wiring.py, the real Core, a real swtpm): a set added to the policy file and signed
 with a replaced pinned key, a set added to an unsigned file, the admin's own older signed document put back. The
 agent seals nothing to the tampered sets (no blob; a reboot into that boot chain cannot unseal), refuses the older
 version (its floor is kept sealed), refuses to start without a pinned key unless told so explicitly, and says in
@@ -19,7 +19,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from lab.swtpm import free_port
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent, AgentConfig, JSONLog
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import build_agent
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sealing, signature, tpm
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SEALED_KEY_FILE
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
@@ -82,7 +85,7 @@ class Host:
 
     def agent(self, **extra) -> Agent:
         """The agent as it comes up at a (re)start: measured, storage key unsealed, store open."""
-        return Agent(self.config(**extra), JSONLog(stream=io.StringIO()))
+        return build_agent(self.config(**extra), JSONLog(stream=io.StringIO()))
 
     def sealed_sets(self):
         return [blob["set"] for blob in json.loads((self.dir / "state" / SEALED_KEY_FILE).read_text())["blobs"]]
@@ -131,10 +134,10 @@ def test_an_older_signed_document_put_back_is_refused_and_its_sets_get_no_seal(h
     newer = _document(2, b"v1", b"v2")
     agent = host.agent()
     newer_sig = signature.sign_blob(host.key, newer)
-    assert agent.apply_measurements(newer, newer_sig) is True  # over the API: sealed ahead to v2
+    assert agent.core.measurements.on_apply(newer, newer_sig) is True  # over the API: sealed ahead to v2
     assert "v2" in host.sealed_sets() and "old" not in host.sealed_sets()
     with pytest.raises(InputError, match="^version: expected a version of at least 2"):
-        agent.apply_measurements(older, older_sig)
+        agent.core.measurements.on_apply(older, older_sig)
     host.write(older)  # the offline edit: the older signed document put back
     with pytest.raises(StateError, match="has version 1, older than version 2"):
         host.agent()
@@ -157,8 +160,8 @@ def test_without_a_pinned_key_the_agent_refuses_to_start_and_an_unsigned_file_de
     host.policy.write_bytes(_document(2, b"v1", b"evil"))  # an unsigned file with the attacker's set
     for _start_again in range(2):
         log = io.StringIO()
-        agent = Agent(host.config(measurements_pub_key=None, insecure_unsigned_measurements=True),
-                      JSONLog(stream=log)).start()
+        agent = build_agent(host.config(measurements_pub_key=None, insecure_unsigned_measurements=True),
+                            JSONLog(stream=log)).start()
         agent.stop()
         events = [json.loads(line) for line in log.getvalue().splitlines()]
         unsigned = [e for e in events if e["event"] == "measurements_unsigned"]
@@ -175,7 +178,7 @@ def test_get_state_and_every_start_say_host_root_is_trusted_on_this_peer(host):
     root is trusted here; another mode is refused, naming the key."""
     for _start_again in range(2):
         log = io.StringIO()
-        agent = Agent(host.config(), JSONLog(stream=log)).start()
+        agent = build_agent(host.config(), JSONLog(stream=log)).start()
         try:
             state = agent.core.status.get_state()
         finally:

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import EnrollmentValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
@@ -32,7 +32,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI, fresh_node_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import fresh_node_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
@@ -147,7 +148,7 @@ def test_a_coordinator_with_the_defaults_gives_a_forged_software_ak_no_join_tick
     peers_before = coordinator.get_state().get("peers")
     issuer = choose.issuer(config.variant, swtpm_ek.tcti, event_log_path=None)
     tls = AgentServerContext(issuer)
-    pubapi = PubAPI.for_core(coordinator, node_validator, issuer=issuer)
+    pubapi = pubapi_handlers(coordinator, node_validator, issuer=issuer)
     server = FrameServer("pubapi", ("127.0.0.1", 0), pubapi.handlers(), tls=tls, apis=(schema.PUBAPI,),
                          peer_view=CorePeerView(coordinator)).start()
     received = []
@@ -222,7 +223,7 @@ def test_a_policy_that_enforces_no_pcr_is_refused_naming_the_file(tmp_path, ek_c
     """With such a policy every TPM that booted anything would pass (PCR 15 is the cluster
     ID, set by the agent itself, not a measurement of what booted). The agent refuses to start with it
     and every controller loader refuses it, naming the file."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import build_agent
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 
     path = tmp_path / "measurements.json"
@@ -232,7 +233,7 @@ def test_a_policy_that_enforces_no_pcr_is_refused_naming_the_file(tmp_path, ek_c
     assert str(path) in str(refused.value) and "enforces at least one PCR other than 15" in str(refused.value)
     config = default_agent_config(tmp_path, ek_ca_path, measurements=str(path), tcti="swtpm:host=127.0.0.1,port=1")
     with pytest.raises(InputError, match="enforces at least one PCR.*%s" % path):
-        Agent(config)
+        build_agent(config)
     with pytest.raises(InputError, match="enforces at least one PCR.*%s" % path):
         settings_from_args({"measurements_file": str(path), "ek_ca_path": ek_ca_path, "timeout": 1.0,
                             "attestation_timeout": 1.0})

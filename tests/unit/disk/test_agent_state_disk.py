@@ -33,7 +33,7 @@ def admin_pem() -> str:
 
 
 class Node:
-    """What the agent wires (agent/daemon.py): a FileStore in the state directory, the StateDisk, the Core."""
+    """What the agent wires (agent/wiring.py): a FileStore in the state directory, the StateDisk, the Core."""
 
     def __init__(self, tmp_path, image, tpm, disk_uuid=None):
         self.state_dir = str(tmp_path / "state")
@@ -159,7 +159,7 @@ def test_the_agent_refuses_a_state_disk_without_dm_crypt_naming_the_key():
 
 
 def test_the_agent_itself_refuses_to_start_without_dm_crypt(tmp_path):
-    from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import Agent
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import build_agent
     from ansible_collections.constellation.cluster.plugins.module_utils.disk.luks import dm_crypt_available
 
     usable, _reason = dm_crypt_available()
@@ -167,5 +167,5 @@ def test_the_agent_itself_refuses_to_start_without_dm_crypt(tmp_path):
         pytest.skip("this kernel has device-mapper: the refusal cannot happen here")
     config = AgentConfig.from_mapping(dict(BASE, state_dir=str(tmp_path / "state"), state_disk_device="/dev/vdb"))
     with pytest.raises(InputError) as err:
-        Agent(config)
+        build_agent(config)
     assert err.value.field == "state_disk_device" and "no device-mapper in this kernel" in str(err.value)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog, tpm_wire
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurement, Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file

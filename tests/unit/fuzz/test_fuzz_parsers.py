@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import JoinTicket, NodeActivationRequest
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError

@@ -15,7 +15,8 @@ import socket
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils import encoding, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig, JSONLog
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError

@@ -17,7 +17,7 @@ from cryptography import x509
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core as core_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore

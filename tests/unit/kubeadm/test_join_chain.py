@@ -23,7 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc import s
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
@@ -50,7 +50,8 @@ class Cluster:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
         self.core.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin,
                                                       cluster_config={"vpn_cidr": VPN_CIDR})
-        self.api = VPNAPI.for_core(self.core, kubeadm=JoinProvider(KUBEADM_DOUBLE, control_plane_dir) if provider else None)
+        self.core.kubernetes.kubeadm_provider = JoinProvider(KUBEADM_DOUBLE, control_plane_dir) if provider else None
+        self.api = vpnapi_handlers(self.core)
         self.server = FrameServer("vpnapi", ("127.77.0.1", 0), self.api.handlers(), accept_check=self.api.accept_check,
                                   apis=(schema.VPNAPI,), peer_view=CorePeerView(self.core)).start()
         self.port = self.server.address[1]

@@ -5,7 +5,7 @@
 shares the Node's VPN IP, not its WireGuard key) opens PeerAuth exchanges and never sends the proof. They must
 not lock the Node's own agent out of the vpnapi (its updates, measurements and disk key).
 
-A real Coordinator Core serves the real vpnapi FrameServer on loopback with the limits agent/daemon.py gives it;
+A real Coordinator Core serves the real vpnapi FrameServer on loopback with the limits agent/wiring.py gives it;
 the VPN is 127.77.0.0/16 and each client binds the source address of the peer it claims to be, as the WireGuard
 tunnel would give it (test_join_chain.py's Cluster). Loops are bounded; timeouts only detect a hang."""
 
@@ -27,7 +27,7 @@ from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chai
 def cluster(tmp_path, control_plane_dir):
     made = Cluster(tmp_path, control_plane_dir, provider=False)
     made.server.stop()
-    # As agent/daemon.py starts it.
+    # As agent/wiring.py starts it.
     made.server = FrameServer("vpnapi", ("127.77.0.1", 0), made.api.handlers(), accept_check=made.api.accept_check,
                               apis=(schema.VPNAPI,), max_peer_connections=MAX_PEER_CONNECTIONS,
                               peer_view=CorePeerView(made.core)).start()

@@ -29,7 +29,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.vpnapi import VPNAPI
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import member_name
@@ -177,7 +177,7 @@ def _attack_from_evicted_node(coordinator, node):
     """What the evicted Node tries at ``coordinator``: the vpnapi on a connection opened before the eviction
     (GetUpdate, GetStateDiskKey, GetDataKey), a rejoin ticket, a re-admission with another key. Returns
     every byte it received."""
-    api = VPNAPI.for_core(coordinator)
+    api = vpnapi_handlers(coordinator)
     # It proved its WireGuard key on this connection before it was evicted (PeerAuth).
     conn = SimpleNamespace(peer_ip=node["vpn_ip"], peer=(node["vpn_ip"], 40000), stream=Recorder(), admin=False,
                            authenticated_peer=True, vpn_peer_pub_key=node["vpn_pub_key"])

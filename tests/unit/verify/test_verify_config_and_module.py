@@ -15,7 +15,7 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import verify_service as vs
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.daemon import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.modules import constellation_verify

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Process plumbing of the admin channel's Exec/ExecModule, without any RPC: start a process in a
 session of its own, pump its output into a queue, feed it, kill its group. The admin channel
-(agent/admin.py) streams between these and the connection; warm.py runs module payloads."""
+(agent/remote_exec.py) streams between these and the connection; warm.py runs module payloads."""
 
 from __future__ import annotations
 

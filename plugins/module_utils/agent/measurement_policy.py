@@ -1,0 +1,76 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The accepted measurement sets in force on this agent (core/accepted_measurements.py decides, this applies): a
+new policy document is checked, the storage key sealed to its sets ahead of a reboot, the policy file (and its
+signature) written and the validators of the aTLS server, the clients and re-attestation swapped, without a
+restart."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import with_agent_pcr
+from ansible_collections.constellation.cluster.plugins.module_utils.agent import storage_key
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile, own_measurement_set
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy, fresh_node_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.unsealing import AgentAttestation
+from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import check_document
+from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage
+
+
+class MeasurementPolicy:
+    """The policy in force (``current()``: as the policy file holds it, before PCR 13 and 15), the pinned key
+    (``pub_key``), ``apply`` and ``own_set``: what the Core's ``AcceptedMeasurements`` asks of the agent."""
+
+    def __init__(self, config: AgentConfig, policy_file: PolicyFile, attestation: AgentAttestation,
+                 at_rest: SealedStorage, log):
+        self.config = config
+        self.policy_file = policy_file
+        self.attestation = attestation
+        self.at_rest = at_rest
+        self.log = log
+        self.policy = attestation.policy
+        self._lock = threading.Lock()
+
+    @property
+    def pub_key(self) -> Any:
+        return self.policy_file.pub_key
+
+    def current(self) -> Any:
+        return self.policy
+
+    def apply(self, document: bytes, signature: Optional[str], sets=None) -> bool:
+        """Checks a new policy document (with the pinned key: its signature first; a version not below ours),
+        seals the storage key to its sets ahead of a reboot, writes the policy file (and its signature)
+        atomically and swaps the validators of the aTLS server, the clients and re-attestation. Returns
+        whether anything changed."""
+        with self._lock:
+            if sets is None:
+                sets = check_document(document, signature, self.policy_file.pub_key, self.policy)
+            storage_key.check_version(self.at_rest, self.config.state_dir, sets)  # the sealed floor
+            if self.policy is not None and sets == self.policy:
+                return False
+            # First: a reboot after the file changed must find its key. Only here, with a document received over
+            # the API, is the key resealed (agent/storage_key.py).
+            storage_key.reseal(self.at_rest, sets, self.config.deployment_mode, self.log)
+            self.policy_file.write(document, signature)
+            # a stop before it leaves the floor below the file, never above
+            storage_key.raise_floor(self.at_rest, self.config.state_dir, sets.version)
+            self.policy = sets
+            measurement = self.attestation.measurement
+            if measurement is not None:
+                full = with_agent_pcr(sets, measurement.value)
+                self.attestation.node_validator.measurements = fresh_node_policy(full)  # one attribute write each
+                self.attestation.peer_validator.measurements = coordinator_policy(full)
+            self.log("measurements_applied", version=sets.version, sets=",".join(sets.sets))
+            return True
+
+    def own_set(self) -> Optional[str]:
+        """The accepted set this peer's own PCRs match (the Coordinator is not re-attested by itself)."""
+        measurement = self.attestation.measurement
+        if measurement is None or self.policy is None:
+            return None
+        return own_measurement_set(with_agent_pcr(self.policy, measurement.value), self.config.tcti)
