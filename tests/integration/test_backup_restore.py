@@ -32,7 +32,7 @@ from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
-from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
 
 pytestmark = pytest.mark.lab
 
@@ -57,7 +57,7 @@ class Cluster:
                                        "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
                                        "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
         admin_key = load_priv_key((self.inv / "admin_key").read_bytes())
-        return peer_status(self.lab.host(name).public_endpoint, settings, self.cluster_id(), admin_key)
+        return peer_report(self.lab.host(name).public_endpoint, settings, self.cluster_id(), admin_key)
 
     def master(self) -> MasterSecret:
         vault = VaultLib([("default", VaultSecret((self.inv / "vault_pass").read_text().strip().encode()))])

@@ -30,7 +30,7 @@ from tests.support.playbook import PlayRun, run_playbook
 from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
-from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
 
 pytestmark = pytest.mark.lab
 
@@ -52,7 +52,7 @@ class Cluster:
         settings = settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
                                        "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
                                        "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
-        return peer_status(self.lab.host(name).public_endpoint, settings, None,
+        return peer_report(self.lab.host(name).public_endpoint, settings, None,
                            load_priv_key((self.inv / "admin_key").read_bytes()))
 
     def wg_peers(self, name: str) -> set:
