@@ -19,7 +19,7 @@ import contextlib
 import hmac
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, constants
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
@@ -28,7 +28,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.encoding imp
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, PeerUnreachable, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
-from ansible_collections.constellation.cluster.plugins.plugin_utils.peer_plan import plan_peer
+from ansible_collections.constellation.cluster.plugins.plugin_utils.peer_plan import Action, plan_peer
 
 
 ACCEPTING_INIT = constants.STATE_ACCEPTING_INIT
@@ -84,6 +84,14 @@ class PeerReport:
                 "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest,
                 "peer_resource_version": self.peer_resource_version,
                 "deployment_mode": self.deployment_mode, "host_root_trusted": self.host_root_trusted}
+
+
+class Planned(NamedTuple):
+    """One peer of activate_nodes: its report, the role it is given as, and what is done with it."""
+
+    report: PeerReport
+    as_role: str
+    action: Action
 
 
 def open_peer(endpoint: str, settings: AttestationSettings):
@@ -265,20 +273,20 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
         evicted_rows, removed_rows = _coordinator_outcasts(coordinator_public_endpoint, settings, cluster_id, admin_priv_key)
         evicted = {e.get("vpn_ip") for e in evicted_rows}
         removed = {e.get("vpn_pub_key") for e in removed_rows}
-    plan = []
+    plan: List[Planned] = []
     for endpoint, as_role in [(e, ROLE_COORDINATOR) for e in further] + [(e, "node") for e in nodes]:
         report = reports[endpoint]
-        plan.append((report, as_role, plan_peer(as_role, report.membership, report.state, report.role,
-                                                cluster_id_known=cluster_id is not None,
-                                                evicted=report.vpn_ip in evicted,
-                                                removed=bool(report.vpn_pub_key) and report.vpn_pub_key in removed)))
-    refused = [action.reason(report) for report, _, action in plan if action.refused]
+        plan.append(Planned(report, as_role, plan_peer(as_role, report.membership, report.state, report.role,
+                                                       cluster_id_known=cluster_id is not None,
+                                                       evicted=report.vpn_ip in evicted,
+                                                       removed=bool(report.vpn_pub_key) and report.vpn_pub_key in removed)))
+    refused = [p.action.reason(p.report) for p in plan if p.action.refused]
     if refused:
         raise StateError("cannot activate these peers: " + "; ".join(refused))
-    rows = [{"endpoint": report.endpoint, "role": as_role, "state_before": report.state,
-             "node_vpn_ip": report.vpn_ip, "action": action.row} for report, as_role, action in plan]
-    fresh = [report.endpoint for report, as_role, action in plan if action.sent and as_role != ROLE_COORDINATOR]
-    fresh_coordinators = [report.endpoint for report, as_role, action in plan if action.sent and as_role == ROLE_COORDINATOR]
+    rows = [{"endpoint": p.report.endpoint, "role": p.as_role, "state_before": p.report.state,
+             "node_vpn_ip": p.report.vpn_ip, "action": p.action.row} for p in plan]
+    fresh = [p.report.endpoint for p in plan if p.action.sent and p.as_role != ROLE_COORDINATOR]
+    fresh_coordinators = [p.report.endpoint for p in plan if p.action.sent and p.as_role == ROLE_COORDINATOR]
     result: Dict[str, Any] = {"changed": bool(fresh or fresh_coordinators), "nodes": rows, "resource_version": None}
     if not (fresh or fresh_coordinators) or check_mode:
         return result
@@ -288,8 +296,8 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
                                                   node_names={e: n for e, n in (node_names or {}).items() if e in fresh})
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
     failures = []
-    for row, (_, _, action) in zip(rows, plan):
-        if not action.sent:
+    for row, planned in zip(rows, plan):
+        if not planned.action.sent:
             continue
         node = by_endpoint.get(row["endpoint"], {})
         row["node_vpn_ip"] = node.get("node_vpn_ip")

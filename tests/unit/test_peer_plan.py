@@ -180,7 +180,7 @@ def test_activate_nodes_refuses_the_run_with_every_reason(attested):
 
 
 def test_activate_nodes_with_nothing_to_do_is_unchanged(attested):
-    peers, _ = attested
+    peers = attested[0]
     peers["n2:9000"] = report("n2:9000", OURS, "IsNode", vpn_ip="10.42.0.2")
     out = controller.activate_nodes("c1:9000", ["n2:9000"], None, None, cluster_id=b"\0" * 32)
     assert out == {"changed": False, "resource_version": None, "nodes": [

@@ -48,6 +48,13 @@ ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
 )
 ATTESTATION_MUTUALLY_EXCLUSIVE = [("measurements", "measurements_file")]
 
+
+def attested_options(options: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """The keyword arguments (argument_spec, mutually_exclusive) of an AnsibleModule or ArgumentSpecValidator
+    that takes the attestation options and ``options``."""
+    return dict(argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **options), mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE)
+
+
 # What PCR 15 says about a peer (SPEC.md 2.7): never locked, locked to our cluster, or to another.
 FRESH = "fresh"
 OURS = "ours"
