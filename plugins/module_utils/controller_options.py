@@ -110,6 +110,12 @@ RESET_AGENT_ARGS: Dict[str, Dict[str, Any]] = dict(
     unreachable_ok=dict(type="bool", default=False),
     wait_timeout=dict(type="float", default=60.0),
 )
+# A rolling image upgrade: SetMeasurements on the Coordinator (upgrade_image.yml).
+ACCEPTED_MEASUREMENTS_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+    admin_priv_key_file=dict(type="path", required=True),
+    accepted_measurements_file=dict(type="path"),
+)
 VERIFY_ATTESTATION_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),
 )

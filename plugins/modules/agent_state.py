@@ -20,8 +20,6 @@ author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
   - The Python package cryptography on the controller (attested TLS and the signatures it checks)
-  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
-    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
 extends_documentation_fragment:
   - constellation.cluster.attestation
 options:
