@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-
-def _deprecated(alias: str) -> Dict[str, str]:
-    """An old option name that keeps working, with a deprecation warning, until 2.0.0."""
-    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
 
 
 # The options of the controller-side actions beyond the shared attestation options
@@ -36,9 +33,9 @@ ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
 ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
     # Renamed in 0.2.0 (DESIGN.md 6: entity, interface, kind); the old names work until 2.0.0.
     coordinator_public_endpoint=dict(type="str", required=True, aliases=["coordinator_endpoint"],
-                                     deprecated_aliases=[_deprecated("coordinator_endpoint")]),
+                                     deprecated_aliases=[deprecated_alias("coordinator_endpoint")]),
     node_public_endpoints=dict(type="list", elements="str", required=True,
-                               aliases=["node_endpoints"], deprecated_aliases=[_deprecated("node_endpoints")]),
+                               aliases=["node_endpoints"], deprecated_aliases=[deprecated_alias("node_endpoints")]),
     admin_priv_key_file=dict(type="path", required=True),
     cluster_id=dict(type="str"),
     # Further Coordinators (docs/store.md): activated first, in the same ActivateAdditionalNodes.
