@@ -26,6 +26,7 @@ requirements:
   - The Python package cryptography on the controller (attested TLS, the signatures it checks, EK certificates)
 extends_documentation_fragment:
   - constellation.cluster.attestation
+  - constellation.cluster.admin_key
 options:
   coordinator_public_endpoint:
     description: The activated Coordinator's public endpoint (host:port).
@@ -56,10 +57,6 @@ options:
         type: str
         default: present
         choices: [present, absent]
-  admin_priv_key_file:
-    description: The admin's private key file (the key pinned at activation).
-    type: path
-    required: true
   cluster_id:
     description: The cluster ID (standard base64); the Coordinator's PCR 15 must hold it.
     type: str

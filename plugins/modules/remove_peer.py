@@ -28,6 +28,7 @@ requirements:
   - The Python package cryptography on the controller (attested TLS and the signatures it checks)
 extends_documentation_fragment:
   - constellation.cluster.attestation
+  - constellation.cluster.admin_key
 options:
   coordinator_public_endpoint:
     description: The activated Coordinator's public endpoint (host:port).
@@ -39,10 +40,6 @@ options:
   node_vpn_ip:
     description: The Node's VPN IP. One of O(node_public_ip) and O(node_vpn_ip).
     type: str
-  admin_priv_key_file:
-    description: The admin's private key file (the key pinned at activation).
-    type: path
-    required: true
   cluster_id:
     description: The cluster ID (standard base64); the Coordinator's PCR 15 must hold it.
     type: str

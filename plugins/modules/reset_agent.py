@@ -27,6 +27,7 @@ requirements:
   - The Python package cryptography on the controller (attested TLS and the signatures it checks)
 extends_documentation_fragment:
   - constellation.cluster.attestation
+  - constellation.cluster.admin_key
 options:
   endpoint:
     description: The peer's public endpoint (host:port).
@@ -35,10 +36,6 @@ options:
   public_ip:
     description: The peer's public IP; the agent refuses a reset that names another (a request sent to the wrong host).
     type: str
-    required: true
-  admin_priv_key_file:
-    description: The admin's private key file (the key pinned at activation).
-    type: path
     required: true
   cluster_id:
     description: The cluster ID (standard base64); a peer locked to another cluster is refused.
