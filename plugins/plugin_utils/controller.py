@@ -257,8 +257,10 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
 
     Attests every further Coordinator and node, then asks the Coordinator (admin-authenticated) to
     activate the fresh ones (Coordinators first) and to resume nodes locked to our cluster whose
-    activation was interrupted (NodeWaitingForClusterJoin). Returns changed and one row per peer:
-    endpoint, role, state_before, action (none, activate, resume, readmit), node_vpn_ip."""
+    activation was interrupted (NodeWaitingForClusterJoin). What to do with each peer is plan_peer's decision
+    (peer_plan.py); this attests, plans every peer, refuses the run if any peer is refused, and executes the plan.
+    Returns changed and one row per peer: endpoint, role, state_before, action (none, activate, resume, readmit),
+    node_vpn_ip."""
     planes = set(control_plane_public_endpoints or ())
     if not planes <= set(node_public_endpoints):
         raise InputError("control_plane_public_endpoints", "endpoints of node_public_endpoints",
