@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import ClusterAction, valid_args
 
@@ -17,11 +18,7 @@ MAX_DOCUMENT = 1024 * 1024
 
 
 class ActionModule(ClusterAction):
-    SPEC = dict(
-        endpoint=dict(type="str", required=True),
-        admin_priv_key_file=dict(type="path", required=True),
-        accepted_measurements_file=dict(type="path"),
-    )
+    SPEC = controller_options.ACCEPTED_MEASUREMENTS_ARGS
     _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):

@@ -20,21 +20,21 @@ class ActionModule(ClusterAction):
     _VALID_ARGS = valid_args(SPEC)
 
     def act(self, args, settings):
-        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
         # The admin key (before the first activation it may not exist yet: then only state and role are read).
         key_file = args.get("admin_priv_key_file")
         priv_key = self.load_admin_priv_key(key_file) if key_file and os.path.exists(key_file) else None
-        status = peer_status(args["endpoint"], settings, self.cluster_id_arg(args), priv_key)
-        out = status.to_dict()
+        report = peer_report(args["endpoint"], settings, self.cluster_id_arg(args), priv_key)
+        out = report.to_dict()
         out["changed"] = False
-        warnings = list(status.warnings)
-        if status.host_root_trusted:  # said on every run (docs/security.md, "At rest")
+        warnings = list(report.warnings)
+        if report.host_root_trusted:  # said on every run (docs/security.md, "At rest")
             warnings.append("%s: host root is trusted on this peer (deployment_mode %s: the agent runs on an ordinary "
                             "host, whose root can replay what the agent measures and read its secrets)"
-                            % (status.endpoint, status.deployment_mode))
+                            % (report.endpoint, report.deployment_mode))
         if warnings:
             out["warnings"] = warnings
-        self._prestart_connection(status.endpoint, status.state)
+        self._prestart_connection(report.endpoint, report.state)
         return out
 
     def _prestart_connection(self, endpoint: str, state: str) -> None:

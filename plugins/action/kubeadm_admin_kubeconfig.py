@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.constellation.cluster.plugins.action.master_secret import ARGUMENT_SPEC, WriteOnceSecretAction
+from ansible_collections.constellation.cluster.plugins.action.master_secret import WriteOnceSecretAction
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import KUBEADM_ADMIN_KUBECONFIG_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.pki import kubeconfig_client_identity
 
@@ -21,7 +22,7 @@ CONTENT = "content"
 class ActionModule(WriteOnceSecretAction):
     WHAT = "admin kubeconfig"
     READ_LIMIT = 1024 * 1024
-    _VALID_ARGS = frozenset(ARGUMENT_SPEC) | {CONTENT}
+    _VALID_ARGS = frozenset(KUBEADM_ADMIN_KUBECONFIG_ARGS)
 
     _content = b""
     _identity = None

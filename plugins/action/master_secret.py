@@ -17,17 +17,12 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.vault import AnsibleVaultError, VaultLib, is_encrypted, match_encrypt_secret
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import SECRET_FILE_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
     MASTER_SECRET_FILE_SIZE_MAX,
     MasterSecret,
     write_secret_file,
-)
-
-ARGUMENT_SPEC = dict(
-    path=dict(type="path", required=True),
-    vault=dict(type="bool", default=False),
-    vault_id=dict(type="str"),
 )
 
 
@@ -37,7 +32,7 @@ class WriteOnceSecretAction(ActionBase):
     what the file is (``WHAT``), how to make its content and how to check one read back."""
 
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+    _VALID_ARGS = frozenset(SECRET_FILE_ARGS)
     _requires_connection = False
     WHAT = "Constellation master secret"
     READ_LIMIT = MASTER_SECRET_FILE_SIZE_MAX * 4
@@ -52,7 +47,7 @@ class WriteOnceSecretAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        validation = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
+        validation = ArgumentSpecValidator(SECRET_FILE_ARGS).validate(self._task.args)
         if validation.error_messages:
             raise AnsibleActionFail("; ".join(validation.error_messages))
         args = validation.validated_parameters

@@ -13,39 +13,28 @@ from __future__ import annotations
 import os
 
 from ansible.errors import AnsibleActionFail
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
-from ansible.utils.display import Display
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, netns
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE, pcr_rows, settings_from_args)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import pcr_rows, settings_from_args
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import VERIFY_ATTESTATION_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
-from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import control_path_dir, valid_args
-
-ARGUMENT_SPEC = dict(ATTESTATION_ARGUMENT_SPEC, endpoint=dict(type="str", required=True))
-display = Display()
+from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import (
+    control_path_dir, valid_args, validated_args)
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = valid_args(dict(endpoint=ARGUMENT_SPEC["endpoint"]))
+    _VALID_ARGS = valid_args(VERIFY_ATTESTATION_ARGS)
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        validation = ArgumentSpecValidator(
-            ARGUMENT_SPEC, mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE).validate(self._task.args)
-        if validation.error_messages:
-            raise AnsibleActionFail("; ".join(validation.error_messages))
-        for deprecation in validation._deprecations:  # pylint: disable=protected-access
-            display.deprecated(deprecation["msg"], version=deprecation.get("version"),
-                               collection_name=deprecation.get("collection_name"))
-        args = validation.validated_parameters
+        args = validated_args(VERIFY_ATTESTATION_ARGS, self._task.args)
         result.update(changed=False, endpoint=args["endpoint"], variant=args["variant"])
         try:
             address = atls.parse_endpoint(args["endpoint"])

@@ -71,6 +71,9 @@ options:
     description: Seconds the validation of an attestation may take.
     type: float
     default: 30
+requirements:
+  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
+    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
 notes:
   - Runs on the controller (an action plugin) whatever the host; the host's connection is not used.
   - Every peer is attested (fresh nonce, TPM quote, policy) before the first byte is sent to it.

@@ -27,3 +27,13 @@ ROLE_UNKNOWN = "unknown"
 ROLE_COORDINATOR = "coordinator"
 ROLE_NODE = "node"
 ROLE_ADMIN = "admin"
+
+# Renamed options keep their old names as deprecated aliases until this release of the collection.
+COLLECTION_NAME = "constellation.cluster"
+RENAMED_OPTIONS_REMOVED_IN = "2.0.0"
+
+
+def deprecated_alias(alias: str) -> dict:
+    """An argument spec's deprecated_aliases entry: an old option name that keeps working, with a deprecation
+    warning, until RENAMED_OPTIONS_REMOVED_IN."""
+    return dict(name=alias, version=RENAMED_OPTIONS_REMOVED_IN, collection_name=COLLECTION_NAME)

@@ -1,20 +1,17 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The options of the controller-side cluster actions (agent_state, activate_coordinator,
-activate_nodes, recover_peer), beyond the shared attestation options (attestation/policy.py).
-The action plugins validate with these dicts and the documentation stubs in plugins/modules
-declare the same ones, so the two cannot drift. The orchestration itself is controller-only:
-plugins/plugin_utils/controller.py."""
+"""The options of the controller-side actions (agent_state, activate_coordinator, activate_nodes,
+recover_peer, ..., and the write-once secret files), beyond the shared attestation options
+(attestation/policy.py). The action plugins validate with these dicts and the documentation stubs in
+plugins/modules declare the same ones (``stub_main``), so the two cannot drift. The orchestration
+itself is controller-only: plugins/plugin_utils/controller.py."""
 
 from __future__ import annotations
 
 from typing import Any, Dict
 
-
-def _deprecated(alias: str) -> Dict[str, str]:
-    """An old option name that keeps working, with a deprecation warning, until 2.0.0."""
-    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
 
 
 # The options of the controller-side actions beyond the shared attestation options
@@ -36,9 +33,9 @@ ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
 ACTIVATE_NODES_ARGS: Dict[str, Dict[str, Any]] = dict(
     # Renamed in 0.2.0 (docs/names.md: entity, interface, kind); the old names work until 2.0.0.
     coordinator_public_endpoint=dict(type="str", required=True, aliases=["coordinator_endpoint"],
-                                     deprecated_aliases=[_deprecated("coordinator_endpoint")]),
+                                     deprecated_aliases=[deprecated_alias("coordinator_endpoint")]),
     node_public_endpoints=dict(type="list", elements="str", required=True,
-                               aliases=["node_endpoints"], deprecated_aliases=[_deprecated("node_endpoints")]),
+                               aliases=["node_endpoints"], deprecated_aliases=[deprecated_alias("node_endpoints")]),
     admin_priv_key_file=dict(type="path", required=True),
     cluster_id=dict(type="str"),
     # Further Coordinators (docs/store.md): activated first, in the same ActivateAdditionalNodes.
@@ -109,3 +106,33 @@ RESET_AGENT_ARGS: Dict[str, Dict[str, Any]] = dict(
     unreachable_ok=dict(type="bool", default=False),
     wait_timeout=dict(type="float", default=60.0),
 )
+# A rolling image upgrade: SetMeasurements on the Coordinator (upgrade_image.yml).
+ACCEPTED_MEASUREMENTS_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+    admin_priv_key_file=dict(type="path", required=True),
+    accepted_measurements_file=dict(type="path"),
+)
+VERIFY_ATTESTATION_ARGS: Dict[str, Dict[str, Any]] = dict(
+    endpoint=dict(type="str", required=True),
+)
+# The write-once secret files on the controller (action/master_secret.py's WriteOnceSecretAction; their options
+# are documented once, in doc_fragments/controller_secret_file.py).
+SECRET_FILE_ARGS: Dict[str, Dict[str, Any]] = dict(
+    path=dict(type="path", required=True),
+    vault=dict(type="bool", default=False),
+    vault_id=dict(type="str"),
+)
+KUBEADM_ADMIN_KUBECONFIG_ARGS: Dict[str, Dict[str, Any]] = dict(
+    SECRET_FILE_ARGS,
+    content=dict(type="str", required=True, no_log=True),
+)
+
+
+def stub_main(module_class, name: str, **module_args: Any) -> None:
+    """The main() of a module whose work is done by its action plugin on the controller: the module declares the
+    action's options (``module_args``: argument_spec, mutually_exclusive) for ansible-doc and validate-modules,
+    and fails when it is run as a module on a host. ``module_class``: Ansible's AnsibleModule (this file imports
+    no Ansible)."""
+    module = module_class(supports_check_mode=True, **module_args)
+    module.fail_json(msg="%s runs on the controller through its action plugin; it cannot run as a module on a host"
+                     % name)

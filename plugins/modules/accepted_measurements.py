@@ -24,8 +24,6 @@ author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
   - The Python package cryptography on the controller (attested TLS and the signatures it checks)
-  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
-    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
 extends_documentation_fragment:
   - constellation.cluster.attestation
 options:
@@ -93,3 +91,16 @@ peers:
   type: dict
   sample: {"10.118.0.1": "lab-v2", "10.118.0.2": "lab-v1"}
 """
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import attested_options
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import ACCEPTED_MEASUREMENTS_ARGS, stub_main
+
+
+def main():
+    stub_main(AnsibleModule, "accepted_measurements", **attested_options(ACCEPTED_MEASUREMENTS_ARGS))
+
+
+if __name__ == "__main__":
+    main()

@@ -24,10 +24,9 @@ author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
   - The Python package cryptography on the controller (attested TLS, the signatures it checks, EK certificates)
-  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
-    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
 extends_documentation_fragment:
   - constellation.cluster.attestation
+  - constellation.cluster.admin_key
 options:
   coordinator_public_endpoint:
     description: The activated Coordinator's public endpoint (host:port).
@@ -58,10 +57,6 @@ options:
         type: str
         default: present
         choices: [present, absent]
-  admin_priv_key_file:
-    description: The admin's private key file (the key pinned at activation).
-    type: path
-    required: true
   cluster_id:
     description: The cluster ID (standard base64); the Coordinator's PCR 15 must hold it.
     type: str
@@ -125,19 +120,12 @@ admissions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import attested_options
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import ADMIT_NODES_ARGS, stub_main
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **controller_options.ADMIT_NODES_ARGS),
-        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
-        supports_check_mode=True,
-    )
-    module.fail_json(msg="admit_nodes runs on the controller through its action plugin; "
-                         "it cannot run as a module on a host")
+    stub_main(AnsibleModule, "admit_nodes", **attested_options(ADMIT_NODES_ARGS))
 
 
 if __name__ == "__main__":

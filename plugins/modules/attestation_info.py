@@ -127,6 +127,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 # Ships every variant the chooser may import with this module (AnsiballZ packs what it sees imported).
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import all_variants  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 
 _HEX = re.compile(r"^(?:[0-9a-fA-F]{2})+$")
@@ -155,7 +156,7 @@ def main():
             user_data=dict(type="str", default=""),
             # Renamed (docs/names.md: one suffix for files); the old name works until 2.0.0.
             event_log_file=dict(type="path", default="/sys/kernel/security/tpm0/binary_bios_measurements", aliases=["event_log_path"],
-                                deprecated_aliases=[dict(name="event_log_path", version="2.0.0", collection_name="constellation.cluster")]),
+                                deprecated_aliases=[deprecated_alias("event_log_path")]),
         ),
         supports_check_mode=True,
     )

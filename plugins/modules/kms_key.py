@@ -126,6 +126,7 @@ import base64
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
     ClusterKMS,
@@ -156,19 +157,15 @@ def _describe(state):
         "matches" if state.get("content_matches") else "differs")
 
 
-def _deprecated(alias):
-    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             kms_uri=dict(type="str", no_log=True),
             # Renamed (docs/names.md: one suffix for files, one name per value); the old names work until 2.0.0.
             master_secret_file=dict(type="path", aliases=["master_secret_path"],
-                                    deprecated_aliases=[_deprecated("master_secret_path")]),
+                                    deprecated_aliases=[deprecated_alias("master_secret_path")]),
             key_id=dict(type="str"),
-            state_disk_uuid=dict(type="str", aliases=["disk_uuid"], deprecated_aliases=[_deprecated("disk_uuid")]),
+            state_disk_uuid=dict(type="str", aliases=["disk_uuid"], deprecated_aliases=[deprecated_alias("disk_uuid")]),
             length=dict(type="int", default=32),
             dest=dict(type="path"),
             format=dict(type="str", choices=["raw", "hex", "base64"], default="raw"),

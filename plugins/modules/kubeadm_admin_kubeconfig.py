@@ -72,19 +72,11 @@ user:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import KUBEADM_ADMIN_KUBECONFIG_ARGS, stub_main
+
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type="path", required=True),
-            content=dict(type="str", required=True, no_log=True),
-            vault=dict(type="bool", default=False),
-            vault_id=dict(type="str"),
-        ),
-        supports_check_mode=True,
-    )
-    module.fail_json(msg="kubeadm_admin_kubeconfig runs on the controller through its action plugin; "
-                         "it cannot run as a module on a host")
+    stub_main(AnsibleModule, "kubeadm_admin_kubeconfig", argument_spec=KUBEADM_ADMIN_KUBECONFIG_ARGS)
 
 
 if __name__ == "__main__":

@@ -58,18 +58,11 @@ vault_encrypted:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import SECRET_FILE_ARGS, stub_main
+
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type="path", required=True),
-            vault=dict(type="bool", default=False),
-            vault_id=dict(type="str"),
-        ),
-        supports_check_mode=True,
-    )
-    module.fail_json(msg="master_secret runs on the controller through its action plugin; "
-                         "it cannot run as a module on a host")
+    stub_main(AnsibleModule, "master_secret", argument_spec=SECRET_FILE_ARGS)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 
 
@@ -156,20 +157,16 @@ def _run(module):
     return result
 
 
-def _deprecated(alias):
-    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),
             state=dict(type="str", choices=["signed", "verified"], default="verified"),
             # Renamed (docs/names.md: priv_key/pub_key, one suffix for files); the old names work until 2.0.0.
-            priv_key_file=dict(type="path", aliases=["private_key_path"], deprecated_aliases=[_deprecated("private_key_path")]),
+            priv_key_file=dict(type="path", aliases=["private_key_path"], deprecated_aliases=[deprecated_alias("private_key_path")]),
             priv_key_passphrase=dict(type="str", no_log=True, aliases=["private_key_passphrase"],
-                                     deprecated_aliases=[_deprecated("private_key_passphrase")]),
-            pub_key_file=dict(type="path", aliases=["public_key_path"], deprecated_aliases=[_deprecated("public_key_path")]),
+                                     deprecated_aliases=[deprecated_alias("private_key_passphrase")]),
+            pub_key_file=dict(type="path", aliases=["public_key_path"], deprecated_aliases=[deprecated_alias("public_key_path")]),
         ),
         supports_check_mode=True,
     )

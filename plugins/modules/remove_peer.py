@@ -26,10 +26,9 @@ author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
   - The Python package cryptography on the controller (attested TLS and the signatures it checks)
-  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
-    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
 extends_documentation_fragment:
   - constellation.cluster.attestation
+  - constellation.cluster.admin_key
 options:
   coordinator_public_endpoint:
     description: The activated Coordinator's public endpoint (host:port).
@@ -41,10 +40,6 @@ options:
   node_vpn_ip:
     description: The Node's VPN IP. One of O(node_public_ip) and O(node_vpn_ip).
     type: str
-  admin_priv_key_file:
-    description: The admin's private key file (the key pinned at activation).
-    type: path
-    required: true
   cluster_id:
     description: The cluster ID (standard base64); the Coordinator's PCR 15 must hold it.
     type: str
@@ -103,19 +98,12 @@ resource_version:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import attested_options
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import REMOVE_PEER_ARGS, stub_main
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **controller_options.REMOVE_PEER_ARGS),
-        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
-        supports_check_mode=True,
-    )
-    module.fail_json(msg="remove_peer runs on the controller through its action plugin; "
-                         "it cannot run as a module on a host")
+    stub_main(AnsibleModule, "remove_peer", **attested_options(REMOVE_PEER_ARGS))
 
 
 if __name__ == "__main__":

@@ -25,10 +25,9 @@ author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
   - The Python package cryptography on the controller (attested TLS and the signatures it checks)
-  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
-    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
 extends_documentation_fragment:
   - constellation.cluster.attestation
+  - constellation.cluster.admin_key
 options:
   endpoint:
     description: The peer's public endpoint (host:port).
@@ -37,10 +36,6 @@ options:
   public_ip:
     description: The peer's public IP; the agent refuses a reset that names another (a request sent to the wrong host).
     type: str
-    required: true
-  admin_priv_key_file:
-    description: The admin's private key file (the key pinned at activation).
-    type: path
     required: true
   cluster_id:
     description: The cluster ID (standard base64); a peer locked to another cluster is refused.
@@ -104,19 +99,12 @@ reachable:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.constellation.cluster.plugins.module_utils import controller_options
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import attested_options
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import RESET_AGENT_ARGS, stub_main
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **controller_options.RESET_AGENT_ARGS),
-        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
-        supports_check_mode=True,
-    )
-    module.fail_json(msg="reset_agent runs on the controller through its action plugin; "
-                         "it cannot run as a module on a host")
+    stub_main(AnsibleModule, "reset_agent", **attested_options(RESET_AGENT_ARGS))
 
 
 if __name__ == "__main__":

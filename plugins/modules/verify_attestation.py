@@ -22,8 +22,6 @@ author:
   - constellation.cluster contributors (@constellation-cluster)
 requirements:
   - The Python package cryptography on the controller (attested TLS and the signatures it checks)
-  - The Python package tpm2-pytss 3.0.0 or later on the controller, with the TPM2 TSS libraries (libtss2)
-    it is built against, to validate the TPM quotes of the C(qemu-vtpm) and C(qemu-vtpm-ek) variants
 extends_documentation_fragment:
   - constellation.cluster.attestation
 options:
@@ -123,21 +121,12 @@ warnings:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import attested_options
+from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import VERIFY_ATTESTATION_ARGS, stub_main
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            ATTESTATION_ARGUMENT_SPEC,
-            endpoint=dict(type="str", required=True),
-        ),
-        mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE,
-        supports_check_mode=True,
-    )
-    module.fail_json(msg="verify_attestation runs on the controller through its action plugin; "
-                         "it cannot run as a module on a host")
+    stub_main(AnsibleModule, "verify_attestation", **attested_options(VERIFY_ATTESTATION_ARGS))
 
 
 if __name__ == "__main__":

@@ -99,6 +99,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     HAS_CRYPTOGRAPHY,
@@ -181,8 +182,7 @@ def main():
             name=dict(type="str", default="wg0"),
             # Renamed (docs/names.md: priv_key); the old name works until 2.0.0.
             priv_key_file=dict(type="path", no_log=False, aliases=["private_key_file"],
-                               deprecated_aliases=[dict(name="private_key_file", version="2.0.0",
-                                                        collection_name="constellation.cluster")]),
+                               deprecated_aliases=[deprecated_alias("private_key_file")]),
             address=dict(type="str"),
             listen_port=dict(type="int", default=51820),
             mtu=dict(type="int", default=1420),

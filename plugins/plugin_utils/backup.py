@@ -180,17 +180,17 @@ def check_not_older(path: str, version: Optional[int], reached: Dict[str, Option
 def reached_versions(endpoints: List[str], settings, admin_priv_key, cluster_id: bytes) -> Dict[str, Optional[int]]:
     """The peer set version each Node at ``endpoints`` applied (attested, PCR 15 ours, GetState's details after
     AdminAuth); None for one that cannot be reached or is not a Node of this cluster."""
-    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import IS_NODE, OURS, peer_status
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import IS_NODE, OURS, peer_report
 
     reached: Dict[str, Optional[int]] = {}
     for endpoint in endpoints:
         try:
-            status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
+            report = peer_report(endpoint, settings, cluster_id, admin_priv_key)
         except (ConstellationError, OSError):
             reached[endpoint] = None
             continue
-        ours = status.membership == OURS and status.state == IS_NODE
-        reached[endpoint] = status.peer_resource_version if ours else None
+        ours = report.membership == OURS and report.state == IS_NODE
+        reached[endpoint] = report.peer_resource_version if ours else None
     return reached
 
 
@@ -345,23 +345,23 @@ def restore(endpoint: str, settings, kms_uri: str, measurement_salt: bytes, clus
     check mode): the highest version the Nodes applied, which the restored peer set continues above; it may refuse
     (``check_not_older``)."""
     from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import (
-        ACCEPTING_INIT, ACTIVATING_NODES, FRESH, OURS, ROLE_COORDINATOR, open_peer, status_of)
+        ACCEPTING_INIT, ACTIVATING_NODES, FRESH, OURS, ROLE_COORDINATOR, open_peer, report_of)
 
     result: Dict[str, Any] = {"changed": False, "endpoint": endpoint}
 
     def fresh(client) -> bool:
-        status = status_of(client, endpoint, cluster_id)
-        result.update(state_before=status.state, state=status.state)
-        if status.membership == OURS and status.role == ROLE_COORDINATOR and status.state == ACTIVATING_NODES:
+        report = report_of(client, endpoint, cluster_id)
+        result.update(state_before=report.state, state=report.state)
+        if report.membership == OURS and report.role == ROLE_COORDINATOR and report.state == ACTIVATING_NODES:
             result["note"] = "already a Coordinator of this cluster: nothing to restore"
             return False
-        if status.membership != FRESH or status.state != ACCEPTING_INIT:
+        if report.membership != FRESH or report.state != ACCEPTING_INIT:
             raise StateError("%s is %s (role %s, PCR 15 %s): a backup is restored only onto a fresh peer; reset it "
                              "(or recover a rebooted Coordinator with recover.yml)"
-                             % (endpoint, status.state, status.role, status.membership))
-        if status.role != constants.ROLE_UNKNOWN:
+                             % (endpoint, report.state, report.role, report.membership))
+        if report.role != constants.ROLE_UNKNOWN:
             raise StateError("%s holds a %s's state and waits for recovery: recover it with recover.yml instead of "
-                             "restoring a backup over it" % (endpoint, status.role))
+                             "restoring a backup over it" % (endpoint, report.role))
         return True
 
     if peer_version_floor is not None:  # the Nodes are asked only for a fresh peer, on no connection of its

@@ -15,7 +15,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    ATTESTATION_ARGUMENT_SPEC, ATTESTATION_MUTUALLY_EXCLUSIVE, pcr_rows, settings_from_args)
+    ATTESTATION_ARGUMENT_SPEC, attested_options, pcr_rows, settings_from_args)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError)
@@ -54,6 +54,17 @@ def valid_args(spec: dict) -> frozenset:
     return frozenset(names)
 
 
+def validated_args(spec: dict, task_args) -> dict:
+    """The task's arguments validated against the attestation options and ``spec``; a deprecated alias warns."""
+    validation = ArgumentSpecValidator(**attested_options(spec)).validate(task_args)
+    if validation.error_messages:
+        raise AnsibleActionFail("; ".join(validation.error_messages))
+    for deprecation in validation._deprecations:  # pylint: disable=protected-access
+        display.deprecated(deprecation["msg"], version=deprecation.get("version"),
+                           collection_name=deprecation.get("collection_name"))
+    return validation.validated_parameters
+
+
 class ClusterAction(ActionBase):
     """Runs on the controller whatever the host; subclasses set SPEC and implement ``act``."""
 
@@ -64,16 +75,7 @@ class ClusterAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        spec = dict(ATTESTATION_ARGUMENT_SPEC)
-        spec.update(self.SPEC)
-        validation = ArgumentSpecValidator(spec, mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE).validate(
-            self._task.args)
-        if validation.error_messages:
-            raise AnsibleActionFail("; ".join(validation.error_messages))
-        for deprecation in validation._deprecations:  # pylint: disable=protected-access
-            display.deprecated(deprecation["msg"], version=deprecation.get("version"),
-                               collection_name=deprecation.get("collection_name"))
-        args = validation.validated_parameters
+        args = validated_args(self.SPEC, self._task.args)
         try:
             settings = settings_from_args(args, self._loader.get_basedir())
             # A peer enrolled once in this run (qemu-vtpm-ek) is not enrolled again; every connection

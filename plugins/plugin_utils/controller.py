@@ -19,7 +19,7 @@ import contextlib
 import hmac
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, constants
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
@@ -28,6 +28,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.encoding imp
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, PeerUnreachable, StateError)
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import create_connection
+from ansible_collections.constellation.cluster.plugins.plugin_utils.peer_plan import Action, plan_peer
 
 
 ACCEPTING_INIT = constants.STATE_ACCEPTING_INIT
@@ -42,7 +43,7 @@ ATTEST_WORKERS = 16
 
 
 @dataclass
-class PeerStatus:
+class PeerReport:
     """What the controller learnt from one attested GetState."""
 
     endpoint: str
@@ -85,6 +86,14 @@ class PeerStatus:
                 "deployment_mode": self.deployment_mode, "host_root_trusted": self.host_root_trusted}
 
 
+class Planned(NamedTuple):
+    """One peer of activate_nodes: its report, the role it is given as, and what is done with it."""
+
+    report: PeerReport
+    as_role: str
+    action: Action
+
+
 def open_peer(endpoint: str, settings: AttestationSettings):
     """An AgentClient on an attested connection; AttestationError (with ``checks``) when refused."""
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
@@ -113,11 +122,11 @@ def open_coordinator(endpoint: str, settings: AttestationSettings, admin_priv_ke
     known), after AdminAuth: what every admin operation on the Coordinator opens (activate_nodes, RemovePeer,
     ExportState). Anything else is refused before the admin key is proven, naming what the peer is."""
     with open_peer(endpoint, settings) as client:
-        status = status_of(client, endpoint, cluster_id)
-        if status.role != ROLE_COORDINATOR or status.state != ACTIVATING_NODES \
-                or (cluster_id is not None and status.membership != OURS):
+        report = report_of(client, endpoint, cluster_id)
+        if report.role != ROLE_COORDINATOR or report.state != ACTIVATING_NODES \
+                or (cluster_id is not None and report.membership != OURS):
             raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)%s"
-                             % (endpoint, status.state, status.role, status.membership, purpose))
+                             % (endpoint, report.state, report.role, report.membership, purpose))
         client.admin_auth(admin_priv_key)
         yield client
 
@@ -130,7 +139,7 @@ def _prefixed(err: AttestationError, prefix: str) -> AttestationError:
     return new
 
 
-def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key=None) -> PeerStatus:
+def report_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key=None) -> PeerReport:
     """``admin_priv_key``: GetState tells anyone only state and role (least disclosure); with the admin key an
     activated (or waiting) peer's details (VPN IP and key, evicted peers, etcd member) are read after AdminAuth on this
     connection. A peer that refuses the key (not ours) keeps its details; the caller decides from the state."""
@@ -146,7 +155,7 @@ def status_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
         else:
             state = client.get_state()
     pcr15 = validation.pcrs.get(15, b"")
-    return PeerStatus(endpoint=endpoint, state=str(state.get("state")), role=str(state.get("role")),
+    return PeerReport(endpoint=endpoint, state=str(state.get("state")), role=str(state.get("role")),
                       membership=cluster_membership(validation.pcrs, cluster_id), pcrs=pcr_rows(validation.checks),
                       pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
                       vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
@@ -174,11 +183,11 @@ def _opt_str(value: Any) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
-def peer_status(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes] = None,
-                admin_priv_key=None) -> PeerStatus:
-    """Attests the peer and asks its state (read-only; its details with ``admin_priv_key``, see status_of)."""
+def peer_report(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes] = None,
+                admin_priv_key=None) -> PeerReport:
+    """Attests the peer and asks its state (read-only; its details with ``admin_priv_key``, see report_of)."""
     with open_peer(endpoint, settings) as client:
-        return status_of(client, endpoint, cluster_id, admin_priv_key)
+        return report_of(client, endpoint, cluster_id, admin_priv_key)
 
 
 def decode_salt(value: Any, field_name: str = "measurement_salt") -> bytes:
@@ -205,27 +214,27 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
     cluster_id = derive_cluster_id(kms_uri, measurement_salt)
     result: Dict[str, Any] = {"cluster_id": base64.b64encode(cluster_id).decode(), "changed": False}
     with open_peer(endpoint, settings) as client:
-        status = status_of(client, endpoint, cluster_id, admin_priv_key)
-        result["state_before"] = status.state
-        if status.membership == OURS:
-            if status.role != ROLE_COORDINATOR or status.state != ACTIVATING_NODES:
+        report = report_of(client, endpoint, cluster_id, admin_priv_key)
+        result["state_before"] = report.state
+        if report.membership == OURS:
+            if report.role != ROLE_COORDINATOR or report.state != ACTIVATING_NODES:
                 raise StateError("%s belongs to this cluster but is %s (role %s), not an activated Coordinator"
-                                 % (endpoint, status.state, status.role))
-            result["state"] = status.state
+                                 % (endpoint, report.state, report.role))
+            result["state"] = report.state
             if admin_priv_key is not None:
                 client.admin_auth(admin_priv_key)  # the admin key pinned at activation is still ours
-            result.update(coordinator_vpn_ip=status.vpn_ip, coordinator_vpn_pub_key=status.vpn_pub_key)
+            result.update(coordinator_vpn_ip=report.vpn_ip, coordinator_vpn_pub_key=report.vpn_pub_key)
             return result
-        if status.membership == OTHER:
+        if report.membership == OTHER:
             raise StateError("%s is locked to another cluster (PCR 15 %s does not hold the cluster ID derived from "
                              "this KMS URI and measurement salt); it is not activated again"
-                             % (endpoint, status.pcr15))
-        if status.state != ACCEPTING_INIT:
+                             % (endpoint, report.pcr15))
+        if report.state != ACCEPTING_INIT:
             raise StateError("%s is %s: only a peer in AcceptingInit can be activated as Coordinator"
-                             % (endpoint, status.state))
+                             % (endpoint, report.state))
         result["changed"] = True
         if check_mode:
-            result.update(state=status.state, coordinator_vpn_ip=None, coordinator_vpn_pub_key=None)
+            result.update(state=report.state, coordinator_vpn_ip=None, coordinator_vpn_pub_key=None)
             return result
         answer = client.activate_as_coordinator(kms_uri, measurement_salt, admin_pub_key, storage_uri=storage_uri,
                                                 cluster_config=dict(cluster_config or {}), init_secret=secret)
@@ -235,13 +244,6 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
     result.update(state=answer.get("state"), coordinator_vpn_ip=answer.get("coordinator_vpn_ip"),
                   coordinator_vpn_pub_key=answer.get("coordinator_vpn_pub_key"))
     return result
-
-
-def _next_step(state: str) -> str:
-    if state == constants.STATE_FAILED:
-        return ": it cannot be resumed; its agent log says why. Reset the node (wipe its agent state, reboot) " \
-               "and run add_nodes.yml"
-    return ""
 
 
 def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List[str], settings: AttestationSettings,
@@ -255,67 +257,38 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
 
     Attests every further Coordinator and node, then asks the Coordinator (admin-authenticated) to
     activate the fresh ones (Coordinators first) and to resume nodes locked to our cluster whose
-    activation was interrupted (NodeWaitingForClusterJoin). Returns changed and one row per peer:
-    endpoint, role, state_before, action (none, activate, resume, readmit), node_vpn_ip."""
+    activation was interrupted (NodeWaitingForClusterJoin). What to do with each peer is plan_peer's decision
+    (peer_plan.py); this attests, plans every peer, refuses the run if any peer is refused, and executes the plan.
+    Returns changed and one row per peer: endpoint, role, state_before, action (none, activate, resume, readmit),
+    node_vpn_ip."""
     planes = set(control_plane_public_endpoints or ())
     if not planes <= set(node_public_endpoints):
         raise InputError("control_plane_public_endpoints", "endpoints of node_public_endpoints",
                          ", ".join(sorted(planes - set(node_public_endpoints))))
-    rows: List[Dict[str, Any]] = []
-    fresh: List[str] = []
-    fresh_coordinators: List[str] = []
-    refused: List[str] = []
     # The activating Coordinator is no further Coordinator of its own: an inventory's whole group may be given.
     further = list(dict.fromkeys(e for e in coordinator_public_endpoints if e != coordinator_public_endpoint))
     nodes = list(dict.fromkeys(node_public_endpoints))  # unique, in order
-    statuses = _statuses(further + nodes, settings, cluster_id, admin_priv_key)
-    for endpoint in further:
-        status = statuses[endpoint]
-        row = {"endpoint": endpoint, "role": ROLE_COORDINATOR, "state_before": status.state, "node_vpn_ip": status.vpn_ip}
-        if status.membership == OURS and status.role == ROLE_COORDINATOR and status.state == ACTIVATING_NODES:
-            row["action"] = "none"
-        elif status.membership == FRESH and status.state == ACCEPTING_INIT:
-            row["action"] = "activate"
-            fresh_coordinators.append(endpoint)
-        else:
-            row["action"] = "refused"
-            refused.append("%s is %s (role %s, PCR 15 %s): not a Coordinator of this cluster; reset it and run again"
-                           % (endpoint, status.state, status.role, status.membership))
-        rows.append(row)
+    reports = _reports(further + nodes, settings, cluster_id, admin_priv_key)
     # Nodes the Coordinator evicted (failed re-attestation) come back only this way, once they pass again.
     evicted, removed = set(), set()
     if node_public_endpoints:
         evicted_rows, removed_rows = _coordinator_outcasts(coordinator_public_endpoint, settings, cluster_id, admin_priv_key)
         evicted = {e.get("vpn_ip") for e in evicted_rows}
         removed = {e.get("vpn_pub_key") for e in removed_rows}
-    for endpoint in nodes:
-        status = statuses[endpoint]
-        row = {"endpoint": endpoint, "role": "node", "state_before": status.state, "node_vpn_ip": status.vpn_ip}
-        if status.membership == OURS and status.vpn_pub_key and status.vpn_pub_key in removed:
-            # Removed by the admin (remove_node.yml): it comes back only as a new peer.
-            row["action"] = "refused"
-            refused.append("%s was removed from this cluster (remove_node.yml): reset it (reset.yml), reboot it, then "
-                           "run add_nodes.yml again" % endpoint)
-        elif status.membership == OURS and status.state == IS_NODE and status.vpn_ip in evicted:
-            row["action"] = "readmit"
-            fresh.append(endpoint)
-        elif status.membership == OURS and status.state == IS_NODE:
-            row["action"] = "none"
-        elif status.membership == FRESH and status.state == ACCEPTING_INIT:
-            row["action"] = "activate"
-            fresh.append(endpoint)
-        elif status.membership == OURS and status.state == NODE_WAITING:
-            row["action"] = "resume"
-            fresh.append(endpoint)
-        elif status.membership == OURS or (status.membership == OTHER and cluster_id is None):
-            row["action"] = "refused"
-            refused.append("%s is %s (role %s)%s" % (endpoint, status.state, status.role, _next_step(status.state)))
-        else:
-            row["action"] = "refused"
-            refused.append("%s is locked to another cluster (PCR 15 %s)" % (endpoint, status.pcr15))
-        rows.append(row)
+    plan: List[Planned] = []
+    for endpoint, as_role in [(e, ROLE_COORDINATOR) for e in further] + [(e, "node") for e in nodes]:
+        report = reports[endpoint]
+        plan.append(Planned(report, as_role, plan_peer(as_role, report.membership, report.state, report.role,
+                                                       cluster_id_known=cluster_id is not None,
+                                                       evicted=report.vpn_ip in evicted,
+                                                       removed=bool(report.vpn_pub_key) and report.vpn_pub_key in removed)))
+    refused = [p.action.reason(p.report) for p in plan if p.action.refused]
     if refused:
         raise StateError("cannot activate these peers: " + "; ".join(refused))
+    rows = [{"endpoint": p.report.endpoint, "role": p.as_role, "state_before": p.report.state,
+             "node_vpn_ip": p.report.vpn_ip, "action": p.action.row} for p in plan]
+    fresh = [p.report.endpoint for p in plan if p.action.sent and p.as_role != ROLE_COORDINATOR]
+    fresh_coordinators = [p.report.endpoint for p in plan if p.action.sent and p.as_role == ROLE_COORDINATOR]
     result: Dict[str, Any] = {"changed": bool(fresh or fresh_coordinators), "nodes": rows, "resource_version": None}
     if not (fresh or fresh_coordinators) or check_mode:
         return result
@@ -325,8 +298,8 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
                                                   node_names={e: n for e, n in (node_names or {}).items() if e in fresh})
     by_endpoint = {n.get("node_public_endpoint"): n for n in answer.get("nodes", [])}
     failures = []
-    for row in rows:
-        if row["action"] not in ("activate", "resume", "readmit"):
+    for row, planned in zip(rows, plan):
+        if not planned.action.sent:
             continue
         node = by_endpoint.get(row["endpoint"], {})
         row["node_vpn_ip"] = node.get("node_vpn_ip")
@@ -340,13 +313,13 @@ def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List
     return result
 
 
-def _statuses(endpoints: List[str], settings: AttestationSettings, cluster_id: Optional[bytes],
-              admin_priv_key) -> Dict[str, PeerStatus]:
-    """{endpoint: attested status}, ATTEST_WORKERS peers at a time; the first refusal (in the order given) is raised."""
+def _reports(endpoints: List[str], settings: AttestationSettings, cluster_id: Optional[bytes],
+             admin_priv_key) -> Dict[str, PeerReport]:
+    """{endpoint: attested report}, ATTEST_WORKERS peers at a time; the first refusal (in the order given) is raised."""
     if not endpoints:
         return {}
     with ThreadPoolExecutor(max_workers=min(ATTEST_WORKERS, len(endpoints)), thread_name_prefix="attest") as pool:
-        return dict(zip(endpoints, pool.map(lambda e: peer_status(e, settings, cluster_id, admin_priv_key), endpoints)))
+        return dict(zip(endpoints, pool.map(lambda e: peer_report(e, settings, cluster_id, admin_priv_key), endpoints)))
 
 
 def coordinator_evictions(endpoint: str, settings: AttestationSettings,
@@ -361,12 +334,12 @@ def _coordinator_outcasts(endpoint: str, settings: AttestationSettings, cluster_
     """(evicted, removed) from the Coordinator's attested GetState after AdminAuth (([], []) if it is not an
     activated Coordinator of this cluster)."""
     try:
-        status = peer_status(endpoint, settings, cluster_id, admin_priv_key)
+        report = peer_report(endpoint, settings, cluster_id, admin_priv_key)
     except ConstellationError:
         return [], []
-    if status.role != ROLE_COORDINATOR or (cluster_id is not None and status.membership != OURS):
+    if report.role != ROLE_COORDINATOR or (cluster_id is not None and report.membership != OURS):
         return [], []
-    return status.evicted, status.removed
+    return report.evicted, report.removed
 
 
 REJOIN_TIMEOUT = 60.0
@@ -379,18 +352,18 @@ def recover_peer(endpoint: str, settings: AttestationSettings, kms_uri: str, clu
     KMS URI (Recover); a Node never does: it rejoins by itself with a ticket from its Coordinator
     (IssueRejoinTicket), and this waits (attested GetState) until it has."""
     with open_peer(endpoint, settings) as client:
-        status = status_of(client, endpoint, cluster_id)
-        result: Dict[str, Any] = {"changed": False, "state_before": status.state, "state": status.state}
-        if status.membership == OURS:
+        report = report_of(client, endpoint, cluster_id)
+        result: Dict[str, Any] = {"changed": False, "state_before": report.state, "state": report.state}
+        if report.membership == OURS:
             return result
-        if status.membership == OTHER:
-            raise StateError("%s is locked to another cluster (PCR 15 %s)" % (endpoint, status.pcr15))
-        if status.state != ACCEPTING_INIT:
-            raise StateError("%s is %s with PCR 15 reset: it cannot be recovered" % (endpoint, status.state))
+        if report.membership == OTHER:
+            raise StateError("%s is locked to another cluster (PCR 15 %s)" % (endpoint, report.pcr15))
+        if report.state != ACCEPTING_INIT:
+            raise StateError("%s is %s with PCR 15 reset: it cannot be recovered" % (endpoint, report.state))
         if check_mode:
-            result["changed"] = status.role in (ROLE_COORDINATOR, ROLE_NODE)
+            result["changed"] = report.role in (ROLE_COORDINATOR, ROLE_NODE)
             return result
-        if status.role == ROLE_NODE:
+        if report.role == ROLE_NODE:
             return _wait_for_rejoin(endpoint, settings, cluster_id, result, rejoin_timeout)
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
         try:
@@ -412,16 +385,16 @@ def _wait_for_rejoin(endpoint: str, settings: AttestationSettings, cluster_id: O
     import time
 
     deadline = time.monotonic() + timeout
-    status = None
+    report = None
     while time.monotonic() < deadline:
-        status = peer_status(endpoint, settings, cluster_id)
-        if status.membership == OURS and status.state == IS_NODE:
-            result.update(changed=True, state=status.state, note="rejoined with a ticket from its Coordinator")
+        report = peer_report(endpoint, settings, cluster_id)
+        if report.membership == OURS and report.state == IS_NODE:
+            result.update(changed=True, state=report.state, note="rejoined with a ticket from its Coordinator")
             return result
         time.sleep(REJOIN_POLL)
     raise StateError("%s did not rejoin within %d s (it is %s, PCR 15 %s): its agent pulls a rejoin ticket from the "
                      "Coordinator, which must be recovered and reachable; its agent log says why"
-                     % (endpoint, timeout, status.state if status else "?", status.membership if status else "?"))
+                     % (endpoint, timeout, report.state if report else "?", report.membership if report else "?"))
 
 
 def remove_peer(coordinator_public_endpoint: str, settings: AttestationSettings, admin_priv_key,
@@ -452,20 +425,20 @@ def reset_agent(endpoint: str, settings: AttestationSettings, admin_priv_key, pu
     import time
 
     with open_peer(endpoint, settings) as client:
-        status = status_of(client, endpoint, cluster_id)
-        result: Dict[str, Any] = {"changed": False, "state_before": status.state, "state": status.state,
-                                  "role_before": status.role, "wiped": [],
-                                  "reboot_needed": status.membership != FRESH}
-        if status.membership == OTHER and cluster_id is not None:
-            raise StateError("%s is locked to another cluster (PCR 15 %s): not reset" % (endpoint, status.pcr15))
-        if status.state == ACCEPTING_INIT and status.role not in (ROLE_COORDINATOR, ROLE_NODE):
+        report = report_of(client, endpoint, cluster_id)
+        result: Dict[str, Any] = {"changed": False, "state_before": report.state, "state": report.state,
+                                  "role_before": report.role, "wiped": [],
+                                  "reboot_needed": report.membership != FRESH}
+        if report.membership == OTHER and cluster_id is not None:
+            raise StateError("%s is locked to another cluster (PCR 15 %s): not reset" % (endpoint, report.pcr15))
+        if report.state == ACCEPTING_INIT and report.role not in (ROLE_COORDINATOR, ROLE_NODE):
             result["msg"] = "holds no cluster state (fresh)"
             return result
-        if status.state == constants.STATE_FAILED:
+        if report.state == constants.STATE_FAILED:
             result["msg"] = ("Failed: reset already and waiting for a reboot, or holding a state it cannot use; "
                              "after a reboot it is fresh or says why")
             return result
-        if status.role == ROLE_COORDINATOR and not force:
+        if report.role == ROLE_COORDINATOR and not force:
             raise StateError("%s is a Coordinator: resetting it takes the cluster's state with it (take it out "
                              "first: remove_coordinator.yml; or force)" % endpoint)
         result["changed"] = True
@@ -481,7 +454,7 @@ def reset_agent(endpoint: str, settings: AttestationSettings, admin_priv_key, pu
     while True:
         try:
             with open_peer(endpoint, settings) as client:
-                after = status_of(client, endpoint, cluster_id)
+                after = report_of(client, endpoint, cluster_id)
             if after.role not in (ROLE_COORDINATOR, ROLE_NODE):
                 result.update(state=after.state, reboot_needed=after.membership != FRESH)
                 break

@@ -29,7 +29,7 @@ from lab.lab import Lab
 from tests.support.playbook import LabPlaybooks
 from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret
-from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
 
 pytestmark = pytest.mark.lab
 
@@ -42,7 +42,7 @@ class Cluster(LabPlaybooks):
         self.backups = inv / "backups"
 
     def status(self, name: str):
-        return peer_status(self.lab.host(name).public_endpoint, self.attestation_settings(), self.cluster_id(),
+        return peer_report(self.lab.host(name).public_endpoint, self.attestation_settings(), self.cluster_id(),
                            self.admin_key())
 
     def master(self) -> MasterSecret:

@@ -26,14 +26,14 @@ from lab.agent import agent_dir, start_agent
 from lab.lab import Lab
 from tests.support.playbook import LabPlaybooks, PlayRun
 from tests.support.wait import until
-from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
 
 pytestmark = pytest.mark.lab
 
 
 class Cluster(LabPlaybooks):
     def status(self, name: str):
-        return peer_status(self.lab.host(name).public_endpoint, self.attestation_settings(), None, self.admin_key())
+        return peer_report(self.lab.host(name).public_endpoint, self.attestation_settings(), None, self.admin_key())
 
     def wg_peers(self, name: str) -> set:
         return set(self.lab.host(name).run(["wg", "show", "wg0", "peers"], check=False).stdout.split())

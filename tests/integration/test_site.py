@@ -31,7 +31,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
-from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_status
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import MasterSecret
 
 pytestmark = pytest.mark.lab
@@ -64,7 +64,7 @@ class Site:
                                        "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
         key_file = self.inv / "admin_key"  # GetState's details (VPN IP and key) only after AdminAuth
         admin_key = load_priv_key(key_file.read_bytes()) if key_file.exists() else None
-        return peer_status(self.lab.host(name).public_endpoint, settings, cluster_id, admin_key)
+        return peer_report(self.lab.host(name).public_endpoint, settings, cluster_id, admin_key)
 
     def secrets(self):
         vault = VaultLib([("default", VaultSecret(self.vault_pass.read_text().strip().encode()))])

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     DEFAULT_SET_NAME, PCR_INDEX_CLUSTER_ID, Policy, expected_pcr15, parse_policy)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
@@ -27,26 +28,28 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_ATTESTATION_TIMEOUT = 30.0
 
 
-def _deprecated(alias: str) -> Dict[str, str]:
-    """An old option name that keeps working, with a deprecation warning, until 2.0.0 (docs/names.md)."""
-    return dict(name=alias, version="2.0.0", collection_name="constellation.cluster")
-
-
 # The options every attesting plugin shares (an Ansible argument spec fragment).
 ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
     measurements=dict(type="dict"),
-    measurements_file=dict(type="path", aliases=["measurements_path"], deprecated_aliases=[_deprecated("measurements_path")]),
+    measurements_file=dict(type="path", aliases=["measurements_path"], deprecated_aliases=[deprecated_alias("measurements_path")]),
     variant=dict(type="str", choices=list(VARIANTS), default=choose.DEFAULT_VARIANT),
     ek_ca_path=dict(type="path"),
     # The acknowledgement variant qemu-vtpm needs (attestation/choose.py check_variant_allowed).
     insecure_trust_any_ak=dict(type="bool", default=False),
     measurements_pub_key_file=dict(type="path", aliases=["measurements_public_key_path"],
-                                   deprecated_aliases=[_deprecated("measurements_public_key_path")]),
+                                   deprecated_aliases=[deprecated_alias("measurements_public_key_path")]),
     netns=dict(type="str"),
     timeout=dict(type="float", default=DEFAULT_TIMEOUT),
     attestation_timeout=dict(type="float", default=DEFAULT_ATTESTATION_TIMEOUT),
 )
 ATTESTATION_MUTUALLY_EXCLUSIVE = [("measurements", "measurements_file")]
+
+
+def attested_options(options: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """The keyword arguments (argument_spec, mutually_exclusive) of an AnsibleModule or ArgumentSpecValidator
+    that takes the attestation options and ``options``."""
+    return dict(argument_spec=dict(ATTESTATION_ARGUMENT_SPEC, **options), mutually_exclusive=ATTESTATION_MUTUALLY_EXCLUSIVE)
+
 
 # What PCR 15 says about a peer (docs/attestation.md, "PCR 15 and the cluster ID"): never locked, locked to our cluster, or to another.
 FRESH = "fresh"

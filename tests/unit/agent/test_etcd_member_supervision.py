@@ -130,9 +130,9 @@ def verify_problems(name, status, coordinators=("h1", "h2")):
     (None, []),  # one Coordinator, no etcd member: nothing to report
 ])
 def test_verify_fails_a_coordinator_whose_member_is_stopped(etcd_member, problems):
-    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import PeerStatus
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import PeerReport
 
-    status = PeerStatus(endpoint="192.0.2.2:9000", state="ActivatingNodes", role="coordinator", membership="ours",
+    status = PeerReport(endpoint="192.0.2.2:9000", state="ActivatingNodes", role="coordinator", membership="ours",
                         etcd_member=etcd_member)
     assert verify_problems("h2", status) == problems
 
