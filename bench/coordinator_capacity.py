@@ -27,7 +27,7 @@ Per size N (default 100, 1,000 and 5,000 peers: the Coordinator and N - 1 Nodes)
 
 Phases (the same Coordinator, one after the other): ``idle`` (N peers registered, nothing asks: the
 baseline), ``polls`` (the Nodes poll; no re-attestation), ``full`` (polls and re-attestation at the
-defaults, the spread schedule of core/reattest_loop.py). The Coordinator's CPU seconds per second are read
+defaults, the spread schedule of core/eviction/reattest_loop.py). The Coordinator's CPU seconds per second are read
 from /proc/<pid>/stat over each window after a warm-up. The poll latency is the Node's (connect to
 answer). Where the Coordinator's time goes: the costs of a poll's parts in its process, measured there.
 

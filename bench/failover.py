@@ -11,7 +11,7 @@ so loopback addresses are VPN IPs.
   server path, unchanged.
 * ``follower_nochange_ms_N``: the same poll against a follower: a Coordinator whose store lists the 3
   members of an etcd cluster that another Coordinator (the writer) filled. With more than one endpoint
-  a read compares the stored peersResourceVersion with the one in memory (core/peer_cache.py), at most
+  a read compares the stored peersResourceVersion with the one in memory (core/registry/cache.py), at most
   once per FOLLOW_INTERVAL (0.1 s): back-to-back polls share it. ``follower_every_read_ms_N``: the same
   with a version read on every poll (the worst case). ``leader_nochange_ms_N``: the writer itself.
 * ``failover_s``: Coordinators A and B on the 3-member cluster, A's store talking to the etcd raft
@@ -69,9 +69,9 @@ from lab.swtpm import SwTPM, free_port  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils import core  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import DEFAULT_UPDATE_INTERVAL  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import FOLLOW_INTERVAL  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.cache import FOLLOW_INTERVAL  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerUpdate  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import PeerUpdate  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import (  # noqa: E402
     FAILOVER_CONNECT_TIMEOUT, ask_in_turn)

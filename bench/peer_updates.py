@@ -14,7 +14,7 @@ with the current version, close): median ms. Same run, same server: the poll wit
 vpnapi would answer it with the source IP as the only identity, to show what the proof costs. The VPN CIDR is
 127.0.0.0/16 so that loopback addresses are VPN IPs (no namespace needed). Baseline, same run, same
 server: the registry loaded from the store for the known-peer check and for GetUpdate (what the
-Coordinator did before the in-memory registry, core/peer_cache.py).
+Coordinator did before the in-memory registry, core/registry/cache.py).
 
     python bench/peer_updates.py [--no-server] [--polls 300]
 
@@ -37,9 +37,9 @@ sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "
                 os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
 os.environ.setdefault("TSS2_LOG", "all+none")
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord  # noqa: E402
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import VersionedPeerSet  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import VersionedPeerSet  # noqa: E402
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (  # noqa: E402
     generate_priv_key,
     pub_key_from_priv_key,
@@ -333,7 +333,7 @@ def main() -> None:
             result["baseline_server_store_reload_ms_%d%s" % (n, suffix)] = round(r["baseline_store_reload_ms"], 3)
             result["restart_load_ms_%d%s" % (n, suffix)] = round(r["restart_load_ms"], 1)
         print("baseline = the same server and Core reading the registry from the store for the known-peer check")
-        print("           and GetUpdate (before core/peer_cache.py); server_nochange_ms_N is the file store,")
+        print("           and GetUpdate (before core/registry/cache.py); server_nochange_ms_N is the file store,")
         print("           *_etcd the etcd store. no/with PeerAuth: the same Core, two servers polled in turn (5")
         print("           rounds, median): the vpnapi with the source IP only and with the WireGuard key proof.")
     print(json.dumps(result))

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import fileutil
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import init_secret_hash
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import init_secret_hash
 
 # Made once per lab, while agents start in parallel threads: the init secret and the signing key.
 _LOCK = threading.Lock()

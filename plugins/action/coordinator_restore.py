@@ -21,7 +21,7 @@ class ActionModule(ClusterAction):
     def act(self, args, settings):
         from cryptography.hazmat.primitives import serialization
 
-        from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret
+        from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import parse_init_secret
         from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
         from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
         from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import decode_salt

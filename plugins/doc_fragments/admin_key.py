@@ -7,7 +7,7 @@ from __future__ import annotations
 
 class ModuleDocFragment:
     """The admin key option of the day-2 actions that authenticate as the admin (AdminAuth): admit_nodes,
-    remove_peer, reset_agent (module_utils/admin_key.py loads the key)."""
+    remove_peer, reset_agent (module_utils/rpc/admin_key.py loads the key)."""
 
     DOCUMENTATION = r"""
 options:

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filter init_secret_hash: a thin adapter over module_utils/init_secret.py.
+"""Filter init_secret_hash: a thin adapter over module_utils/kms/init_secret.py.
 Its documentation is in init_secret_hash.yml next to this file."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import init_secret_hash as _hash
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import init_secret_hash as _hash
 
 
 def init_secret_hash(init_secret, public_ip):

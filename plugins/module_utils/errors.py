@@ -27,7 +27,7 @@ REASON_INIT_PROOF = "init_proof"  # activation refused: a missing or wrong proof
 REASON_EVICTED = "evicted"  # the peer failed re-attestation and was evicted (docs/agent.md)
 REASON_UNVERIFIED = "unverified"  # the peer could not be re-attested for a while: no new secret (docs/agent.md)
 REASON_RATE_LIMITED = "rate_limited"  # too many requests of this kind (EnrollAK): try again later
-REASON_NOT_ADMITTED = "not_admitted"  # a join refused: the admin did not admit the node's EK (core/admission.py)
+REASON_NOT_ADMITTED = "not_admitted"  # a join refused: the admin did not admit the node's EK (core/admissions.py)
 
 # How much of a wrong value an InputError shows.
 MAX_GOT = 200
@@ -60,7 +60,7 @@ class PeerUnreachable(ConstellationError):
     """No verdict on the peer: the connection or the aTLS handshake failed, timed out, was reset or
     ended before the peer's attestation arrived (or its validation could not finish in time). It is
     never a failed attestation (AttestationError): re-attestation counts it as an unreachable round
-    (core/trust.py), the connection plugin reports the host unreachable with the reason."""
+    (core/eviction/peer_trust.py), the connection plugin reports the host unreachable with the reason."""
 
 
 class RateLimited(ConstellationError):

@@ -150,7 +150,7 @@ def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending
     activate or resume the peer (its state is not checked yet); ``mesh_self``: the peer's attested VPN
     identity ({} when it takes no part in the mesh: not attested, pending or evicted); ``mesh_result``:
     the mesh command's registered result (None or skipped: it did not run); ``unverified``: the Coordinator's
-    record of the peer when it could not re-attest it for a while (core/trust.py), {} otherwise."""
+    record of the peer when it could not re-attest it for a while (core/eviction/peer_trust.py), {} otherwise."""
     problems = []
     if eviction and eviction.get("role") == "coordinator":
         # A Coordinator evicted by the leader (docs/store.md, "Evicting a Coordinator"): no re-admission.

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The admin admits nodes to join (the action admit_nodes; AdmitNodes, core/admission.py): each node's EK read on
+"""The admin admits nodes to join (the action admit_nodes; AdmitNodes, core/admissions.py): each node's EK read on
 the controller, then one request to the Coordinator through ``controller.open_coordinator``."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def admission_ek(node: Dict[str, Any], settings: AttestationSettings, index: int
 
 def admit_nodes(coordinator_public_endpoint: str, nodes: Sequence[Dict[str, Any]], settings: AttestationSettings,
                 admin_priv_key, cluster_id: Optional[bytes] = None, check_mode: bool = False) -> Dict[str, Any]:
-    """Admits (or, ``state: absent``, removes) nodes to join on the Coordinator (AdmitNodes, core/admission.py),
+    """Admits (or, ``state: absent``, removes) nodes to join on the Coordinator (AdmitNodes, core/admissions.py),
     attested and admin-authenticated; each node's EK from ``admission_ek``. ``check_mode``: the Coordinator only
     predicts. The Coordinator's answer plus ``before`` (its admissions before)."""
     request = []

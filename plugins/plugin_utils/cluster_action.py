@@ -104,7 +104,7 @@ class ClusterAction(ActionBase):
         return b64decode(value, "cluster_id", 32)
 
     def load_admin_priv_key(self, path):
-        from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
         try:
             with open(path, "rb") as handle:
                 return load_priv_key(handle.read())

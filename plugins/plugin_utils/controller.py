@@ -208,7 +208,7 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
     """Activates the Coordinator unless it already is ours. Returns changed, cluster_id (b64),
     coordinator_vpn_ip, coordinator_vpn_pub_key, state. ``init_secret``: the cluster's init secret
     (std base64), proven to a peer provisioned with an init_secret_hash."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import parse_init_secret
+    from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import parse_init_secret
 
     secret = parse_init_secret(init_secret) if init_secret else None
     cluster_id = derive_cluster_id(kms_uri, measurement_salt)
@@ -401,7 +401,7 @@ def remove_peer(coordinator_public_endpoint: str, settings: AttestationSettings,
                 node_public_ip: Optional[str] = None, node_vpn_ip: Optional[str] = None,
                 cluster_id: Optional[bytes] = None, check_mode: bool = False) -> Dict[str, Any]:
     """Asks the Coordinator (attested, admin-authenticated) to remove the Node with this public or VPN IP
-    (RemovePeer, core/peer_removal.py); ``check_mode``: it only reports. The Coordinator's answer:
+    (RemovePeer, core/removal.py); ``check_mode``: it only reports. The Coordinator's answer:
     changed, msg, peer, kubernetes_node_names, disk_uuid, control_plane, evicted."""
     with open_coordinator(coordinator_public_endpoint, settings, admin_priv_key, cluster_id) as client:
         fields: Dict[str, Any] = {"check": bool(check_mode)}

@@ -198,7 +198,7 @@ def coordinator_vpnapi(tmp_path, dirs, monkeypatch):
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
     from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
     from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
-    from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+    from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN
 
     class LoopbackVPN(RecordingVPN):
         vpn_cidr = "127.0.0.0/16"

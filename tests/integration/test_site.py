@@ -30,7 +30,7 @@ from tests.support.playbook import PlayRun, run_playbook
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
-from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import MasterSecret
 

@@ -32,7 +32,7 @@ from lab.image import lab_measurements
 from lab.netns import NetNS
 from tests.support.cluster import LabCluster, lab_cluster
 from tests.support.wait import until
-from ansible_collections.constellation.cluster.plugins.module_utils import init_secret as init_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.kms import init_secret as init_mod
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError

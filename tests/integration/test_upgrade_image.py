@@ -29,7 +29,7 @@ from tests.support import ROOT, VENV_BIN
 from tests.support.cluster import LabCluster, lab_cluster
 from tests.support.playbook import run_playbook
 from tests.support.wait import until
-from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy

@@ -23,7 +23,7 @@ import yaml
 from tests.support import ROOT, VENV_BIN
 from tests.support.playbook import run_playbook
 
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import KUBEADM_DOUBLE, ApiServerStandIn, build_double_cluster
+from ansible_collections.constellation.cluster.tests.support.kube_standin import KUBEADM_DOUBLE, ApiServerStandIn, build_double_cluster
 
 OLD, NEW = "v1.31.1", "v1.32.0"
 HOSTS = {"h1": "control-plane-0", "h2": "control-plane-1", "h3": "worker-0"}

@@ -163,6 +163,6 @@ class LabPlaybooks:
 
     def admin_key(self):
         """The admin's private key site.yml wrote to the inventory."""
-        from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
+        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
 
         return load_priv_key((self.inv / "admin_key").read_bytes())

@@ -54,11 +54,11 @@ class AdminHandlers:
         self.context = context
         self.status = status
         self.backup = backup  # core/backup.py: ExportState
-        self.removal = removal  # core/peer_removal.py (RemovePeer)
+        self.removal = removal  # core/removal.py (RemovePeer)
         # ResetAgent: the agent's ``AgentReset.request`` (agent/reset.py): after the answer it stops, wipes, starts fresh.
         self.reset = reset
         self.measurements = measurements  # core/accepted_measurements.py (SetMeasurements)
-        self.admissions = admissions  # core/admission.py (AdmitNodes)
+        self.admissions = admissions  # core/admissions.py (AdmitNodes)
         self._issue = issue
         self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
@@ -145,7 +145,7 @@ class AdminHandlers:
 
     # -- Day-2: RemovePeer (on the Coordinator), ResetAgent (on the peer to reset)
     def remove_peer(self, conn: Connection, request: schema.RemovePeerRequest) -> None:
-        """The admin removes a Node (core/peer_removal.py); a Node refuses (the Core: not a Coordinator)."""
+        """The admin removes a Node (core/removal.py); a Node refuses (the Core: not a Coordinator)."""
         if self.removal is None:
             raise AccessDenied("RemovePeer: this agent removes no peers")
         result = self.removal.remove_node(public_ip=request.node_public_ip, vpn_ip=request.node_vpn_ip,
@@ -154,7 +154,7 @@ class AdminHandlers:
         conn.stream.send_result(result)
 
     def admit_nodes(self, conn: Connection, request: schema.AdmitNodesRequest) -> None:
-        """The admin admits nodes to join (core/admission.py): admin only, on an activated Coordinator (declared in
+        """The admin admits nodes to join (core/admissions.py): admin only, on an activated Coordinator (declared in
         the schema, enforced by the server; the Core checks the role too)."""
         if self.admissions is None:
             raise AccessDenied("AdmitNodes: this agent admits no nodes")

@@ -18,13 +18,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls,
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose, deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import AK_ALGS
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import ACTIVATION_WORKERS, MAX_ACTIVATION_WORKERS
-from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import UNVERIFIED_EVICTION_AFTER
+from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction.peer_trust import UNVERIFIED_EVICTION_AFTER
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.luks import dm_crypt_available
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import DEFAULT_MAPPER_NAME
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import require_init_secret_hash
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import require_init_secret_hash
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import (
     KUBELET_CERT_DAYS,
     validate_kubelet_cert_days,

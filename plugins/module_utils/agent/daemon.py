@@ -99,7 +99,7 @@ class Agent:
             self._start_reattest()
 
     def _start_reattest(self) -> None:
-        """The Coordinator re-attests every Node each ``reattest_interval`` (core/trust.py)."""
+        """The Coordinator re-attests every Node each ``reattest_interval`` (core/eviction/peer_trust.py)."""
         with self._vpnapi_lock:
             if self._reattest_started or self._stop.is_set() or not self.config.reattest_interval:
                 return

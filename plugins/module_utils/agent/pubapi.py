@@ -125,7 +125,7 @@ class PubAPI:
         conn.stream.send_result(self.node.activate_as_node_finish(key))
 
     def activate_as_additional_coordinator(self, conn: Connection, request: schema.ActivateAsNodeRequest) -> None:
-        """core/coordinator_cluster.py: our disk UUID and VPN key out, the KMS URI and etcd cluster in, our etcd
+        """core/cluster.py: our disk UUID and VPN key out, the KMS URI and etcd cluster in, our etcd
         member starts, the activating Coordinator promotes it, we open the shared state."""
         step = self.cluster.activate_as_additional_coordinator_begin(request.encode())
         voting = False
@@ -223,7 +223,7 @@ class PubAPI:
                                               bool(request.is_control_plane))
         conn.stream.send_result(result)
 
-    # -- Coordinator: rejoin tickets for rebooted Nodes (core/trust.py)
+    # -- Coordinator: rejoin tickets for rebooted Nodes (core/eviction/peer_trust.py)
     def issue_rejoin_ticket(self, conn: Connection, request: schema.IssueRejoinTicketRequest) -> None:
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueRejoinTicket: only over aTLS on a Coordinator with a node policy")

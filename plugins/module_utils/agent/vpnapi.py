@@ -102,7 +102,7 @@ class VPNAPI:
 
     def _hold(self, resource_version: int, wait: float) -> None:
         """Until the peer set is not at ``resource_version`` (at once if it is not now), the measurements version
-        changes, or ``wait`` seconds passed. Sleeps on the registry (core/peer_cache.py); looks at the
+        changes, or ``wait`` seconds passed. Sleeps on the registry (core/registry/cache.py); looks at the
         measurements version every LOOK_AGAIN seconds."""
         if not isinstance(resource_version, int) or isinstance(resource_version, bool):
             return  # GetUpdate says what is wrong

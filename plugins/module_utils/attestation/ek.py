@@ -114,7 +114,7 @@ def ek_public_from_cert(cert: "x509.Certificate"):
 
 def ek_pub_sha256(ek_cert: bytes, field: str = "ek_cert") -> str:
     """Who a TPM is: the SHA-256 (hex) of its EK's public key, as the SubjectPublicKeyInfo DER of its EK
-    certificate (PEM or DER). The admin admits a node by it (core/admission.py); the same EK keeps it
+    certificate (PEM or DER). The admin admits a node by it (core/admissions.py); the same EK keeps it
     whatever certificate is reissued for it."""
     if not HAS_CRYPTOGRAPHY:
         raise InputError(field, "an EK certificate, which needs the Python package cryptography")
@@ -188,7 +188,7 @@ class CertifiedAKs:
     """The AKs one verifier (a controller process, a Coordinator's agent) has certified, keyed by
     AK public area. Thread-safe; a record is added only if its EK certificate chains to the CAs. At most
     ``max_records`` (the oldest certified go first). ``on_add(record)``: called for every new
-    certification (the agent writes it through to its sealed store: core/certified_ak_store.py)."""
+    certification (the agent writes it through to its sealed store: core/eviction/certified_ak_store.py)."""
 
     def __init__(self, ca_certs: Sequence = (), max_records: int = MAX_CERTIFIED_AKS):
         self.ca_certs = list(ca_certs)

@@ -40,22 +40,22 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import AcceptedMeasurements
-from ansible_collections.constellation.cluster.plugins.module_utils.core.admission import Admissions
+from ansible_collections.constellation.cluster.plugins.module_utils.core.admissions import Admissions
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import (
     ACTIVATION_WORKERS,
     MAX_NODES_PER_CALL,
-    NodeActivation,
+    Activation,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage
 from ansible_collections.constellation.cluster.plugins.module_utils.core.context import STATE_DISK_KEY_FILE, PeerContext
-from ansible_collections.constellation.cluster.plugins.module_utils.core.backup import StateBackup
+from ansible_collections.constellation.cluster.plugins.module_utils.core.backup import Backup
 from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator import Coordinator
-from ansible_collections.constellation.cluster.plugins.module_utils.core.coordinator_cluster import CoordinatorCluster
-from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import Evictions
+from ansible_collections.constellation.cluster.plugins.module_utils.core.cluster import Cluster
+from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction.evictions import Evictions
 from ansible_collections.constellation.cluster.plugins.module_utils.core.join_service import JoinService
-from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KubernetesJoin
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import RESERVED_DATA_KEY_IDS, PeerAccess
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import PeerRemoval
+from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import Kubernetes
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_access import RESERVED_DATA_KEY_IDS, PeerAccess
+from ansible_collections.constellation.cluster.plugins.module_utils.core.removal import Removal
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ADMIN_PUB_KEY_MAX,
     CLUSTER_ID_LENGTH,
@@ -67,9 +67,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
     parse_measurement_salt,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.lock import NodeLock, TPMDevice
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node import NodeSide
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
-from ansible_collections.constellation.cluster.plugins.module_utils.core.records import (
+from ansible_collections.constellation.cluster.plugins.module_utils.core.node import Node
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import (
     CoordinatorActivation,
     JoinTicket,
     NodeActivationRequest,
@@ -77,18 +77,18 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.records
     RejoinTicket,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import TPM, VPN, Store
-from ansible_collections.constellation.cluster.plugins.module_utils.core.reattest_loop import ReattestLoop
+from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction.reattest_loop import ReattestLoop
 from ansible_collections.constellation.cluster.plugins.module_utils.core.recovery import Recovery
 from ansible_collections.constellation.cluster.plugins.module_utils.core.shared_store import SharedStore
-from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import CoordinatorSigning
+from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import Signing
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import (
     ROLE_COORDINATOR,
     ROLE_NODE,
     ROLE_UNKNOWN,
     State,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.status import PeerStatus
-from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import PeerTrust
+from ansible_collections.constellation.cluster.plugins.module_utils.core.status import Status
+from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction.peer_trust import PeerTrust
 from ansible_collections.constellation.cluster.plugins.module_utils.core.vpn import WireGuardVPN
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConstellationError,
@@ -115,27 +115,27 @@ class Core:
                                              at_rest=at_rest, join_coordinator_pub_key=join_coordinator_pub_key,
                                              agent_measurement=agent_measurement, deployment_mode=deployment_mode,
                                              state_disk=state_disk, etcd_member=etcd_member)
-        self.signing = CoordinatorSigning(context)
+        self.signing = Signing(context)
         self.access = PeerAccess(context)
         self.evictions = Evictions(context)
         self.shared_store = SharedStore(context)
-        self.kubernetes = KubernetesJoin(context, self.access, self.evictions, kubeadm_provider)
+        self.kubernetes = Kubernetes(context, self.access, self.evictions, kubeadm_provider)
         self.coordinator = Coordinator(context, self.shared_store, self.access, self.signing)
         self.admissions = Admissions(context, insecure_join_without_admission)  # the admin's consent to joins: the admitted EKs
         self.join_service = JoinService(context, self.coordinator, self.access, self.kubernetes, self.signing,
                                         self.admissions)
-        self.activation = NodeActivation(context, self.coordinator, self.signing, self.access, self.evictions,
+        self.activation = Activation(context, self.coordinator, self.signing, self.access, self.evictions,
                                          self.kubernetes, activation_workers)
-        self.cluster = CoordinatorCluster(context, self.coordinator, self.signing)
-        self.node = NodeSide(context)
+        self.cluster = Cluster(context, self.coordinator, self.signing)
+        self.node = Node(context)
         # the accepted measurement sets (image upgrades); ``measurements_policy``: the agent's policy in force
         self.measurements = AcceptedMeasurements(context, measurements_policy)
         self.trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions, self.kubernetes,
                                self.measurements.record_peer_set)
-        self.status = PeerStatus(context, self.shared_store, self.evictions, self.signing, self.admissions)
+        self.status = Status(context, self.shared_store, self.evictions, self.signing, self.admissions)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
-        self.backup = StateBackup(context, self.recovery, self.access, self.coordinator)
-        self.removal = PeerRemoval(context, self.coordinator, self.kubernetes, self.evictions)
+        self.backup = Backup(context, self.recovery, self.access, self.coordinator)
+        self.removal = Removal(context, self.coordinator, self.kubernetes, self.evictions)
 
     # The few read-only accessors every side uses; everything else: the services above.
     @property
@@ -155,7 +155,7 @@ __all__ = [
     "ACTIVATION_WORKERS", "ADMIN_PUB_KEY_MAX", "CLUSTER_ID_LENGTH", "HAS_CRYPTOGRAPHY", "MAX_NODES_PER_CALL",
     "MEASUREMENT_SALT_LENGTH", "RESERVED_DATA_KEY_IDS", "ROLE_COORDINATOR", "ROLE_NODE", "ROLE_UNKNOWN",
     "STATE_DISK_KEY_FILE", "ConstellationError", "Coordinator", "CoordinatorActivation", "Core", "InputError",
-    "CoordinatorCluster", "JoinTicket", "NodeActivation", "NodeActivationRequest", "NodeSide", "PeerContext", "PeerTrust",
+    "Cluster", "JoinTicket", "Activation", "NodeActivationRequest", "Node", "PeerContext", "PeerTrust",
     "Recovery",
     "ReattestLoop", "RejoinTicket", "NodeActivationStep", "NodeLock", "NodeState", "State", "StateError",
     "TPMDevice", "WireGuardVPN", "new_disk_uuid", "normalize_disk_uuid", "parse_admin_pub_key",

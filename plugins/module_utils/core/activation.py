@@ -1,10 +1,10 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Coordinator activates nodes (``NodeActivation``: ActivateAdditionalNodes), and resumes an activation
+"""The Coordinator activates nodes (``Activation``: ActivateAdditionalNodes), and resumes an activation
 that a crash or a cut link interrupted (docs/agent.md, "Resumable activation"). The transport to a node comes
 in as a port (``ports.ConnectNode``); the registry (core/coordinator.py), the signatures (core/signing.py),
-disk ownership (core/peer_access.py) and the evictions (core/evictions.py) through the Protocols below."""
+disk ownership (core/registry/peer_access.py) and the evictions (core/eviction/evictions.py) through the Protocols below."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
-from ansible_collections.constellation.cluster.plugins.module_utils.core.admission import parse_node_name
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import node_records
+from ansible_collections.constellation.cluster.plugins.module_utils.core.admissions import parse_node_name
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import (
     STATE_IS_NODE,
     STATE_NODE_WAITING_FOR_CLUSTER_JOIN,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import normalize_disk_uuid
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import require_not_removed
+from ansible_collections.constellation.cluster.plugins.module_utils.core.removal import require_not_removed
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import ConnectNode, NodeClient
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     ConnectionLost,
@@ -29,7 +29,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     InputError,
     StateError,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
 
 MAX_NODES_PER_CALL = 256
 # Nodes activated at once (each: one aTLS connection, the node's quote, one validation, two store writes).
@@ -73,21 +73,21 @@ class Registry(Protocol):
 
 
 class CoordinatorAuth(Protocol):
-    """Proves the Coordinators' key to a node (core/signing.py ``CoordinatorSigning``)."""
+    """Proves the Coordinators' key to a node (core/signing.py ``Signing``)."""
 
     def authenticate_as_coordinator(self, client: Any) -> None:
         """AdminAuth role coordinator on ``client``."""
 
 
 class DiskClaim(Protocol):
-    """Who owns a disk UUID (core/peer_access.py ``PeerAccess``)."""
+    """Who owns a disk UUID (core/registry/peer_access.py ``PeerAccess``)."""
 
     def claim_disk_uuid(self, disk_uuid: str, vpn_ip: str, vpn_pub_key: str, method: str) -> None:
         """Records the owner, or AccessDenied if another peer holds it."""
 
 
 class Readmission(Protocol):
-    """Evicted Nodes that come back (core/evictions.py ``Evictions``)."""
+    """Evicted Nodes that come back (core/eviction/evictions.py ``Evictions``)."""
 
     def check_readmission(self, vpn_ip: str, vpn_pub_key: str) -> bool:
         """True if ``vpn_ip`` is evicted (and comes back with its key); StateError for another key."""
@@ -97,7 +97,7 @@ class Readmission(Protocol):
 
 
 class NodeNames(Protocol):
-    """The admin's names for nodes (core/kubernetes.py ``KubernetesJoin``)."""
+    """The admin's names for nodes (core/kubernetes.py ``Kubernetes``)."""
 
     def name_node(self, vpn_ip: str, name: str, method: str) -> None:
         """``name`` is the only kubelet node name of the peer at ``vpn_ip``; AccessDenied if taken."""
@@ -106,7 +106,7 @@ class NodeNames(Protocol):
         """Gives a failed activation's name back."""
 
 
-class NodeActivation:
+class Activation:
     """ActivateAdditionalNodes over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext, registry: Registry, signing: CoordinatorAuth, access: DiskClaim,
@@ -219,9 +219,9 @@ class NodeActivation:
                 or not isinstance(disk_uuid, str):
             raise StateError("%s holds our node lock but is %s: it cannot resume (reset the node and run "
                              "add_nodes.yml)" % (endpoint, name))
-        # Removed by the admin (core/peer_removal.py): it comes back only reset, rebooted and as a new peer.
+        # Removed by the admin (core/removal.py): it comes back only reset, rebooted and as a new peer.
         require_not_removed(self.context.store, vpn_pub_key, vpn_ip, "ActivateAdditionalNodes")
-        readmit = self.evictions.check_readmission(vpn_ip, vpn_pub_key)  # evicted (core/trust.py): it passed again
+        readmit = self.evictions.check_readmission(vpn_ip, vpn_pub_key)  # evicted (core/eviction/peer_trust.py): it passed again
         if node_name is not None and self.names is not None:
             self.names.name_node(vpn_ip, node_name, "ActivateAdditionalNodes")
         recorded = self.record_node(vpn_ip, vpn_pub_key, host, normalize_disk_uuid(disk_uuid), control_plane)

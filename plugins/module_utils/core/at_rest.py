@@ -41,7 +41,7 @@ from typing import AbstractSet, Callable, Dict, List, Mapping, Optional, Sequenc
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID
-from ansible_collections.constellation.cluster.plugins.module_utils.core.sealed_key_file import (
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.sealed_key_file import (
     BOOTED, boot_pcrs, read_entries, read_pcrs, without_replayable, write_entries)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Coordinator's state out and back in (``StateBackup``; backup.yml and restore.yml, docs/site.md):
+"""The Coordinator's state out and back in (``Backup``; backup.yml and restore.yml, docs/site.md):
 
 * ``export_state``: every key of an activated Coordinator's store (node state with its WireGuard key, KMS
   settings, init secret, peer registry, disk UUIDs, evictions...), for the admin channel's ``ExportState``
@@ -25,15 +25,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, open_kms, parse_admin_pub_key
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import MAX_RESOURCE_VERSION
-from ansible_collections.constellation.cluster.plugins.module_utils.core.records import CoordinatorActivation
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import MAX_RESOURCE_VERSION
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import CoordinatorActivation
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import (
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import (
     check_node_proof,
     node_init_secret,
     parse_init_secret,
@@ -56,7 +56,7 @@ class Resume(Protocol):
 
 
 class DiskClaim(Protocol):
-    """Who owns a disk UUID (core/peer_access.py ``PeerAccess``)."""
+    """Who owns a disk UUID (core/registry/peer_access.py ``PeerAccess``)."""
 
     def claim_disk_uuid(self, disk_uuid: str, vpn_ip: str, vpn_pub_key: str, method: str) -> None:
         """Records the owner, or AccessDenied if another peer holds it."""
@@ -69,7 +69,7 @@ class PeerPut(Protocol):
         """Records (or updates) a peer."""
 
 
-class StateBackup:
+class Backup:
     """Export and restore over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext, recovery: Resume, access: DiskClaim, coordinator: PeerPut):

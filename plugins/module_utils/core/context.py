@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import PlainStorage, SealedStorage
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     ip,
@@ -21,8 +21,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
     parse_admin_pub_key,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.lock import NodeLock
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_cache import PeerRegistryCache
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.cache import PeerRegistryCache
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import KMS, TPM, VPN, Store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import State, StateMachine
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """One Coordinator's duties (``Coordinator``): activation as Coordinator, the peer registry and the peer
 updates of the vpnapi (its join service: core/join_service.py). Its collaborators come in through the small
-Protocols below: the shared store (core/shared_store.py), disk UUID ownership (core/peer_access.py) and the
+Protocols below: the shared store (core/shared_store.py), disk UUID ownership (core/registry/peer_access.py) and the
 Coordinators' signatures (core/signing.py)."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_CLUSTER_ID
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     b64,
     open_kms,
     parse_admin_pub_key,
     parse_measurement_salt,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import (
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import (
     check_node_proof,
     node_init_secret,
     parse_init_secret,
@@ -31,7 +31,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.ports i
     KMS,
     NodeClient,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.records import (
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import (
     CoordinatorActivation,
     NodeActivationRequest,
 )
@@ -41,7 +41,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     InputError,
     StateError,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     VPN_CIDR,
     generate_priv_key,
@@ -60,14 +60,14 @@ class SharedStoreStart(Protocol):
 
 
 class DiskClaim(Protocol):
-    """Who owns a disk UUID (core/peer_access.py ``PeerAccess``)."""
+    """Who owns a disk UUID (core/registry/peer_access.py ``PeerAccess``)."""
 
     def claim_disk_uuid(self, disk_uuid: str, vpn_ip: str, vpn_pub_key: str, method: str) -> None:
         """Records the owner, or AccessDenied if another peer holds it."""
 
 
 class Signatures(Protocol):
-    """The Coordinators' signatures (core/signing.py ``CoordinatorSigning``)."""
+    """The Coordinators' signatures (core/signing.py ``Signing``)."""
 
     def coordinator_pub_key(self) -> str:
         """The key Nodes pin."""

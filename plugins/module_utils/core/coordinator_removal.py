@@ -22,7 +22,7 @@ them) and stays in every peer's WireGuard mesh and in the Nodes' list of Coordin
   steps (member gone, entry left) is finished by the next.
 
 ``evict_member(store, vpn_ip, own_vpn_ip)`` is the leader's side of evicting a Coordinator that failed
-re-attestation (core/trust.py): the same removal of the member, but refused (held, with the reason) when
+re-attestation (core/eviction/peer_trust.py): the same removal of the member, but refused (held, with the reason) when
 the members that remain would not hold a live majority: a tampered member still votes, and removing it
 while another member is down would stop the cluster.
 
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import ROLE_COORDINATOR
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import ROLE_COORDINATOR
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.store.base import StoreError
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd import EtcdStore

@@ -2,8 +2,8 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The Coordinator's join service (IssueJoinTicket): a node attests itself in-band on the connection that
-asks (``attest_over``, also used for rejoin tickets by core/trust.py), proves that the admin admitted it (its
-TPM's EK, core/admission.py), gets an IP reserved in the registry (core/coordinator.py) and a signed ticket with
+asks (``attest_over``, also used for rejoin tickets by core/eviction/peer_trust.py), proves that the admin admitted it (its
+TPM's EK, core/admissions.py), gets an IP reserved in the registry (core/coordinator.py) and a signed ticket with
 its secrets and, where the Coordinator has kubeadm, its Kubernetes join (core/kubernetes.py) under the name the
 admin gave it. The transport comes in as a port (``ports.JoinChannel``)."""
 
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, normalize_disk_uuid
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_access import refuse_control_plane_join
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_access import refuse_control_plane_join
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
-from ansible_collections.constellation.cluster.plugins.module_utils.core.records import JoinTicket, NodeActivationRequest
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import JoinTicket, NodeActivationRequest
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,7 +41,7 @@ class Registry(Protocol):
 
 
 class DiskOwnership(Protocol):
-    """Who owns a disk UUID (core/peer_access.py ``PeerAccess``)."""
+    """Who owns a disk UUID (core/registry/peer_access.py ``PeerAccess``)."""
 
     def claim_disk_uuid(self, disk_uuid: str, vpn_ip: str, vpn_pub_key: str, method: str) -> None:
         """Records the owner, or AccessDenied if another peer holds it."""
@@ -51,7 +51,7 @@ class DiskOwnership(Protocol):
 
 
 class JoinMaterial(Protocol):
-    """The ``kubeadm`` part of a join ticket (core/kubernetes.py ``KubernetesJoin``)."""
+    """The ``kubeadm`` part of a join ticket (core/kubernetes.py ``Kubernetes``)."""
 
     def ticket_kubernetes(self, vpn_ip: str, certificate_request: Optional[bytes],
                           is_control_plane: bool) -> Dict[str, Any]:
@@ -65,7 +65,7 @@ class JoinMaterial(Protocol):
 
 
 class JoinAdmission(Protocol):
-    """The admin's consent to a join (core/admission.py ``Admissions``)."""
+    """The admin's consent to a join (core/admissions.py ``Admissions``)."""
 
     def claim(self, ek: Optional[str], vpn_pub_key: str, peer: str, method: str) -> Optional[Dict[str, Any]]:
         """The admission of the EK, bound to the node's key (``{name, ...}``); None where none is needed;
@@ -76,7 +76,7 @@ class JoinAdmission(Protocol):
 
 
 class JoinSigning(Protocol):
-    """The Coordinators' signature on a join ticket (core/signing.py ``CoordinatorSigning``)."""
+    """The Coordinators' signature on a join ticket (core/signing.py ``Signing``)."""
 
     def signed_join_ticket(self, ticket: Any, binding: bytes) -> Any:
         """``ticket`` signed, bound to ``binding``."""

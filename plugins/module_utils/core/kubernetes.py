@@ -64,14 +64,14 @@ class KubeadmProvider(Protocol):
 
 
 class ControlPlaneDesignation(Protocol):
-    """Whether the admin designated a peer a control plane (core/peer_access.py ``PeerAccess``)."""
+    """Whether the admin designated a peer a control plane (core/registry/peer_access.py ``PeerAccess``)."""
 
     def is_designated_control_plane(self, vpn_ip: str, vpn_pub_key: str) -> bool:
         """True for a Coordinator, or a Node activated with the designation, with this WireGuard key."""
 
 
 class EvictionCheck(Protocol):
-    """Refuses evicted peers (core/evictions.py ``Evictions``)."""
+    """Refuses evicted peers (core/eviction/evictions.py ``Evictions``)."""
 
     def require_not_evicted(self, vpn_ip: str, method: str) -> None:
         """AccessDenied for an evicted peer."""
@@ -80,7 +80,7 @@ class EvictionCheck(Protocol):
         """AccessDenied for an evicted or an unverified peer."""
 
 
-class KubernetesJoin:
+class Kubernetes:
     """The Coordinator's Kubernetes join material. ``kubeadm_provider`` is set by the agent (the vpnapi's
     ``kubeadm``); None: no kubeadm on this Coordinator."""
 

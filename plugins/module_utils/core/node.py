@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Node's side (``NodeSide``): activation as Node (two steps), joining with a ticket, and applying the
+"""The Node's side (``Node``): activation as Node (two steps), joining with a ticket, and applying the
 Coordinator's peer updates. The transport of a join comes in as a port (``ports.TicketRequest``)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import check_node_proof
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import check_node_proof
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import TicketRequest
-from ansible_collections.constellation.cluster.plugins.module_utils.core.records import (
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import (
     JoinTicket,
     NodeActivationRequest,
     NodeActivationStep,
@@ -30,7 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     InputError,
     StateError,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerUpdate
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import PeerUpdate
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     generate_priv_key,
     pub_key_from_priv_key,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ansible_collections.constellation.cluster.plugins.module_utils.core.context import PeerContext
 
 
-class NodeSide:
+class Node:
     """The Node's side over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import backends as kms_backends
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
 
 
 @runtime_checkable
@@ -99,7 +99,7 @@ class NodeClient(Protocol):
     def activate_as_additional_coordinator(self, params: Dict[str, Any],
                                            secrets_for: Callable[[str, str], Dict[str, Any]],
                                            promote: Callable[[], None]) -> Dict[str, Any]:
-        """Runs ActivateAsAdditionalCoordinator (core/coordinator_cluster.py): ``secrets_for(uuid, vpn_pub_key)``
+        """Runs ActivateAsAdditionalCoordinator (core/cluster.py): ``secrets_for(uuid, vpn_pub_key)``
         records the new Coordinator and returns what it gets (KMS URI, etcd cluster); ``promote()`` runs
         once its etcd member started."""
 

@@ -12,7 +12,7 @@ store holds a cluster's state:
   identity) holding only its disk key, the measurement secret and its peers (``rejoin``).
 
 Its collaborators come in through the Protocols below: the etcd member (core/shared_store.py), the
-evictions (core/evictions.py) and GetState's answer (core/status.py)."""
+evictions (core/eviction/evictions.py) and GetState's answer (core/status.py)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import open_kms
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
-from ansible_collections.constellation.cluster.plugins.module_utils.core.records import RejoinTicket
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import RejoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, ROLE_NODE, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     REASON_NOT_WAITING_FOR_RECOVERY,
@@ -52,14 +52,14 @@ class MemberReopen(Protocol):
 
 
 class EvictionReload(Protocol):
-    """The evicted peers (core/evictions.py ``Evictions``)."""
+    """The evicted peers (core/eviction/evictions.py ``Evictions``)."""
 
     def reload(self) -> None:
         """Reads them from the store."""
 
 
 class StateReport(Protocol):
-    """GetState's detailed answer (core/status.py ``PeerStatus``)."""
+    """GetState's detailed answer (core/status.py ``Status``)."""
 
     def get_state(self) -> Dict[str, Any]:
         """State, role and the peer's details."""

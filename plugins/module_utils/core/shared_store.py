@@ -6,14 +6,14 @@
 Coordinator is activated. The first Coordinator starts a cluster of one and moves the cluster's keys there
 (``start_first``); a restarted one rejoins from its data (``reopen``); the agent's loop starts a member that
 died again (``supervise_etcd_member``); GetState reports it (``state_fields``). Further Coordinators join
-through core/coordinator_cluster.py."""
+through core/cluster.py."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 
 if TYPE_CHECKING:  # pragma: no cover

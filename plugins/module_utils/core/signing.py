@@ -157,7 +157,7 @@ class Signer:
         return cached[1]
 
 
-class CoordinatorSigning:
+class Signing:
     """The Coordinator's signatures (its Ed25519 key from its KMS), over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext):

@@ -1,17 +1,17 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What a peer says about itself (``PeerStatus``): GetState's answers and the Coordinators' key it trusts.
+"""What a peer says about itself (``Status``): GetState's answers and the Coordinators' key it trusts.
 Composed explicitly from who knows each part: the ``PeerContext`` (state, role, VPN identity, disk, agent
 measurement, secrets at rest), the etcd member (core/shared_store.py: ``etcd_member``) and the evictions
-(core/evictions.py: ``evicted``, on an activated Coordinator)."""
+(core/eviction/evictions.py: ``evicted``, on an activated Coordinator)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_removal import removed_peers
+from ansible_collections.constellation.cluster.plugins.module_utils.core.removal import removed_peers
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import NOT_ENCRYPTED
 from ansible_collections.constellation.cluster.plugins.module_utils.store import StoreError
@@ -28,7 +28,7 @@ class MemberState(Protocol):
 
 
 class EvictedPeers(Protocol):
-    """The evicted peers (core/evictions.py ``Evictions``)."""
+    """The evicted peers (core/eviction/evictions.py ``Evictions``)."""
 
     @property
     def evicted(self) -> Dict[str, dict]:
@@ -36,20 +36,20 @@ class EvictedPeers(Protocol):
 
 
 class CoordinatorKey(Protocol):
-    """The Coordinators' key from this Coordinator's KMS (core/signing.py ``CoordinatorSigning``)."""
+    """The Coordinators' key from this Coordinator's KMS (core/signing.py ``Signing``)."""
 
     def coordinator_pub_key(self) -> str:
         """The key Nodes pin."""
 
 
 class JoinConsent(Protocol):
-    """How this Coordinator consents to joins (core/admission.py ``Admissions``)."""
+    """How this Coordinator consents to joins (core/admissions.py ``Admissions``)."""
 
     def state_fields(self) -> Dict[str, Any]:
         """``{join_admission}``."""
 
 
-class PeerStatus:
+class Status:
     """GetState over the peer's ``PeerContext``."""
 
     def __init__(self, context: PeerContext, shared_store: MemberState, evictions: EvictedPeers, signing: CoordinatorKey,
@@ -95,11 +95,11 @@ class PeerStatus:
             answer["peer_resource_version"] = registry.peers.version if registry is not None else None
         if ctx.role == ROLE_COORDINATOR and ctx.state == State.ACTIVATING_NODES:
             answer["evicted"] = [dict(record) for _ip, record in sorted(self.evictions.evicted.items())]
-            # Nodes not re-attested for a while (core/trust.py): no new secret; evicted after unverified_eviction_after.
+            # Nodes not re-attested for a while (core/eviction/peer_trust.py): no new secret; evicted after unverified_eviction_after.
             answer["unverified"] = [dict(record) for _ip, record in sorted(self.evictions.unverified.items())]
-            if self.admissions is not None:  # how joins are consented to (core/admission.py)
+            if self.admissions is not None:  # how joins are consented to (core/admissions.py)
                 answer.update(self.admissions.state_fields())
-            # The Nodes the admin removed (core/peer_removal.py): add_nodes.yml refuses them, naming the way back.
+            # The Nodes the admin removed (core/removal.py): add_nodes.yml refuses them, naming the way back.
             # Read from the store: without its majority (etcd) GetState still answers, without this list.
             try:
                 answer["removed"] = [dict(record) for _key, record in sorted(removed_peers(ctx.store).items())]

@@ -10,7 +10,7 @@ import threading
 from typing import List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     LISTEN_PORT,
     VPN_CIDR,

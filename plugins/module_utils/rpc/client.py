@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils import rpc as apis
-from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import sign_admin
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import sign_admin
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.peer_auth_client import PeerAuthClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import (
     CHANNEL_STDERR,
@@ -198,7 +198,7 @@ class PubAPIClient(Channel):
         return uuid, b64e(b64d(step.get("node_vpn_pub_key"), "node_vpn_pub_key", 32))
 
     def activate_as_additional_coordinator(self, params: Dict[str, Any], secrets_for, promote) -> Dict[str, Any]:
-        """The activating Coordinator's side (core/coordinator_cluster.py, ports.NodeClient)."""
+        """The activating Coordinator's side (core/cluster.py, ports.NodeClient)."""
         self.stream.send_msg(secrets_for(*self._first_step("ActivateAsAdditionalCoordinator", params)))
         if self.stream.recv_msg("the start of its etcd member").get("etcd_member") != "started":
             raise ProtocolError("ActivateAsAdditionalCoordinator: the peer did not start its etcd member")

@@ -272,7 +272,7 @@ ActivateAsNodeRequest, ActivateAsNodeAnswer = declare(
                  "init_proof b64(32): secret",
                  "coordinator_pub_key str: the Coordinators' Ed25519 signing key, pinned by the node",
                  doc="Types only: the Core checks the state first (a second activation is a StateError whatever it "
-                 "sends), then that every field is there (core/records.py NodeActivationRequest)."),
+                 "sends), then that every field is there (core/records/tickets.py NodeActivationRequest)."),
     answer=spec("state str!", "node_vpn_ip str"))
 
 ActivateAsNodeRequest, ActivateAsAdditionalCoordinatorAnswer = declare(

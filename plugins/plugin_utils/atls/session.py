@@ -84,7 +84,7 @@ def open_admin_client(settings: Settings, validators=None):
     key. Raises AnsibleConnectionFailure naming the reason."""
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
         AttestationError, ConstellationError)
-    from ansible_collections.constellation.cluster.plugins.module_utils.admin_key import load_priv_key
+    from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
     from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 

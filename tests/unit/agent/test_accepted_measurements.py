@@ -31,7 +31,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN, pubapi_server
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN, pubapi_server
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 

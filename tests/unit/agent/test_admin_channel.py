@@ -26,7 +26,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import admin_handlers, pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import pubapi_server
+from ansible_collections.constellation.cluster.tests.support.core_fakes import pubapi_server
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 

@@ -19,12 +19,12 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import init_secret_hash
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import init_secret_hash
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node, pubapi_server
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, activate_node, pubapi_server
 
 PUBLIC_IP = "127.0.0.1"  # the servers listen here; the init secret proof is bound to the public IP
 INIT_SECRET = os.urandom(32)

@@ -26,7 +26,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_l
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import read_pcrs
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import init_secret_hash
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import init_secret_hash
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.tests.unit.attestation.test_secure_defaults import sign_policy

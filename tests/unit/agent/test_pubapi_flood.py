@@ -8,7 +8,7 @@ Coordinators keep room of their own.
 
 Real servers on loopback: an activated Node (its Core on a swtpm) serves its pubapi and admin channel with the
 qemu-vtpm issuer on that swtpm, the Coordinator's source address marked by the agent's own wiring
-(pubapi.coordinator_sources, as agent/wiring.py wires it); the Coordinator's Core re-attests it through core/trust.py with a real aTLS
+(pubapi.coordinator_sources, as agent/wiring.py wires it); the Coordinator's Core re-attests it through core/eviction/peer_trust.py with a real aTLS
 handshake (a TPM quote), AdminAuth role coordinator and GetState. The attackers bind 127.0.0.N. Every loop is
 bounded; timeouts only detect a hang."""
 
@@ -36,8 +36,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, admin_pem, close_all
-from ansible_collections.constellation.cluster.tests.unit.agent.test_core_ports import FakeNodeClient
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, admin_pem, close_all
+from ansible_collections.constellation.cluster.tests.unit.core.test_core_ports import FakeNodeClient
 
 vtpm = pytest.importorskip("ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm")
 
@@ -107,7 +107,7 @@ def bound_socket(server, source):
 
 
 def reattest(coordinator, server, rounds=3):
-    """``rounds`` re-attestation rounds of the Coordinator's Core (core/trust.py) over the real aTLS client from
+    """``rounds`` re-attestation rounds of the Coordinator's Core (core/eviction/peer_trust.py) over the real aTLS client from
     the Coordinator's address, as agent/wiring.py's connect_peer; the rows of each."""
     validator = vtpm.VTPMValidator(Measurements())
 

@@ -28,11 +28,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurement, Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import read_pcrs
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMIssuer, VTPMValidator
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
 from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, activate_node
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, activate_node
 
 SALT = os.urandom(32)
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils.init_secret import init_secret_hash
+from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import init_secret_hash
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PLAY = """

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Denial of service is never eviction (core/trust.py): a healthy Node that an attacker makes unreachable (its
+"""Denial of service is never eviction (core/eviction/peer_trust.py): a healthy Node that an attacker makes unreachable (its
 pubapi blackholed, or its server stopped: the real aTLS client of re-attestation against real sockets on
 loopback) for more than ``reattest_unreachable_limit`` rounds is **unverified**, not evicted. It keeps its
 place in the peer set but gets no new secret (the vpnapi's GetDataKey and GetStateDiskKey, a kubelet
@@ -22,10 +22,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc import a
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import FakePeerClient
+from ansible_collections.constellation.cluster.tests.support.core_fakes import FakePeerClient
 from ansible_collections.constellation.cluster.tests.unit.agent.test_pubapi_dos import BlackHole, connect_to
 # The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes, 10.42.0.12 and .13).
-from ansible_collections.constellation.cluster.tests.unit.agent.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.tests.unit.core.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
 
 EVICTION_AFTER = 3600.0  # the default of unverified_eviction_after (agent config)
 DOWN = "10.42.0.12"
@@ -178,8 +178,8 @@ def test_the_period_runs_on_across_a_coordinator_restart(unreachable):
     """The unverified record (with ``since``) is in the store: a restarted Coordinator (a new ``PeerTrust`` and
     ``Evictions`` over the same store, no unreachable count in memory) neither forgets it nor starts the period
     again: the Node is still refused new secrets, and evicted once the period since its first failure is over."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import Evictions
-    from ansible_collections.constellation.cluster.plugins.module_utils.core.trust import PeerTrust
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction.evictions import Evictions
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction.peer_trust import PeerTrust
 
     c, nodes, clock, connect_peer, _down = unreachable
     start = clock.now

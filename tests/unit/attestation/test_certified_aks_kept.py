@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The AKs a Coordinator certified survive its restart (core/certified_ak_store.py): they are kept in its sealed
+"""The AKs a Coordinator certified survive its restart (core/eviction/certified_ak_store.py): they are kept in its sealed
 store, so a restarted Coordinator re-attests a Node without EnrollAK, and no budget a stranger drains (or a
 restart of the Coordinator's agent) makes every Node enroll again. A stored record is checked against the EK
 roots configured now: one whose EK does not chain to them is dropped. A real Node pubapi (qemu-vtpm-ek issuer
@@ -23,7 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.module_utils.store.file import FileStore
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import RecordingVPN
+from ansible_collections.constellation.cluster.tests.support.core_fakes import RecordingVPN
 
 PCRS = [4, 9, 11]
 
@@ -96,7 +96,7 @@ def test_a_stored_ak_whose_ek_does_not_chain_to_the_configured_roots_is_dropped(
     """A record in the store vouches that its AK lives in the TPM of its EK certificate: one whose EK does not
     chain to the EK roots configured now (another fleet's CA, or a root the admin removed) is not taken at the
     start, and it is dropped from the store (logged); the genuine record is kept."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.core import certified_ak_store
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction import certified_ak_store
 
     endpoint, enrolled, issuer, ca_paths = node
     logs = []
@@ -123,7 +123,7 @@ def test_a_stored_ak_whose_ek_does_not_chain_to_the_configured_roots_is_dropped(
 
 def test_the_stored_records_are_bounded_oldest_first(tmp_path):
     """At most the registry's cap: a new certification beyond it pushes out the oldest record."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.core import certified_ak_store
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction import certified_ak_store
 
     store = FileStore(str(tmp_path / "store.json"))
     now = [100.0]

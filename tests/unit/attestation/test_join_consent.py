@@ -21,7 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.constellation.cluster.plugins.module_utils import core, init_secret, kms
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
+from ansible_collections.constellation.cluster.plugins.module_utils.kms import init_secret
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import build_agent
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.json_log import JSONLog
@@ -35,7 +36,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurement,
     Measurements,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.core import node_records
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
@@ -43,7 +44,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN
 from lab.swtpm import SwTPM, free_port
 
 # A fresh swtpm's PCRs (nothing measured): the image the test's nodes run.

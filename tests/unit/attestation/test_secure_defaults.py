@@ -38,7 +38,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.unit.attestation.forged_ak import SoftwareAKIssuer
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.tests.support.keys import measurements_key

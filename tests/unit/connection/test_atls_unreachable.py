@@ -19,7 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.session import open_admin_client
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.settings import Settings
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import RefusingValidator
+from ansible_collections.constellation.cluster.tests.support.core_fakes import RefusingValidator
 
 
 @pytest.fixture

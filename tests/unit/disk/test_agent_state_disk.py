@@ -19,7 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.disk.luks im
 from ansible_collections.constellation.cluster.plugins.module_utils.disk.state_disk import NOT_ENCRYPTED, StateDisk
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateDiskError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import FileStore
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.unit.disk.disk_fakes import FAST, OTHER_UUID, UUID, RecordingRunner
 
 needs_cryptsetup = pytest.mark.skipif(shutil.which("cryptsetup") is None, reason="cryptsetup is missing")

@@ -34,7 +34,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.config
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog, tpm_wire
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurement, Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
-from ansible_collections.constellation.cluster.plugins.module_utils.core.records import JoinTicket
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import JoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import check_kubelet_csr
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, ConstellationError
@@ -442,7 +442,7 @@ def parse_frames(data: bytes) -> int:
             if spec is not None:
                 spec.request.decode(params)
                 if method in ("ActivateAsNode",):
-                    from ansible_collections.constellation.cluster.plugins.module_utils.core.records import NodeActivationRequest
+                    from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import NodeActivationRequest
                     NodeActivationRequest.from_dict(params)
                 if method in ("ActivateAsCoordinator", "Recover"):
                     kms.open_kms(params.get("kms_uri"), "kms_uri")

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
-from ansible_collections.constellation.cluster.plugins.module_utils.core.records import JoinTicket, NodeActivationRequest
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import JoinTicket, NodeActivationRequest
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.tests.unit.fuzz.targets import (

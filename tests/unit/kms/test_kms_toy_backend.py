@@ -22,7 +22,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.plugin_utils import backup
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN
 
 TOKEN = "t0ken-SECRET-4242"  # the toy's secret parameter: never shown
 SALT = bytes(range(32))

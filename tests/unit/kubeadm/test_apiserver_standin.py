@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ExternalCommandError
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import KUBE_APISERVER_STANDIN
+from ansible_collections.constellation.cluster.tests.support.kube_standin import KUBE_APISERVER_STANDIN
 
 
 def _state(control_plane_dir):

@@ -22,9 +22,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN, admin_pem
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import kubeconfig_for
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN, admin_pem
+from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
+from ansible_collections.constellation.cluster.tests.support.kube_standin import kubeconfig_for
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import make_csr
 
 KUBELET_CERT_DAYS = 7  # kubeadm/join_provider.py's default (checked below)

@@ -26,8 +26,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import MemoryTPM, RecordingVPN
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
+from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN
+from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import live_tokens, make_csr
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 

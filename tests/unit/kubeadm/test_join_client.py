@@ -13,7 +13,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import kubea
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_client import join_via_coordinator
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
+from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
 
 
 @pytest.fixture

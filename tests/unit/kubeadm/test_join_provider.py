@@ -21,7 +21,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join
     JoinProvider,
     KubeadmUnavailable,
 )
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
+from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
 
 
 def make_csr(cn="system:node:worker-0", orgs=("system:nodes",), sans=("worker-0", "10.118.0.11")):

@@ -13,7 +13,7 @@ import os
 from ansible_collections.constellation.cluster.plugins.module_utils import core as core_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.conftest import KUBEADM_DOUBLE
+from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_eviction_kubernetes import kubeadm_coordinator, kubelet_node
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import make_csr
 

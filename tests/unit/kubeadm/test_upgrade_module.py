@@ -22,7 +22,7 @@ from ansible.module_utils.testing import patch_module_args
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.roll import read_cluster_versions
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.upgrade import UpgradeRefused, Version, plan_upgrade
 from ansible_collections.constellation.cluster.plugins.modules import kubeadm_upgrade, kubernetes_node_drain
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import KUBEADM_DOUBLE, ApiServerStandIn, build_double_cluster
+from ansible_collections.constellation.cluster.tests.support.kube_standin import KUBEADM_DOUBLE, ApiServerStandIn, build_double_cluster
 
 KUBELET_PACKAGE = os.path.join(os.path.dirname(KUBEADM_DOUBLE), "kubelet_package")
 REAL_KUBECONFIG = os.environ.get("CONSTELLATION_TEST_KUBECONFIG")

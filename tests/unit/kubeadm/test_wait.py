@@ -17,7 +17,7 @@ import yaml
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.standin import KUBEADM_DOUBLE, NOT_READY_MESSAGE, kubeconfig_for
+from ansible_collections.constellation.cluster.tests.support.kube_standin import KUBEADM_DOUBLE, NOT_READY_MESSAGE, kubeconfig_for
 
 REAL_KUBECONFIG = os.environ.get("CONSTELLATION_TEST_KUBECONFIG")
 REAL = pytest.mark.skipif(not REAL_KUBECONFIG, reason="set CONSTELLATION_TEST_KUBECONFIG to a reachable cluster's "

@@ -18,7 +18,7 @@ import time
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import ClusterKMS, MasterSecret

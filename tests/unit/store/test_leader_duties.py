@@ -11,7 +11,7 @@ import time
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.leadership import Leadership
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import State
-from ansible_collections.constellation.cluster.plugins.module_utils.core.reattest_loop import ReattestLoop
+from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction.reattest_loop import ReattestLoop
 from ansible_collections.constellation.cluster.plugins.module_utils.store import EtcdStore, MemoryStore
 
 

@@ -24,9 +24,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.core import eviction_store, state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction import eviction_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
-from ansible_collections.constellation.cluster.plugins.module_utils.core.node_state import NodeState
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records.node_state import NodeState
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import access, schema
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
@@ -34,7 +35,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_v
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 from ansible_collections.constellation.cluster.plugins.module_utils.store.etcd_member import member_name
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.agent.agent_fakes import (
+from ansible_collections.constellation.cluster.tests.support.core_fakes import (
     FakePeerClient,
     FakeRejoinChannel,
     MemoryTPM,
@@ -313,7 +314,7 @@ def test_a_tampered_coordinator_is_not_removed_below_a_live_majority(coordinator
 
 
 def test_the_shared_eviction_check_reads_the_store_at_most_once_per_interval(coordinators):
-    from ansible_collections.constellation.cluster.plugins.module_utils.core.evictions import EvictionCache
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.eviction.evictions import EvictionCache
 
     cores, node = coordinators
     second = cores[HOSTS[1]]

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from ansible_collections.constellation.cluster.plugins.module_utils.core import state_store
+from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerRegistry
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import PeerRegistry
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore, StoreError, transfer
 from ansible_collections.constellation.cluster.tests.support.threads import run_in_threads
 

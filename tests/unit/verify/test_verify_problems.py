@@ -73,7 +73,7 @@ def test_an_evicted_coordinator_is_named_with_its_etcd_membership():
 
 
 def test_an_unverified_node_is_named_with_since_when_and_why():
-    """A Node the Coordinator could not re-attest for a while (core/trust.py): a verify.yml row, not an eviction."""
+    """A Node the Coordinator could not re-attest for a while (core/eviction/peer_trust.py): a verify.yml row, not an eviction."""
     unverified = {"vpn_ip": "10.118.0.12", "public_ip": "10.42.0.12", "since": NOW, "error": "timed out"}
     assert verify_problems("h2", peer=NODE, attested=True, cluster_id="c2V0", unverified=unverified) == [
         "h2: unverified: the Coordinator could not re-attest it since 2027-01-15 08:00:00 UTC (timed out); it gets no "

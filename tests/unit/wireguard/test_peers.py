@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.constellation.cluster.plugins.module_utils import wireguard as wgmod
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peer_set import PeerRegistry, PeerUpdate, VersionedPeerSet
-from ansible_collections.constellation.cluster.plugins.module_utils.core.peers import PeerRecord, wireguard_peer_list
-from ansible_collections.constellation.cluster.plugins.module_utils.core.vpn_ips import VPNIPAllocator
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import PeerRegistry, PeerUpdate, VersionedPeerSet
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord, wireguard_peer_list
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.vpn_ips import VPNIPAllocator
 
 KEYS = [wgmod.pub_key_from_priv_key(wgmod.generate_priv_key()) for dummy_i in range(40)]
 
