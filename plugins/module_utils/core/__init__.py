@@ -125,7 +125,7 @@ class Core:
         self.join_service = JoinService(context, self.coordinator, self.access, self.kubernetes, self.signing,
                                         self.admissions)
         self.activation = Activation(context, self.coordinator, self.signing, self.access, self.evictions,
-                                         self.kubernetes, activation_workers)
+                                     self.kubernetes, activation_workers)
         self.cluster = Cluster(context, self.coordinator, self.signing)
         self.node = Node(context)
         # the accepted measurement sets (image upgrades); ``measurements_policy``: the agent's policy in force

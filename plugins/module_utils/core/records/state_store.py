@@ -29,7 +29,12 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import PeerRegistry
-from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import ROLES, STORE_PEER_PREFIX, STORE_RESOURCE_VERSION, PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import (
+    ROLES,
+    STORE_PEER_PREFIX,
+    STORE_RESOURCE_VERSION,
+    PeerRecord,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.store import StoreError, Txn
 
 KEY_PEER_PREFIX = STORE_PEER_PREFIX
