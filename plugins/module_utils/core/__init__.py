@@ -20,19 +20,23 @@ passes it in as a port (``ports.py``). Nothing in this package imports Ansible, 
 * Persistence: the node state (``NodeState``), KMS settings and the peer registry live in the store
   (``state_store``), so an agent restart loses nothing; ``recovery`` resumes after a TPM reset.
 
-Rooms: ``state``, ``inputs``, ``records``, ``node_state``, ``ports``, ``lock``, ``vpn``, ``peers``, ``state_store``
-(the records and their store format), and the services, one per concern, each holding the shared
-``PeerContext`` (``context``) and its collaborators through small Protocols declared where they are used:
-``coordinator`` (one Coordinator: activation as Coordinator, registry, updates), ``join_service``
-(IssueJoinTicket), ``admission`` (the admin's consent to joins: admitted EKs), ``peer_access`` (who gets what,
-data keys), ``kubernetes`` (join material), ``signing``,
-``activation`` (the Coordinator activates and resumes nodes), ``backup`` (the Coordinator's state exported
-and restored onto a fresh peer), ``shared_store`` (its etcd member),
-``coordinator_cluster`` (further Coordinators on one etcd cluster), ``coordinator_removal`` (a Coordinator taken
-out: its etcd member and registry entry), ``peer_removal`` (the admin removes a Node), ``node`` (the Node's side), ``evictions``,
-``trust`` (re-attestation, eviction, rejoin tickets; ``reattest_loop`` drives it), ``recovery`` (start-up,
-Recover, rejoin) and ``status`` (GetState). ``Core`` is the composition root only: it builds the context and
-the services and exposes them as attributes.
+Rooms (docs/architecture.md, "The Core"): ``state``, ``inputs``, ``ports``, ``lock``, ``vpn``, ``at_rest``; the
+peer registry (``registry/``: ``peer_record``, ``peer_set``, ``cache``, ``vpn_ips``, ``peer_access``); re-attestation
+and eviction (``eviction/``: ``peer_trust``, ``trust_ports``, ``evictions``, ``eviction_store``, ``reattest_loop``,
+``certified_ak_store``); the records kept and handed out (``records/``: ``state_store``, ``node_state``,
+``node_records``, ``sealed_key_file``, ``tickets``). The services, one per concern, each holding the shared
+``PeerContext`` (``context``) and its collaborators through small Protocols declared where they are used; the
+attribute, the module and the class share a stem: ``coordinator`` (activation as Coordinator, registry, updates),
+``join_service`` (IssueJoinTicket), ``admissions`` (the admin's consent to joins: admitted EKs), ``kubernetes``
+(join material), ``signing``, ``activation`` (the Coordinator activates and resumes nodes), ``shared_store`` (its
+etcd member), ``cluster`` (further Coordinators on one etcd cluster), ``node`` (the Node's side), ``recovery``
+(start-up, Recover, rejoin), ``status`` (GetState), ``backup`` (the Coordinator's state exported and restored onto
+a fresh peer), ``evictions`` (``eviction/evictions.py``) and ``removal`` (the admin removes a Node); ``access`` (``registry/peer_access.py``, who gets what,
+data keys), ``trust`` (``eviction/peer_trust.py``: re-attestation, eviction, rejoin tickets; ``reattest_loop``
+drives it) and ``measurements`` (``accepted_measurements.py``) keep a
+qualified name where the bare one is another room's class. ``coordinator_removal`` takes a Coordinator out (its
+etcd member and registry entry). ``Core`` is the composition root only: it builds the context and the services
+and exposes them as attributes.
 """
 
 from __future__ import annotations
