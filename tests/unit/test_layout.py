@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The rooms stay what docs/architecture.md says (each room imports only what it may; the Core knows no
-Ansible, transport or agent), and files stay small."""
+Ansible, transport or agent), and no file grows past the safety cap."""
 
 from __future__ import annotations
 
@@ -18,16 +18,9 @@ MODULE_UTILS = ROOT / "plugins" / "module_utils"
 RPC = "ansible_collections.constellation.cluster.plugins.module_utils.rpc"
 # The agent (wiring, daemon, config, the servers' handlers) is the composition root: it wires the Core to the RPC servers.
 MAY_IMPORT_RPC = ("agent/", "rpc/")
-# Over ~500 lines, each with its reason.
-LONG_FILES = {
-    "plugins/module_utils/attestation/vtpm.py": "the strict validator is one ordered procedure (docs/attestation.md, "
-                                                "steps 1-7) next to the issuer it must match byte for byte",
-    "plugins/module_utils/rpc/schema.py": "the ONE method table: a request and an answer record per method, "
-                                          "which the server, the clients, the relay and the docs read",
-    "plugins/module_utils/rpc/server.py": "one server: the connection policy (admission, the handshake rate, the "
-                                          "budgets, the Coordinators' room, replacement, deadlines) and the dispatch "
-                                          "of each request (authorise, decode, handler) share the connection's phases",
-}
+# A module holds one concern (docs/architecture.md, "One concern per module"); its length is no rule. This cap is
+# only a safety net against a file that grew several concerns unnoticed.
+MAX_LINES = 800
 
 
 def _imports(path: Path):
@@ -54,10 +47,10 @@ def test_no_module_utils_file_imports_ansible_or_the_rpc_package():
     assert not offenders, offenders
 
 
-def test_no_plugin_file_is_over_500_lines_without_a_reason():
-    long_files = {path.relative_to(ROOT).as_posix() for path in (ROOT / "plugins").rglob("*.py")
-                  if len(path.read_text().splitlines()) > 500}
-    assert long_files <= set(LONG_FILES), sorted(long_files - set(LONG_FILES))
+def test_no_product_file_is_over_the_safety_cap():
+    long_files = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "plugins").rglob("*.py")
+                        if len(path.read_text().splitlines()) > MAX_LINES)
+    assert not long_files, "over %d lines, split by concern (docs/architecture.md): %s" % (MAX_LINES, long_files)
 
 
 # The Core knows no transport (atls, rpc), no agent and no kubeadm adapter: they come in as ports.
@@ -67,7 +60,7 @@ CORE_MUST_NOT_IMPORT = tuple("ansible_collections.constellation.cluster.plugins.
 
 def test_the_core_imports_no_transport_and_is_composed_not_a_mixin_tower():
     offenders = []
-    for path in sorted((MODULE_UTILS / "core").glob("*.py")):
+    for path in sorted((MODULE_UTILS / "core").rglob("*.py")):
         rel = path.relative_to(MODULE_UTILS).as_posix()
         for name in _imports(path):
             if any(name == room or name.startswith(room + ".") for room in CORE_MUST_NOT_IMPORT):
@@ -86,9 +79,9 @@ def test_the_core_imports_no_transport_and_is_composed_not_a_mixin_tower():
 # --------------------------------------------------------------------------- rooms (docs/architecture.md)
 PKG = "ansible_collections.constellation.cluster."
 FOUNDATION = {"errors", "constants", "encoding", "fileutil", "command", "netns", "x509compat"}
-LIBRARIES = {"attestation", "kms", "wireguard", "kubeadm", "disk", "atls", "admin_key", "init_secret"}
+LIBRARIES = {"attestation", "kms", "wireguard", "kubeadm", "disk", "atls"}
 MODULE_UTILS_ROOMS = FOUNDATION | LIBRARIES | {"store", "core", "rpc", "agent", "controller_options", "verify_problems"}
-_BELOW_CORE = {"foundation"} | {"mu." + name for name in ("attestation", "kms", "wireguard", "disk", "init_secret", "store")}
+_BELOW_CORE = {"foundation"} | {"mu." + name for name in ("attestation", "kms", "wireguard", "disk", "store")}
 _ALL_MODULE_UTILS = {"foundation"} | {"mu." + name for name in MODULE_UTILS_ROOMS - FOUNDATION}
 _CONTROLLER = _ALL_MODULE_UTILS - {"mu.agent"}
 # What each room may import (docs/architecture.md says why); a room always imports itself.
@@ -96,9 +89,9 @@ MAY_IMPORT = {
     "foundation": set(),
     **{"mu." + name: {"foundation"} for name in LIBRARIES | {"controller_options", "verify_problems"}},
     "mu.atls": {"foundation", "mu.attestation"},
-    "mu.store": {"foundation", "mu.attestation", "mu.kms", "mu.wireguard", "mu.disk", "mu.init_secret"},
+    "mu.store": {"foundation", "mu.attestation", "mu.kms", "mu.wireguard", "mu.disk"},
     "mu.core": _BELOW_CORE,
-    "mu.rpc": {"foundation", "mu.admin_key", "mu.atls", "mu.attestation", "mu.wireguard"},
+    "mu.rpc": {"foundation", "mu.atls", "mu.attestation", "mu.wireguard"},
     "mu.agent": _ALL_MODULE_UTILS,
     "plugins.plugin_utils": (_CONTROLLER - {"mu.core"}) | {"ansible"},
     "plugins.modules": _CONTROLLER | {"ansible"},
