@@ -17,7 +17,7 @@ def init_secret_hash(init_secret, public_ip):
     try:
         return _hash(init_secret, str(public_ip))
     except (ConstellationError, ValueError) as err:
-        # Never echo the secret: the errors of init_secret.py name the field only.
+        # Never echo the secret: the errors of kms/init_secret.py name the field only.
         reason = err if isinstance(err, ConstellationError) else "public_ip: expected an IP address"
         raise AnsibleFilterError("init_secret_hash: %s" % reason) from None
 
