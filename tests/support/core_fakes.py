@@ -1,8 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The fakes of the Core's ports (``core/ports.py``) that the agent tests share. A module of its
-own (not conftest.py): test files import it by a name no other test folder uses."""
+"""The fakes of the Core's ports (``core/ports.py``) that the unit and integration tests share."""
 
 from __future__ import annotations
 

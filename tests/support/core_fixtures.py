@@ -1,13 +1,13 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Agent unit tests: real swtpm (or an in-memory TPM), memory store, a recording VPN (WireGuard itself
-runs in the lab tests). The fakes implement the Core's ports (``core/ports.py``)."""
+"""The fixtures of a Core for the unit tests of the Core, the RPC protocol and the agent (tests/unit/conftest.py
+registers them): real swtpm (or an in-memory TPM), memory store, a recording VPN (WireGuard itself runs in the
+lab tests). The fakes implement the Core's ports (``core/ports.py``, tests/support/core_fakes.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
@@ -19,9 +19,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN  # noqa: F401 pylint: disable=unused-import
 
 os.environ.setdefault("TSS2_LOG", "all+none")
-
-if not shutil.which("swtpm"):  # pragma: no cover - the environment has it
-    pytest.skip("swtpm is not installed", allow_module_level=True)
 
 
 def start_swtpm(path) -> SwTPM:

@@ -1,4 +1,5 @@
-"""Fixtures for the kubeadm tests. ``kubeadm_double`` is the TEST DOUBLE of the kubeadm executable
+"""Fixtures of the kubeadm TEST DOUBLE for the kubeadm and vpnapi tests (tests/unit/conftest.py registers them).
+``KUBEADM_DOUBLE`` is the TEST DOUBLE of the kubeadm executable
 (tests/doubles/kubeadm): kubeadm cannot be installed here, so the Core is driven through it at the
 process boundary."""
 
