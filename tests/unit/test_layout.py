@@ -357,8 +357,6 @@ _TEXT_SUFFIXES = {".py", ".md", ".rst", ".yml", ".yaml", ".sh", ".cfg", ".toml",
 _HISTORY = ("CHANGELOG.md", "CHANGELOG.rst", "changelogs/")
 # docs/bench.md is a log of measurements: each run is named by the issue whose code it measured.
 _MEASUREMENT_LOG = {"docs/bench.md"}
-# Until the rewrite of docs/architecture.md (helper rename) lands: remove this entry at the merge.
-_PENDING = {"docs/architecture.md"}
 # Forbidden: the upstream spec's and the design notes' names (neither file is in the repository), and
 # "issue N" (a comment says why the code is as it is, not which issue changed it; "issue 7.8 ms" is a verb).
 # A name in code (``valid_args(SPEC)``, ``SPEC = dict(...)``) is not a citation.
@@ -504,7 +502,7 @@ def test_every_cited_path_exists_and_nothing_cites_what_the_repository_lacks():
         for number, line in enumerate(text.splitlines(), 1):
             if _UPSTREAM_NOTES.search(line):
                 unknown_notes.append("%s:%d: %s" % (rel, number, line.strip()[:120]))
-            if _ISSUE_NUMBER.search(line) and rel not in _MEASUREMENT_LOG | _PENDING:
+            if _ISSUE_NUMBER.search(line) and rel not in _MEASUREMENT_LOG:
                 issue_numbers.append("%s:%d: %s" % (rel, number, line.strip()[:120]))
         for prose in _prose(path, rel):
             for cited in _CITED_PATH.findall(prose):
