@@ -220,22 +220,22 @@ def poll_costs(coordinator, vpnapi, spec) -> dict:
     server_ip = coordinator.context.vpn_ip
     node_keys = peer_auth.PairKeys(priv_key)
     proof = node_keys.proof(coordinator.context.vpn_pub_key, challenge, record.vpn_ip, server_ip)
-    access = coordinator.access
+    peer_access = coordinator.peer_access
     version = registry.peers.version
     measurements = coordinator.measurements
 
     def uncached():
-        access._peer_auth_cache = None  # pylint: disable=protected-access
-        access.check_peer_proof(record.vpn_ip, server_ip, challenge, proof)
+        peer_access._peer_auth_cache = None  # pylint: disable=protected-access
+        peer_access.check_peer_proof(record.vpn_ip, server_ip, challenge, proof)
 
     def peek():
         measurements._version = (0.0, 0)  # pylint: disable=protected-access
         measurements.version()
 
-    assert access.check_peer_proof(record.vpn_ip, server_ip, challenge, proof) == record.vpn_pub_key
+    assert peer_access.check_peer_proof(record.vpn_ip, server_ip, challenge, proof) == record.vpn_pub_key
     return {
         "known_peer_check_us": median_us(lambda: vpnapi.accept_check((record.vpn_ip, 1))),
-        "peer_auth_cached_us": median_us(lambda: access.check_peer_proof(record.vpn_ip, server_ip, challenge, proof)),
+        "peer_auth_cached_us": median_us(lambda: peer_access.check_peer_proof(record.vpn_ip, server_ip, challenge, proof)),
         "peer_auth_x25519_us": median_us(uncached, 500),
         "get_update_nochange_us": median_us(lambda: coordinator.coordinator.get_update(version)),
         "measurements_version_cached_us": median_us(measurements.version),

@@ -14,7 +14,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.access i
 
 
 class CorePeerView(PeerView):
-    """``core``: a ``core.Core`` (its context, access, evictions and kubernetes services)."""
+    """``core``: a ``core.Core`` (its context, peer_access, evictions and kubernetes services)."""
 
     def __init__(self, core):
         self.core = core
@@ -35,7 +35,7 @@ class CorePeerView(PeerView):
     def check_peer(self, method: str, peer_ip: str, vpn_pub_key: str) -> None:
         """An eviction or a removal may come while a connection is open: every request looks again (from memory)."""
         self.check_not_evicted(method, peer_ip)
-        record = self.core.access.vpn_peer_record(peer_ip)
+        record = self.core.peer_access.vpn_peer_record(peer_ip)
         if record is None or record.vpn_pub_key != vpn_pub_key:
             raise AccessDenied("%s: %s is no longer the peer that authenticated this connection" % (method, peer_ip))
 

@@ -31,16 +31,16 @@ LOOK_AGAIN = 5.0  # a held GetUpdate looks at the measurements version (and a sh
 
 
 class VPNAPI:
-    """The services (core/__init__.py; agent/wiring.py passes them): ``coordinator`` (registry, updates), ``access``
+    """The services (core/__init__.py; agent/wiring.py passes them): ``coordinator`` (registry, updates), ``peer_access``
     (PeerAuth, data keys), ``evictions``, ``kubernetes`` (join material; its ``kubeadm_provider``, None:
     GetJoinArgs and GetCertificateKey answer that kubeadm is not available here), ``activation``
     (GetStateDiskKey), ``measurements`` (GetMeasurements, GetUpdate's version)."""
 
-    def __init__(self, log=None, *, coordinator=None, access=None, evictions=None, kubernetes=None, activation=None,
+    def __init__(self, log=None, *, coordinator=None, peer_access=None, evictions=None, kubernetes=None, activation=None,
                  measurements=None):
         self.measurements = measurements  # core/accepted_measurements.py (GetMeasurements, GetUpdate's version)
         self.coordinator = coordinator
-        self.access = access
+        self.peer_access = peer_access
         self.evictions = evictions
         self.kubernetes = kubernetes
         self.activation = activation
@@ -69,10 +69,10 @@ class VPNAPI:
         refused an evicted caller before (the declaration: CALLER_VPN_PEER)."""
         challenge = secrets.token_bytes(peer_auth.CHALLENGE_SIZE)
         server_ip = conn.sock.getsockname()[0]
-        conn.stream.send_msg({"challenge": b64e(challenge), "server_vpn_pub_key": self.access.peer_auth_server_pub_key()})
+        conn.stream.send_msg({"challenge": b64e(challenge), "server_vpn_pub_key": self.peer_access.peer_auth_server_pub_key()})
         step = conn.recv_owed("the proof")  # a short deadline, replaceable meanwhile (rpc/server.py)
         proof = b64d(step.get("proof"), "proof", max_size=64)
-        pub_key = self.access.check_peer_proof(conn.peer_ip, server_ip, challenge, proof)
+        pub_key = self.peer_access.check_peer_proof(conn.peer_ip, server_ip, challenge, proof)
         if pub_key is None:
             self._log("peer_auth_refused", peer=conn.peer_ip)
             raise AccessDenied("PeerAuth: %s did not prove the WireGuard private key recorded for it at activation"
@@ -137,7 +137,7 @@ class VPNAPI:
     def get_data_key(self, conn: Connection, request: schema.GetDataKeyRequest) -> None:
         pub_key = conn.caller.vpn_pub_key
         length = 32 if request.length is None else request.length
-        key = self.access.get_data_key(request.data_key_id, length, pub_key)  # namespaced: peer/<pub_key>/<id>
+        key = self.peer_access.get_data_key(request.data_key_id, length, pub_key)  # namespaced: peer/<pub_key>/<id>
         self._log("data_key", peer=conn.peer_ip, data_key_id=request.data_key_id)
         conn.stream.send_result({"data_key": b64e(key)})
 

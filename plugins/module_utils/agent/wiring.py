@@ -63,7 +63,7 @@ def pubapi_handlers(core: Core, validator_for_nodes=None, *, log=None, issuer=No
 
 
 def vpnapi_handlers(core: Core, log=None) -> VPNAPI:
-    return VPNAPI(log, coordinator=core.coordinator, access=core.access, evictions=core.evictions,
+    return VPNAPI(log, coordinator=core.coordinator, peer_access=core.peer_access, evictions=core.evictions,
                   kubernetes=core.kubernetes, activation=core.activation, measurements=core.measurements)
 
 

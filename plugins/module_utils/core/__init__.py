@@ -120,15 +120,15 @@ class Core:
                                              agent_measurement=agent_measurement, deployment_mode=deployment_mode,
                                              state_disk=state_disk, etcd_member=etcd_member)
         self.signing = Signing(context)
-        self.access = PeerAccess(context)
+        self.peer_access = PeerAccess(context)
         self.evictions = Evictions(context)
         self.shared_store = SharedStore(context)
-        self.kubernetes = Kubernetes(context, self.access, self.evictions, kubeadm_provider)
-        self.coordinator = Coordinator(context, self.shared_store, self.access, self.signing)
+        self.kubernetes = Kubernetes(context, self.peer_access, self.evictions, kubeadm_provider)
+        self.coordinator = Coordinator(context, self.shared_store, self.peer_access, self.signing)
         self.admissions = Admissions(context, insecure_join_without_admission)  # the admin's consent to joins: the admitted EKs
-        self.join_service = JoinService(context, self.coordinator, self.access, self.kubernetes, self.signing,
+        self.join_service = JoinService(context, self.coordinator, self.peer_access, self.kubernetes, self.signing,
                                         self.admissions)
-        self.activation = Activation(context, self.coordinator, self.signing, self.access, self.evictions,
+        self.activation = Activation(context, self.coordinator, self.signing, self.peer_access, self.evictions,
                                      self.kubernetes, activation_workers)
         self.cluster = Cluster(context, self.coordinator, self.signing)
         self.node = Node(context)
@@ -138,7 +138,7 @@ class Core:
                                self.measurements.record_peer_set)
         self.status = Status(context, self.shared_store, self.evictions, self.signing, self.admissions)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
-        self.backup = Backup(context, self.recovery, self.access, self.coordinator)
+        self.backup = Backup(context, self.recovery, self.peer_access, self.coordinator)
         self.removal = Removal(context, self.coordinator, self.kubernetes, self.evictions)
 
     # The few read-only accessors every side uses; everything else: the services above.

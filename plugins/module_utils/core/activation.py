@@ -109,13 +109,13 @@ class NodeNames(Protocol):
 class Activation:
     """ActivateAdditionalNodes over the peer's ``PeerContext``."""
 
-    def __init__(self, context: PeerContext, registry: Registry, signing: CoordinatorAuth, access: DiskClaim,
+    def __init__(self, context: PeerContext, registry: Registry, signing: CoordinatorAuth, peer_access: DiskClaim,
                  evictions: Readmission, names: Optional[NodeNames] = None, activation_workers: int = ACTIVATION_WORKERS):
         self.context = context
         self.names = names
         self.registry = registry
         self.signing = signing
-        self.access = access
+        self.peer_access = peer_access
         self.evictions = evictions
         self.activation_workers = activation_workers  # the agent's ``activation_workers``
 
@@ -256,7 +256,7 @@ class Activation:
         current = registry.peers.get(record.vpn_ip) if registry is not None else None
         if current is not None and current.vpn_pub_key != record.vpn_pub_key:
             raise StateError("VPN IP %s belongs to another peer (another WireGuard key)" % record.vpn_ip)
-        self.access.claim_disk_uuid(disk_uuid, record.vpn_ip, record.vpn_pub_key, "ActivateAdditionalNodes")
+        self.peer_access.claim_disk_uuid(disk_uuid, record.vpn_ip, record.vpn_pub_key, "ActivateAdditionalNodes")
         designated = False
         if control_plane and node_records.load_control_plane(self.context.store, record.vpn_ip) != record.vpn_pub_key:
             node_records.save_control_plane(self.context.store, record.vpn_ip, record.vpn_pub_key)

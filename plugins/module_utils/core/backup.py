@@ -72,10 +72,10 @@ class PeerPut(Protocol):
 class Backup:
     """Export and restore over the peer's ``PeerContext``."""
 
-    def __init__(self, context: PeerContext, recovery: Resume, access: DiskClaim, coordinator: PeerPut):
+    def __init__(self, context: PeerContext, recovery: Resume, peer_access: DiskClaim, coordinator: PeerPut):
         self.context = context
         self.recovery = recovery
-        self.access = access
+        self.peer_access = peer_access
         self.coordinator = coordinator
 
     # -- out
@@ -146,7 +146,7 @@ class Backup:
             ctx.set_role(ROLE_COORDINATOR)
             self.recovery.resume()  # KMS, init secret, VPN with the same key and IP, registry, evictions
             pub_key = ctx.vpn_pub_key
-            self.access.claim_disk_uuid(ctx.disk_uuid, restored.vpn_ip, pub_key, method)  # this host's disk
+            self.peer_access.claim_disk_uuid(ctx.disk_uuid, restored.vpn_ip, pub_key, method)  # this host's disk
             ctx.keep_disk_key(kms_mod.state_disk_key(kms, ctx.disk_uuid))
             if peer_version_floor is not None:  # the Nodes refuse an older set: continue above what they applied
                 ctx.peer_registry.update(lambda r: r.peers.continue_above(peer_version_floor))

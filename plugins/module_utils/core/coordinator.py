@@ -79,10 +79,10 @@ class Signatures(Protocol):
 class Coordinator:
     """One Coordinator's duties over the peer's ``PeerContext``."""
 
-    def __init__(self, context: PeerContext, shared_store: SharedStoreStart, access: DiskClaim, signing: Signatures):
+    def __init__(self, context: PeerContext, shared_store: SharedStoreStart, peer_access: DiskClaim, signing: Signatures):
         self.context = context
         self.shared_store = shared_store
-        self.access = access
+        self.peer_access = peer_access
         self.signing = signing
 
     # -- activation as Coordinator
@@ -125,7 +125,7 @@ class Coordinator:
                 return registry.add(pub_key, ctx.public_ip, "coordinator")
 
             record = ctx.peer_registry.update(add_self, vpn_cidr)
-            self.access.claim_disk_uuid(ctx.disk_uuid, record.vpn_ip, pub_key, method)  # no node may name ours
+            self.peer_access.claim_disk_uuid(ctx.disk_uuid, record.vpn_ip, pub_key, method)  # no node may name ours
             state_store.save_kms_data(ctx.local_store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
             if secret is not None:
                 state_store.save_init_secret(ctx.local_store, secret)  # to prove itself to the nodes it activates

@@ -85,12 +85,12 @@ class JoinSigning(Protocol):
 class JoinService:
     """The Coordinator's join service over the peer's ``PeerContext``."""
 
-    def __init__(self, context: PeerContext, registry: Registry, access: DiskOwnership, kubernetes: JoinMaterial,
+    def __init__(self, context: PeerContext, registry: Registry, peer_access: DiskOwnership, kubernetes: JoinMaterial,
                  signing: JoinSigning, admissions: JoinAdmission):
         self.context = context
         self.admissions = admissions
         self.registry = registry
-        self.access = access
+        self.peer_access = peer_access
         self.kubernetes = kubernetes
         self.signing = signing
 
@@ -120,7 +120,7 @@ class JoinService:
         # The joining node cannot designate itself a control plane: only the admin can (activation).
         refuse_control_plane_join(method, is_control_plane)
         normalized_uuid = normalize_disk_uuid(disk_uuid)
-        self.access.require_disk_uuid_free(normalized_uuid, b64(node_vpn_pub_key), method)  # before any attestation work
+        self.peer_access.require_disk_uuid_free(normalized_uuid, b64(node_vpn_pub_key), method)  # before any attestation work
         validation = self.attest_over(channel, validator, method, channel.user_data(node_vpn_pub_key, disk_uuid),
                                       "join_refused")
         # The admin's consent, proven by the node's TPM (the EK its AK was certified through), before any IP is
@@ -134,7 +134,7 @@ class JoinService:
                 self.kubernetes.name_node(vpn_ip, admitted["name"], method)
                 named = True
             # The disk UUID becomes this node's (by its WireGuard key) before its disk key leaves.
-            self.access.claim_disk_uuid(normalized_uuid, vpn_ip, pub_key, method)
+            self.peer_access.claim_disk_uuid(normalized_uuid, vpn_ip, pub_key, method)
             channel.deliver(self.signing.signed_join_ticket(  # signed, bound to this request and connection
                 self.issue_join_ticket(normalized_uuid, vpn_ip, certificate_request),
                 channel.user_data(node_vpn_pub_key, disk_uuid)))

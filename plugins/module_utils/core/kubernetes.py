@@ -84,10 +84,10 @@ class Kubernetes:
     """The Coordinator's Kubernetes join material. ``kubeadm_provider`` is set by the agent (the vpnapi's
     ``kubeadm``); None: no kubeadm on this Coordinator."""
 
-    def __init__(self, context: PeerContext, access: ControlPlaneDesignation, evictions: EvictionCheck,
+    def __init__(self, context: PeerContext, peer_access: ControlPlaneDesignation, evictions: EvictionCheck,
                  kubeadm_provider: Optional[KubeadmProvider] = None):
         self.context = context
-        self.access = access
+        self.peer_access = peer_access
         self.evictions = evictions
         self.kubeadm_provider = kubeadm_provider
 
@@ -168,7 +168,7 @@ class Kubernetes:
         """Control-plane material (the PKI files, the certificate key) goes only to a peer the admin
         designated a control plane (``is_designated_control_plane``: a Coordinator, or a Node activated
         with the designation), identified by the WireGuard key it proved. AccessDenied otherwise."""
-        if vpn_pub_key is None or not self.access.is_designated_control_plane(vpn_ip, vpn_pub_key):
+        if vpn_pub_key is None or not self.peer_access.is_designated_control_plane(vpn_ip, vpn_pub_key):
             self.context.log("control_plane_refused", node_vpn_ip=vpn_ip, method=method)
             raise AccessDenied("%s: is_control_plane: %s is not designated a control plane by the admin (control "
                                "planes are designated at activation: activate_nodes control_plane_public_endpoints)"

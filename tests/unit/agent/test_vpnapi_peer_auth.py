@@ -186,7 +186,7 @@ def test_get_data_key_ids_are_namespaced_per_caller(cluster):
             client.get_data_key(kms.MEASUREMENT_SECRET_KEY_ID)
     master = kms.open_kms(state_store.load_kms_data(cluster.core.context.local_store)["kms_uri"])
     assert alice_key != bob_key and master.derive_key("foo", 32) not in (alice_key, bob_key)
-    namespace = "peer/%s/" % cluster.core.access.vpn_peer_record(alice).vpn_pub_key
+    namespace = "peer/%s/" % cluster.core.peer_access.vpn_peer_record(alice).vpn_pub_key
     assert alice_key == master.derive_key(namespace + "foo", 32)
 
 

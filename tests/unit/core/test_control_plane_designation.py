@@ -37,10 +37,10 @@ def test_the_admin_designates_control_planes_at_activation(make_core, secret):
                                            control_plane_endpoints=["10.42.0.51:9000"])
     assert all(row["ok"] for row in rows)
     worker, plane = nodes["10.42.0.50:9000"], nodes["10.42.0.51:9000"]
-    assert not coord.access.is_designated_control_plane(worker.context.vpn_ip, worker.context.vpn_pub_key)
-    assert coord.access.is_designated_control_plane(plane.context.vpn_ip, plane.context.vpn_pub_key)
-    assert not coord.access.is_designated_control_plane(plane.context.vpn_ip, worker.context.vpn_pub_key)  # bound to the key
-    assert coord.access.is_designated_control_plane(coord.context.vpn_ip, coord.context.vpn_pub_key)  # a Coordinator is one
+    assert not coord.peer_access.is_designated_control_plane(worker.context.vpn_ip, worker.context.vpn_pub_key)
+    assert coord.peer_access.is_designated_control_plane(plane.context.vpn_ip, plane.context.vpn_pub_key)
+    assert not coord.peer_access.is_designated_control_plane(plane.context.vpn_ip, worker.context.vpn_pub_key)  # bound to the key
+    assert coord.peer_access.is_designated_control_plane(coord.context.vpn_ip, coord.context.vpn_pub_key)  # a Coordinator is one
     with pytest.raises(InputError, match="control_plane_endpoints"):
         coord.activation.activate_nodes(["10.42.0.52:9000"], lambda e: FakeNodeClient(plane),
                                         control_plane_endpoints=["10.42.0.53:9000"])

@@ -279,7 +279,7 @@ def test_every_coordinator_derives_the_same_key_and_getdatakey_never_hands_out_i
     assert node.context.stored_node().coordinator_pub_key == coordinator.signing.coordinator_pub_key()  # pinned at activation
     seed = kms.ClusterKMS(secret).derive_key(kms.COORDINATOR_SIGNING_KEY_ID)
     with pytest.raises(InputError, match="reserved"):
-        coordinator.access.get_data_key(kms.COORDINATOR_SIGNING_KEY_ID, 32)
+        coordinator.peer_access.get_data_key(kms.COORDINATOR_SIGNING_KEY_ID, 32)
     raw = base64.b64decode(coordinator.signing.coordinator_pub_key())
     assert len(raw) == 32 and seed not in raw
     assert kms.coordinator_pub_key(kms.ClusterKMS(kms.MasterSecret.generate())) != coordinator.signing.coordinator_pub_key()

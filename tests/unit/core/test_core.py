@@ -260,18 +260,18 @@ def test_get_data_key_refuses_reserved_ids_and_disk_uuids(swtpm, make_core, secr
     c, _unused = make_core(swtpm)
     c.recovery.load()
     with pytest.raises(StateError):
-        c.access.get_data_key("foo", 32)
+        c.peer_access.get_data_key("foo", 32)
     activate(c, secret)
     # Namespaced per caller (peer/<WireGuard key>/): never the bare ID's key.
     caller = "B" * 43 + "="
-    assert c.access.get_data_key("foo", 16, caller) == kms.ClusterKMS(secret).derive_key("peer/%s/foo" % caller, 16)
-    assert c.access.get_data_key("foo", 16) == kms.ClusterKMS(secret).derive_key("peer/%s/foo" % c.context.vpn_pub_key, 16)
-    assert kms.ClusterKMS(secret).derive_key("foo", 16) not in (c.access.get_data_key("foo", 16), c.access.get_data_key("foo", 16, caller))
+    assert c.peer_access.get_data_key("foo", 16, caller) == kms.ClusterKMS(secret).derive_key("peer/%s/foo" % caller, 16)
+    assert c.peer_access.get_data_key("foo", 16) == kms.ClusterKMS(secret).derive_key("peer/%s/foo" % c.context.vpn_pub_key, 16)
+    assert kms.ClusterKMS(secret).derive_key("foo", 16) not in (c.peer_access.get_data_key("foo", 16), c.peer_access.get_data_key("foo", 16, caller))
     for bad in ("measurementSecret", "ca_emergency_ssh", "", c.context.disk_uuid):
         with pytest.raises(InputError):
-            c.access.get_data_key(bad, 32)
+            c.peer_access.get_data_key(bad, 32)
     with pytest.raises(InputError, match="length"):
-        c.access.get_data_key("foo", 0)
+        c.peer_access.get_data_key("foo", 0)
     assert state_store.load_kms_data(c.context.store)["kms_uri"] == secret.to_uri()
 
 

@@ -62,13 +62,13 @@ def test_the_attacker_gets_no_ticket_even_when_the_refusal_comes_late(make_core,
     coord, _vpn = coordinator(make_core, secret)
     uuid = core.new_disk_uuid()
     first_pub, second_pub = os.urandom(32), os.urandom(32)
-    coord.access.require_disk_uuid_free(uuid, core.inputs.b64(second_pub), "IssueJoinTicket")  # both pass the early check
+    coord.peer_access.require_disk_uuid_free(uuid, core.inputs.b64(second_pub), "IssueJoinTicket")  # both pass the early check
     join(coord, uuid, first_pub)
     tickets = []
     with pytest.raises(AccessDenied, match="disk UUID %s is taken" % uuid):
         vpn_ip = coord.coordinator.reserve_node_ip()
         try:
-            coord.access.claim_disk_uuid(uuid, vpn_ip, core.inputs.b64(second_pub), "IssueJoinTicket")
+            coord.peer_access.claim_disk_uuid(uuid, vpn_ip, core.inputs.b64(second_pub), "IssueJoinTicket")
             tickets.append(coord.join_service.issue_join_ticket(uuid, vpn_ip))
         finally:
             coord.coordinator.release_node_ip(vpn_ip)

@@ -34,8 +34,8 @@ def test_removal_deletes_the_node_object_and_frees_its_name(apiserver, control_p
     assert apiserver.node_names() == ["control-plane-0", "worker-1"]
     removed_ip = rows["worker-0"][0]
     # The removed Node is no peer: the vpnapi's PeerAuth finds no key recorded for its address (nothing more for it).
-    assert coordinator.access.vpn_peer_record(removed_ip) is None
-    assert coordinator.access.check_peer_proof(removed_ip, "10.118.0.1", os.urandom(32), os.urandom(32)) is None
+    assert coordinator.peer_access.vpn_peer_record(removed_ip) is None
+    assert coordinator.peer_access.check_peer_proof(removed_ip, "10.118.0.1", os.urandom(32), os.urandom(32)) is None
     # Its name is free: the next node (here on the freed VPN IP, as the next activation gets it) may be certified.
     reused = coordinator.coordinator.reserve_node_ip()
     assert reused == removed_ip
