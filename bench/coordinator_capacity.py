@@ -158,7 +158,7 @@ def coordinator_main(spec_file: str) -> None:
         return connect_enrolling(lambda v: AgentClient.connect(endpoint, v, timeout=timeout), [validator])
 
     outcomes = {}
-    reattest_peers = coordinator.trust.reattest_peers
+    reattest_peers = coordinator.peer_trust.reattest_peers
 
     def counted(*args, **kwargs):  # what the loop's batches did, for the report
         rows = reattest_peers(*args, **kwargs)
@@ -166,12 +166,12 @@ def coordinator_main(spec_file: str) -> None:
             outcomes[row["outcome"]] = outcomes.get(row["outcome"], 0) + 1
         return rows
 
-    coordinator.trust.reattest_peers = counted
+    coordinator.peer_trust.reattest_peers = counted
     changes = []
     for line in sys.stdin:
         command = line.strip()
         if command == "reattest":
-            loop = core.ReattestLoop(coordinator.trust, connect_peer, float(spec["reattest_interval"]),
+            loop = core.ReattestLoop(coordinator.peer_trust, connect_peer, float(spec["reattest_interval"]),
                                      DEFAULT_REATTEST_WORKERS, DEFAULT_REATTEST_UNREACHABLE_LIMIT, stop, log=log)
             threading.Thread(target=loop.run_cycles, daemon=True).start()  # the first cycle now, not after one interval
             print(json.dumps({"reattest": "started"}), flush=True)

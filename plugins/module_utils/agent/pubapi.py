@@ -63,12 +63,12 @@ class PubAPI:
     cluster: a resumed activation). ``connect_node(endpoint) -> AgentClient``: aTLS connection to a node,
     verified with it. The services: ``status`` (GetState), ``coordinator`` (activation as Coordinator, the
     registry), ``activation`` (nodes), ``cluster`` (further Coordinators), ``node`` (activation as Node),
-    ``join_service`` (IssueJoinTicket), ``trust`` (IssueRejoinTicket), ``recovery`` (Recover; and this Node's
+    ``join_service`` (IssueJoinTicket), ``peer_trust`` (IssueRejoinTicket), ``recovery`` (Recover; and this Node's
     Coordinators, with ``coordinator_endpoints``: the agent config's, for EnrollAK's budget of theirs)."""
 
     def __init__(self, validator_for_nodes=None, connect_node: Optional[Callable[[str], AgentClient]] = None,
                  log=None, issuer=None, validator_for_activation=None, *, status=None, coordinator=None,
-                 activation=None, cluster=None, node=None, join_service=None, trust=None, recovery=None, backup=None,
+                 activation=None, cluster=None, node=None, join_service=None, peer_trust=None, recovery=None, backup=None,
                  coordinator_endpoints: Sequence[Optional[str]] = ()):
         self.coordinator_endpoints = [e for e in coordinator_endpoints if e]
         self.status = status
@@ -77,7 +77,7 @@ class PubAPI:
         self.cluster = cluster
         self.node = node
         self.join_service = join_service
-        self.trust = trust
+        self.peer_trust = peer_trust
         self.recovery = recovery
         self.backup = backup  # core/backup.py: ActivateAsCoordinator with restore_state
         self.validator_for_nodes = validator_for_nodes
@@ -227,7 +227,7 @@ class PubAPI:
     def issue_rejoin_ticket(self, conn: Connection, request: schema.IssueRejoinTicketRequest) -> None:
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueRejoinTicket: only over aTLS on a Coordinator with a node policy")
-        result = self.trust.serve_rejoin(request.vpn_ip, b64e(request.node_vpn_pub_key), request.disk_uuid,
+        result = self.peer_trust.serve_rejoin(request.vpn_ip, b64e(request.node_vpn_pub_key), request.disk_uuid,
                                          ServerRejoinChannel(conn), self.validator_for_nodes)
         conn.stream.send_result(result)
 

@@ -58,7 +58,7 @@ def pubapi_handlers(core: Core, validator_for_nodes=None, *, log=None, issuer=No
     return PubAPI(validator_for_nodes, connect_node, log=log, issuer=issuer,
                   validator_for_activation=validator_for_activation, status=core.status, coordinator=core.coordinator,
                   activation=core.activation, cluster=core.cluster, node=core.node, join_service=core.join_service,
-                  trust=core.trust, recovery=core.recovery, backup=core.backup,
+                  peer_trust=core.peer_trust, recovery=core.recovery, backup=core.backup,
                   coordinator_endpoints=coordinator_endpoints)
 
 
@@ -120,7 +120,7 @@ class Listeners:
         # One Coordinator at a time re-attests (an etcd lease when several share the store; alone, always).
         leadership = Leadership(self.core.context.store, "%s@%s" % (config.public_ip, self.core.context.vpn_ip),
                                 ttl=max(2, min(60, int(config.reattest_interval * 2) + 1)))
-        return ReattestLoop(self.core.trust, connect_peer, float(config.reattest_interval), config.reattest_workers,
+        return ReattestLoop(self.core.peer_trust, connect_peer, float(config.reattest_interval), config.reattest_workers,
                             config.reattest_unreachable_limit, self.stop, log=self.log, leadership=leadership,
                             unverified_eviction_after=float(config.unverified_eviction_after))
 
@@ -163,7 +163,7 @@ def build_agent(config: AgentConfig, log: Optional[JSONLog] = None) -> Agent:
                 activation_workers=config.activation_workers,
                 insecure_join_without_admission=config.insecure_join_without_admission,  # warned at every start
                 measurements_policy=policy)  # set by the admin on a Coordinator, fetched by Nodes, applied at once
-    core.trust.keep_certified_aks(attestation.certified_aks)  # loaded from the sealed store, written through
+    core.peer_trust.keep_certified_aks(attestation.certified_aks)  # loaded from the sealed store, written through
     tls = AgentServerContext(attestation.issuer)
     remote_exec = RemoteExec(config.state_dir, log)
     admin = admin_handlers(core, log, issue=tls.issue, variant_oid=attestation.issuer.oid, reset=reset.request)

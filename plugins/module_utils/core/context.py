@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What every service of a peer's Core shares (``PeerContext``): its ports (store, TPM, VPN, KMS), the
 node lock, the state machine, the persisted node state and the few accessors all sides read. The
-services (``coordinator``, ``activation``, ``cluster``, ``node``, ``trust``, ``recovery``, ...)
+services (``coordinator``, ``activation``, ``cluster``, ``node``, ``peer_trust``, ``recovery``, ...)
 hold one ``PeerContext`` each; nothing here decides anything beyond state checks and persistence."""
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def cluster(make_core):
     activate_node(coordinator, node, "10.42.0.12")
     other = coordinator.coordinator.reserve_node_ip()
     coordinator.activation.record_node(other, "x" * 43 + "=", "10.42.0.13", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
-    coordinator.trust.evict_peer(other, "test: failed re-attestation")
+    coordinator.peer_trust.evict_peer(other, "test: failed re-attestation")
     running = [serve(coordinator), serve(node)]
     yield coordinator, node, admin_key, running[0][2], running[1][2]
     for server, tls, _endpoint in running:

@@ -220,13 +220,13 @@ def test_a_node_whose_handshake_times_out_or_resets_is_unreachable_not_evicted(c
     try:
         connect_peer = connect_to(hole.endpoint, [DummyValidator()])
         for round_ in (1, 2):
-            rows = c.trust.reattest_peers(connect_peer, unreachable_limit=3)
+            rows = c.peer_trust.reattest_peers(connect_peer, unreachable_limit=3)
             assert {r["outcome"] for r in rows} == {"unreachable"}, rows
             assert all("attestation failed" not in r["error"] for r in rows)
         for node in nodes.values():
             assert not c.evictions.is_evicted(node["vpn_ip"]) and c.coordinator.is_known_peer_ip(node["vpn_ip"])
         assert c.get_state()["evicted"] == []
-        rows = c.trust.reattest_peers(connect_peer, unreachable_limit=3)  # the limit: unverified, not evicted
+        rows = c.peer_trust.reattest_peers(connect_peer, unreachable_limit=3)  # the limit: unverified, not evicted
         assert {r["outcome"] for r in rows} == {"unverified"}
         assert c.get_state()["evicted"] == [] and len(c.get_state()["unverified"]) == len(nodes)
     finally:
@@ -241,7 +241,7 @@ def test_a_document_that_arrives_and_fails_verification_still_evicts_at_once(clu
     tls = AgentServerContext(DummyIssuer(), key_pool_size=0)
     server = FrameServer("pubapi", ("127.0.0.1", 0), {}, tls=tls).start()
     try:
-        rows = c.trust.reattest_peers(connect_to(endpoint_of(server), [RefusingValidator()], timeout=10))
+        rows = c.peer_trust.reattest_peers(connect_to(endpoint_of(server), [RefusingValidator()], timeout=10))
         assert {r["outcome"] for r in rows} == {"evicted"}
         assert all("PCR 4" in r["error"] and r["error"].startswith("attestation failed") for r in rows)
     finally:

@@ -115,7 +115,7 @@ def reattest(coordinator, server, rounds=3):
         raw = bound_socket(server, COORDINATOR_IP)
         return AgentClient.connect("%s:%d" % (public_ip, server.address[1]), [validator], sock=raw, timeout=10)
 
-    return [coordinator.trust.reattest_peers(connect_peer, unreachable_limit=3) for _round in range(rounds)]
+    return [coordinator.peer_trust.reattest_peers(connect_peer, unreachable_limit=3) for _round in range(rounds)]
 
 
 def assert_not_evicted(coordinator, peer):

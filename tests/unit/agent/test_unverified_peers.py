@@ -86,7 +86,7 @@ def unreachable(request, cluster):  # noqa: F811
     Node passes. Yields (core, nodes, clock, connect_peer, the set of unreachable public IPs)."""
     c, _vpn, nodes = cluster
     clock = WallClock()
-    c.trust.clock = clock
+    c.peer_trust.clock = clock
     hole = BlackHole() if request.param == "blackholed" else None
     real_connect = connect_to(hole.endpoint if hole else closed_port(), [DummyValidator()])
     ours = expected_pcr15(c.context.cluster_id)
@@ -106,7 +106,7 @@ def unreachable(request, cluster):  # noqa: F811
 
 def _round(c, connect_peer):
     """One round as the agent runs it under the defaults (3 rounds, ``EVICTION_AFTER``)."""
-    return {r["public_ip"]: r for r in c.trust.reattest_peers(connect_peer, unreachable_limit=3)}
+    return {r["public_ip"]: r for r in c.peer_trust.reattest_peers(connect_peer, unreachable_limit=3)}
 
 
 def test_a_node_made_unreachable_is_unverified_not_evicted_and_gets_no_new_secret(unreachable):

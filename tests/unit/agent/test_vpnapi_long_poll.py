@@ -103,7 +103,7 @@ def test_an_eviction_ends_a_held_get_update_refused_with_no_peers_sent(cluster):
     other_ip = cluster.add_node("10.42.0.12")
     other_key = cluster.core.peer_access.vpn_peer_record(other_ip).vpn_pub_key
     held = Held(cluster, node_ip, _version(cluster))
-    cluster.core.trust.evict_peer(node_ip, "attestation failed: a test")  # evicted while it waits
+    cluster.core.peer_trust.evict_peer(node_ip, "attestation failed: a test")  # evicted while it waits
     answer, error = held.result()
     assert answer is None and error.kind == "AccessDenied" and "evicted" in str(error)
     received = bytes(held.recording.received)

@@ -64,7 +64,7 @@ class Coordinator:
                               core.new_disk_uuid(), log=log)
         self.trust = choose.load_trust("qemu-vtpm-ek", ca_paths)
         self.validator = VTPMEKValidator(Measurements(), ca_paths, certified_aks=self.trust.certified_aks)
-        keep = getattr(self.core.trust, "keep_certified_aks", None)  # without it: the AKs live in memory only
+        keep = getattr(self.core.peer_trust, "keep_certified_aks", None)  # without it: the AKs live in memory only
         self.loaded = keep(self.trust.certified_aks) if keep is not None else 0
 
     def reattest(self, endpoint):

@@ -51,7 +51,7 @@ def test_a_tampered_coordinator_is_re_attested_and_evicted(leader):
             return FakePeerClient(error=AttestationError("measurements mismatch: PCR 11: expected aa, found bb"))
         return FakePeerClient(ours, peers[public_ip])
 
-    rows = {r["public_ip"]: r for r in c.trust.reattest_peers(connect)}
+    rows = {r["public_ip"]: r for r in c.peer_trust.reattest_peers(connect)}
     assert sorted(asked) == ["10.42.0.2", "10.42.0.3"]  # the other Coordinators, never itself
     assert rows["10.42.0.3"]["outcome"] == "evicted" and rows["10.42.0.2"]["outcome"] == "passed"
     tampered = peers["10.42.0.3"]["vpn_ip"]
@@ -62,7 +62,7 @@ def test_a_tampered_coordinator_is_re_attested_and_evicted(leader):
     assert "evicted" in vpnapi_handlers(c).accept_check((tampered, 4000))
     with pytest.raises(AccessDenied):
         c.evictions.require_not_evicted(tampered, "GetDataKey")
-    assert c.trust.evict_peer(c.context.vpn_ip, "test") is None and c.coordinator.is_known_peer_ip(c.context.vpn_ip)
+    assert c.peer_trust.evict_peer(c.context.vpn_ip, "test") is None and c.coordinator.is_known_peer_ip(c.context.vpn_ip)
 
 
 def test_an_unreachable_coordinator_is_never_evicted(leader):
@@ -75,7 +75,7 @@ def test_an_unreachable_coordinator_is_never_evicted(leader):
         return FakePeerClient(ours, peers[public_ip])
 
     for _round in range(5):
-        rows = {r["public_ip"]: r["outcome"] for r in c.trust.reattest_peers(connect, unreachable_limit=3)}
+        rows = {r["public_ip"]: r["outcome"] for r in c.peer_trust.reattest_peers(connect, unreachable_limit=3)}
         assert rows == {"10.42.0.2": "unreachable", "10.42.0.3": "passed"}
     assert c.get_state()["evicted"] == [] and c.coordinator.is_known_peer_ip(peers["10.42.0.2"]["vpn_ip"])
 
@@ -90,6 +90,6 @@ def test_a_coordinator_whose_activation_is_under_way_is_not_evicted(leader):
     def connect(public_ip):
         return FakePeerClient(ours, joining if public_ip == "10.42.0.3" else peers[public_ip])
 
-    rows = {r["public_ip"]: r for r in c.trust.reattest_peers(connect, unreachable_limit=1)}
+    rows = {r["public_ip"]: r for r in c.peer_trust.reattest_peers(connect, unreachable_limit=1)}
     assert rows["10.42.0.3"]["outcome"] == "unreachable" and "not finished" in rows["10.42.0.3"]["error"]
     assert c.get_state()["evicted"] == [] and c.coordinator.is_known_peer_ip(peers["10.42.0.3"]["vpn_ip"])

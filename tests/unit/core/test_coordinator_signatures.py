@@ -166,7 +166,7 @@ def test_the_coordinators_signed_rejoin_ticket_is_taken(make_core, cluster):
 
         validator = type("V", (), {"oid": DummyValidator.oid,
                                    "validate": lambda self, d, n: type("R", (), {"user_data": binding})()})()
-        return coordinator.trust.serve_rejoin(vpn_ip, pub_key, disk_uuid, Channel(), validator)
+        return coordinator.peer_trust.serve_rejoin(vpn_ip, pub_key, disk_uuid, Channel(), validator)
 
     assert victim.recovery.rejoin(request_ticket)["state"] == "IsNode"
     assert tpm.pcr15() == expected_pcr15(coordinator.context.cluster_id)

@@ -168,11 +168,11 @@ def test_the_unreachable_limit_still_counts_cycles_of_each_peer(make_core):
         return FakePeerClient(ours, nodes[public_ip])
 
     clock = FakeTime(0)
-    c.trust.clock = clock
+    c.peer_trust.clock = clock
     seen = []
     for _cycle in range(8):  # one cycle each; evicted 5 intervals after the first failure
         clock.end = clock.now + INTERVAL
-        ReattestLoop(c.trust, connect, INTERVAL, 4, 3, clock, clock=clock,
+        ReattestLoop(c.peer_trust, connect, INTERVAL, 4, 3, clock, clock=clock,
                      unverified_eviction_after=5 * INTERVAL).run_cycles()
         seen.append("evicted" if c.evictions.is_evicted(down) else
                     "unverified" if c.evictions.is_unverified(down) else "unreachable")

@@ -116,7 +116,7 @@ def test_a_removed_node_cannot_rejoin_nor_be_resumed(cluster):
     channel = FakeRejoinChannel(b"")
     channel.document = channel.user_data(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"])
     with pytest.raises(AccessDenied, match="removed from this cluster by the admin.*reset.yml"):
-        c.trust.serve_rejoin(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"], channel, AnyQuote())
+        c.peer_trust.serve_rejoin(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"], channel, AnyQuote())
     assert channel.delivered is None
     # add_nodes.yml on the removed host, still locked to us: its resumption is refused, nothing recorded.
     client = FakePeerClient(pcr15=c.context.tpm.pcr15(), state={
@@ -130,7 +130,7 @@ def test_a_removed_node_cannot_rejoin_nor_be_resumed(cluster):
 def test_an_evicted_node_is_removed_and_its_reserved_ip_freed(cluster):
     c, _vpn, nodes, _key = cluster
     node = nodes["10.42.0.13"]
-    c.trust.evict_peer(node["vpn_ip"], "attestation failed (test)")
+    c.peer_trust.evict_peer(node["vpn_ip"], "attestation failed (test)")
     assert c.context.peer_registry.current().allocator.in_use(node["vpn_ip"])  # kept for its re-admission
     result = c.removal.remove_node(public_ip="10.42.0.13")
     assert result["changed"] is True and result["evicted"] is True

@@ -137,7 +137,7 @@ def test_a_failed_attestation_evicts_at_once_and_the_vpnapi_refuses_the_peer(clu
             return FakePeerClient(error=AttestationError("measurements mismatch: PCR 9: expected aa, found bb"))
         return FakePeerClient(ours, nodes[public_ip])
 
-    rows = {r["public_ip"]: r["outcome"] for r in c.trust.reattest_peers(connect)}
+    rows = {r["public_ip"]: r["outcome"] for r in c.peer_trust.reattest_peers(connect)}
     assert rows == {"10.42.0.12": "passed", bad: "evicted"}
     evicted_ip = nodes[bad]["vpn_ip"]
     assert not c.coordinator.is_known_peer_ip(evicted_ip) and c.evictions.is_evicted(evicted_ip)
@@ -160,7 +160,7 @@ def test_an_unreachable_peer_is_unverified_after_the_limit_evicted_after_the_per
     ours = expected_pcr15(c.context.cluster_id)
     down = {"10.42.0.12"}
     now = [1.8e9]
-    c.trust.clock = lambda: now[0]
+    c.peer_trust.clock = lambda: now[0]
 
     def connect(public_ip):
         if public_ip in down:
@@ -168,7 +168,7 @@ def test_an_unreachable_peer_is_unverified_after_the_limit_evicted_after_the_per
         return FakePeerClient(ours, nodes[public_ip])
 
     def outcome():
-        rows = c.trust.reattest_peers(connect, unreachable_limit=3, unverified_eviction_after=600)
+        rows = c.peer_trust.reattest_peers(connect, unreachable_limit=3, unverified_eviction_after=600)
         now[0] += 60
         return [r["outcome"] for r in rows if r["public_ip"] == "10.42.0.12"][0]
 
@@ -193,7 +193,7 @@ def test_a_peer_with_another_identity_or_cluster_is_evicted_and_readmission_need
             return FakePeerClient(ours, imposter)
         return FakePeerClient(os.urandom(32), nodes[public_ip])  # PCR 15 of another cluster
 
-    assert {r["outcome"] for r in c.trust.reattest_peers(connect)} == {"evicted"}
+    assert {r["outcome"] for r in c.peer_trust.reattest_peers(connect)} == {"evicted"}
     vpn_ip = nodes["10.42.0.12"]["vpn_ip"]
     with pytest.raises(StateError):
         c.evictions.check_readmission(vpn_ip, imposter["vpn_pub_key"])
@@ -217,7 +217,7 @@ def test_evictions_survive_a_coordinator_restart(make_core):
     c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
     vpn_ip = c.coordinator.reserve_node_ip()
     c.activation.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.12", core.new_disk_uuid())
-    c.trust.evict_peer(vpn_ip, "test")
+    c.peer_trust.evict_peer(vpn_ip, "test")
     again, _vpn = make_core(tpm, store=store, public_ip="10.42.0.11")
     again.recovery.load()
     assert again.evictions.is_evicted(vpn_ip) and [e["vpn_ip"] for e in again.get_state()["evicted"]] == [vpn_ip]
@@ -246,19 +246,19 @@ def test_rejoin_ticket_goes_only_to_a_recorded_peer_and_holds_only_what_it_needs
     good = FakeRejoinChannel(b"")
     good.document = good.user_data(vpn_ip, key, uuid)
     with pytest.raises(AccessDenied):  # not the recorded key
-        c.trust.serve_rejoin(vpn_ip, pub_key_from_priv_key(generate_priv_key()), uuid, good, FakeValidator())
+        c.peer_trust.serve_rejoin(vpn_ip, pub_key_from_priv_key(generate_priv_key()), uuid, good, FakeValidator())
     with pytest.raises(AttestationError):  # cannot attest
-        c.trust.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"garbage"), FakeValidator())
+        c.peer_trust.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"garbage"), FakeValidator())
     with pytest.raises(AttestationError, match="bound"):  # an attestation for another request
-        c.trust.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"x" * 32), FakeValidator())
-    c.trust.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
+        c.peer_trust.serve_rejoin(vpn_ip, key, uuid, FakeRejoinChannel(b"x" * 32), FakeValidator())
+    c.peer_trust.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
     ticket = good.delivered.to_dict()
     assert set(ticket) == {"state_disk_key", "measurement_secret", "peers", "resource_version", "signature"}
     assert base64.b64decode(ticket["state_disk_key"]) == kms.ClusterKMS(secret).state_disk_key(uuid)
     assert secret.to_uri() not in repr(good.delivered) and secret.to_uri() not in str(ticket)
-    c.trust.evict_peer(vpn_ip, "test")
+    c.peer_trust.evict_peer(vpn_ip, "test")
     with pytest.raises(AccessDenied):
-        c.trust.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
+        c.peer_trust.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
 
 
 def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
@@ -280,7 +280,7 @@ def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
         channel = FakeRejoinChannel(b"")
         channel.document = channel.user_data(vpn_ip, pub_key, disk_uuid)
         channel.deliver = lambda ticket: on_ticket(ticket.to_dict(), channel.document)
-        return coordinator.trust.serve_rejoin(vpn_ip, pub_key, disk_uuid, channel, FakeValidator())
+        return coordinator.peer_trust.serve_rejoin(vpn_ip, pub_key, disk_uuid, channel, FakeValidator())
 
     assert rebooted.recovery.rejoin(request_ticket)["state"] == "IsNode"
     assert tpm.pcr15() == expected_pcr15(coordinator.context.cluster_id)

@@ -62,7 +62,7 @@ def test_eviction_deletes_the_node_object_and_a_renewal_gets_no_certificate(apis
     coordinator.kubernetes.kubelet_cert_for(kept_csr, kept_ip, "GetJoinArgs")
     assert apiserver.node_names() == ["control-plane-0", "worker-0", "worker-1"]
 
-    coordinator.trust.evict_peer(evicted_ip, "attestation failed: PCR 4 (test)")
+    coordinator.peer_trust.evict_peer(evicted_ip, "attestation failed: PCR 4 (test)")
 
     # The API server no longer has its Node object; the other Node keeps its own.
     assert apiserver.node_names() == ["control-plane-0", "worker-1"]

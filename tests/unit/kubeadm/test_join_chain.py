@@ -120,7 +120,7 @@ def test_an_evicted_node_gets_no_token_even_on_an_open_connection(cluster):
     before = cluster.tokens()
     with cluster.client(node_ip) as client:
         client.get_update(-1)  # accepted while it is a peer
-        cluster.core.trust.evict_peer(node_ip, "failed re-attestation (test)")
+        cluster.core.peer_trust.evict_peer(node_ip, "failed re-attestation (test)")
         with pytest.raises(RemoteError) as err:
             client.get_join_args()
     assert err.value.kind == "AccessDenied" and "evicted" in str(err.value)

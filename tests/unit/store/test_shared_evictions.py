@@ -193,7 +193,7 @@ def _attack_from_evicted_node(coordinator, node):
     channel = FakeRejoinChannel(FakeRejoinChannel.user_data(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"]),
                                 peer_ip=NODE_PUBLIC_IP)
     with pytest.raises(AccessDenied) as err:
-        coordinator.trust.serve_rejoin(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"], channel, PassingValidator())
+        coordinator.peer_trust.serve_rejoin(node["vpn_ip"], node["vpn_pub_key"], node["disk_uuid"], channel, PassingValidator())
     assert err.value.reason == "evicted"
     with pytest.raises(StateError, match="evicted with another WireGuard key"):
         coordinator.evictions.check_readmission(node["vpn_ip"], pub_key_from_priv_key(generate_priv_key()))
@@ -206,7 +206,7 @@ def test_a_node_evicted_by_one_coordinator_is_refused_by_the_others(coordinators
     disk_key = base64.b64encode(first.coordinator.state_disk_key(node["disk_uuid"])).decode()
     for other in (second, third):  # a peer in good standing before
         assert not other.evictions.is_evicted(node["vpn_ip"])
-    first.trust.evict_peer(node["vpn_ip"], "attestation failed: PCR 4 (test)")
+    first.peer_trust.evict_peer(node["vpn_ip"], "attestation failed: PCR 4 (test)")
     for other in (second, third):
         assert _until(lambda o=other: o.evictions.is_evicted(node["vpn_ip"]))
         received = _attack_from_evicted_node(other, node)
@@ -231,7 +231,7 @@ def test_an_eviction_recorded_before_the_evicting_coordinator_died_is_refused_by
 def test_a_readmission_through_another_coordinator_clears_the_eviction_everywhere(coordinators):
     cores, node = coordinators
     first, second = cores[HOSTS[0]], cores[HOSTS[1]]
-    first.trust.evict_peer(node["vpn_ip"], "unreachable (test)")
+    first.peer_trust.evict_peer(node["vpn_ip"], "unreachable (test)")
     assert _until(lambda: second.evictions.is_evicted(node["vpn_ip"]))
     assert second.evictions.check_readmission(node["vpn_ip"], node["vpn_pub_key"]) is True
     second.activation.record_node(node["vpn_ip"], node["vpn_pub_key"], NODE_PUBLIC_IP, node["disk_uuid"])
@@ -269,7 +269,7 @@ def _members(store):
 def test_the_leader_evicts_a_tampered_coordinator_from_the_registry_and_etcd(coordinators):
     cores, node = coordinators
     first, second, tampered = cores[HOSTS[0]], cores[HOSTS[1]], HOSTS[2]
-    rows = {r["vpn_ip"]: r for r in first.trust.reattest_peers(_connect(cores, node, tampered))}
+    rows = {r["vpn_ip"]: r for r in first.peer_trust.reattest_peers(_connect(cores, node, tampered))}
     # Every peer but the leader itself is re-attested, the Coordinators too.
     assert set(rows) == {HOSTS[1], HOSTS[2], node["vpn_ip"]}
     assert rows[tampered]["outcome"] == "evicted" and rows[tampered]["role"] == "coordinator", first.get_state()["evicted"][0]["held"]
@@ -288,14 +288,14 @@ def test_the_leader_evicts_a_tampered_coordinator_from_the_registry_and_etcd(coo
     # The two that remain are the whole majority: the cluster keeps writing.
     second.context.store.put("probe", b"after the eviction")
     # The leader never evicts itself.
-    assert first.trust.evict_peer(first.context.vpn_ip, "test") is None and first.coordinator.is_known_peer_ip(first.context.vpn_ip)
+    assert first.peer_trust.evict_peer(first.context.vpn_ip, "test") is None and first.coordinator.is_known_peer_ip(first.context.vpn_ip)
 
 
 def test_a_tampered_coordinator_is_not_removed_below_a_live_majority(coordinators, etcd):
     cores, node = coordinators
     first, tampered = cores[HOSTS[0]], HOSTS[2]
     etcd.members[HOSTS[1]].kill()  # B is down: A and the tampered C are the live majority of three
-    rows = {r["vpn_ip"]: r for r in first.trust.reattest_peers(_connect(cores, node, tampered))}
+    rows = {r["vpn_ip"]: r for r in first.peer_trust.reattest_peers(_connect(cores, node, tampered))}
     assert rows[tampered]["outcome"] == "eviction_held"
     # Still a member and a peer (removing it would leave one live member of two: no writes), but named
     # as evicted with why, refused by the vpnapi, and logged as an error.
@@ -307,7 +307,7 @@ def test_a_tampered_coordinator_is_not_removed_below_a_live_majority(coordinator
     first.context.store.put("probe", b"the cluster still writes")
     # Once B is back, the next round evicts it.
     etcd.members[HOSTS[1]].start()
-    assert _until(lambda: first.trust.reattest_peers(_connect(cores, node, tampered))
+    assert _until(lambda: first.peer_trust.reattest_peers(_connect(cores, node, tampered))
                   and not first.coordinator.is_known_peer_ip(tampered), limit=60)
     assert _members(first.context.store) == [member_name(HOSTS[0]), member_name(HOSTS[1])]
     assert first.get_state()["evicted"][0]["etcd_member"] == "removed"
@@ -323,7 +323,7 @@ def test_the_shared_eviction_check_reads_the_store_at_most_once_per_interval(coo
     for _request in range(1000):  # a burst of requests within one interval: one version read
         assert node["vpn_ip"] not in cache.current()
     assert cache.peeks == 1 and cache.reloads == 1
-    cores[HOSTS[0]].trust.evict_peer(node["vpn_ip"], "test")
+    cores[HOSTS[0]].peer_trust.evict_peer(node["vpn_ip"], "test")
     assert node["vpn_ip"] not in cache.current()  # still within the interval: memory
     intervals = 0
     while node["vpn_ip"] not in cache.current() and intervals < 500:  # the member's copy may lag a little
