@@ -50,14 +50,14 @@ class AdminHandlers:
     ``context`` (state, the pinned admin key) and ``status`` (the pinned Coordinators' key, core/status.py)."""
 
     def __init__(self, log=None, issue=None, variant_oid: str = "", *, context=None, status=None, backup=None,
-                 removal=None, reset=None, measurements=None, admissions=None):
+                 removal=None, reset=None, accepted_measurements=None, admissions=None):
         self.context = context
         self.status = status
         self.backup = backup  # core/backup.py: ExportState
         self.removal = removal  # core/removal.py (RemovePeer)
         # ResetAgent: the agent's ``AgentReset.request`` (agent/reset.py): after the answer it stops, wipes, starts fresh.
         self.reset = reset
-        self.measurements = measurements  # core/accepted_measurements.py (SetMeasurements)
+        self.accepted_measurements = accepted_measurements  # core/accepted_measurements.py (SetMeasurements)
         self.admissions = admissions  # core/admissions.py (AdmitNodes)
         self._issue = issue
         self._variant_oid = variant_oid
@@ -181,7 +181,7 @@ class AdminHandlers:
     def set_measurements(self, conn: Connection, request: schema.SetMeasurementsRequest) -> None:
         """The accepted measurement sets (an image upgrade): admin only, on a Coordinator (the Core checks the role,
         the signature, the version and that no peer still runs a set the document drops)."""
-        answer = self.measurements.set_measurements(request.document, request.signature, bool(request.check))
+        answer = self.accepted_measurements.set_measurements(request.document, request.signature, bool(request.check))
         self._log("set_measurements", peer=conn.peer_ip, version=answer["version"], changed=answer["changed"],
                   check=bool(request.check))
         conn.stream.send_result(schema.SetMeasurementsAnswer.decode(answer).encode())

@@ -61,7 +61,7 @@ class UpdateLoop:
                     if self._update_once():
                         delay = 0.0  # a held long poll answered: ask again at once
                 elif state == State.ACTIVATING_NODES and self.core.context.etcd_member is not None:
-                    self._follow_measurements(self.core.measurements.version())  # another Coordinator set them
+                    self._follow_measurements(self.core.accepted_measurements.version())  # another Coordinator set them
                     self.core.shared_store.supervise_etcd_member()  # its member died: started again, it rejoins
                     self.core.cluster.sync_coordinator_peers()  # another Coordinator may have changed the peers
                 elif state == State.NODE_WAITING_FOR_CLUSTER_JOIN and self.core.context.coordinator_vpn_ip:
@@ -94,7 +94,7 @@ class UpdateLoop:
                 answer = self._ask_coordinators(lambda client: client.invoke("GetMeasurements"))
                 answer["document"] = b64decode(answer["document"], "document", max_size=MAX_DOCUMENT)
             else:
-                answer = self.core.measurements.stored() or {}
+                answer = self.core.accepted_measurements.stored() or {}
             if answer.get("document") is not None:
                 self.policy.apply(answer["document"], answer.get("signature"))
         except InputError as err:

@@ -34,11 +34,12 @@ class VPNAPI:
     """The services (core/__init__.py; agent/wiring.py passes them): ``coordinator`` (registry, updates), ``peer_access``
     (PeerAuth, data keys), ``evictions``, ``kubernetes`` (join material; its ``kubeadm_provider``, None:
     GetJoinArgs and GetCertificateKey answer that kubeadm is not available here), ``activation``
-    (GetStateDiskKey), ``measurements`` (GetMeasurements, GetUpdate's version)."""
+    (GetStateDiskKey), ``accepted_measurements`` (GetMeasurements, GetUpdate's version)."""
 
     def __init__(self, log=None, *, coordinator=None, peer_access=None, evictions=None, kubernetes=None, activation=None,
-                 measurements=None):
-        self.measurements = measurements  # core/accepted_measurements.py (GetMeasurements, GetUpdate's version)
+                 accepted_measurements=None):
+        # core/accepted_measurements.py (GetMeasurements, GetUpdate's version)
+        self.accepted_measurements = accepted_measurements
         self.coordinator = coordinator
         self.peer_access = peer_access
         self.evictions = evictions
@@ -98,7 +99,7 @@ class VPNAPI:
         conn.stream.send_result(answer)
 
     def _measurements_version(self) -> int:
-        return self.measurements.version() if self.measurements is not None else 0
+        return self.accepted_measurements.version() if self.accepted_measurements is not None else 0
 
     def _hold(self, resource_version: int, wait: float) -> None:
         """Until the peer set is not at ``resource_version`` (at once if it is not now), the measurements version
@@ -148,5 +149,5 @@ class VPNAPI:
     def get_measurements(self, conn: Connection, request: schema.Empty) -> None:
         """The accepted measurement sets, for a peer that proved its WireGuard key (the document is public; the
         node checks its signature with its own pinned key)."""
-        answer = self.measurements.get_measurements()
+        answer = self.accepted_measurements.get_measurements()
         conn.stream.send_result(schema.GetMeasurementsAnswer(**answer).encode())

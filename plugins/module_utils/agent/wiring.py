@@ -64,12 +64,14 @@ def pubapi_handlers(core: Core, validator_for_nodes=None, *, log=None, issuer=No
 
 def vpnapi_handlers(core: Core, log=None) -> VPNAPI:
     return VPNAPI(log, coordinator=core.coordinator, peer_access=core.peer_access, evictions=core.evictions,
-                  kubernetes=core.kubernetes, activation=core.activation, measurements=core.measurements)
+                  kubernetes=core.kubernetes, activation=core.activation,
+                  accepted_measurements=core.accepted_measurements)
 
 
 def admin_handlers(core: Core, log=None, *, issue=None, variant_oid: str = "", reset=None) -> AdminHandlers:
     return AdminHandlers(log, issue, variant_oid, context=core.context, status=core.status, backup=core.backup,
-                         removal=core.removal, reset=reset, measurements=core.measurements, admissions=core.admissions)
+                         removal=core.removal, reset=reset, accepted_measurements=core.accepted_measurements,
+                         admissions=core.admissions)
 
 
 # --------------------------------------------------------------------------- the listeners

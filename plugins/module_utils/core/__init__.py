@@ -133,9 +133,9 @@ class Core:
         self.cluster = Cluster(context, self.coordinator, self.signing)
         self.node = Node(context)
         # the accepted measurement sets (image upgrades); ``measurements_policy``: the agent's policy in force
-        self.measurements = AcceptedMeasurements(context, measurements_policy)
+        self.accepted_measurements = AcceptedMeasurements(context, measurements_policy)
         self.peer_trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions,
-                                    self.kubernetes, self.measurements.record_peer_set)
+                                    self.kubernetes, self.accepted_measurements.record_peer_set)
         self.status = Status(context, self.shared_store, self.evictions, self.signing, self.admissions)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
         self.backup = Backup(context, self.recovery, self.peer_access, self.coordinator)

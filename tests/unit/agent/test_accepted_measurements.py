@@ -82,7 +82,7 @@ class Cluster:
                                                       cluster_config={"vpn_cidr": VPN_CIDR})
         self.policy = parse_policy(json.loads(document(1, "v1")))
         self.applied = []
-        service = self.core.measurements
+        service = self.core.accepted_measurements
         service.pub_key = pub_key
         service.current = lambda: self.policy
         service.own_set = lambda: "v1"
@@ -135,7 +135,7 @@ def test_the_admin_sets_new_sets_idempotently_and_check_mode_changes_nothing(clu
     admin.admin_auth(cluster.admin_key)
     predicted = set_measurements(admin, document(2, "v1", "v2"), check=True)
     assert predicted["changed"] is True and predicted["added"] == ["v2"] and predicted["removed"] == []
-    assert cluster.applied == [] and cluster.core.measurements.stored() is None
+    assert cluster.applied == [] and cluster.core.accepted_measurements.stored() is None
     answer = set_measurements(admin, document(2, "v1", "v2"))
     assert answer["changed"] is True and answer["sets"] == ["v1", "v2"] and answer["version"] == 2
     assert cluster.applied == [(document(2, "v1", "v2"), None)]
@@ -156,7 +156,7 @@ def test_without_the_admin_key_nothing_is_set(cluster, admin):
     with pytest.raises(RemoteError) as err:
         set_measurements(admin, document(2, "v1", "v2"))
     assert err.value.kind == "AccessDenied"
-    assert cluster.applied == [] and cluster.core.measurements.stored() is None
+    assert cluster.applied == [] and cluster.core.accepted_measurements.stored() is None
 
 
 def test_a_stale_or_reused_version_is_refused(cluster, admin):
@@ -177,29 +177,29 @@ def test_retiring_a_set_a_peer_still_runs_is_refused_naming_the_peers(cluster, a
         set_measurements(admin, document(3, "v2"))
     text = str(err.value)
     assert "cannot retire v1" in text and node_a in text and node_b in text and UNKNOWN in text
-    cluster.core.measurements.record_peer_set(node_a, "v2")
-    cluster.core.measurements.record_peer_set(node_b, "v1")
+    cluster.core.accepted_measurements.record_peer_set(node_a, "v2")
+    cluster.core.accepted_measurements.record_peer_set(node_b, "v1")
     with pytest.raises(RemoteError) as err:
         set_measurements(admin, document(3, "v2"))
     assert "%s (v1)" % node_b in str(err.value) and node_a not in str(err.value)
     assert "%s (v1)" % cluster.core.context.vpn_ip in str(err.value)  # the Coordinator itself runs v1
-    cluster.core.measurements.record_peer_set(node_b, "v2")
-    cluster.core.measurements.own_set = lambda: "v2"
+    cluster.core.accepted_measurements.record_peer_set(node_b, "v2")
+    cluster.core.accepted_measurements.own_set = lambda: "v2"
     assert set_measurements(admin, document(3, "v2"))["removed"] == ["v1"]
 
 
 def test_a_document_stored_but_not_applied_is_applied_on_the_next_call(cluster, admin):
     admin.admin_auth(cluster.admin_key)
-    apply = cluster.core.measurements.on_apply
+    apply = cluster.core.accepted_measurements.on_apply
 
     def fail_once(doc, sig, sets):
-        cluster.core.measurements.on_apply = apply
+        cluster.core.accepted_measurements.on_apply = apply
         raise OSError("disk full")
 
-    cluster.core.measurements.on_apply = fail_once
+    cluster.core.accepted_measurements.on_apply = fail_once
     with pytest.raises(RemoteError):
         set_measurements(admin, document(2, "v1", "v2"))
-    assert cluster.applied == [] and cluster.core.measurements.version() == 2  # stored, not in force here
+    assert cluster.applied == [] and cluster.core.accepted_measurements.version() == 2  # stored, not in force here
     assert set_measurements(admin, document(2, "v1", "v2"))["changed"] is False
     assert cluster.applied == [(document(2, "v1", "v2"), None)]
 

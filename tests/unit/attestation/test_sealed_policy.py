@@ -134,10 +134,10 @@ def test_an_older_signed_document_put_back_is_refused_and_its_sets_get_no_seal(h
     newer = _document(2, b"v1", b"v2")
     agent = host.agent()
     newer_sig = signature.sign_blob(host.key, newer)
-    assert agent.core.measurements.on_apply(newer, newer_sig) is True  # over the API: sealed ahead to v2
+    assert agent.core.accepted_measurements.on_apply(newer, newer_sig) is True  # over the API: sealed ahead to v2
     assert "v2" in host.sealed_sets() and "old" not in host.sealed_sets()
     with pytest.raises(InputError, match="^version: expected a version of at least 2"):
-        agent.core.measurements.on_apply(older, older_sig)
+        agent.core.accepted_measurements.on_apply(older, older_sig)
     host.write(older)  # the offline edit: the older signed document put back
     with pytest.raises(StateError, match="has version 1, older than version 2"):
         host.agent()
