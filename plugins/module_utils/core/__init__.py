@@ -25,18 +25,17 @@ peer registry (``registry/``: ``peer_record``, ``peer_set``, ``cache``, ``vpn_ip
 and eviction (``eviction/``: ``peer_trust``, ``trust_ports``, ``evictions``, ``eviction_store``, ``reattest_loop``,
 ``certified_ak_store``); the records kept and handed out (``records/``: ``state_store``, ``node_state``,
 ``node_records``, ``sealed_key_file``, ``tickets``). The services, one per concern, each holding the shared
-``PeerContext`` (``context``) and its collaborators through small Protocols declared where they are used; the
-attribute, the module and the class share a stem: ``coordinator`` (activation as Coordinator, registry, updates),
-``join_service`` (IssueJoinTicket), ``admissions`` (the admin's consent to joins: admitted EKs), ``kubernetes``
-(join material), ``signing``, ``activation`` (the Coordinator activates and resumes nodes), ``shared_store`` (its
-etcd member), ``cluster`` (further Coordinators on one etcd cluster), ``node`` (the Node's side), ``recovery``
-(start-up, Recover, rejoin), ``status`` (GetState), ``backup`` (the Coordinator's state exported and restored onto
-a fresh peer), ``evictions`` (``eviction/evictions.py``) and ``removal`` (the admin removes a Node); ``access`` (``registry/peer_access.py``, who gets what,
-data keys), ``trust`` (``eviction/peer_trust.py``: re-attestation, eviction, rejoin tickets; ``reattest_loop``
-drives it) and ``measurements`` (``accepted_measurements.py``) keep a
-qualified name where the bare one is another room's class. ``coordinator_removal`` takes a Coordinator out (its
-etcd member and registry entry). ``Core`` is the composition root only: it builds the context and the services
-and exposes them as attributes.
+``PeerContext`` (``context``) and its collaborators through small Protocols declared where they are used; for every
+service the attribute, the module and the class share a stem: ``coordinator`` (activation as Coordinator, registry,
+updates), ``join_service`` (IssueJoinTicket), ``admissions`` (the admin's consent to joins: admitted EKs),
+``kubernetes`` (join material), ``signing``, ``activation`` (the Coordinator activates and resumes nodes),
+``shared_store`` (its etcd member), ``cluster`` (further Coordinators on one etcd cluster), ``node`` (the Node's
+side), ``recovery`` (start-up, Recover, rejoin), ``status`` (GetState), ``backup`` (the Coordinator's state exported
+and restored onto a fresh peer), ``evictions`` (``eviction/evictions.py``), ``removal`` (the admin removes a Node),
+``peer_access`` (``registry/peer_access.py``: who gets what, data keys), ``peer_trust`` (``eviction/peer_trust.py``:
+re-attestation, eviction, rejoin tickets; ``reattest_loop`` drives it) and ``accepted_measurements`` (the accepted
+measurement sets). ``coordinator_removal`` takes a Coordinator out (its etcd member and registry entry). ``Core`` is
+the composition root only: it builds the context and the services and exposes them as attributes.
 """
 
 from __future__ import annotations

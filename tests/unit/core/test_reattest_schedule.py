@@ -48,7 +48,7 @@ class FakeTime:
 
 
 class Recorder:
-    """A Coordinator's trust service in the loop: records when each peer was re-attested."""
+    """A Coordinator's peer_trust service in the loop: records when each peer was re-attested."""
 
     state = core.State.ACTIVATING_NODES
 
