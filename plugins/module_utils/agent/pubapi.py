@@ -228,7 +228,7 @@ class PubAPI:
         if conn.server_spki_hash is None or self.validator_for_nodes is None:
             raise AccessDenied("IssueRejoinTicket: only over aTLS on a Coordinator with a node policy")
         result = self.peer_trust.serve_rejoin(request.vpn_ip, b64e(request.node_vpn_pub_key), request.disk_uuid,
-                                         ServerRejoinChannel(conn), self.validator_for_nodes)
+                                              ServerRejoinChannel(conn), self.validator_for_nodes)
         conn.stream.send_result(result)
 
 

@@ -127,4 +127,4 @@ def test_a_rejoin_naming_another_nodes_disk_gets_nothing(make_core, secret):
     channel.user_data = lambda vpn_ip, pub, uuid: b"bound:" + vpn_ip.encode() + pub.encode() + uuid.encode()
     with pytest.raises(AccessDenied, match="not a recorded Node of this cluster with this WireGuard key and disk"):
         coord.peer_trust.serve_rejoin(attacker["node_vpn_ip"], core.inputs.b64(attacker_pub), victim_uuid, channel,
-                                 DummyValidator())
+                                      DummyValidator())
