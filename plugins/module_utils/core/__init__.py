@@ -102,22 +102,15 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 
 class Core:
     """One peer, composed: the shared ``context`` and one service per concern. Thread-safe; every service
-    may be called from a server thread. The constructor's arguments are the ``PeerContext``'s."""
+    may be called from a server thread.
 
-    def __init__(self, store: Store, tpm: TPM, vpn: VPN, state_dir: str, public_ip: str,
-                 disk_uuid: str, log: Optional[Callable[..., None]] = None,
-                 kubeadm_join_args: Optional[Callable[[], Dict[str, Any]]] = None,
-                 init_secret_hash: Optional[str] = None, at_rest: Optional[SealedStorage] = None, *,
-                 join_coordinator_pub_key: Optional[str] = None, agent_measurement: Optional[Dict[str, Any]] = None,
-                 deployment_mode: Optional[str] = None, state_disk: Optional[Any] = None,
-                 etcd_member: Optional[Any] = None, kubeadm_provider: Optional[Any] = None,
+    The positional and the other keyword arguments are the ``PeerContext``'s (core/context.py), passed on as
+    they are; the four keywords here configure services, not the shared state."""
+
+    def __init__(self, *context_args: Any, kubeadm_provider: Optional[Any] = None,
                  activation_workers: int = ACTIVATION_WORKERS, insecure_join_without_admission: bool = False,
-                 measurements_policy: Optional[Any] = None):
-        self.context = context = PeerContext(store, tpm, vpn, state_dir, public_ip, disk_uuid, log=log,
-                                             kubeadm_join_args=kubeadm_join_args, init_secret_hash=init_secret_hash,
-                                             at_rest=at_rest, join_coordinator_pub_key=join_coordinator_pub_key,
-                                             agent_measurement=agent_measurement, deployment_mode=deployment_mode,
-                                             state_disk=state_disk, etcd_member=etcd_member)
+                 measurements_policy: Optional[Any] = None, **context_kwargs: Any):
+        self.context = context = PeerContext(*context_args, **context_kwargs)
         self.signing = Signing(context)
         self.peer_access = PeerAccess(context)
         self.evictions = Evictions(context)
