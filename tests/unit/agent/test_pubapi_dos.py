@@ -24,8 +24,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
 from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
 from ansible_collections.constellation.cluster.tests.support.core_fakes import RefusingValidator, close_all, pubapi_server
 
-# The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes).
-from ansible_collections.constellation.cluster.tests.unit.core.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 

@@ -24,8 +24,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring
 
 from ansible_collections.constellation.cluster.tests.support.core_fakes import FakePeerClient
 from ansible_collections.constellation.cluster.tests.unit.agent.test_pubapi_dos import BlackHole, connect_to
-# The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes, 10.42.0.12 and .13).
-from ansible_collections.constellation.cluster.tests.unit.core.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
 
 EVICTION_AFTER = 3600.0  # the default of unverified_eviction_after (agent config)
 DOWN = "10.42.0.12"
