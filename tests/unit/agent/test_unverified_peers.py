@@ -23,7 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_v
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 
 from ansible_collections.constellation.cluster.tests.support.core_fakes import FakePeerClient
-from ansible_collections.constellation.cluster.tests.unit.agent.test_pubapi_dos import BlackHole, connect_to
+from ansible_collections.constellation.cluster.tests.support.sockets import BlackHole, connect_to
 
 EVICTION_AFTER = 3600.0  # the default of unverified_eviction_after (agent config)
 DOWN = "10.42.0.12"
