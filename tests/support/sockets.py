@@ -45,3 +45,19 @@ def connect_to(endpoint, validators, timeout=1.0):
 def conn_cert_key(conn):
     from cryptography import x509
     return x509.load_der_x509_certificate(conn.peer_certificate).public_key()
+
+
+class RecordingSocket:
+    """A connected socket that keeps every byte it receives (what an attacker walks away with)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.received = bytearray()
+
+    def recv(self, size):
+        data = self.sock.recv(size)
+        self.received += data
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)

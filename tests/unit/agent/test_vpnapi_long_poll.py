@@ -25,7 +25,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
     FrameServer,
 )
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chain import Cluster
-from ansible_collections.constellation.cluster.tests.unit.agent.test_vpnapi_peer_auth import RecordingSocket
+from ansible_collections.constellation.cluster.tests.support.sockets import RecordingSocket
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 LONG = 30.0  # a wait no test sits out: the answer must come from a change (the join below would fail first)

@@ -30,6 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, peer_auth, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chain import Cluster
+from ansible_collections.constellation.cluster.tests.support.sockets import RecordingSocket
 
 SECRET_PKI_FILES = ("ca.key", "sa.key", "front-proxy-ca.key", "etcd/ca.key")
 
@@ -39,22 +40,6 @@ def cluster(tmp_path, initialised, control_plane_dir):
     made = Cluster(tmp_path, control_plane_dir)
     yield made
     made.server.stop()
-
-
-class RecordingSocket:
-    """A connected socket that keeps every byte it receives (what an attacker walks away with)."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.received = bytearray()
-
-    def recv(self, size):
-        data = self.sock.recv(size)
-        self.received += data
-        return data
-
-    def __getattr__(self, name):
-        return getattr(self.sock, name)
 
 
 def raw_connection(cluster, source_ip):
