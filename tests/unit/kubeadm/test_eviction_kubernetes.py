@@ -25,7 +25,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN, admin_pem
 from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
 from ansible_collections.constellation.cluster.tests.support.kube_standin import kubeconfig_for
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import make_csr
+from ansible_collections.constellation.cluster.tests.support.join_chain import make_csr
 
 KUBELET_CERT_DAYS = 7  # kubeadm/join_provider.py's default (checked below)
 

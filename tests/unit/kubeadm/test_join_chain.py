@@ -28,7 +28,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import live_tokens, make_csr
+from ansible_collections.constellation.cluster.tests.support.join_chain import live_tokens, make_csr
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 VPN_CIDR = "127.77.0.0/16"
