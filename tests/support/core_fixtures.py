@@ -17,7 +17,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils import core,
 from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 
-from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN, admin_pem, record_nodes  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.tests.support.core_fakes import (  # noqa: F401 pylint: disable=unused-import
+    MemoryTPM, RecordingVPN, admin_pem, record_nodes,
+)
 
 os.environ.setdefault("TSS2_LOG", "all+none")
 

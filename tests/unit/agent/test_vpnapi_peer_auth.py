@@ -7,7 +7,7 @@ designated a control plane; GetDataKey IDs are namespaced per caller.
 
 A real Coordinator Core with its kubeadm provider (the kubeadm TEST DOUBLE's control plane) serves the
 real vpnapi FrameServer on loopback; the VPN is 127.77.0.0/16, and each client binds the source address
-of the peer it claims to be, as the WireGuard tunnel would give it (test_join_chain.py's Cluster)."""
+of the peer it claims to be, as the WireGuard tunnel would give it (tests/support/join_chain.py's Cluster)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     b64e,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, peer_auth, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chain import Cluster
+from ansible_collections.constellation.cluster.tests.support.join_chain import Cluster
 from ansible_collections.constellation.cluster.tests.support.sockets import RecordingSocket
 
 SECRET_PKI_FILES = ("ca.key", "sa.key", "front-proxy-ca.key", "etcd/ca.key")
