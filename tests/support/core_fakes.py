@@ -13,12 +13,13 @@ from typing import Dict, List, Sequence
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import extend_digest
 from ansible_collections.constellation.cluster.plugins.module_utils import core
-from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
+from ansible_collections.constellation.cluster.plugins.module_utils.core import ports, signing
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, AttestationError, ConnectionLost
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import ConnectionClosed
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
 
@@ -174,3 +175,80 @@ def close_all(socks) -> None:
             s.close()
         except OSError:
             pass
+
+
+def coordinator(make_core, secret):
+    c, vpn = make_core(MemoryTPM())
+    c.recovery.load()
+    c.coordinator.activate_as_coordinator(secret.to_uri(), os.urandom(32), admin_pem())
+    return c, vpn
+
+
+def admitted_issuer(coord, name=None):
+    """The joining node's issuer, its (dummy) EK admitted by the admin on ``coord`` (AdmitNodes) under ``name``."""
+    ek = os.urandom(32).hex()
+    coord.admissions.admit_nodes([{"ek_pub_sha256": ek, "name": name or "node-" + ek[:8]}])
+    return DummyIssuer(ek_pub_sha256=ek)
+
+
+class FakeNodeClient(ports.NodeClient):
+    """Stands in for the aTLS connection to a node: hands the request to that node's Core. ``cut``
+    drops the connection at a step of ActivateAsNode ('after_lock': the node answered the first step;
+    'after_record': the Coordinator recorded the node but the key never arrived)."""
+
+    def __init__(self, node, cut=None):
+        self.node = node
+        self.cut = cut
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return None
+
+    def attested_pcrs(self):
+        return {15: self.node.context.tpm.pcr15()}
+
+    authenticated = False
+
+    def coordinator_auth(self, sign_auth):
+        """As the node's admin channel does (AdminAuth role coordinator): its pinned key must verify."""
+        challenge, spki = os.urandom(32), os.urandom(32)
+        if not signing.verify_auth(self.node.status.pinned_coordinator_pub_key(), sign_auth(challenge, spki), challenge, spki):
+            raise AccessDenied("AdminAuth (role coordinator): refused")
+        self.authenticated = True
+
+    def get_state(self):
+        return self.node.get_state() if self.authenticated else self.node.status.public_state()
+
+    def activate_as_node(self, params, disk_key_for):
+        step = self.node.node.activate_as_node_begin(params)
+        if self.cut == "after_lock":
+            self.node.node.abort_node_activation("connection lost")
+            raise ConnectionLost("connection lost after the first step")
+        key = disk_key_for(step.state_disk_uuid, step.node_vpn_pub_key)
+        if self.cut == "after_record":
+            self.node.node.abort_node_activation("connection lost")
+            raise ConnectionLost("connection lost before the disk key")
+        self.node.node.activate_as_node_finish(key)
+        return {"state_disk_uuid": step.state_disk_uuid, "node_vpn_pub_key": step.node_vpn_pub_key}
+
+
+class FakeJoinChannel(ports.JoinChannel):
+    """The Coordinator's end of a join, wired straight to the joining node's ``on_ticket``."""
+
+    def __init__(self, issuer, on_ticket, confirm=True):
+        self.peer_ip = "10.42.0.60"
+        self.issuer, self.on_ticket, self.confirm = issuer, on_ticket, confirm
+        self.node_vpn_pub_key, self.disk_uuid = b"", ""
+
+    def user_data(self, node_vpn_pub_key, disk_uuid):
+        return b"bound:" + node_vpn_pub_key + disk_uuid.encode()
+
+    def challenge(self, nonce):
+        return self.issuer.oid, self.issuer.issue(self.user_data(self.node_vpn_pub_key, self.disk_uuid), nonce)
+
+    def deliver(self, ticket):
+        self.on_ticket(ticket.to_dict(), self.user_data(self.node_vpn_pub_key, self.disk_uuid))
+        if not self.confirm:
+            raise ConnectionClosed("the node went away")

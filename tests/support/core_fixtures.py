@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The fixtures of a Core for the unit tests of the Core, the RPC protocol and the agent (tests/unit/conftest.py
 registers them): real swtpm (or an in-memory TPM), memory store, a recording VPN (WireGuard itself runs in the
-lab tests). The fakes implement the Core's ports (``core/ports.py``, tests/support/core_fakes.py)."""
+lab tests), and ``cluster``: an activated Coordinator with two recorded Nodes (10.42.0.12 and .13). The fakes
+implement the Core's ports (``core/ports.py``, tests/support/core_fakes.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import os
 import pytest
 
 from lab.swtpm import SwTPM, free_port
-from ansible_collections.constellation.cluster.plugins.module_utils import core
+from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core import ports
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
 
-from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.tests.support.core_fakes import (  # noqa: F401 pylint: disable=unused-import
+    MemoryTPM, RecordingVPN, admin_pem, record_nodes,
+)
 
 os.environ.setdefault("TSS2_LOG", "all+none")
 
@@ -71,3 +74,12 @@ def make_core(tmp_path):
         return c, vpn
 
     return make
+
+
+@pytest.fixture
+def cluster(make_core):
+    c, vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
+    c.recovery.load()
+    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
+    nodes = record_nodes(c, ("10.42.0.12", "10.42.0.13"))
+    return c, vpn, nodes

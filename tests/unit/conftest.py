@@ -12,7 +12,7 @@ import pytest
 
 from ansible_collections.constellation.cluster.tests.unit import worker_fixtures
 from ansible_collections.constellation.cluster.tests.support.core_fixtures import (  # noqa: F401 pylint: disable=unused-import
-    make_core, swtpm, swtpm_factory,
+    cluster, make_core, swtpm, swtpm_factory,
 )
 from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import (  # noqa: F401 pylint: disable=unused-import
     apiserver, control_plane_dir, double_log, init_params, initialised, join,

@@ -168,6 +168,45 @@ def test_nothing_imports_the_tests_or_the_benches_but_tests():
     assert not offenders, offenders
 
 
+def _imported_files(rel: str, path: Path):
+    """(dotted name, file of this repository it names) of each import in ``path``, a function's body included."""
+    package = Path(rel).parent.parts
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                module = ".".join(base + ((module,) if module else ()))
+            names = [module] + ["%s.%s" % (module, alias.name) for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = (name[len(PKG):] if name.startswith(PKG) else name).split(".")
+            target = ROOT.joinpath(*parts).with_suffix(".py")
+            if parts[0] in ("tests", "bench") and target.is_file():
+                yield name, target.relative_to(ROOT).as_posix()
+
+
+def test_tests_share_helpers_only_through_the_kit_and_conftest():
+    """A test module is no library: what several test modules share lives in the kit (tests/support/) or a
+    conftest.py. A helper module inside a room of the unit tests (tests/unit/<room>/) serves that room only."""
+    offenders = []
+    for rel, path in _python_files():
+        if not rel.startswith(("tests/", "bench/")):
+            continue
+        for name, target in _imported_files(rel, path):
+            if target == rel:
+                continue
+            if Path(target).name.startswith("test_"):
+                offenders.append("%s imports the test module %s" % (rel, name))
+            parts = target.split("/")
+            if parts[:2] == ["tests", "unit"] and len(parts) > 3 and not rel.startswith("/".join(parts[:3]) + "/"):
+                offenders.append("%s imports %s, a helper of the room %s" % (rel, name, "/".join(parts[:3])))
+    assert not offenders, offenders
+
+
 def _takes_the_attestation_options(names) -> bool:
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import ATTESTATION_ARGUMENT_SPEC
 

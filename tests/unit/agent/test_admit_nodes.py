@@ -21,9 +21,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils import core,
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.plugin_utils.admission import admission_ek
-from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, pubapi_server
-from ansible_collections.constellation.cluster.tests.unit.core.test_core_ports import FakeJoinChannel, admitted_issuer
-from ansible_collections.constellation.cluster.tests.unit.core.test_remove_peer import _connect, keypair
+from ansible_collections.constellation.cluster.tests.support.admin_channel import _connect, keypair
+from ansible_collections.constellation.cluster.tests.support.core_fakes import FakeJoinChannel, MemoryTPM, admitted_issuer, pubapi_server
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 
 EK_A, EK_B = "a" * 64, "b" * 64

@@ -29,7 +29,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import init_secret_hash
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
-from ansible_collections.constellation.cluster.tests.unit.attestation.test_secure_defaults import sign_policy
+from ansible_collections.constellation.cluster.tests.support.keys import sign_policy
 
 CLUSTER_INIT_SECRET = os.urandom(32)
 

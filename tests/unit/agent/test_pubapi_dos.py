@@ -21,11 +21,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc import s
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import pubapi_handlers
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
-from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
+from ansible_collections.constellation.cluster.tests.support.sockets import BlackHole, connect_to
 from ansible_collections.constellation.cluster.tests.support.core_fakes import RefusingValidator, close_all, pubapi_server
 
-# The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes).
-from ansible_collections.constellation.cluster.tests.unit.core.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 
@@ -174,39 +172,6 @@ def test_the_accept_loop_never_waits_for_a_slot_while_every_connection_is_busy(s
 
 
 # ------------------------------------------------- attack (b): unreachable is not a failed attestation
-
-
-class BlackHole(LoopbackServer):
-    """Accepts TCP and never answers the handshake (or, ``reset``, closes each connection at once)."""
-
-    def __init__(self, reset=False):
-        self.held = []
-        self.reset = reset
-        super().__init__()
-
-    def serve(self, sock):
-        if self.reset:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            sock.close()
-        else:
-            self.held.append(sock)
-
-    def close(self):
-        super().close()
-        close_all(self.held)
-
-
-def connect_to(endpoint, validators, timeout=1.0):
-    """The re-attestation connect (AgentClient over the real aTLS client), with a short handshake timeout."""
-    def connect_peer(_public_ip):
-        conn = atls.connect(endpoint, validators, timeout=timeout)
-        return AgentClient(conn.sock, atls.spki_hash(conn_cert_key(conn)), conn)
-    return connect_peer
-
-
-def conn_cert_key(conn):
-    from cryptography import x509
-    return x509.load_der_x509_certificate(conn.peer_certificate).public_key()
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["silent", "reset"])

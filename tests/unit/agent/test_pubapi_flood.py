@@ -37,7 +37,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_v
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 
 from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, admin_pem, close_all
-from ansible_collections.constellation.cluster.tests.unit.core.test_core_ports import FakeNodeClient
+from ansible_collections.constellation.cluster.tests.support.core_fakes import FakeNodeClient
 
 vtpm = pytest.importorskip("ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm")
 

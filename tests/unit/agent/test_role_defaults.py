@@ -68,7 +68,7 @@ def pub_key_file(tmp_path):
 
 @pytest.fixture
 def ek_ca_file(tmp_path):
-    from ansible_collections.constellation.cluster.tests.unit.attestation.test_ek_trust_bundle import Vendor, pem
+    from ansible_collections.constellation.cluster.tests.support.ek_vendor import Vendor, pem
 
     vendor = Vendor("Vendor A")
     path = tmp_path / "ek_ca.pem"

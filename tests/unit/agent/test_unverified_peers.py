@@ -23,9 +23,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_v
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring import vpnapi_handlers
 
 from ansible_collections.constellation.cluster.tests.support.core_fakes import FakePeerClient
-from ansible_collections.constellation.cluster.tests.unit.agent.test_pubapi_dos import BlackHole, connect_to
-# The Core's re-attestation fixture (an activated Coordinator with two recorded Nodes, 10.42.0.12 and .13).
-from ansible_collections.constellation.cluster.tests.unit.core.test_trust_core import cluster  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.tests.support.sockets import BlackHole, connect_to
 
 EVICTION_AFTER = 3600.0  # the default of unverified_eviction_after (agent config)
 DOWN = "10.42.0.12"

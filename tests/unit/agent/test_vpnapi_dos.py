@@ -7,7 +7,7 @@ not lock the Node's own agent out of the vpnapi (its updates, measurements and d
 
 A real Coordinator Core serves the real vpnapi FrameServer on loopback with the limits agent/wiring.py gives it;
 the VPN is 127.77.0.0/16 and each client binds the source address of the peer it claims to be, as the WireGuard
-tunnel would give it (test_join_chain.py's Cluster). Loops are bounded; timeouts only detect a hang."""
+tunnel would give it (tests/support/join_chain.py's Cluster). Loops are bounded; timeouts only detect a hang."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc import s
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import FrameStream, KIND_END, ConnectionClosed
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import MAX_PEER_CONNECTIONS, FrameServer
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chain import Cluster
+from ansible_collections.constellation.cluster.tests.support.join_chain import Cluster
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """GetUpdate's long poll over real sockets: a real Coordinator Core and the real vpnapi FrameServer on
-loopback (VPN 127.77.0.0/16, each client bound to the VPN IP of the peer it claims to be, as test_join_chain.py's
+loopback (VPN 127.77.0.0/16, each client bound to the VPN IP of the peer it claims to be, as tests/support/join_chain.py's
 Cluster). A held GetUpdate wakes on a change of the peer set, returns at its bounded wait, ends with AccessDenied
 and no peers when its Node is evicted meanwhile; a non-peer and an unauthenticated connection hold nothing; a Node
 of an older version (no ``wait``) is answered at once. The server's budgets: a Node's PeerAuth'd connection is in the
@@ -24,8 +24,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
     MAX_PEER_CONNECTIONS_PER_SOURCE,
     FrameServer,
 )
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chain import Cluster
-from ansible_collections.constellation.cluster.tests.unit.agent.test_vpnapi_peer_auth import RecordingSocket
+from ansible_collections.constellation.cluster.tests.support.join_chain import Cluster
+from ansible_collections.constellation.cluster.tests.support.sockets import RecordingSocket
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
 
 LONG = 30.0  # a wait no test sits out: the answer must come from a change (the join below would fail first)

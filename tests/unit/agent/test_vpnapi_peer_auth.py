@@ -7,7 +7,7 @@ designated a control plane; GetDataKey IDs are namespaced per caller.
 
 A real Coordinator Core with its kubeadm provider (the kubeadm TEST DOUBLE's control plane) serves the
 real vpnapi FrameServer on loopback; the VPN is 127.77.0.0/16, and each client binds the source address
-of the peer it claims to be, as the WireGuard tunnel would give it (test_join_chain.py's Cluster)."""
+of the peer it claims to be, as the WireGuard tunnel would give it (tests/support/join_chain.py's Cluster)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
     b64e,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, peer_auth, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chain import Cluster
+from ansible_collections.constellation.cluster.tests.support.join_chain import Cluster
+from ansible_collections.constellation.cluster.tests.support.sockets import RecordingSocket
 
 SECRET_PKI_FILES = ("ca.key", "sa.key", "front-proxy-ca.key", "etcd/ca.key")
 
@@ -39,22 +40,6 @@ def cluster(tmp_path, initialised, control_plane_dir):
     made = Cluster(tmp_path, control_plane_dir)
     yield made
     made.server.stop()
-
-
-class RecordingSocket:
-    """A connected socket that keeps every byte it receives (what an attacker walks away with)."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.received = bytearray()
-
-    def recv(self, size):
-        data = self.sock.recv(size)
-        self.received += data
-        return data
-
-    def __getattr__(self, name):
-        return getattr(self.sock, name)
 
 
 def raw_connection(cluster, source_ip):

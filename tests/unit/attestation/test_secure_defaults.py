@@ -41,7 +41,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard im
 from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN
 from ansible_collections.constellation.cluster.tests.unit.attestation.forged_ak import SoftwareAKIssuer
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.peer_view import CorePeerView
-from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
+from ansible_collections.constellation.cluster.tests.support.keys import sign_policy
 
 NONCE = bytes(range(32))
 # The image's policy: what the forger claims (it knows the published measurements).
@@ -65,18 +65,6 @@ def default_agent_config(tmp_path, ek_ca_path, **extra) -> AgentConfig:
     data.update(extra)
     data.setdefault("measurements_pub_key", sign_policy(tmp_path, data["measurements"]))
     return AgentConfig.from_mapping(data)
-
-
-def sign_policy(tmp_path, path) -> str:
-    """Signs the policy file ``path`` (``path.sig``) with a fresh measurements key; returns the pinned key's path."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
-
-    pub = tmp_path / "measurements.pub"
-    key = measurements_key(pub)
-    with open(signature.signature_path(str(path)), "w", encoding="ascii") as handle:
-        with open(str(path), "rb") as policy:
-            handle.write(signature.sign_blob(key, policy.read()) + "\n")
-    return str(pub)
 
 
 def agent_node_validator(config: AgentConfig):

@@ -14,10 +14,10 @@ import pytest
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError
-from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM
-from ansible_collections.constellation.cluster.tests.unit.core.test_core_ports import (
+from ansible_collections.constellation.cluster.tests.support.core_fakes import (
     FakeJoinChannel,
     FakeNodeClient,
+    MemoryTPM,
     coordinator,
 )
 

@@ -17,10 +17,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.records
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyIssuer, DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, ConnectionLost
 from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
-from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM
-from ansible_collections.constellation.cluster.tests.unit.core.test_core_ports import (
+from ansible_collections.constellation.cluster.tests.support.core_fakes import (
     FakeJoinChannel,
     FakeNodeClient,
+    MemoryTPM,
     admitted_issuer,
     coordinator,
 )

@@ -13,19 +13,16 @@ from __future__ import annotations
 import os
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import node_records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.kubernetes import KEY_KUBELET_NODE_NAME_PREFIX
 from ansible_collections.constellation.cluster.plugins.module_utils.core.removal import removed_peer
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
-from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 
+from ansible_collections.constellation.cluster.tests.support.admin_channel import _connect, keypair
 from ansible_collections.constellation.cluster.tests.support.core_fakes import (
     FakePeerClient,
     FakeRejoinChannel,
@@ -35,12 +32,6 @@ from ansible_collections.constellation.cluster.tests.support.core_fakes import (
 )
 
 COORDINATOR_IP = "10.42.0.11"
-
-
-def keypair():
-    key = ed25519.Ed25519PrivateKey.generate()
-    return key, key.public_key().public_bytes(serialization.Encoding.PEM,
-                                              serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
 class AnyQuote:
@@ -160,10 +151,6 @@ def test_a_node_refuses_remove_peer(make_core):
 
 
 # ------------------------------------------------------------------ attacks on the ADMIN methods
-
-
-def _connect(endpoint):
-    return AgentClient.connect(endpoint, [DummyValidator()])
 
 
 def test_remove_peer_and_reset_agent_need_the_admin_key_on_an_activated_coordinator(make_core):

@@ -34,7 +34,6 @@ from ansible_collections.constellation.cluster.tests.support.core_fakes import (
     MemoryTPM,
     activate_node,
     admin_pem,
-    record_nodes,
 )
 from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 
@@ -115,15 +114,6 @@ def test_join_ticket_of_a_coordinator_of_another_cluster_is_refused_before_the_l
 
 
 # ------------------------------------------------------------------ re-attestation, eviction (item 1)
-
-
-@pytest.fixture
-def cluster(make_core):
-    c, vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
-    c.recovery.load()
-    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
-    nodes = record_nodes(c, ("10.42.0.12", "10.42.0.13"))
-    return c, vpn, nodes
 
 
 def test_a_failed_attestation_evicts_at_once_and_the_vpnapi_refuses_the_peer(cluster):

@@ -10,46 +10,18 @@ evicted Node gets nothing."""
 from __future__ import annotations
 
 import datetime
-import os
 
 import pytest
 from cryptography import x509
 
-from ansible_collections.constellation.cluster.plugins.module_utils import core as core_mod
-from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
-from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
-from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
-from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, RecordingVPN, admin_pem
 from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
 from ansible_collections.constellation.cluster.tests.support.kube_standin import kubeconfig_for
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import make_csr
+from ansible_collections.constellation.cluster.tests.support.join_chain import kubeadm_coordinator, kubelet_node, make_csr
 
 KUBELET_CERT_DAYS = 7  # kubeadm/join_provider.py's default (checked below)
-
-
-def kubeadm_coordinator(tmp_path, provider):
-    """An active Coordinator's Core whose kubeadm provider is ``provider``."""
-    state_dir = tmp_path / "coordinator"
-    state_dir.mkdir()
-    coordinator = core_mod.Core(MemoryStore(), MemoryTPM(), RecordingVPN(), str(state_dir), "10.42.0.10",
-                                core_mod.new_disk_uuid())
-    coordinator.recovery.load()
-    coordinator.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
-    coordinator.kubernetes.kubeadm_provider = provider
-    return coordinator
-
-
-def kubelet_node(coordinator, name):
-    """Records a Node that will be the kubelet ``name`` (public IP 10.42.0.2N for worker-N): (its VPN IP, its
-    kubelet CSR)."""
-    vpn_ip = coordinator.coordinator.reserve_node_ip()
-    coordinator.activation.record_node(vpn_ip, pub_key_from_priv_key(generate_priv_key()), "10.42.0.%d" % (20 + int(name[-1])),
-                                       core_mod.new_disk_uuid())
-    csr, _key = make_csr(cn="system:node:" + name, sans=(name, vpn_ip))
-    return vpn_ip, csr
 
 
 def test_eviction_deletes_the_node_object_and_a_renewal_gets_no_certificate(apiserver, control_plane_dir, tmp_path):

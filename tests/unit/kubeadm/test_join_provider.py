@@ -11,9 +11,8 @@ import os
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kubeadm
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
@@ -21,33 +20,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join
     JoinProvider,
     KubeadmUnavailable,
 )
+from ansible_collections.constellation.cluster.tests.support.join_chain import live_tokens, make_csr
 from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
-
-
-def make_csr(cn="system:node:worker-0", orgs=("system:nodes",), sans=("worker-0", "10.118.0.11")):
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
-    names.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
-    builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name(names))
-    general = []
-    for value in sans:
-        try:
-            general.append(x509.IPAddress(ipaddress.ip_address(value)))
-        except ValueError:
-            general.append(x509.DNSName(value))
-    if general:
-        builder = builder.add_extension(x509.SubjectAlternativeName(general), critical=False)
-    return builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.DER), key
 
 
 @pytest.fixture
 def provider(initialised, control_plane_dir):
     return JoinProvider(KUBEADM_DOUBLE, control_plane_dir)
-
-
-def live_tokens(control_plane_dir):
-    with open(os.path.join(control_plane_dir, ".kubeadm-double", "state.json"), encoding="utf-8") as handle:
-        return json.load(handle)["tokens"]
 
 
 def test_without_a_control_plane_or_kubeadm_every_call_says_why(double_log, tmp_path):

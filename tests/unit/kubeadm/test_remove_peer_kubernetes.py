@@ -14,8 +14,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils import core 
 from ansible_collections.constellation.cluster.plugins.module_utils.kubeadm.join_provider import JoinProvider
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.support.kubeadm_fixtures import KUBEADM_DOUBLE
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_eviction_kubernetes import kubeadm_coordinator, kubelet_node
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_provider import make_csr
+from ansible_collections.constellation.cluster.tests.support.join_chain import kubeadm_coordinator, kubelet_node, make_csr
 
 
 def test_removal_deletes_the_node_object_and_frees_its_name(apiserver, control_plane_dir, tmp_path):

@@ -36,8 +36,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing 
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
 from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, pubapi_server
-from ansible_collections.constellation.cluster.tests.unit.kubeadm.test_join_chain import Cluster
-from ansible_collections.constellation.cluster.tests.unit.agent.test_vpnapi_peer_auth import RecordingSocket
+from ansible_collections.constellation.cluster.tests.support.join_chain import Cluster
+from ansible_collections.constellation.cluster.tests.support.sockets import RecordingSocket
 
 SAMPLE = {"str": "x", "int": 0, "bool": False, "number": 1, "list": [], "strlist": [], "object": {}}
 REFUSALS = ("AccessDenied", "StateError")

@@ -41,7 +41,7 @@ from ansible_collections.constellation.cluster.tests.support.core_fakes import (
     MemoryTPM,
     RecordingVPN,
 )
-from ansible_collections.constellation.cluster.tests.unit.store.test_coordinator_members import HOSTS, Coordinators
+from ansible_collections.constellation.cluster.tests.support.etcd_coordinators import HOSTS, Coordinators
 from lab.etcd import tmpfs_dir
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/etcd"), reason="/usr/bin/etcd is missing")
