@@ -175,7 +175,7 @@ def test_the_accept_loop_never_waits_for_a_slot_while_every_connection_is_busy(s
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["silent", "reset"])
-def test_a_node_whose_handshake_times_out_or_resets_is_unreachable_not_evicted(cluster, reset):  # noqa: F811
+def test_a_node_whose_handshake_times_out_or_resets_is_unreachable_not_evicted(cluster, reset):
     """Attack (b): a Node's pubapi that accepts TCP but never answers the handshake (a full pool on
     today's main looks exactly like this), or resets it. Today's main: AttestationError, evicted on the
     first round. Now: unreachable, unverified after ``unreachable_limit`` rounds (evicted only after
@@ -198,7 +198,7 @@ def test_a_node_whose_handshake_times_out_or_resets_is_unreachable_not_evicted(c
         hole.close()
 
 
-def test_a_document_that_arrives_and_fails_verification_still_evicts_at_once(cluster):  # noqa: F811
+def test_a_document_that_arrives_and_fails_verification_still_evicts_at_once(cluster):
     """The other side of (b): a real server whose attestation arrives and is refused is evicted on the
     first round (AttestationError), as before."""
     c, _vpn, _nodes = cluster

@@ -78,7 +78,7 @@ def secret_requests(c, node):
 
 
 @pytest.fixture(params=["blackholed", "stopped"])
-def unreachable(request, cluster):  # noqa: F811
+def unreachable(request, cluster):
     """The Coordinator of ``cluster`` with a fake wall clock; the Node at DOWN is made unreachable by an
     attacker (its endpoint blackholed: TCP accepted, no handshake ever; or its server stopped); the other
     Node passes. Yields (core, nodes, clock, connect_peer, the set of unreachable public IPs)."""
