@@ -322,13 +322,6 @@ def _reports(endpoints: List[str], settings: AttestationSettings, cluster_id: Op
         return dict(zip(endpoints, pool.map(lambda e: peer_report(e, settings, cluster_id, admin_priv_key), endpoints)))
 
 
-def coordinator_evictions(endpoint: str, settings: AttestationSettings,
-                          cluster_id: Optional[bytes], admin_priv_key=None) -> List[Dict[str, Any]]:
-    """The Coordinator's evicted peers, from its attested GetState after AdminAuth ([] if it is not an
-    activated Coordinator of this cluster: activate_nodes then says why)."""
-    return _coordinator_outcasts(endpoint, settings, cluster_id, admin_priv_key)[0]
-
-
 def _coordinator_outcasts(endpoint: str, settings: AttestationSettings, cluster_id: Optional[bytes],
                           admin_priv_key=None):
     """(evicted, removed) from the Coordinator's attested GetState after AdminAuth (([], []) if it is not an

@@ -14,7 +14,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -567,14 +566,6 @@ def _format_indices(indices) -> str:
 def _format_selection(selection) -> str:
     return " + ".join("%s:%s" % (BANK_NAMES.get(alg, hex(alg)), _format_indices(idx)) for alg, idx in selection) \
         or "empty"
-
-
-def read_event_log(path: str = DEFAULT_EVENT_LOG_PATH) -> Optional[bytes]:
-    """The raw TCG event log, or None where the machine has none (swtpm)."""
-    if not os.path.exists(path):
-        return None
-    with open(path, "rb") as handle:
-        return handle.read() or None
 
 
 # -------------------------------------------------------------------------- the chooser's factories (choose.py)
