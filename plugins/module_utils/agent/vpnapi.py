@@ -78,8 +78,7 @@ class VPNAPI:
             self._log("peer_auth_refused", peer=conn.peer_ip)
             raise AccessDenied("PeerAuth: %s did not prove the WireGuard private key recorded for it at activation"
                                % conn.peer_ip)
-        conn.vpn_peer_pub_key = pub_key
-        conn.authenticated_peer = True  # rpc/server.py: the peers' connection budget, never evicted by strangers
+        conn.vpn_peer_pub_key = pub_key  # rpc/server.py: now a peer's connection, never evicted by strangers
         conn.stream.send_result({"authenticated": True})
 
     # Every other handler runs only for a PeerAuth'd peer on an activated Coordinator (schema.py declares it, the

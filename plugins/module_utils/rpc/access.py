@@ -6,7 +6,7 @@ enforced by the server (``server.FrameServer``) before the handler runs, so that
 
 A declaration names a caller (``CALLER_*``: what the connection must have proven) and where the method is
 served (``SERVED_*``: the peer's states or role). The server learns what the connection proved from the
-``Connection`` (``admin``: AdminAuth; ``authenticated_peer`` and ``vpn_peer_pub_key``: PeerAuth) and the peer's
+``Connection`` (``admin``: AdminAuth; ``vpn_peer_pub_key``: the key PeerAuth proved) and the peer's
 state from a ``PeerView`` the agent's wiring gives it (agent/peer_view.py reads the Core): this module imports
 neither the Core nor the agent. ``authorise`` returns the authenticated ``Caller``, which the server hands the
 handler (``conn.caller``): a handler reads who called from it and checks nothing itself.
@@ -145,7 +145,7 @@ def _served(method: str, served: str, view: Optional[PeerView]) -> None:
 
 def caller_of(conn: Any, confirm: Optional[Callable[[], Any]] = None) -> Caller:
     """The ``Caller`` of what ``conn`` proved (AdminAuth, PeerAuth)."""
-    pub_key = getattr(conn, "vpn_peer_pub_key", None) if getattr(conn, "authenticated_peer", False) else None
+    pub_key = getattr(conn, "vpn_peer_pub_key", None)
     return Caller(conn.peer_ip, pub_key, bool(getattr(conn, "admin", False)), bool(getattr(conn, "coordinator", False)),
                   confirm or (lambda: None))
 
@@ -178,7 +178,7 @@ def _authenticate(method: str, caller: str, conn: Any, view: Optional[PeerView])
         view.check_not_evicted(method, conn.peer_ip)
         return
     pub_key = getattr(conn, "vpn_peer_pub_key", None)
-    if not getattr(conn, "authenticated_peer", False) or pub_key is None:
+    if pub_key is None:
         raise AccessDenied("%s needs %s: this connection has not proven the WireGuard key of %s (PeerAuth first)"
                            % (method, _NEEDS[caller], getattr(conn, "peer_ip", "?")))
     if view is None:

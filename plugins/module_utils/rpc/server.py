@@ -113,11 +113,16 @@ class Connection:
         self.server_spki_hash = server_spki_hash
         self.admin = False
         self.coordinator = False  # set by AdminAuth (role coordinator): the caller proved the Coordinators' key
-        self.authenticated_peer = False  # set by a handler: the caller proved a registered peer's key (PeerAuth)
+        self.vpn_peer_pub_key: Optional[str] = None  # set by PeerAuth: the registered peer's key the caller proved
         # Who the server authenticated for the current request, as its declaration asks (``access.authorise``): the
         # handler reads who called from it.
         self.caller = access.Caller(self.peer_ip)
         self._awaiting = awaiting or (lambda waiting: True)  # the server's view: waiting on the client or busy
+
+    @property
+    def authenticated_peer(self) -> bool:
+        """The caller proved a registered peer's WireGuard key (PeerAuth)."""
+        return self.vpn_peer_pub_key is not None
 
     @property
     def authenticated(self) -> bool:
