@@ -71,7 +71,8 @@ def keep(args, basedir, entry, check_mode):
     results (changed, version, entry, diff texts). Nothing is written in check mode, nor when the document lists
     the agent as asked already; on a failure the old document and signature stay as they were."""
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature as sig
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+        AGENTS_KEY, parse_policy)
     from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
     from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
@@ -103,14 +104,13 @@ def keep(args, basedir, entry, check_mode):
     text = _document_text(data, path)
     document = load_yaml(text, "measurements_file")
     new, changed = am.set_agent_entry(document, args["name"], entry if args["state"] == "present" else None)
-    # The rest is still a policy the validators read (the agents are checked by set_agent_entry).
-    parse_policy({k: v for k, v in new.items() if k != am.AGENTS_KEY})
+    parse_policy(new)  # what every validator will read
     new_text = json.dumps(new, indent=2) + "\n" if changed else text
     sign = key is not None and (changed or not signed)
     if changed and signed and key is None:
         raise InputError("priv_key_file", "the signing key: %s is signed (%s), and changing it without re-signing "
                          "would leave a document no peer accepts" % (path, sig_path), None)
-    listed = (new if args["state"] == "present" else document).get(am.AGENTS_KEY) or {}
+    listed = (new if args["state"] == "present" else document).get(AGENTS_KEY) or {}
     result = {"changed": changed or sign, "version": new.get("version", 0), "entry": listed.get(args["name"]),
               "measurements_file": path, "signature_file": sig_path if (signed or sign) else None,
               "before": text, "after": new_text}

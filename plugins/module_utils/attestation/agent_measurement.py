@@ -178,7 +178,6 @@ def measure(tpm, measurement: AgentMeasurement) -> str:
 
 MAX_ARCHIVE_MEMBERS = 4096
 MAX_ARCHIVE_BYTES = 64 * 1024 * 1024  # uncompressed code: the collection's module_utils is well under 2 MiB
-AGENTS_KEY = "agents"
 
 
 def source_code_root(src: str, field: str = "src") -> str:
@@ -260,11 +259,12 @@ def set_agent_entry(document: Dict[str, Any], name: str, entry: Optional[Dict[st
     ``AgentMeasurement.to_dict`` writes), or retired when ``entry`` is None: ``(new document, changed)``. When it
     changes anything the new document's ``version`` is one above the old one's and a plain policy becomes the named
     form (its PCRs the set ``default``); otherwise the document comes back equal, version unchanged. ``document`` is
-    never modified. InputError for a bad name, an entry whose events do not replay to its value, or a 17th agent."""
+    never modified. InputError for a bad name, an entry the document's parser refuses (measurements.AcceptedAgent:
+    events that do not replay to the value, ...), or one agent more than a document may list."""
     import copy
 
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-        ACCEPTED_KEY, DEFAULT_SET_NAME, MAX_SETS, VERSION_KEY, check_set_name)
+        ACCEPTED_KEY, AGENTS_KEY, DEFAULT_SET_NAME, MAX_AGENTS, VERSION_KEY, AcceptedAgent, check_set_name)
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 
     if not isinstance(document, dict):
@@ -279,36 +279,27 @@ def set_agent_entry(document: Dict[str, Any], name: str, entry: Optional[Dict[st
         raise InputError("measurements_file", "agents: a mapping of agent name to its entry", type(agents).__name__)
     if entry is not None:
         entry = copy.deepcopy(dict(entry))
-        value = entry.get("value")
-        if not isinstance(value, str) or len(value) != 64 or not set(value) <= set("0123456789abcdef"):
-            raise InputError("entry", "value: 64 lowercase hex digits", value)
-        try:
-            replayed = replay(entry["events"]).hex() if "events" in entry else value
-        except (KeyError, TypeError, ValueError, AttributeError):
-            replayed = None
-        if replayed != value:
-            raise InputError("entry", "events that replay to value %s" % value, entry["events"])
+        AcceptedAgent.from_dict(name, entry)
         if agents.get(name) == entry:
-            return copy.deepcopy(dict(document)), False
-        if name not in agents and len(agents) >= MAX_SETS:
-            raise InputError("name", "at most %d agents in one document (retire one first)" % MAX_SETS, name)
+            return copy.deepcopy(document), False
+        if name not in agents and len(agents) >= MAX_AGENTS:
+            raise InputError("name", "at most %d agents in one document (retire one first)" % MAX_AGENTS, name)
     elif name not in agents:
-        return copy.deepcopy(dict(document)), False
-    if ACCEPTED_KEY in document:
-        new = copy.deepcopy(dict(document))
-    else:  # a plain policy: its PCRs become the set "default", as validators read it (measurements.as_sets)
-        new = {ACCEPTED_KEY: {DEFAULT_SET_NAME: {k: copy.deepcopy(v) for k, v in document.items()
-                                                   if k not in (VERSION_KEY, AGENTS_KEY)}}}
+        return copy.deepcopy(document), False
     version = document.get(VERSION_KEY, 0)
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise InputError("measurements_file", "version: an integer >= 0", version)
-    agents = dict(copy.deepcopy(dict(agents)))
+    if ACCEPTED_KEY in document:
+        rest = {k: copy.deepcopy(v) for k, v in document.items() if k not in (VERSION_KEY, AGENTS_KEY)}
+    else:  # a plain policy: its PCRs become the set "default", as validators read it (measurements.as_sets)
+        rest = {ACCEPTED_KEY: {DEFAULT_SET_NAME: {k: copy.deepcopy(v) for k, v in document.items() if k != VERSION_KEY}}}
+    agents = copy.deepcopy(agents)
     if entry is None:
         del agents[name]
     else:
         agents[name] = entry
-    out = {VERSION_KEY: version + 1}
-    out.update((k, v) for k, v in new.items() if k not in (VERSION_KEY, AGENTS_KEY))
+    out: Dict[str, Any] = {VERSION_KEY: version + 1}
+    out.update(rest)
     if agents:
         out[AGENTS_KEY] = agents
     return out, True

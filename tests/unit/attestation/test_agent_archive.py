@@ -142,7 +142,7 @@ def test_a_bad_name_a_bad_entry_and_a_17th_agent_are_refused():
     with pytest.raises(InputError, match="name: expected an agent name"):
         am.set_agent_entry(document, "../x", _entry())
     bad = dict(_entry(), value="00" * 32)
-    with pytest.raises(InputError, match="entry: expected events that replay"):
+    with pytest.raises(InputError, match="agents.x.events: expected events that replay"):
         am.set_agent_entry(document, "x", bad)
     with pytest.raises(InputError, match="version: an integer"):
         am.set_agent_entry(dict(document, version="7"), "x", _entry())
