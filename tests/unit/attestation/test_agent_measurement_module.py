@@ -146,7 +146,7 @@ def test_bad_input_is_refused_naming_the_option_and_leaves_the_document(inv):
     assert state(inv) == before
 
 
-def test_an_altered_document_is_not_re_signed(inv):
+def test_an_altered_or_unsigned_document_is_not_signed(inv):
     doc = inv / "measurements.json"
     doc.write_text(doc.read_text().replace("ab", "cd", 1))  # its signature no longer verifies
     before = state(inv)
@@ -154,6 +154,10 @@ def test_an_altered_document_is_not_re_signed(inv):
     assert run.ok, run.stdout
     assert res["add"]["failed"] and "does not verify" in res["add"]["msg"] and str(doc) in res["add"]["msg"]
     assert state(inv) == before
+    (inv / "measurements.json.sig").unlink()  # unsigned, where a key is pinned: not signed now either
+    run, res = play(inv, [task("add", name="0.3.0", priv_key_file="measurements.key", ignore_errors=True)])
+    assert res["add"]["failed"] and res["add"]["msg"].startswith("measurements_file: expected a document signed with")
+    assert doc.read_bytes() == before[0] and not (inv / "measurements.json.sig").exists()
 
 
 def _tar(members):
@@ -206,3 +210,16 @@ def test_site_with_the_key_lists_the_collection_s_agent_once(inv):
     doc = json.loads(signature.read_signed_file(str(inv / "measurements.json"), pub))
     assert sorted(doc["agents"]) == ["9.8.7", "next"] and doc["version"] == 2
     assert site_step(inv).results()[WARNING]["skipped"]  # the document lists agents: nothing to say
+
+
+def test_a_yaml_document_unsigned_is_signed_and_written_as_json(inv):
+    (inv / "policy.yml").write_text("4:\n  expected: %s\n  warnOnly: false\n" % ("ab" * 32))
+    # No key pinned (no module_defaults here): the signing key alone decides.
+    run = run_tasks(inv, [task("add", name="0.3.0", priv_key_file="measurements.key", measurements_file="policy.yml",
+                               variant="qemu-vtpm-ek", ek_ca_path="ek_ca.pem")], cwd=inv)
+    assert run.ok, run.stdout
+    res = run.results()
+    assert res["add"]["changed"] and res["add"]["signature_file"] == str(inv / "policy.yml.sig")
+    pub = signature.load_public_key_file(str(inv / "measurements.pub"))
+    assert json.loads(signature.read_signed_file(str(inv / "policy.yml"), pub)) == {
+        "version": 1, "accepted": {"default": PCRS}, "agents": {"0.3.0": expected(inv).to_dict()}}
