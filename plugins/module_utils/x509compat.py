@@ -25,19 +25,6 @@ except ImportError:  # pragma: no cover - reported by the callers' require_crypt
 _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n.+?\r?\n-----END CERTIFICATE-----", re.S)
 
 
-def oid_problem(oid: str) -> str:
-    """'' when this host's cryptography can put ``oid`` in a certificate, else why not. Versions
-    before 44 refuse OID arcs wider than 64 bits, such as the 128-bit arc of a 2.25.<uuid> OID."""
-    try:
-        x509.ObjectIdentifier(oid)
-    except ValueError:
-        import cryptography
-
-        return ("its OID %s needs cryptography 44 or newer (this host has %s)"
-                % (oid, getattr(cryptography, "__version__", "?")))
-    return ""
-
-
 def not_valid_before(cert) -> datetime.datetime:
     if hasattr(cert, "not_valid_before_utc"):
         return cert.not_valid_before_utc

@@ -20,9 +20,8 @@ variant closes that gap with a one-time **enrollment** before the one-shot issue
 only if it is one of the certified records whose EK certificate still chains to the CAs it is
 given. The document format is unchanged (docs/attestation.md, "The document and the nonce binding"), so aTLS needs nothing new.
 
-OID: ``2.25.<uuid>`` (X.667: an OID under 2.25 built from a random UUID needs no registration
-and cannot collide with Constellation's 1.3.9900.x list or anyone else's). UUID
-241c91c2-3113-4d53-a5db-bc1635b92a53, chosen at random for this project.
+OID: ``choose.QEMU_VTPM_EK`` (docs/attestation.md, "Variant `qemu-vtpm-ek` (ours)"); the validators
+also read the variant's earlier OID (``alias_oids``), the issuer writes only the current one.
 """
 
 from __future__ import annotations
@@ -350,6 +349,7 @@ class VTPMEKValidator(VTPMValidator):
     registry that enrollment adds to. An AK not certified raises ``EnrollmentRequired``."""
 
     oid = QEMU_VTPM_EK.oid
+    alias_oids = QEMU_VTPM_EK.alias_oids
 
     def __init__(self, measurements: Measurements, ca_certs: Sequence, certified_aks=(),
                  pcr_selection: Sequence[int] = ALL_PCRS, check_event_log: bool = True):
@@ -399,6 +399,7 @@ class EnrollmentValidator(VTPMValidator):
     ``VTPMEKValidator`` is trusted with anything."""
 
     oid = QEMU_VTPM_EK.oid
+    alias_oids = QEMU_VTPM_EK.alias_oids
 
 
 def enroll_over(client, ca_certs: Sequence) -> CertifiedAK:
