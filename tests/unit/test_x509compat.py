@@ -136,3 +136,51 @@ def test_every_variant_attests_on_debians_cryptography():
         assert result["old"].startswith("peer certificate is not valid X.509")
     else:
         assert "no attestation of an accepted variant" in result["old"]
+
+
+def test_threads_sharing_a_certificate_read_its_extensions_on_debians_cryptography():
+    """The trust anchors and enrolled EK certificates are shared by the Coordinator's activation workers:
+    cryptography 38 refuses a second thread that reads a certificate's extensions while the first fills its
+    cache (RuntimeError "Already borrowed", which failed activations there); x509compat.extensions reads them
+    one thread at a time."""
+    import subprocess
+    from pathlib import Path
+
+    if _system_cryptography() is None:
+        pytest.skip("no %s with python3-cryptography (make setup installs it)" % SYSTEM_PYTHON)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "EK CA")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=1), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("ca.example")]), critical=False)
+            .sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+    probe = (
+        "import sys, threading\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "sys.setswitchinterval(1e-6)\n"
+        "from cryptography import x509\n"
+        "from ansible_collections.constellation.cluster.plugins.module_utils import x509compat\n"
+        "errors = []\n"
+        "for _round in range(300):\n"
+        "    cert = x509.load_pem_x509_certificate(sys.argv[2].encode())\n"
+        "    barrier = threading.Barrier(8)\n"
+        "    def read():\n"
+        "        barrier.wait()\n"
+        "        try:\n"
+        "            list(x509compat.extensions(cert))\n"
+        "        except RuntimeError as err:\n"
+        "            errors.append(str(err))\n"
+        "    threads = [threading.Thread(target=read) for _ in range(8)]\n"
+        "    [t.start() for t in threads]\n"
+        "    [t.join() for t in threads]\n"
+        "print(len(errors), errors[:1])\n")
+    collections = str(Path(__file__).resolve().parents[2] / "collections")
+    proc = subprocess.run([SYSTEM_PYTHON, "-I", "-c", probe, collections, pem], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "0 []"

@@ -116,7 +116,7 @@ def _check_validity(cert: "x509.Certificate", what: str) -> None:
 
 def _is_ca(cert: "x509.Certificate") -> bool:
     try:
-        return cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        return x509compat.extensions(cert).get_extension_for_class(x509.BasicConstraints).value.ca
     except x509.ExtensionNotFound:
         return False
 
@@ -136,7 +136,7 @@ def _untrusted_intermediates(chain: Sequence[bytes]) -> List["x509.Certificate"]
 
 def _extension(cert: "x509.Certificate", kind):
     try:
-        return cert.extensions.get_extension_for_class(kind).value
+        return x509compat.extensions(cert).get_extension_for_class(kind).value
     except x509.ExtensionNotFound:
         return None
 
