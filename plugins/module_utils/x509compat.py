@@ -8,32 +8,31 @@ call where it exists, and otherwise the library's primitives (never our own cryp
 - ``not_valid_before`` / ``not_valid_after``: ``Certificate.not_valid_*_utc`` (cryptography 42).
 - ``load_pem_certificates``: ``x509.load_pem_x509_certificates`` (39).
 - ``verify_directly_issued_by``: ``Certificate.verify_directly_issued_by`` (40).
-- ``extensions``: ``Certificate.extensions``, one thread at a time (38 refuses a concurrent first access).
+- ``private_copy``: a thread's own copy of a certificate that threads share, to read its extensions.
 """
 
 from __future__ import annotations
 
 import datetime
 import re
-import threading
 from typing import List
 
 try:
     from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 except ImportError:  # pragma: no cover - reported by the callers' require_cryptography()
     x509 = None
 
-_EXTENSIONS_LOCK = threading.Lock()
 _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n.+?\r?\n-----END CERTIFICATE-----", re.S)
 
 
-def extensions(cert) -> "x509.Extensions":
-    """``cert.extensions`` of a certificate object that several threads share (trust anchors, enrolled EK
-    certificates). cryptography 38 parses them into a cache under an exclusive borrow of the certificate, and a
-    second thread that reads them meanwhile gets RuntimeError("Already borrowed"): one reader at a time."""
-    with _EXTENSIONS_LOCK:
-        return cert.extensions
+def private_copy(cert):
+    """A copy of ``cert`` for the calling thread alone. cryptography 38 (Debian 12's) reads a certificate's
+    extensions under an exclusive borrow of the certificate object, so a thread that reads them while another
+    thread uses the same object gets RuntimeError("Already borrowed"). Where threads share certificates (the
+    trust anchors every activation worker checks EK certificates against), extensions are read from copies."""
+    return x509.load_der_x509_certificate(cert.public_bytes(serialization.Encoding.DER))
 
 
 def not_valid_before(cert) -> datetime.datetime:
