@@ -136,4 +136,3 @@ def test_every_variant_attests_on_debians_cryptography():
         assert result["old"].startswith("peer certificate is not valid X.509")
     else:
         assert "no attestation of an accepted variant" in result["old"]
-

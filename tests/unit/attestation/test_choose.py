@@ -311,8 +311,8 @@ def tampering(ek_server):
         server.close()
 
 
-def test_ek_variant_certificates_carry_the_short_oid_and_the_old_one_is_still_read(ek_server, swtpm_ek, tmp_path,
-                                                                                 tampering):
+def test_ek_variant_certificates_carry_the_short_oid_and_the_old_one_is_still_read(
+        ek_server, swtpm_ek, tmp_path, tampering):
     validators = _enrolled_validators(ek_server, swtpm_ek, tmp_path)
     # A 0.2.0 agent wrote the UUID OID: the same validator reads it (this cryptography parses its 128-bit arc).
     old = tampering(choose.QEMU_VTPM_EK_OLD_OID)
