@@ -5,7 +5,10 @@ set -eu
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-DEB_PACKAGES="iputils-ping swtpm swtpm-tools tpm2-tools shellcheck libtss2-dev pkg-config python3-apt python3-cryptography python3-yaml python3-tpm2-pytss python3-grpcio python3-protobuf wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git cryptsetup-bin"
+# What the node agent imports on a Debian 12 node, as the node_agent role installs it (its *_packages lists;
+# tests/unit/test_node_packages.py keeps them in step): a lab host runs its agent on /usr/bin/python3 with these.
+AGENT_PACKAGES="python3-cryptography python3-yaml python3-tpm2-pytss python3-grpcio python3-protobuf python3-etcd3gw python3-kubernetes"
+DEB_PACKAGES="iputils-ping swtpm swtpm-tools tpm2-tools shellcheck libtss2-dev pkg-config python3-apt $AGENT_PACKAGES wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git cryptsetup-bin"
 
 missing=""
 for p in $DEB_PACKAGES; do

@@ -50,7 +50,7 @@ except ImportError as _err:  # ansible-test's import sanity runs without third-p
 from ansible_collections.constellation.cluster.plugins.module_utils import encoding, x509compat
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.quote_queue import QuoteQueue, connection_gone
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
-    Issuer, Validation, Validator)
+    Issuer, Validation, Validator, accepts)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError, PeerUnreachable)
 
@@ -206,9 +206,9 @@ def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator
         extensions = list(cert.extensions)
     except (ValueError, x509.DuplicateExtension, x509.UnsupportedGeneralNameType) as err:
         raise AttestationError("peer certificate has malformed extensions: %s" % err) from None
-    by_oid = {v.oid: v for v in validators}
+    accepted = sorted({oid for v in validators for oid in (v.oid,) + tuple(getattr(v, "alias_oids", ()))})
     for ext in extensions:
-        if ext.oid.dotted_string not in by_oid:
+        if not any(accepts(v, ext.oid.dotted_string) for v in validators):
             continue
         document = getattr(ext.value, "value", None)
         if not isinstance(document, bytes):
@@ -218,7 +218,7 @@ def verify_peer_certificate(der: Optional[bytes], validators: Sequence[Validator
         return validation, ext.oid.dotted_string
     raise AttestationError("peer certificate carries no attestation of an accepted variant: found OIDs [%s], "
                            "accepted [%s]" % (", ".join(e.oid.dotted_string for e in extensions),
-                                              ", ".join(sorted(by_oid))))
+                                              ", ".join(accepted)))
 
 
 def validate_document(oid: str, document: bytes, validators: Sequence[Validator], nonce: bytes,
@@ -226,7 +226,7 @@ def validate_document(oid: str, document: bytes, validators: Sequence[Validator]
     """An attestation document of variant ``oid`` over ``nonce``, validated by the matching validator,
     whose user data must be ``expected_user_data`` (the SHA-256 of the connection's certificate key):
     the check of a certificate's extension and of a fresh proof on a kept connection (``Attest``)."""
-    validator = next((v for v in validators if v.oid == oid), None)
+    validator = next((v for v in validators if accepts(v, oid)), None)
     if validator is None:
         raise AttestationError("attestation variant %s is not accepted (accepted: %s)"
                                % (str(oid)[:64], ", ".join(sorted(v.oid for v in validators))))

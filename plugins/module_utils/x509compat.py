@@ -8,6 +8,7 @@ call where it exists, and otherwise the library's primitives (never our own cryp
 - ``not_valid_before`` / ``not_valid_after``: ``Certificate.not_valid_*_utc`` (cryptography 42).
 - ``load_pem_certificates``: ``x509.load_pem_x509_certificates`` (39).
 - ``verify_directly_issued_by``: ``Certificate.verify_directly_issued_by`` (40).
+- ``private_copy``: a thread's own copy of a certificate that threads share, to read its extensions.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import List
 
 try:
     from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 except ImportError:  # pragma: no cover - reported by the callers' require_cryptography()
     x509 = None
@@ -25,17 +27,12 @@ except ImportError:  # pragma: no cover - reported by the callers' require_crypt
 _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n.+?\r?\n-----END CERTIFICATE-----", re.S)
 
 
-def oid_problem(oid: str) -> str:
-    """'' when this host's cryptography can put ``oid`` in a certificate, else why not. Versions
-    before 44 refuse OID arcs wider than 64 bits, such as the 128-bit arc of a 2.25.<uuid> OID."""
-    try:
-        x509.ObjectIdentifier(oid)
-    except ValueError:
-        import cryptography
-
-        return ("its OID %s needs cryptography 44 or newer (this host has %s)"
-                % (oid, getattr(cryptography, "__version__", "?")))
-    return ""
+def private_copy(cert):
+    """A copy of ``cert`` for the calling thread alone. cryptography 38 (Debian 12's) reads a certificate's
+    extensions under an exclusive borrow of the certificate object, so a thread that reads them while another
+    thread uses the same object gets RuntimeError("Already borrowed"). Where threads share certificates (the
+    trust anchors every activation worker checks EK certificates against), extensions are read from copies."""
+    return x509.load_der_x509_certificate(cert.public_bytes(serialization.Encoding.DER))
 
 
 def not_valid_before(cert) -> datetime.datetime:

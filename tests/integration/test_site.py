@@ -6,7 +6,8 @@
 Hosts h1-h4 form the cluster (h1 the Coordinator); h5 booted a modified image (its PCR 9 differs
 from the policy); h6 boots later and is added with add_nodes.yml; h7 boots last with a TPM from
 another vendor (its EK certificate does not chain to the lab CA). The lab attests with its default
-variant, qemu-vtpm-ek. The tests run in file order and share the lab: the tampered run comes first,
+variant, qemu-vtpm-ek; h1's agent runs on /usr/bin/python3 with Debian 12's packages only (as the
+node_agent role installs it). The tests run in file order and share the lab: the tampered run comes first,
 while the Coordinator is still fresh.
 """
 
@@ -33,7 +34,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
-from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import open_peer, peer_report
 from ansible_collections.constellation.cluster.plugins.module_utils.kms import MasterSecret
 
 pytestmark = pytest.mark.lab
@@ -124,9 +125,33 @@ def site(tmp_path_factory):
     lab.up(hosts=5, tpm=True, agents=True)
     lab.tamper("h5")
     try:
+        start_on_debians_python(lab, DEBIAN_HOST)
         yield Site(lab, inv)
     finally:
         lab.down()
+
+
+# The Coordinator's agent runs on /usr/bin/python3 with only Debian 12's packages (python3-cryptography 38,
+# python3-tpm2-pytss 1.2, ...: what the node_agent role installs): it issues the default variant's
+# certificates to the controller and verifies every Node's on that cryptography.
+DEBIAN_HOST = "h1"
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def start_on_debians_python(lab: Lab, name: str) -> None:
+    """Restarts the agent of ``name`` (not activated yet) on Debian's Python, as test_verify_service.py does."""
+    from lab.agent import start_agent
+    from tests.support.wait import until as wait_until
+
+    host = lab.host(name)
+    for pid in lab._agent_pids(host):  # pylint: disable=protected-access
+        os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not lab._agent_pids(host), what="%s's agent stops" % name)  # pylint: disable=protected-access
+    lab.host_python = lambda: [SYSTEM_PYTHON]
+    try:
+        start_agent(lab, host)
+    finally:
+        del lab.host_python
 
 
 def test_tampered_host_stops_the_run_before_any_secret(site):
@@ -602,6 +627,42 @@ def test_a_peer_whose_interface_lost_its_vpn_ip_fails_verify_and_site(site, tmp_
         h2.run(["ip", "addr", "add", address.group(1), "dev", "wg0"])
     proc, report_json, _junit = verify_with_reports(site, tmp_path, "readdressed")
     assert proc.returncode == 0, proc.stdout[-4000:]
+
+
+def test_the_coordinator_on_debians_packages_took_part_with_the_default_variant(site):
+    """Every site.yml, add_nodes.yml and verify.yml run before this one passed with h1's agent on
+    /usr/bin/python3 and Debian's packages only: the same process still runs, nothing of the venv is in it,
+    and it attests with the default variant's OID (1.3.9900.5.100, which cryptography 38 encodes)."""
+    host = site.lab.host(DEBIAN_HOST)
+    (pid,) = site.lab._agent_pids(host)  # pylint: disable=protected-access
+    proc = Path("/proc/%d" % pid)
+    assert os.path.realpath(proc / "exe") == os.path.realpath(SYSTEM_PYTHON)
+    assert proc.joinpath("cmdline").read_bytes().split(b"\0")[0].decode() == SYSTEM_PYTHON
+    # The compiled parts it loaded (cryptography's Rust bindings, tpm2-pytss, PyYAML's, grpcio's) are Debian's.
+    mapped = {line.split()[-1] for line in proc.joinpath("maps").read_text().splitlines() if len(line.split()) >= 6}
+    venv = str(ROOT / ".venv")
+    assert not [path for path in mapped if path.startswith(venv) or os.path.realpath(path).startswith(venv)]
+    for part in ("cryptography/hazmat/bindings/_rust", "tpm2_pytss/_libtpm2_pytss"):
+        assert any(p.startswith("/usr/lib/python3/dist-packages/" + part) for p in mapped), (part, sorted(mapped))
+    # The same interpreter, environment and namespaces: each module the agent imports is Debian's.
+    env = dict(line.split("=", 1) for line in proc.joinpath("environ").read_text().split("\0") if "=" in line)
+    probe = ("import json, sys, cryptography, tpm2_pytss, yaml, grpc, google.protobuf\n"
+             "print(json.dumps({'cryptography': cryptography.__version__, 'path': sys.path,\n"
+             "                  'files': [m.__file__ for m in (cryptography, tpm2_pytss, yaml, grpc, google.protobuf)]}))")
+    loaded = json.loads(host.run(["env", "-i", "PYTHONPATH=" + env["PYTHONPATH"], SYSTEM_PYTHON, "-c", probe]).stdout)
+    assert not [entry for entry in loaded["path"] if ".venv" in entry or "site-packages" in entry], loaded["path"]
+    assert all(f.startswith("/usr/lib/python3/dist-packages/") for f in loaded["files"]), loaded["files"]
+    debian = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "python3-cryptography"], capture_output=True,
+                            text=True, check=True).stdout
+    assert loaded["cryptography"] == debian.split("-")[0]
+    # Attested under the default variant, its certificate carrying the new OID.
+    settings = settings_from_args({"measurements_file": str(site.inv / "measurements.json"),
+                                   "ek_ca_path": str(site.inv / "ek_ca.pem"), "netns": site.lab.bridge_netns,
+                                   "timeout": 10.0, "attestation_timeout": 30.0})
+    assert settings.variant == choose.DEFAULT_VARIANT == site.lab.variant
+    with open_peer(host.public_endpoint, settings) as client:
+        assert client.attested.variant_oid == choose.QEMU_VTPM_EK_OID == "1.3.9900.5.100"
+        assert client.get_state()["state"] == "ActivatingNodes"
 
 
 def test_lab_attests_with_the_ek_variant(site):

@@ -65,13 +65,6 @@ def test_validity_is_timezone_aware_utc():
     assert before == cert.not_valid_before_utc and after == cert.not_valid_after_utc
 
 
-def test_every_variant_oid_fits_this_cryptography():
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
-
-    assert [x509compat.oid_problem(choose.spec(name).variant.oid) for name in choose.VARIANT_NAMES] == [""] * len(
-        choose.VARIANT_NAMES)
-
-
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
@@ -86,40 +79,60 @@ def _system_cryptography():
     return tuple(int(part) for part in out.strip().split(".")[:2])
 
 
-def test_the_agent_on_debians_cryptography_refuses_an_oid_it_cannot_encode_by_name():
-    """Debian 12's python3-cryptography (38) cannot encode the 128-bit arc of qemu-vtpm-ek's OID:
-    the agent's configuration check says so, naming the variant, instead of failing per handshake."""
+def test_every_variant_attests_on_debians_cryptography():
+    """Every variant's OID goes into an aTLS certificate on Debian 12's python3-cryptography (38) and comes
+    back out, and the agent's configuration takes the default variant there. A certificate with the UUID
+    OID of a 0.2.0 checkout, which cryptography before 44 cannot parse, is refused as not valid X.509:
+    there the alias is unused."""
+    import datetime
     import json
     import subprocess
     from pathlib import Path
 
+    from ansible_collections.constellation.cluster.plugins.module_utils import atls
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+
     version = _system_cryptography()
     if version is None:
         pytest.skip("no %s with python3-cryptography (make setup installs it)" % SYSTEM_PYTHON)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    old = atls.build_certificate(key, [(choose.QEMU_VTPM_EK_OLD_OID, b"a 0.2.0 document")],
+                                 now - datetime.timedelta(minutes=5), now + datetime.timedelta(hours=1))
     collections = str(Path(__file__).resolve().parents[2] / "collections")
     probe = (
-        "import json, sys\n"
+        "import datetime, json, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
+        "import cryptography\n"
+        "from cryptography import x509\n"
+        "from cryptography.hazmat.primitives.asymmetric import ec\n"
+        "from ansible_collections.constellation.cluster.plugins.module_utils import atls\n"
         "from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig\n"
-        "from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError\n"
-        "out = {}\n"
-        "for variant in ('qemu-vtpm', 'qemu-vtpm-ek'):\n"
-        "    try:\n"
-        "        AgentConfig.from_mapping({'state_dir': '/nonexistent', 'public_endpoint': '10.0.0.1:9000',\n"
-        "                                  'variant': variant, 'measurements': 'm.json', 'ek_ca': 'ca.pem',\n"
-        "                                  'init_secret_hash': 'ab' * 32, 'insecure_trust_any_ak': True,\n"
-        "                                  'measurements_pub_key': 'measurements.pub'})\n"
-        "        out[variant] = ''\n"
-        "    except InputError as err:\n"
-        "        out[variant] = str(err)\n"
+        "from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose\n"
+        "from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError\n"
+        "now = datetime.datetime.now(datetime.timezone.utc)\n"
+        "out = {'version': cryptography.__version__, 'path': cryptography.__file__, 'oids': {}}\n"
+        "for name in choose.names():\n"
+        "    cert = atls.build_certificate(ec.generate_private_key(ec.SECP256R1()), [(choose.spec(name).oid, b'doc')],\n"
+        "                                  now, now + datetime.timedelta(hours=1))\n"
+        "    cert = x509.load_der_x509_certificate(cert.public_bytes(atls.serialization.Encoding.DER))\n"
+        "    out['oids'][name] = [ext.oid.dotted_string for ext in cert.extensions]\n"
+        "AgentConfig.from_mapping({'state_dir': '/nonexistent', 'public_endpoint': '10.0.0.1:9000',\n"
+        "                          'variant': 'qemu-vtpm-ek', 'measurements': 'm.json', 'ek_ca': 'ca.pem',\n"
+        "                          'init_secret_hash': 'ab' * 32, 'measurements_pub_key': 'measurements.pub'})\n"
+        "try:\n"
+        "    atls.verify_peer_certificate(bytes.fromhex(sys.argv[2]), [], b'n' * 32)\n"
+        "except AttestationError as err:\n"
+        "    out['old'] = str(err)\n"
         "print(json.dumps(out))\n")
-    proc = subprocess.run([SYSTEM_PYTHON, "-I", "-c", probe, collections], capture_output=True, text=True, timeout=60,
-                          check=False)
+    proc = subprocess.run([SYSTEM_PYTHON, "-I", "-c", probe, collections,
+                           old.public_bytes(serialization.Encoding.DER).hex()],
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert result["qemu-vtpm"] == ""
+    assert result["path"].startswith("/usr/lib/python3/dist-packages/")
+    assert result["oids"] == {name: [choose.spec(name).oid] for name in choose.names()}
     if version < (44, 0):
-        assert result["qemu-vtpm-ek"].startswith("variant: expected a variant this host can attest with")
-        assert "needs cryptography 44 or newer" in result["qemu-vtpm-ek"]
+        assert result["old"].startswith("peer certificate is not valid X.509")
     else:
-        assert result["qemu-vtpm-ek"] == ""
+        assert "no attestation of an accepted variant" in result["old"]

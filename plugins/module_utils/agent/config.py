@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils import atls, x509compat
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose, deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import AK_ALGS
 from ansible_collections.constellation.cluster.plugins.module_utils.core.activation import ACTIVATION_WORKERS, MAX_ACTIVATION_WORKERS
@@ -199,9 +199,6 @@ class AgentConfig:
         if config.etcd_member is not None:
             EtcdMember.from_config(config.etcd_member, config.state_dir)  # names a bad key before anything starts
         variant = choose.check_variant_allowed(config.variant, config.insecure_trust_any_ak)  # the one rule
-        problem = x509compat.oid_problem(variant.variant.oid)
-        if problem:
-            raise InputError("variant", "a variant this host can attest with (%s: %s)" % (variant.name, problem))
         if variant.needs_policy and not config.measurements:
             raise InputError("measurements", "the path of a measurements policy (JSON)")
         if variant.needs_policy and not config.measurements_pub_key and not config.insecure_unsigned_measurements:

@@ -12,6 +12,9 @@ policy and EK CA certificates, and the module that makes its issuer and validato
 module costs nothing (modules and task workers import it); ``all_variants.py`` imports every such
 module of the collection for Ansible's module packer.
 
+A variant's earlier OIDs (``Variant.alias_oids``) are registered with it: its validators read them
+(``variant.accepts``; they declare them as ``alias_oids``), its issuers never write them.
+
 Adding a variant (docs/extending.md): its module, one ``register(VariantSpec(...))`` here, its module in
 ``all_variants.py`` and its name in the literal choice lists Ansible reads without Python; the tests in
 tests/unit/attestation/test_choose.py find those lists and fail until they agree with the registrations.
@@ -43,8 +46,14 @@ DEFAULT_VARIANT = QEMU_VTPM_EK_NAME
 TEST_SUITE_ENV = "CONSTELLATION_TEST_SUITE"
 INSECURE_TRUST_ANY_AK = "insecure_trust_any_ak"
 # Fixed here (not in ek.py) so that listing variants imports no TPM code; ek.py uses this record.
-QEMU_VTPM_EK_OID = "2.25.48000548495140104094697751808415705683"
-QEMU_VTPM_EK = Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID)
+# Short arcs in Constellation's QEMU branch, above its placeholder .99 (qemu-tdx): every cryptography
+# encodes it, Debian 12's 38 included (docs/attestation.md, "Variant `qemu-vtpm-ek` (ours)").
+QEMU_VTPM_EK_OID = "1.3.9900.5.100"
+# The OID of a 0.2.0 checkout (a UUID OID): validators still read it as this variant, no issuer writes
+# it. cryptography before 44 cannot parse its 128-bit arc: there a certificate carrying it is refused
+# as not valid X.509, and the alias is simply unused.
+QEMU_VTPM_EK_OLD_OID = "2.25.48000548495140104094697751808415705683"
+QEMU_VTPM_EK = Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID, alias_oids=(QEMU_VTPM_EK_OLD_OID,))
 
 
 @dataclass(frozen=True)
@@ -91,10 +100,12 @@ _SPECS: Dict[str, VariantSpec] = {}
 
 
 def register(spec: VariantSpec) -> VariantSpec:
-    """Adds a variant to the chooser. OIDs are never reused: ValueError if another variant has this one."""
+    """Adds a variant to the chooser. OIDs are never reused, aliases included: ValueError if another
+    variant has one of this one's OIDs (issued or alias)."""
     for known in _SPECS.values():
-        if known.oid == spec.oid and known.name != spec.name:
-            raise ValueError("OID %s already belongs to %s" % (spec.oid, known.name))
+        taken = set(known.variant.oids) & set(spec.variant.oids) if known.name != spec.name else set()
+        if taken:
+            raise ValueError("OID %s already belongs to %s" % (sorted(taken)[0], known.name))
     _SPECS[spec.name] = spec
     return spec
 

@@ -20,9 +20,8 @@ variant closes that gap with a one-time **enrollment** before the one-shot issue
 only if it is one of the certified records whose EK certificate still chains to the CAs it is
 given. The document format is unchanged (docs/attestation.md, "The document and the nonce binding"), so aTLS needs nothing new.
 
-OID: ``2.25.<uuid>`` (X.667: an OID under 2.25 built from a random UUID needs no registration
-and cannot collide with Constellation's 1.3.9900.x list or anyone else's). UUID
-241c91c2-3113-4d53-a5db-bc1635b92a53, chosen at random for this project.
+OID: ``choose.QEMU_VTPM_EK`` (docs/attestation.md, "Variant `qemu-vtpm-ek` (ours)"); the validators
+also read the variant's earlier OID (``alias_oids``), the issuer writes only the current one.
 """
 
 from __future__ import annotations
@@ -58,11 +57,19 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 try:
     from tpm2_pytss import ESYS_TR, TPM2_ALG, TPM2_SE, TPM2B_ENCRYPTED_SECRET, TPM2B_ID_OBJECT, TPMT_PUBLIC, TPMT_SYM_DEF
     from tpm2_pytss import TSS2_Exception
-    from tpm2_pytss.internal.templates import ek_template
     from tpm2_pytss.utils import create_ek_template, make_credential
     HAS_TPM2_PYTSS = True
 except ImportError:
     HAS_TPM2_PYTSS = False
+try:  # the TCG default EK templates: tpm2-pytss 2.x names them ek_template, 1.2 (Debian 12's) _ek
+    from tpm2_pytss.internal.templates import ek_template
+    _ek_templates_1_2 = None
+except ImportError:
+    ek_template = None
+    try:
+        from tpm2_pytss.internal.templates import _ek as _ek_templates_1_2
+    except ImportError:
+        _ek_templates_1_2 = None
 
 try:
     from cryptography import x509
@@ -93,17 +100,25 @@ def _unb64(value, field: str) -> bytes:
 # The EK trust bundle and chain checks are in ek_certs.py (no TPM code); re-exported here.
 
 
+def default_ek_public_area(name: str):
+    """The public area of the TCG default EK template ``name`` (EK-RSA2048, EK-ECC256) as tpm2-pytss has it:
+    ``ek_template.lookup(name)`` in 2.x, ``_ek.EK_RSA2048`` in 1.2 (Debian 12's python3-tpm2-pytss)."""
+    if ek_template is not None:
+        return ek_template.lookup(name).template.publicArea
+    return getattr(_ek_templates_1_2, name.replace("-", "_")).ek_template.publicArea
+
+
 def ek_public_from_cert(cert: "x509.Certificate"):
     """The EK's TPMT_PUBLIC as the TCG default template creates it (EK-RSA2048 or EK-ECC256, by the
     certificate's key), with the certificate's public key: what TPM2_MakeCredential needs (symmetric
     scheme, name algorithm, the key the seed is encrypted to)."""
     key = cert.public_key()
     if isinstance(key, rsa.RSAPublicKey) and key.key_size == 2048:
-        public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-RSA2048").template.publicArea.marshal())
+        public, _unused1 = TPMT_PUBLIC.unmarshal(default_ek_public_area("EK-RSA2048").marshal())
         public.unique.rsa = key.public_numbers().n.to_bytes(256, "big")
         return public
     if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
-        public, _unused1 = TPMT_PUBLIC.unmarshal(ek_template.lookup("EK-ECC256").template.publicArea.marshal())
+        public, _unused1 = TPMT_PUBLIC.unmarshal(default_ek_public_area("EK-ECC256").marshal())
         numbers = key.public_numbers()
         public.unique.ecc.x = numbers.x.to_bytes(32, "big")
         public.unique.ecc.y = numbers.y.to_bytes(32, "big")
@@ -350,6 +365,7 @@ class VTPMEKValidator(VTPMValidator):
     registry that enrollment adds to. An AK not certified raises ``EnrollmentRequired``."""
 
     oid = QEMU_VTPM_EK.oid
+    alias_oids = QEMU_VTPM_EK.alias_oids
 
     def __init__(self, measurements: Measurements, ca_certs: Sequence, certified_aks=(),
                  pcr_selection: Sequence[int] = ALL_PCRS, check_event_log: bool = True):
@@ -399,6 +415,7 @@ class EnrollmentValidator(VTPMValidator):
     ``VTPMEKValidator`` is trusted with anything."""
 
     oid = QEMU_VTPM_EK.oid
+    alias_oids = QEMU_VTPM_EK.alias_oids
 
 
 def enroll_over(client, ca_certs: Sequence) -> CertifiedAK:

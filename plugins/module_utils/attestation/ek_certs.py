@@ -190,6 +190,7 @@ def verify_ek_cert(ek_cert_der: bytes, ca_certs: Sequence["x509.Certificate"],
             or isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, (ec.SECP256R1, ec.SECP384R1))):
         raise AttestationError("EK certificate does not hold an RSA (2048 bits or more) or ECC P-256/P-384 key")
     check_ek_profile(cert, key)
+    ca_certs = [x509compat.private_copy(ca) for ca in ca_certs]  # shared by threads: their extensions are read
     offered = _untrusted_intermediates(chain)
     current = cert
     for _attempt in range(_MAX_CHAIN):

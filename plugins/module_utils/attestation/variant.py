@@ -12,13 +12,23 @@ Which variants exist, and looking one up by name, is the chooser's (choose.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Protocol
+from typing import Dict, List, Optional, Protocol, Tuple
 
 
 @dataclass(frozen=True)
 class Variant:
+    """A variant's name, the OID its issuers write, and ``alias_oids``: earlier OIDs of the same variant
+    that a verifier still reads as this variant and no issuer writes (docs/attestation.md, "Variants and
+    their OIDs")."""
+
     name: str
     oid: str
+    alias_oids: Tuple[str, ...] = ()
+
+    @property
+    def oids(self) -> Tuple[str, ...]:
+        """Every OID a verifier takes for this variant: the issued one first, then the aliases."""
+        return (self.oid,) + tuple(self.alias_oids)
 
 
 # Constellation's variants (docs/attestation.md, "Variants and their OIDs"): their names and OIDs are fixed by Constellation. Ours, and
@@ -66,9 +76,16 @@ class Issuer(Protocol):
 class Validator(Protocol):
     """``validate_inline`` (optional, default False): True declares that ``validate`` does no I/O and
     takes time bounded by the document's size limit, so aTLS runs it in the calling thread; any
-    other validator runs under the attestation deadline, in a worker thread (atls.py)."""
+    other validator runs under the attestation deadline, in a worker thread (atls.py).
+    ``alias_oids`` (optional, default none): the variant's earlier OIDs it also validates (``accepts``)."""
 
     oid: str
 
     def validate(self, document: bytes, nonce: bytes) -> Validation:
         """Checks the document against nonce and policy; raises AttestationError."""
+
+
+def accepts(validator: Validator, oid: str) -> bool:
+    """Whether ``validator`` validates documents that carry ``oid``: its variant's OID or one of the
+    variant's aliases (``Variant.alias_oids``)."""
+    return oid == validator.oid or oid in tuple(getattr(validator, "alias_oids", ()))

@@ -14,6 +14,7 @@ import secrets
 from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import accepts
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import b64, normalize_disk_uuid
 from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_access import refuse_control_plane_join
 from ansible_collections.constellation.cluster.plugins.module_utils.core.ports import AttestationValidator, JoinChannel
@@ -159,7 +160,7 @@ class JoinService:
         validation (its ``ek_pub_sha256``: the EK the signing AK was certified through, where the variant knows)."""
         nonce = secrets.token_bytes(32)
         oid, document = channel.challenge(nonce)
-        if oid != validator.oid:
+        if not accepts(validator, oid):
             raise AttestationError("%s: attestation variant %r is not accepted (expected %s)"
                                    % (method, str(oid)[:64], validator.oid))
         try:

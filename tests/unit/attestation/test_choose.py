@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose, variant
@@ -36,6 +37,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server import AgentServerContext, FrameServer
+from ansible_collections.constellation.cluster.tests.unit.attestation.atls_servers import (
+    RecordingServer, TamperingServer, assert_refused_before_any_byte, exchange_ping)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -281,6 +284,46 @@ def test_ek_variant_enrolls_once_then_attests(ek_server, swtpm_ek, tmp_path):
     with pytest.raises(AttestationError, match="AK is not certified"):
         AgentClient.connect(ek_server.endpoint, [choose.validator(
             "qemu-vtpm-ek", _policy(swtpm_ek), choose.load_trust("qemu-vtpm-ek", str(tmp_path / "ca.pem")))])
+
+
+def _enrolled_validators(ek_server, swtpm_ek, tmp_path):
+    """qemu-vtpm-ek validators whose trust holds ek_server's AK, enrolled over the RPC."""
+    (tmp_path / "ca.pem").write_bytes(b"".join(Path(p).read_bytes() for p in swtpm_ek.ca_cert_paths()))
+    validators = [choose.validator("qemu-vtpm-ek", _policy(swtpm_ek),
+                                   choose.load_trust("qemu-vtpm-ek", str(tmp_path / "ca.pem")))]
+    with connect_enrolling(_connect(ek_server.endpoint), validators) as client:
+        certificate = x509.load_der_x509_certificate(client.attested.peer_certificate)
+        assert [ext.oid.dotted_string for ext in certificate.extensions] == ["1.3.9900.5.100"]
+    return validators
+
+
+@pytest.fixture
+def tampering(ek_server):
+    """An aTLS server with ek_server's genuine issuer whose certificates carry the document under ``oid``."""
+    servers = []
+
+    def serve(oid):
+        server = RecordingServer(TamperingServer(ek_server.issuer, lambda document: (oid, document)))
+        servers.append(server)
+        return server
+    yield serve
+    for server in servers:
+        server.close()
+
+
+def test_ek_variant_certificates_carry_the_short_oid_and_the_old_one_is_still_read(
+        ek_server, swtpm_ek, tmp_path, tampering):
+    validators = _enrolled_validators(ek_server, swtpm_ek, tmp_path)
+    # A 0.2.0 agent wrote the UUID OID: the same validator reads it (this cryptography parses its 128-bit arc).
+    old = tampering(choose.QEMU_VTPM_EK_OLD_OID)
+    conn = atls.connect(old.endpoint, validators, timeout=10)
+    assert conn.variant_oid == choose.QEMU_VTPM_EK_OLD_OID
+    assert conn.validation.ek_pub_sha256 and conn.validation.measurement_set
+    exchange_ping(old, conn)
+    # An OID of no accepted variant stays refused, before a byte is sent, naming what was found and accepted.
+    unknown = tampering("1.3.9900.5.101")
+    message = assert_refused_before_any_byte(unknown, validators, "no attestation of an accepted variant")
+    assert ("found OIDs [1.3.9900.5.101], accepted [1.3.9900.5.100, %s]" % choose.QEMU_VTPM_EK_OLD_OID) in message
 
 
 def test_ek_variant_refuses_a_tpm_of_another_ca(foreign_server, swtpm_ek, swtpm_other_ca, tmp_path):

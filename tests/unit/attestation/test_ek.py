@@ -49,10 +49,12 @@ def _policy(tpm):
     return Measurements({i: Measurement(pcrs[i]) for i in (0, 4, 15)})
 
 
-def test_variant_is_registered_outside_constellations_branch():
+def test_variant_is_registered_in_the_qemu_branch_above_constellations_placeholder():
     assert choose.spec("qemu-vtpm-ek").variant == QEMU_VTPM_EK
-    assert QEMU_VTPM_EK.oid.startswith("2.25.")
-    assert QEMU_VTPM_EK.oid not in {choose.spec(name).oid for name in choose.names() if name != "qemu-vtpm-ek"}
+    assert QEMU_VTPM_EK.oid == "1.3.9900.5.100"
+    assert all(int(arc) < 2 ** 32 for arc in QEMU_VTPM_EK.oid.split("."))  # short arcs: every cryptography encodes it
+    others = {oid for name in choose.names() if name != "qemu-vtpm-ek" for oid in choose.spec(name).variant.oids}
+    assert not set(QEMU_VTPM_EK.oids) & others
 
 
 def test_ek_cert_is_read_from_nv_and_chains(ek_issuer, swtpm_ek):
@@ -129,3 +131,62 @@ def test_tampered_ek_cert_is_refused(ek_issuer, swtpm_ek):
 def test_root_alone_does_not_vouch_for_unknown_intermediate(ek_issuer, swtpm_ek):
     with pytest.raises(AttestationError, match="does not chain"):
         begin_enrollment(ek_issuer.enrollment_request(), [swtpm_ek.ca_cert_path()])
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+# Issuer and verifier of qemu-vtpm-ek in one process of Debian 12's Python and packages (python3-tpm2-pytss 1.2,
+# python3-cryptography 38): enrollment (MakeCredential, ActivateCredential), a quote, and an aTLS certificate
+# with the variant's OID, verified.
+_DEBIAN_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import cryptography, tpm2_pytss
+from ansible_collections.constellation.cluster.plugins.module_utils import atls
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose, ek
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+    Measurement, Measurements)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import read_pcrs
+tcti, ca_paths = sys.argv[2], sys.argv[3:]
+pcrs = read_pcrs(tcti)
+policy = Measurements({i: Measurement(pcrs[i]) for i in (0, 4, 15)})
+with choose.issuer("qemu-vtpm-ek", tcti, event_log_path=None) as issuer:
+    record = ek.enroll(issuer, ek.load_ca_certs(ca_paths))
+    trust = choose.load_trust("qemu-vtpm-ek", ca_paths)
+    trust.certified_aks.add(record)
+    validator = choose.validator("qemu-vtpm-ek", policy, trust)
+    server = atls.AttestedServerContext(issuer)
+    try:
+        _key, cert = server.certificate_for(b"n" * 32)
+    finally:
+        server.close()
+    der = cert.public_bytes(atls.serialization.Encoding.DER)
+    validation, oid = atls.verify_peer_certificate(der, [validator], b"n" * 32)
+print(json.dumps({"oid": oid, "ek": validation.ek_pub_sha256, "checks": all(c.ok for c in validation.checks),
+                  "files": [cryptography.__file__, tpm2_pytss.__file__]}))
+"""
+
+
+def test_the_ek_variant_enrolls_and_attests_on_debians_packages(tmp_path):
+    """What a stock Debian 12 node runs, both sides: the issuer (a node) and the validator (its Coordinator)."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from ansible_collections.constellation.cluster.tests.unit.attestation.conftest import _start
+
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip("no %s (make setup installs Debian's packages)" % SYSTEM_PYTHON)
+    (tmp_path / "ca").mkdir()
+    tpm = _start(tmp_path / "tpm", ek_cert=True, ca_dir=str(tmp_path / "ca"))
+    try:
+        collections = str(Path(__file__).resolve().parents[3] / "collections")
+        proc = subprocess.run([SYSTEM_PYTHON, "-I", "-c", _DEBIAN_PROBE, collections, tpm.tcti] + tpm.ca_cert_paths(),
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env={"PATH": os.environ.get("PATH", ""), "TSS2_LOG": "all+none"})
+    finally:
+        tpm.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["oid"] == "1.3.9900.5.100" and result["ek"] and result["checks"]
+    assert all(path.startswith("/usr/lib/python3/dist-packages/") for path in result["files"]), result["files"]

@@ -154,3 +154,50 @@ def test_the_lab_bundle_of_swtpm_root_and_intermediate_still_works(swtpm_ek, tmp
     with VTPMEKIssuer(swtpm_ek.tcti, event_log_path=None) as issuer:
         trust.certified_aks.add(enroll(issuer, [str(path)]))
         assert len(trust.certified_aks) == 1
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+_THREADS_PROBE = """
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+sys.setswitchinterval(1e-6)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek_certs import (
+    load_ca_certs, verify_ek_cert)
+certs = load_ca_certs([sys.argv[2]])
+eks = [open(path, "rb").read() for path in sys.argv[3:]]
+errors = []
+def check(index):
+    for _round in range(60):
+        try:
+            verify_ek_cert(eks[index % len(eks)], certs)
+        except Exception as err:
+            errors.append(repr(err))
+threads = [threading.Thread(target=check, args=(i,)) for i in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(len(errors), errors[:1])
+"""
+
+
+def test_threads_share_the_trust_anchors_on_debians_cryptography(vendors, tmp_path):
+    """A Coordinator's activation workers check EK certificates against the same trust anchor objects at
+    once. cryptography 38 (Debian 12's) refuses a thread that reads a certificate's extensions while another
+    thread uses that object (RuntimeError "Already borrowed", which failed activations there): every check
+    passes on /usr/bin/python3 with Debian's packages."""
+    import os
+    import subprocess
+
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip("no %s (make setup installs Debian's packages)" % SYSTEM_PYTHON)
+    a, b = vendors
+    (tmp_path / "bundle.pem").write_bytes(pem(a.root, a.inter, b.root, b.inter))
+    paths = []
+    for index, (vendor, key) in enumerate([(a, rsa.generate_private_key(65537, 2048)),
+                                           (b, ec.generate_private_key(ec.SECP256R1()))]):
+        paths.append(str(tmp_path / ("ek%d.der" % index)))
+        Path(paths[-1]).write_bytes(der(vendor.ek_cert(key.public_key())))
+    collections = str(Path(__file__).resolve().parents[3] / "collections")
+    proc = subprocess.run([SYSTEM_PYTHON, "-I", "-c", _THREADS_PROBE, collections, str(tmp_path / "bundle.pem")] + paths,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "0 []"

@@ -251,6 +251,36 @@ def test_rejoin_ticket_goes_only_to_a_recorded_peer_and_holds_only_what_it_needs
         c.peer_trust.serve_rejoin(vpn_ip, key, uuid, good, FakeValidator())
 
 
+class AliasedValidator(FakeValidator):
+    alias_oids = ("1.2.4",)  # the variant's earlier OID (attestation/variant.py, Variant.alias_oids)
+
+
+class ChannelUnder(FakeRejoinChannel):
+    """A node that answers the in-band challenge under ``oid``."""
+
+    def __init__(self, document, oid):
+        super().__init__(document)
+        self.oid = oid
+
+    def challenge(self, nonce):  # pylint: disable=unused-argument
+        return self.oid, self.document
+
+
+def test_an_in_band_proof_under_the_variants_earlier_oid_is_taken_and_another_oid_refused(make_core):
+    c, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
+    c.recovery.load()
+    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), os.urandom(32), admin_pem())
+    key, uuid = pub_key_from_priv_key(generate_priv_key()), core.new_disk_uuid()
+    vpn_ip = c.coordinator.reserve_node_ip()
+    c.activation.record_node(vpn_ip, key, "10.42.0.12", uuid)
+    binding = FakeRejoinChannel.user_data(vpn_ip, key, uuid)
+    with pytest.raises(AttestationError, match=r"attestation variant '1\.2\.5' is not accepted \(expected 1\.2\.3\)"):
+        c.peer_trust.serve_rejoin(vpn_ip, key, uuid, ChannelUnder(binding, "1.2.5"), AliasedValidator())
+    old = ChannelUnder(binding, "1.2.4")
+    c.peer_trust.serve_rejoin(vpn_ip, key, uuid, old, AliasedValidator())
+    assert old.delivered is not None
+
+
 def test_a_node_never_takes_the_kms_uri_and_rejoins_with_a_ticket(make_core):
     secret = kms.MasterSecret.generate()
     coordinator, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.11")
