@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import with_agent_pcr
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import enforce_agent_pcr
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import storage_key
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile, own_measurement_set
@@ -62,7 +62,7 @@ class MeasurementPolicy:
             self.policy = sets
             measurement = self.attestation.measurement
             if measurement is not None:
-                full = with_agent_pcr(sets, measurement.value)
+                full = enforce_agent_pcr(sets, measurement.value)
                 self.attestation.node_validator.measurements = fresh_node_policy(full)  # one attribute write each
                 self.attestation.peer_validator.measurements = coordinator_policy(full)
             self.log("measurements_applied", version=sets.version, sets=",".join(sets.sets))
@@ -73,4 +73,4 @@ class MeasurementPolicy:
         measurement = self.attestation.measurement
         if measurement is None or self.policy is None:
             return None
-        return own_measurement_set(with_agent_pcr(self.policy, measurement.value), self.config.tcti)
+        return own_measurement_set(enforce_agent_pcr(self.policy, measurement.value), self.config.tcti)

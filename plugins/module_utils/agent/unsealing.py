@@ -12,7 +12,7 @@ import os
 from typing import Any, List, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement, with_agent_pcr
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement, enforce_agent_pcr
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import storage_key
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile
@@ -44,7 +44,7 @@ class AgentAttestation:
             self.measurement = AgentMeasurement.of(variant, trust.ek_ca_certs)
             self.sealed_pcrs = sorted({i for pcrs in sealed_pcr_sets(self.policy, config.deployment_mode).values()
                                        for i in pcrs})
-            full = with_agent_pcr(self.policy, self.measurement.value)
+            full = enforce_agent_pcr(self.policy, self.measurement.value)
         issuer_options = {"ak_alg": config.ak_alg} if variant != "dummy" else {}
         self.issuer = choose.issuer(variant, config.tcti, **issuer_options)
         self.node_validator = choose.validator(variant, fresh_node_policy(full) if full else None, trust)

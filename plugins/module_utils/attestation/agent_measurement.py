@@ -18,11 +18,13 @@ per-host init secret hash) are not measured: the same value holds on every peer 
 covers all of them. The measurements policy is not measured: it holds PCR 13's expected value, and its signature is
 checked against the pinned key when it is loaded (a host may hold a signed or an unsigned copy of one policy).
 
-Every validator computes the expected value itself from the code it runs and the trust configuration it was
-given - a Coordinator from its own, the controller from the collection and the inventory - and enforces it on
-PCR 13 (``with_agent_pcr``), replacing any entry a policy file had for PCR 13 (Constellation's images list it as
-reserved, zero). So the cluster runs one agent version with one trust configuration; a changed agent file or
-trust setting yields another value, and the host is refused at activation and evicted by re-attestation.
+Which values pass on PCR 13 (``enforce_agent_pcr``, the one rule of every validator: the Coordinator, the
+controller's actions, the atls connection and the agent): those of the ``agents`` the signed measurements document
+lists, by name (attestation/measurements.py), in every set; a document that lists none accepts only the value the
+validator computes itself from the code it runs and the trust configuration it was given (OWN_AGENT). Any entry a
+policy set has for PCR 13 is replaced (Constellation's images list it as reserved, zero). So a cluster runs the
+agents its document names - two during an agent upgrade - and a changed agent file or trust setting that no entry
+names yields another value: the host is refused at activation and evicted by re-attestation.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 MEASURED_CONFIG_VERSION = 1
 _MODULE_UTILS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CACHE: Dict[str, bytes] = {}
+# The name of the agent a validator accepts where the measurements document lists no ``agents``: its own value.
+OWN_AGENT = "self"
+AGENT_LABEL = "the agent"
 
 
 def code_root() -> str:
@@ -121,18 +126,36 @@ def replay(events: Sequence[Dict[str, str]]) -> bytes:
     return value
 
 
-def with_agent_pcr(policy, value: bytes):
-    """``policy`` (a Measurements, or each set of a MeasurementSets) with PCR 13 enforced at ``value``; a
-    policy file's own entry is replaced."""
+def enforce_agent_pcr(policy, own_value: bytes):
+    """``policy`` (a Measurements, or each set of a MeasurementSets) with PCR 13 enforced at the value of any agent
+    the document accepts (its ``agents``: a named alternative each, so a match says which agent the peer runs), or
+    at ``own_value`` - what the validator's own code and trust configuration give - when it lists none. A policy
+    file's own PCR 13 entry is replaced; the result is what validators compare, never what is sealed to."""
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-        Measurement, Measurements, per_set)
+        Measurement, Measurements, accepted_agents, per_set)
+
+    agents = accepted_agents(policy)
+    if agents:
+        alternatives = tuple((name, agent.value) for name, agent in agents.items())
+        expectation = Measurement(alternatives[0][1], False, alternatives, AGENT_LABEL)
+    else:
+        expectation = Measurement(own_value, False)
 
     def one(measurements):
         pcrs = dict(measurements.pcrs)
-        pcrs[PCR_INDEX_AGENT] = Measurement(value, False)
+        pcrs[PCR_INDEX_AGENT] = expectation
         return Measurements(pcrs)
 
     return per_set(policy, one)
+
+
+def matched_agent(checks) -> Optional[str]:
+    """The agent a validation's table says the peer runs: the name of the accepted agent its PCR 13 matched,
+    OWN_AGENT where the document lists none; None when PCR 13 was not checked or did not match."""
+    for check in checks or ():
+        if check.index == PCR_INDEX_AGENT:
+            return (check.matched or OWN_AGENT) if check.ok else None
+    return None
 
 
 def measure(tpm, measurement: AgentMeasurement) -> str:

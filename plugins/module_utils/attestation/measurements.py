@@ -12,6 +12,11 @@ names the set it matched. A plain policy is one set named ``default`` (DEFAULT_S
 both forms: a ``Measurements`` for the plain form (so a caller that knows only plain policies sees what it expects), a
 ``MeasurementSets`` for the named form; both have ``sets``, ``match`` and ``compare``, and ``per_set`` applies
 a transform (the agent's PCR 13, PCR 15 for fresh nodes, ...) to each set.
+
+The named form may list the agents it accepts beside its sets (docs/attestation.md, "The agent's PCR"):
+``{"agents": {"<name>": {"pcr": 13, "value": "<hex>", "events": [{"event": .., "digest": "<hex>"}]}}}``, each entry
+what ``AgentMeasurement.to_dict`` writes (``pcr`` and ``events`` optional; events given must replay to the value).
+Every set accepts every agent listed; ``attestation/agent_measurement.py`` enforces them on PCR 13.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import PCRCheck
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
-from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_COUNT, PCR_INDEX_CLUSTER_ID  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import (  # noqa: F401 pylint: disable=unused-import
+    PCR_COUNT, PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
@@ -36,14 +43,92 @@ _INDEX = re.compile(r"\A[0-9]{1,2}\Z")  # ASCII digits only: "²" is a digit to 
 DEFAULT_SET_NAME = "default"
 ACCEPTED_KEY = "accepted"
 VERSION_KEY = "version"
+AGENTS_KEY = "agents"
 _SET_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
+_EVENT_NAME = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
 MAX_SETS = 16
+MAX_AGENTS = 16
+MAX_AGENT_EVENTS = 16
 
 
 @dataclass(frozen=True)
 class Measurement:
+    """One PCR's expected value. ``alternatives``: named values of which any passes (the agents a document accepts
+    on PCR 13); ``expected`` is then the first of them, and ``label`` says what the PCR holds in messages."""
+
     expected: bytes
     warn_only: bool = False
+    alternatives: Tuple[Tuple[str, bytes], ...] = ()
+    label: str = ""
+
+    def matching(self, found: Optional[bytes]) -> Optional[str]:
+        """The name of the alternative ``found`` equals ("" without alternatives), or None when nothing matches."""
+        if found is None:
+            return None
+        if not self.alternatives:
+            return "" if found == self.expected else None
+        for name, value in self.alternatives:
+            if found == value:
+                return name
+        return None
+
+    def describe_expected(self, matched: Optional[str]) -> str:
+        """The expected value as the table and the messages show it: the value that matched, else every
+        alternative by name."""
+        if not self.alternatives:
+            return self.expected.hex()
+        if matched is not None:
+            return dict(self.alternatives)[matched].hex()
+        return "one of " + ", ".join("%s=%s" % (name, value.hex()) for name, value in self.alternatives)
+
+
+@dataclass(frozen=True)
+class AcceptedAgent:
+    """An agent a measurements document accepts: its PCR 13 value and, when the document gives them, the events that
+    replay to it (agent_measurement.AgentMeasurement)."""
+
+    value: bytes
+    events: Tuple[Tuple[str, bytes], ...] = ()
+
+    @classmethod
+    def from_dict(cls, name: str, data: object) -> "AcceptedAgent":
+        field_name = "%s.%s" % (AGENTS_KEY, name)
+        if not isinstance(data, Mapping):
+            raise InputError(field_name, "a mapping with value (and optionally pcr and events)", type(data).__name__)
+        unknown = set(data) - {"pcr", "value", "events"}
+        if unknown:
+            raise InputError(field_name, "only the keys pcr, value and events", sorted(str(k) for k in unknown))
+        if "pcr" in data and (data["pcr"] != PCR_INDEX_AGENT or isinstance(data["pcr"], bool)):
+            raise InputError(field_name + ".pcr", "%d (the agent's PCR)" % PCR_INDEX_AGENT, data["pcr"])
+        if "value" not in data:
+            raise InputError(field_name + ".value", "the agent's PCR %d value, 64 hex characters" % PCR_INDEX_AGENT, None)
+        value = _parse_digest(field_name + ".value", data["value"])
+        if "events" not in data:
+            return cls(value)
+        events = data["events"]
+        if not isinstance(events, list) or not 0 < len(events) <= MAX_AGENT_EVENTS:
+            raise InputError(field_name + ".events", "a list of 1 to %d events {event, digest}" % MAX_AGENT_EVENTS,
+                             len(events) if isinstance(events, list) else type(events).__name__)
+        parsed = []
+        for position, event in enumerate(events):
+            where = "%s.events[%d]" % (field_name, position)
+            if not isinstance(event, Mapping) or set(event) != {"event", "digest"}:
+                raise InputError(where, "a mapping of exactly event and digest",
+                                 sorted(str(k) for k in event) if isinstance(event, Mapping) else type(event).__name__)
+            if not isinstance(event["event"], str) or not _EVENT_NAME.match(event["event"]):
+                raise InputError(where + ".event", "an event name of 1-64 characters [A-Za-z0-9_.-]", event["event"])
+            parsed.append((event["event"], _parse_digest(where + ".digest", event["digest"])))
+        replayed = agent_measurement.replay([{"digest": digest.hex()} for _event, digest in parsed])
+        if replayed != value:
+            raise InputError(field_name + ".events", "events that replay to %s.value %s" % (field_name, value.hex()),
+                             "they replay to %s" % replayed.hex())
+        return cls(value, tuple(parsed))
+
+    def to_dict(self) -> Dict[str, object]:
+        out: Dict[str, object] = {"pcr": PCR_INDEX_AGENT, "value": self.value.hex()}
+        if self.events:
+            out["events"] = [{"event": name, "digest": digest.hex()} for name, digest in self.events]
+        return out
 
 
 @dataclass
@@ -130,12 +215,16 @@ class Measurements:
             measurement = self.pcrs[index]
             found: Optional[bytes] = pcrs.get(index)
             found_hex = found.hex() if found is not None else ""
-            ok = found is not None and found == measurement.expected
-            checks.append(PCRCheck(index, measurement.expected.hex(), found_hex, measurement.warn_only, ok))
+            matched = measurement.matching(found)
+            ok = matched is not None
+            expected = measurement.describe_expected(matched)
+            checks.append(PCRCheck(index, expected, found_hex, measurement.warn_only, ok, matched or "",
+                                   {name: value.hex() for name, value in measurement.alternatives}))
             if ok:
                 continue
-            message = "PCR %d: expected %s, found %s" % (
-                index, measurement.expected.hex(), found_hex or "nothing (not quoted)")
+            message = "PCR %d%s: expected %s, found %s" % (
+                index, " (%s)" % measurement.label if measurement.label else "", expected,
+                found_hex or "nothing (not quoted)")
             if measurement.warn_only:
                 warnings.append(message + " (warn-only)")
             else:
@@ -159,7 +248,8 @@ class MeasurementSets:
     """Several named accepted sets (an image upgrade: the old image's and the new one's). A peer passes when
     it matches any set; ``match`` says which. Immutable: a new document is a new object (the agent swaps it)."""
 
-    def __init__(self, sets: Mapping[str, Measurements], version: int = 0):
+    def __init__(self, sets: Mapping[str, Measurements], version: int = 0,
+                 agents: Optional[Mapping[str, AcceptedAgent]] = None):
         if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2 ** 53:
             raise InputError("measurements.version", "an integer >= 0", type(version).__name__)
         self.version = version  # raised by every new document: agents refuse an older one (a replayed, retired set)
@@ -172,13 +262,27 @@ class MeasurementSets:
             if not isinstance(policy, Measurements):
                 raise InputError("measurements.accepted[%s]" % name, "a Measurements set", type(policy).__name__)
         self._sets: Dict[str, Measurements] = dict(sets)
+        agents = dict(agents or {})
+        if len(agents) > MAX_AGENTS:
+            raise InputError(AGENTS_KEY, "at most %d agents" % MAX_AGENTS, len(agents))
+        for name, agent in agents.items():
+            check_set_name(name, AGENTS_KEY, "agent names")
+            if not isinstance(agent, AcceptedAgent):
+                raise InputError("%s.%s" % (AGENTS_KEY, name), "an AcceptedAgent", type(agent).__name__)
+        self._agents: Dict[str, AcceptedAgent] = agents
 
     @property
     def sets(self) -> Dict[str, Measurements]:
         return dict(self._sets)
 
+    @property
+    def agents(self) -> Dict[str, AcceptedAgent]:
+        """The agents the document accepts on PCR 13, by name, in document order ({}: none listed)."""
+        return dict(self._agents)
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, MeasurementSets) and self._sets == other._sets and self.version == other.version
+        return (isinstance(other, MeasurementSets) and self._sets == other._sets and self.version == other.version
+                and self._agents == other._agents)
 
     def __repr__(self) -> str:
         return "MeasurementSets(%s, version=%d)" % (", ".join(self._sets), self.version)
@@ -186,8 +290,12 @@ class MeasurementSets:
     @classmethod
     def from_dict(cls, data: Mapping) -> "MeasurementSets":
         """``{"version": N, "accepted": {name: <set>}}`` (version optional, 0); the plain form becomes one set
-        named DEFAULT_SET_NAME, version 0."""
-        if isinstance(data, Mapping) and ACCEPTED_KEY in data and set(data) <= {ACCEPTED_KEY, VERSION_KEY}:
+        named DEFAULT_SET_NAME, version 0, no agents."""
+        top = {ACCEPTED_KEY, VERSION_KEY, AGENTS_KEY}
+        if isinstance(data, Mapping) and AGENTS_KEY in data and ACCEPTED_KEY not in data:
+            raise InputError(AGENTS_KEY, "the named form: agents beside accepted sets "
+                             "({\"accepted\": {...}, \"agents\": {...}})", sorted(str(k) for k in data))
+        if isinstance(data, Mapping) and ACCEPTED_KEY in data and set(data) <= top:
             accepted = data[ACCEPTED_KEY]
             if not isinstance(accepted, Mapping):
                 raise InputError("measurements.accepted", "a mapping of set name to measurements",
@@ -199,15 +307,17 @@ class MeasurementSets:
                     sets[name] = Measurements.from_dict(value)
                 except InputError as err:
                     raise InputError("measurements.accepted[%s]" % name, "a valid set", str(err)) from None
-            return cls(sets, data.get(VERSION_KEY, 0))
+            return cls(sets, data.get(VERSION_KEY, 0), _parse_agents(data.get(AGENTS_KEY, {})))
         if isinstance(data, Mapping) and ACCEPTED_KEY in data:
-            raise InputError("measurements", "only the keys accepted and version next to accepted",
-                             sorted(str(k) for k in set(data) - {ACCEPTED_KEY, VERSION_KEY}))
+            raise InputError("measurements", "only the keys accepted, version and agents next to accepted",
+                             sorted(str(k) for k in set(data) - top))
         return cls({DEFAULT_SET_NAME: Measurements.from_dict(data)})
 
     def to_dict(self) -> Dict[str, object]:
         out: Dict[str, object] = {VERSION_KEY: self.version} if self.version else {}
         out[ACCEPTED_KEY] = {name: policy.to_dict() for name, policy in self._sets.items()}
+        if self._agents:
+            out[AGENTS_KEY] = {name: agent.to_dict() for name, agent in self._agents.items()}
         return out
 
     def dumps(self) -> str:
@@ -241,8 +351,9 @@ Policy = Union[Measurements, MeasurementSets]
 
 
 def parse_policy(data: Mapping) -> Policy:
-    """A policy document: MeasurementSets for the named form (``{"accepted": ...}``), Measurements otherwise."""
-    if isinstance(data, Mapping) and ACCEPTED_KEY in data:
+    """A policy document: MeasurementSets for the named form (``{"accepted": ...}``, with ``agents`` or without),
+    Measurements otherwise."""
+    if isinstance(data, Mapping) and (ACCEPTED_KEY in data or AGENTS_KEY in data):
         return MeasurementSets.from_dict(data)
     return Measurements.from_dict(data)
 
@@ -262,15 +373,32 @@ def per_set(policy: Optional[Policy], transform: Callable[[Measurements], Measur
     if policy is None:
         return None
     if isinstance(policy, MeasurementSets):
-        return MeasurementSets({name: transform(m) for name, m in policy.sets.items()}, policy.version)
+        return MeasurementSets({name: transform(m) for name, m in policy.sets.items()}, policy.version, policy.agents)
     return transform(policy)
 
 
-def check_set_name(name: object) -> str:
+def check_set_name(name: object, field_name: str = "measurements.accepted", what: str = "set names") -> str:
     if not isinstance(name, str) or not _SET_NAME.match(name):
-        raise InputError("measurements.accepted", "set names of 1-64 characters [A-Za-z0-9._+-], starting with a letter "
-                         "or digit", name if isinstance(name, str) else type(name).__name__)
+        raise InputError(field_name, "%s of 1-64 characters [A-Za-z0-9._+-], starting with a letter or digit" % what,
+                         name if isinstance(name, str) else type(name).__name__)
     return name
+
+
+def accepted_agents(policy: Optional[Policy]) -> Dict[str, AcceptedAgent]:
+    """The agents a policy document accepts ({} for a plain policy, or a document that lists none)."""
+    return getattr(policy, "agents", None) or {}
+
+
+def _parse_agents(data: object) -> Dict[str, AcceptedAgent]:
+    if not isinstance(data, Mapping):
+        raise InputError(AGENTS_KEY, "a mapping of agent name to {pcr, value, events}", type(data).__name__)
+    if len(data) > MAX_AGENTS:
+        raise InputError(AGENTS_KEY, "at most %d agents" % MAX_AGENTS, len(data))
+    agents = {}
+    for name, entry in data.items():
+        check_set_name(name, AGENTS_KEY, "agent names")
+        agents[name] = AcceptedAgent.from_dict(name, entry)
+    return agents
 
 
 class MeasurementsMismatch(AttestationError):
@@ -307,6 +435,16 @@ def _parse_index(key: object) -> int:
                          type(key).__name__)
     _check_index(index)
     return index
+
+
+def _parse_digest(name: str, value: object) -> bytes:
+    """A SHA-256 digest or PCR value: 64 hex characters."""
+    if not isinstance(value, str) or len(value) != 64:
+        raise InputError(name, "64 hex characters (SHA-256)", value if isinstance(value, str) else type(value).__name__)
+    try:
+        return binascii.unhexlify(value)
+    except (binascii.Error, ValueError):
+        raise InputError(name, "64 hex characters (SHA-256)", value) from None
 
 
 def _parse_hex(name: str, value: object) -> bytes:

@@ -160,9 +160,9 @@ class AttestationSettings:
 
 def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None, agent_pcr: bool = True) -> AttestationSettings:
     """``args``: validated parameters holding the ATTESTATION_ARGUMENT_SPEC options. ``agent_pcr``: the policy
-    enforces the agent's PCR 13 as this collection's agent with this trust configuration measures it
-    (attestation/agent_measurement.py); only code that cannot read the collection's files (a module packed
-    by Ansible) may turn it off."""
+    enforces the agent's PCR 13 (attestation/agent_measurement.py ``enforce_agent_pcr``): the agents the document
+    lists, or, where it lists none, the value this collection's agent with this trust configuration measures; only
+    code that cannot read the collection's files (a module packed by Ansible) may turn it off."""
     variant = args.get("variant") or choose.DEFAULT_VARIANT
     insecure_trust_any_ak = args.get("insecure_trust_any_ak") is True
     chosen = choose.check_variant_allowed(variant, insecure_trust_any_ak)
@@ -179,7 +179,7 @@ def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None, a
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement
 
         measured = agent_measurement.AgentMeasurement.of(variant, trust.ek_ca_certs)
-        policy = agent_measurement.with_agent_pcr(policy, measured.value)
+        policy = agent_measurement.enforce_agent_pcr(policy, measured.value)
     warning = choose.insecure_warning(variant)
     return AttestationSettings(variant, policy, check_netns_name(args.get("netns")),
                                float(args.get("timeout")), float(args.get("attestation_timeout")), trust,
@@ -209,9 +209,13 @@ def pcr_mismatch_text(checks) -> str:
 
 
 def pcr_rows(checks) -> List[Dict[str, Any]]:
-    """The per-PCR table as plain dicts (index, expected, found, warn_only, ok)."""
+    """The per-PCR table as plain dicts (index, expected, found, warn_only, ok); a PCR with named alternatives (the
+    agents a document accepts on PCR 13) adds ``accepted`` (name: value) and ``matched`` (the name, "" when none)."""
     rows = []
     for check in checks or []:
-        rows.append({"index": check.index, "expected": check.expected, "found": check.found,
-                     "warn_only": check.warn_only, "ok": check.ok})
+        row = {"index": check.index, "expected": check.expected, "found": check.found,
+               "warn_only": check.warn_only, "ok": check.ok}
+        if getattr(check, "accepted", None):
+            row.update(accepted=dict(check.accepted), matched=check.matched)
+        rows.append(row)
     return rows

@@ -35,6 +35,10 @@ class PCRCheck:
     found: str  # lower-case hex, "" if the quote did not cover it
     warn_only: bool
     ok: bool
+    # A PCR with named alternatives (the agents a document accepts on PCR 13): the one that matched ("" when none
+    # did), and every accepted value by name; ``expected`` is then the matched value, or "one of name=hex, ...".
+    matched: str = ""
+    accepted: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -84,7 +84,7 @@ def test_every_validator_enforces_pcr_13_replacing_a_file_entry():
     policy = Measurements.from_dict({"4": {"expected": "11" * 32, "warnOnly": False},
                                      "13": {"expected": "00" * 32, "warnOnly": True}})
     value = hashlib.sha256(b"agent").digest()
-    enforced = am.with_agent_pcr(policy, value)
+    enforced = am.enforce_agent_pcr(policy, value)
     assert enforced.pcrs[13].expected == value and not enforced.pcrs[13].warn_only
     assert enforced.pcrs[4] == policy.pcrs[4] and policy.pcrs[13].expected == bytes(32)  # the input is unchanged
     with pytest.raises(Exception, match="PCR 13: expected"):

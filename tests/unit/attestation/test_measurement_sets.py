@@ -12,7 +12,7 @@ import json
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import with_agent_pcr
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import enforce_agent_pcr
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     DEFAULT_SET_NAME,
     Measurement,
@@ -109,7 +109,7 @@ def test_accepted_next_to_pcrs_is_refused():
 
 def test_transforms_apply_per_set():
     policy = parse_policy(_doc())
-    agent = with_agent_pcr(policy, b"\x13" * 32)
+    agent = enforce_agent_pcr(policy, b"\x13" * 32)
     assert isinstance(agent, MeasurementSets)
     assert all(m.pcrs[13].expected == b"\x13" * 32 for m in agent.sets.values())
     fresh = fresh_node_policy(agent)
@@ -119,7 +119,7 @@ def test_transforms_apply_per_set():
     assert enforced_pcrs(agent) == [4, 9, 13]
     assert sealed_pcr_sets(agent) == {"lab-v1": [4, 9], "lab-v2": [4, 9]}  # never PCR 13: root could replay it
     # A plain policy stays plain.
-    assert isinstance(with_agent_pcr(parse_policy(_set(V1)), b"\x13" * 32), Measurements)
+    assert isinstance(enforce_agent_pcr(parse_policy(_set(V1)), b"\x13" * 32), Measurements)
 
 
 def test_a_set_that_enforces_nothing_is_refused_naming_it(tmp_path):

@@ -210,7 +210,7 @@ def test_no_pcr_userspace_extends_is_sealed_and_root_cannot_fix_up_a_tampered_bo
     nothing that the genuine boot did not already give (the key unseals there without any agent: host root is
     trusted on such a peer, and GetState says so), and no extension from userspace turns a tampered boot into the
     genuine one."""
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import with_agent_pcr
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import enforce_agent_pcr
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
     from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import sealed_pcrs
 
@@ -220,7 +220,7 @@ def test_no_pcr_userspace_extends_is_sealed_and_root_cannot_fix_up_a_tampered_bo
     predicted = _predicted(b"v1")[1]
     policy = Measurements.from_dict({"16": (b"\x16" * 32).hex(), "23": (b"\x23" * 32).hex(),
                                      **{str(i): value.hex() for i, value in predicted.items()}})
-    pcrs = sealed_pcrs(with_agent_pcr(policy, bytes(32)))
+    pcrs = sealed_pcrs(enforce_agent_pcr(policy, bytes(32)))
     assert pcrs == SEALED
     storage = SealedStorage.open(str(folder), lambda: tpm.open_tpm(fresh_swtpm.tcti), pcrs)
     FileStore(str(folder / "store.json"), cipher=storage).put("kmsData", SECRET)
