@@ -1,0 +1,205 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""An agent upgrade from the previous release: playbooks/upgrade_agent.yml on real agents (swtpm,
+wireguard-go, namespaces), lab ``tupa``: 4 hosts, 1 Coordinator, file store, the default variant.
+
+The previous release (tests/support/release.py: the newest ``v*`` tag, or CONSTELLATION_PREVIOUS_RELEASE) is
+exported with ``git archive``; its agent is installed on every host (the lab's installed copy, which runs its own
+code only), and its site.yml builds the cluster with its own collection. Then the controller moves to HEAD, and
+the next release is HEAD's agent with one line changed: its archive and the signed upgrade document (both agents,
+then the new one alone) are made here. ``--check`` predicts and changes nothing; retiring early is refused,
+naming the peers; the roll runs with continuous pings over the mesh: nobody is evicted, the pairs that do not
+involve the rebooting host keep answering, every host keeps its VPN IP, WireGuard key and disk key, is
+re-attested under the new agent and runs the new code; the old agent is retired, verify.yml passes with the new
+document, and a second run changes nothing."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from lab.agent import CODE_DIR, agent_dir, installed_agent, start_agent
+from lab.image import LAB_IMAGE, lab_measurements
+from lab.lab import Lab
+from tests.support import ROOT, VENV_BIN
+from tests.support.cluster import LabCluster
+from tests.support.pings import Pings, silent_pairs, windows
+from tests.support.playbook import run_playbook
+from tests.support.release import export, previous_release
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
+    AgentMeasurement, code_digest)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
+
+pytestmark = pytest.mark.lab
+
+HOSTS = ("h1", "h2", "h3", "h4")
+# The one-line change that stands for the next release's agent.
+NEXT_LINE = "# the next release\n"
+NEXT_FILE = Path("agent") / "daemon.py"
+REBOOT_TASK = "Reboot with the environment's command (on the controller)"
+
+
+class Upgrade(LabCluster):
+    """The admin's side: its client accepts both agents (policy set once the documents exist)."""
+
+    def __init__(self, lab: Lab, inv: Path, prev: Path, nxt: Path):
+        super().__init__(lab)
+        self.inv, self.prev, self.next = inv, prev, nxt
+
+    def measured(self, name: str) -> dict:
+        """The agent's last measurement of itself (its log's agent_measured)."""
+        return self.events(name, "agent_measured")[-1]
+
+    def document(self, name: str, document: dict) -> str:
+        path = self.inv / ("%s.json" % name)
+        path.write_text(json.dumps(document, indent=2) + "\n")
+        self.lab.sign_measurements(path)
+        return str(path)
+
+    def run(self, playbook: Path, *args: str, env=None, cwd=None):
+        return run_playbook(playbook, str(self.inv / "hosts.yml"), self.inv.parent / "tupa-runs",
+                            ["--vault-password-file", str(self.inv / "vault_pass"),
+                             "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")] + list(args),
+                            env=env, cwd=cwd, timeout=900)
+
+    def upgrade(self, *args: str):
+        reboot = "env PYTHONPATH=%s:%s %s -m lab --name tupa reboot {{ inventory_hostname }}" % (
+            ROOT, ROOT / "collections", VENV_BIN / "python")
+        return self.run(ROOT / "playbooks" / "upgrade_agent.yml",
+                        "-e", "constellation_upgrade_measurements_file=%s" % self.upgrade_doc,
+                        "-e", "constellation_retire_measurements_file=%s" % self.retire_doc,
+                        "-e", "constellation_upgrade_agent=next",
+                        "-e", "constellation_agent_archive=%s" % self.archive,
+                        "-e", "constellation_agent_archive_sha256=%s" % self.archive_sha256,
+                        "-e", "constellation_upgrade_wait_timeout=120",
+                        "-e", "constellation_upgrade_reboot_command='%s'" % reboot, *args)
+
+    def installed_code(self, name: str) -> bytes:
+        return code_digest(str(installed_agent(self.hosts[name]) / CODE_DIR))
+
+
+def _next_release(dest: Path) -> Path:
+    """HEAD's agent with one line more (a tree of bin/ and plugins/module_utils, as an export has)."""
+    (dest / "bin").mkdir(parents=True)
+    shutil.copy2(str(ROOT / "bin" / "constellation-agent"), str(dest / "bin"))
+    shutil.copytree(str(ROOT / "plugins" / "module_utils"), str(dest / "plugins" / "module_utils"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    changed = dest / "plugins" / "module_utils" / NEXT_FILE
+    changed.write_text(changed.read_text() + NEXT_LINE)
+    return dest
+
+
+def _archive(code: Path, dest: Path) -> str:
+    """The code as the node_agent role's archive holds it (the *.py files, relative paths); its SHA-256."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(code.rglob("*.py")):
+            tar.add(str(path), arcname=str(path.relative_to(code)))
+    dest.write_bytes(gzip.compress(buf.getvalue(), mtime=0))
+    return hashlib.sha256(dest.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def upgrade(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tupa")
+    prev = export(previous_release(), base / "previous")
+    nxt = _next_release(base / "next")
+    inv = base / "inventory"
+    lab = Lab("tupa", inventory_dir=inv)
+    made = None
+    try:
+        lab.up(hosts=4, tpm=True)
+        made = Upgrade(lab, inv, prev, nxt)
+        for name in HOSTS:  # the previous release's agent, installed; re-attestation every second
+            lab.install_agent(name, prev)
+            made.procs[name] = start_agent(lab, made.hosts[name], trust=True, reattest_interval=1,
+                                           reattest_unreachable_limit=60)
+        # The previous release's site.yml with its own collection (its ansible.cfg: collections next to it).
+        site = made.run(prev / "site.yml", env={"ANSIBLE_CONFIG": str(prev / "ansible.cfg"),
+                                                "ANSIBLE_COLLECTIONS_PATH": str(prev / "collections")}, cwd=prev)
+        assert site.ok, site.stdout[-5000:]
+        config = bytes.fromhex(made.measured("h1")["agent_config"])
+        old = AgentMeasurement(code_digest(str(prev / "plugins" / "module_utils")), config)
+        new = AgentMeasurement(code_digest(str(nxt / "plugins" / "module_utils")), config)
+        made.values = {"previous": old.value.hex(), "next": new.value.hex()}
+        accepted = {"default": lab_measurements(LAB_IMAGE)}
+        both = {"version": 1, "accepted": accepted, "agents": {"previous": old.to_dict(), "next": new.to_dict()}}
+        made.upgrade_doc = made.document("upgrade", both)
+        made.retire_doc = made.document("retire", {"version": 2, "accepted": accepted, "agents": {"next": new.to_dict()}})
+        made.policy = parse_policy(both)
+        made.archive = base / "agent-next.tar.gz"
+        made.archive_sha256 = _archive(nxt / "plugins" / "module_utils", made.archive)
+        yield made
+    finally:
+        try:
+            if made is not None:
+                made.close()
+        finally:
+            lab.down()
+
+
+def test_every_host_runs_the_installed_previous_release(upgrade):
+    """The installed copy runs its own code only: what each agent measured is the previous release's code."""
+    prev = code_digest(str(upgrade.prev / "plugins" / "module_utils")).hex()
+    for name in HOSTS:
+        assert upgrade.measured(name)["agent_code"] == prev
+        assert upgrade.measured(name)["value"] == upgrade.values["previous"]
+
+
+def test_bad_inputs_are_refused_before_anything_changes(upgrade):
+    run = upgrade.upgrade("-e", "constellation_agent_archive_sha256=%s" % ("0" * 64))
+    assert not run.ok and "SHA-256 mismatch, expected %s" % ("0" * 64) in run.stdout, run.stdout[-3000:]
+    run = upgrade.upgrade("-e", "constellation_upgrade_agent=unlisted")
+    assert not run.ok and "expected an agent named unlisted" in run.stdout, run.stdout[-3000:]
+    assert all(upgrade.installed_code(n) == code_digest(str(upgrade.prev / "plugins" / "module_utils")) for n in HOSTS)
+
+
+def test_the_playbook_rolls_every_host_onto_the_next_agent_without_downtime(upgrade):
+    before = upgrade.snapshot(*HOSTS)
+    vpn_ips = {name: before[name][0] for name in HOSTS}
+    prev_code = code_digest(str(upgrade.prev / "plugins" / "module_utils"))
+    next_code = code_digest(str(upgrade.next / "plugins" / "module_utils"))
+
+    check = upgrade.upgrade("--check")
+    assert check.ok, check.stdout[-5000:]
+    assert check.results("h1")["Give the Coordinator the accepted agents (SetMeasurements)"]["changed"] is True
+    assert "would get next and reboot" in check.stdout and "refused now" in check.stdout
+    assert all(upgrade.installed_code(n) == prev_code for n in HOSTS)  # nothing installed
+    assert all(upgrade.measured(n)["value"] == upgrade.values["previous"] for n in HOSTS)  # nothing rebooted
+
+    pings = Pings(upgrade, vpn_ips)
+    try:
+        run = upgrade.upgrade()
+        time.sleep(1.0)
+    finally:
+        replies = pings.stop()
+    assert run.ok, run.stdout[-5000:]
+    reboots = windows(run, REBOOT_TASK)
+    assert sorted(reboots) == sorted(HOSTS), reboots
+    # The Nodes first, the Coordinator last.
+    assert max(reboots, key=lambda n: reboots[n][0]) == "h1"
+
+    assert upgrade.state("h1")["evicted"] == []  # nobody was evicted during the roll
+    assert upgrade.snapshot(*HOSTS) == before  # VPN IPs, WireGuard keys and disk keys kept
+    assert silent_pairs(replies, reboots) == []  # the pairs without the rebooting host kept answering
+    for name in HOSTS:  # the next release's code installed and running, measured after a reboot
+        assert upgrade.installed_code(name) == next_code != prev_code
+        measured = upgrade.measured(name)
+        assert measured["agent_code"] == next_code.hex() and measured["outcome"] == "measured", measured
+        assert measured["value"] == upgrade.values["next"]
+        policy = json.loads((agent_dir(upgrade.hosts[name]) / "measurements.json").read_text())
+        assert list(policy["agents"]) == ["next"] and policy["version"] == 2  # retired everywhere
+
+    verify = upgrade.run(ROOT / "playbooks" / "verify.yml", "-e", "constellation_measurements_file=%s" % upgrade.retire_doc)
+    assert verify.ok, verify.stdout[-5000:]
+
+    again = upgrade.upgrade()
+    assert again.ok and again.changed() == 0, again.stdout[-3000:]
