@@ -54,8 +54,14 @@ def previous_release() -> str:
 
 
 def export(ref: str, dest: Path) -> Path:
-    """The tree of ``ref`` at ``dest`` (``git archive``: tracked files only, symbolic links kept)."""
+    """The tree of ``ref`` at ``dest`` (``git archive``: tracked files only), with the link scripts/setup.sh makes
+    (``collections/ansible_collections/constellation/cluster`` -> the tree) so that its ansible.cfg finds its
+    own collection."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=_git("archive", "--format=tar", ref).stdout, check=True)
+    link = dest / "collections" / "ansible_collections" / "constellation" / "cluster"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(Path("..") / ".." / "..")
     return dest
