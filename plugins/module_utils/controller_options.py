@@ -112,6 +112,18 @@ ACCEPTED_MEASUREMENTS_ARGS: Dict[str, Dict[str, Any]] = dict(
     admin_priv_key_file=dict(type="path", required=True),
     accepted_measurements_file=dict(type="path"),
 )
+# An agent's PCR 13 computed on the controller and kept in the measurements document (agent_measurement): it
+# takes the attestation options for the trust configuration (variant, ek_ca_path) and the document
+# (measurements_file, measurements_pub_key_file) the validators use, from the same module_defaults.
+AGENT_MEASUREMENT_ARGS: Dict[str, Dict[str, Any]] = dict(
+    archive=dict(type="path"),
+    src=dict(type="path"),
+    name=dict(type="str"),
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    # As measurements_signature's signing key.
+    priv_key_file=dict(type="path"),
+    priv_key_passphrase=dict(type="str", no_log=True),
+)
 VERIFY_ATTESTATION_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),
 )

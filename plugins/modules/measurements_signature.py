@@ -125,10 +125,7 @@ def _run(module):
         return result
     if not params["priv_key_file"]:
         module.fail_json(msg="priv_key_file: expected the signing key (state=signed)", **result)
-    with open(params["priv_key_file"], "rb") as handle:
-        passphrase = params["priv_key_passphrase"]
-        key = sig.load_private_key(handle.read(), "priv_key_file",
-                                   passphrase.encode("utf-8") if passphrase else None)
+    key = sig.load_private_key_file(params["priv_key_file"], "priv_key_file", params["priv_key_passphrase"])
     from cryptography.hazmat.primitives import serialization
 
     own = key.public_key()

@@ -169,3 +169,137 @@ def measure(tpm, measurement: AgentMeasurement) -> str:
     for _name, digest in measurement.events:
         tpm.pcr_extend(PCR_INDEX_AGENT, digest)
     return "measured" if current == bytes(32) else "conflict"
+
+
+# -- An agent's value computed elsewhere than on the agent (the agent_measurement module) ----------------------
+# The code digest above is what an agent measures about the code it runs. An operator computes the same value for
+# an agent that is not running yet (a release to accept before the upgrade) from its source tree or from the
+# archive the node_agent role builds and unpacks on the host.
+
+MAX_ARCHIVE_MEMBERS = 4096
+MAX_ARCHIVE_BYTES = 64 * 1024 * 1024  # uncompressed code: the collection's module_utils is well under 2 MiB
+
+
+def source_code_root(src: str, field: str = "src") -> str:
+    """The agent's code folder of a source tree: ``src/plugins/module_utils`` when ``src`` is a collection's root,
+    else ``src`` itself (a ``module_utils`` folder). InputError naming ``field`` when it is no folder."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+    if not isinstance(src, str) or not os.path.isdir(src):
+        raise InputError(field, "a collection's root (holding plugins/module_utils) or a module_utils folder", src)
+    nested = os.path.join(src, "plugins", "module_utils")
+    return nested if os.path.isdir(nested) else src
+
+
+def source_code_digest(src: str, field: str = "src") -> bytes:
+    """``code_digest`` of a source tree (``source_code_root``)."""
+    return code_digest(source_code_root(src, field))
+
+
+def _archive_member_path(member: Any, field: str) -> str:
+    """The relative path a member unpacks to; InputError for anything the agent's archive never holds."""
+    import posixpath
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+    name = member.name
+    if not member.isfile():
+        kind = ("a symbolic link" if member.issym() else "a hard link" if member.islnk() else
+                "a device" if member.ischr() or member.isblk() else "a folder" if member.isdir() else
+                "a FIFO" if member.isfifo() else "a non-regular member")
+        raise InputError(field, "an agent code archive of regular files only (the node_agent role's)",
+                         "%s is %s" % (name, kind))
+    if name.startswith("/") or "\\" in name:
+        raise InputError(field, "member paths relative to plugins/module_utils", name)
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise InputError(field, "member paths relative to plugins/module_utils, without ..", name)
+    return posixpath.join(*parts)
+
+
+def archive_code_digest(archive: Any, field: str = "archive") -> bytes:
+    """``code_digest`` of the agent's code in a gzipped tar archive whose members are paths relative to
+    ``plugins/module_utils`` (what roles/node_agent/tasks/main.yml builds and the host unpacks), computed from the
+    members' bytes: nothing is extracted. ``archive``: a path or a binary file object. Absolute paths, ``..``,
+    links, devices, folders and duplicate members are refused (InputError naming ``field``); as on the host after
+    unpacking, only ``*.py`` files outside ``__pycache__`` are code."""
+    import tarfile
+    import zlib
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+    entries: Dict[str, str] = {}
+    total = 0
+    try:
+        opened = (tarfile.open(archive, "r:gz") if isinstance(archive, (str, bytes, os.PathLike))
+                  else tarfile.open(fileobj=archive, mode="r:gz"))
+        with opened as tar:
+            for count, member in enumerate(tar, 1):
+                if count > MAX_ARCHIVE_MEMBERS:
+                    raise InputError(field, "an agent code archive of at most %d members" % MAX_ARCHIVE_MEMBERS)
+                path = _archive_member_path(member, field)
+                if path in entries:
+                    raise InputError(field, "each member once", "%s is in the archive twice" % path)
+                total += member.size
+                if total > MAX_ARCHIVE_BYTES:
+                    raise InputError(field, "an agent code archive of at most %d bytes unpacked" % MAX_ARCHIVE_BYTES)
+                entries[path] = hashlib.sha256(tar.extractfile(member).read()).hexdigest()
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+        raise InputError(field, "a readable gzipped tar archive (.tar.gz) of the agent's code",
+                         "%s (%s)" % (archive if isinstance(archive, str) else "the archive", err)) from None
+    code = sorted((path, sha) for path, sha in entries.items()
+                  if path.endswith(".py") and "__pycache__" not in path.split("/"))
+    if not code:
+        raise InputError(field, "an agent code archive holding the *.py files of plugins/module_utils", "no *.py member")
+    return hashlib.sha256("".join("%s %s\n" % entry for entry in code).encode("utf-8")).digest()
+
+
+def set_agent_entry(document: Dict[str, Any], name: str, entry: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], bool]:
+    """``document`` (a measurements document as parsed JSON) with the agent ``name`` listed as ``entry`` (what
+    ``AgentMeasurement.to_dict`` writes), or retired when ``entry`` is None: ``(new document, changed)``. When it
+    changes anything the new document's ``version`` is one above the old one's and a plain policy becomes the named
+    form (its PCRs the set ``default``); otherwise the document comes back equal, version unchanged. ``document`` is
+    never modified. InputError for a bad name, an entry the document's parser refuses (measurements.AcceptedAgent:
+    events that do not replay to the value, ...), or one agent more than a document may list."""
+    import copy
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+        ACCEPTED_KEY, AGENTS_KEY, DEFAULT_SET_NAME, MAX_AGENTS, VERSION_KEY, AcceptedAgent, check_set_name)
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+
+    if not isinstance(document, dict):
+        raise InputError("measurements_file", "a measurements document (a mapping)", type(document).__name__)
+    try:
+        check_set_name(name)
+    except InputError:
+        raise InputError("name", "an agent name of 1-64 characters [A-Za-z0-9._+-], starting with a letter or digit",
+                         name) from None
+    agents = document.get(AGENTS_KEY) or {}
+    if not isinstance(agents, dict):
+        raise InputError("measurements_file", "agents: a mapping of agent name to its entry", type(agents).__name__)
+    if entry is not None:
+        entry = copy.deepcopy(dict(entry))
+        AcceptedAgent.from_dict(name, entry)
+        if agents.get(name) == entry:
+            return copy.deepcopy(document), False
+        if name not in agents and len(agents) >= MAX_AGENTS:
+            raise InputError("name", "at most %d agents in one document (retire one first)" % MAX_AGENTS, name)
+    elif name not in agents:
+        return copy.deepcopy(document), False
+    version = document.get(VERSION_KEY, 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise InputError("measurements_file", "version: an integer >= 0", version)
+    if ACCEPTED_KEY in document:
+        rest = {k: copy.deepcopy(v) for k, v in document.items() if k not in (VERSION_KEY, AGENTS_KEY)}
+    else:  # a plain policy: its PCRs become the set "default", as validators read it (measurements.as_sets)
+        rest = {ACCEPTED_KEY: {DEFAULT_SET_NAME: {k: copy.deepcopy(v) for k, v in document.items() if k != VERSION_KEY}}}
+    agents = copy.deepcopy(agents)
+    if entry is None:
+        del agents[name]
+    else:
+        agents[name] = entry
+    out: Dict[str, Any] = {VERSION_KEY: version + 1}
+    out.update(rest)
+    if agents:
+        out[AGENTS_KEY] = agents
+    return out, True

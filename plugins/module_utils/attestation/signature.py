@@ -72,6 +72,12 @@ def load_private_key(pem: bytes, field: str = "private_key", password: Optional[
     return key
 
 
+def load_private_key_file(path: str, field: str = "priv_key_file", passphrase: Optional[str] = None):
+    """``load_private_key`` of a PEM file (``passphrase``: of an encrypted one); InputError naming ``field``."""
+    return load_private_key(_read(path, field, MAX_KEY_FILE, "a readable PEM private key file"), field,
+                            passphrase.encode("utf-8") if passphrase else None)
+
+
 def sign_blob(priv_key, data: bytes) -> str:
     """What ``cosign sign-blob --key`` prints: std base64 of the DER ECDSA-SHA256 signature."""
     from cryptography.hazmat.primitives import hashes
