@@ -159,6 +159,10 @@ def test_bad_inputs_are_refused_before_anything_changes(upgrade):
     assert not run.ok and "SHA-256 mismatch, expected %s" % ("0" * 64) in run.stdout, run.stdout[-3000:]
     run = upgrade.upgrade("-e", "constellation_upgrade_agent=unlisted")
     assert not run.ok and "expected an agent named unlisted" in run.stdout, run.stdout[-3000:]
+    # The next release's archive, but the document's entry of the running agent named as the new one.
+    run = upgrade.upgrade("-e", "constellation_upgrade_agent=previous")
+    assert not run.ok and "accepts %s as previous (another agent" % upgrade.values["previous"] in run.stdout, \
+        run.stdout[-3000:]
     assert all(upgrade.installed_code(n) == code_digest(str(upgrade.prev / "plugins" / "module_utils")) for n in HOSTS)
 
 
