@@ -37,6 +37,7 @@ from tests.support.release import export, previous_release
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
     AgentMeasurement, code_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
 
 pytestmark = pytest.mark.lab
 
@@ -126,6 +127,7 @@ def upgrade(tmp_path_factory):
         site = made.run(prev / "site.yml", env={"ANSIBLE_CONFIG": str(prev / "ansible.cfg"),
                                                 "ANSIBLE_COLLECTIONS_PATH": str(prev / "collections")}, cwd=prev)
         assert site.ok, site.stdout[-5000:]
+        made.admin_key = load_priv_key((inv / "admin_key").read_bytes())  # the one site.yml gave the Coordinator
         config = bytes.fromhex(made.measured("h1")["agent_config"])
         old = AgentMeasurement(code_digest(str(prev / "plugins" / "module_utils")), config)
         new = AgentMeasurement(code_digest(str(nxt / "plugins" / "module_utils")), config)
@@ -175,7 +177,11 @@ def test_the_playbook_rolls_every_host_onto_the_next_agent_without_downtime(upgr
     check = upgrade.upgrade("--check")
     assert check.ok, check.stdout[-5000:]
     assert check.results("h1")["Give the Coordinator the accepted agents (SetMeasurements)"]["changed"] is True
-    assert "would get next and reboot" in check.stdout and "refused now" in check.stdout
+    for name in HOSTS:
+        assert check.results(name)["Report the host's agent"]["msg"].endswith("would get next and reboot")
+    # Retiring the running agent now: refused by the Coordinator, naming every peer (reported in check mode).
+    refused = check.results("h1")["Report what was retired"]["msg"]
+    assert refused.startswith("refused now") and all(vpn_ips[n] in refused for n in HOSTS), refused
     assert all(upgrade.installed_code(n) == prev_code for n in HOSTS)  # nothing installed
     assert all(upgrade.measured(n)["value"] == upgrade.values["previous"] for n in HOSTS)  # nothing rebooted
 
