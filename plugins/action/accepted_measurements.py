@@ -42,7 +42,7 @@ class ActionModule(ClusterAction):
         before = [n for n in answer["sets"] if n not in (answer.get("added") or [])] + list(answer.get("removed") or [])
         return {"changed": answer["changed"], "version": answer["version"], "sets": answer["sets"],
                 "added": answer.get("added") or [], "removed": answer.get("removed") or [],
-                "peers": answer.get("peers") or {},
+                "peers": answer.get("peers") or {}, "agents": answer.get("agents") or {},
                 "diff": {"before": {"accepted": before}, "after": {"accepted": answer["sets"]}}}
 
 

@@ -19,6 +19,10 @@ description:
     pinned key, seals its storage key ahead to each set and reloads its validators.
   - Dropping a set that a peer still runs (the set it matched at its last re-attestation) is refused, naming the
     peers; RV(peers) says which set each peer runs.
+  - The document's C(agents) (name to PCR 13 value, docs/attestation.md) are the agents every peer accepts; a document
+    that lists none accepts only the Coordinator's own agent. A document that no longer accepts the agent a peer
+    runs (its PCR 13 at its last re-attestation) is refused the same way, naming the peers; RV(agents) says which
+    agent each peer runs.
   - Runs on the controller whatever the host (an action plugin).
 author:
   - constellation.cluster contributors (@constellation-cluster)
@@ -37,7 +41,8 @@ options:
     required: true
   accepted_measurements_file:
     description:
-      - 'The policy document to set, JSON or YAML, in the named form C({"version": N, "accepted": {NAME: {PCR: ...}}}).
+      - 'The policy document to set, JSON or YAML, in the named form C({"version": N, "accepted": {NAME: {PCR: ...}}}),
+        optionally with the accepted agents C({"agents": {NAME: {"pcr": 13, "value": HEX, "events": [...]}}}).
         Each new document must raise C(version).'
       - Its detached signature (C(cosign sign-blob)) is read from the same path with C(.sig) appended; where the peers
         pin a measurements key an unsigned document is refused.
@@ -90,6 +95,16 @@ peers:
   returned: success
   type: dict
   sample: {"10.118.0.1": "lab-v2", "10.118.0.2": "lab-v1"}
+agents:
+  description:
+    - By VPN IP, the name of the accepted agent whose value the peer's PCR 13 held at its last re-attestation (the
+      Coordinator's own agent for itself).
+    - V(self) where the document in force lists no C(agents) (each validator then accepts its own agent only);
+      "(not accepted)" for a Coordinator whose own agent the document does not list, and "(not re-attested since
+      the sets were last set)" for a peer not re-attested since.
+  returned: success
+  type: dict
+  sample: {"10.118.0.1": "0.3.0", "10.118.0.2": "0.2.0"}
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -5,19 +5,24 @@
 h3 Nodes. A changed agent file and a changed agent configuration are refused at activation (PCR 13); an agent
 changed after activation is evicted (it still unseals: the seal covers the boot chain's PCRs, not the agent's PCR 13,
 which the host's root could replay, and GetState says host root is trusted there); a state folder copied to another
-host and a tampered boot cannot unseal, and say so; a Node rebooted into its measured state comes back."""
+host and a tampered boot cannot unseal, and say so; a Node rebooted into its measured state comes back. A signed
+document that accepts both agents (SetMeasurements) keeps a Node that rebooted into the changed agent, while a third
+agent is still refused, and an agent replaced without a reboot is still evicted."""
 
 from __future__ import annotations
 
 import base64
 import json
 import shutil
+import time
 
 import pytest
 
 from lab.agent import agent_dir, copy_agent, read_sealed, start_agent, tail_log
+from lab.image import lab_measurements
 from tests.support.cluster import lab_cluster
 from tests.support.wait import until
+from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 
 pytestmark = pytest.mark.lab
 
@@ -33,13 +38,22 @@ def cluster():
         yield made
 
 
+def _agent_copy(tmp_path_factory, comment):
+    """The checkout's agent with a comment more in one file: it behaves the same, and measures otherwise."""
+    root = copy_agent(tmp_path_factory.mktemp("agent"))
+    path = root / "collections" / "ansible_collections" / "constellation" / "cluster" / "plugins" / "module_utils" / "agent" / "daemon.py"
+    path.write_text(path.read_text() + "# %s\n" % comment)
+    return root
+
+
 @pytest.fixture(scope="module")
 def changed_agent(tmp_path_factory):
-    """The checkout's agent with one byte more in one file (a comment: it behaves the same)."""
-    root = copy_agent(tmp_path_factory.mktemp("changed-agent"))
-    path = root / "collections" / "ansible_collections" / "constellation" / "cluster" / "plugins" / "module_utils" / "agent" / "daemon.py"
-    path.write_text(path.read_text() + "# changed\n")
-    return root
+    return _agent_copy(tmp_path_factory, "changed")
+
+
+@pytest.fixture(scope="module")
+def third_agent(tmp_path_factory):
+    return _agent_copy(tmp_path_factory, "a third agent")
 
 
 def _measured(cluster, name):
@@ -153,3 +167,77 @@ def test_an_agent_changed_after_activation_is_evicted_and_host_root_is_trusted(c
     evicted = until(lambda: [e for e in cluster.events("h1", "peer_evicted") if e.get("public_ip") == cluster.hosts["h3"].public_ip],
                     timeout=30, what="h3 evicted", why=lambda: tail_log(cluster.hosts["h1"]))
     assert evicted
+
+
+def _entry(measured):
+    """A document's ``agents`` entry from an ``agent_measured`` record (as AgentMeasurement.to_dict writes it)."""
+    return {"pcr": 13, "value": measured["value"],
+            "events": [{"event": "agent_code", "digest": measured["agent_code"]},
+                       {"event": "agent_config", "digest": measured["agent_config"]}]}
+
+
+def _set_measurements(cluster, tmp_path, document):
+    path = tmp_path / "measurements-agents.json"
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    cluster.lab.sign_measurements(path)
+    with cluster.client("h1") as c:
+        c.admin_auth(cluster.admin_key)
+        signature = (tmp_path / "measurements-agents.json.sig").read_text().strip() if document is not None else None
+        return c.invoke("SetMeasurements", document=path.read_bytes() if document is not None else None,
+                        signature=signature)
+
+
+def _evictions(cluster, name):
+    return [e for e in cluster.events("h1", "peer_evicted") if e.get("public_ip") == cluster.hosts[name].public_ip]
+
+
+def test_a_document_that_accepts_both_agents_keeps_a_node_on_the_changed_one(cluster, changed_agent, third_agent,
+                                                                             tmp_path):
+    # The Coordinator h1 runs the genuine agent (re-attesting every second, from the test above), h2 too.
+    genuine = _measured(cluster, "h1")
+    h2_vpn_ip = cluster.state("h2")["vpn_ip"]
+    # What the changed agent measures, read from the agent itself on h3 (a new machine).
+    _fresh(cluster, "h3")
+    cluster.start("h3", trust=True, agent_root=changed_agent)
+    changed = _measured(cluster, "h3")
+    assert changed["outcome"] == "measured" and changed["value"] != genuine["value"]
+    cluster.stop("h3")
+    document = {"version": 1, "accepted": {"lab": lab_measurements()},
+                "agents": {"genuine": _entry(genuine), "changed": _entry(changed)}}
+    answer = _set_measurements(cluster, tmp_path, document)
+    assert answer["changed"] is True and answer["agents"][h2_vpn_ip] == "self", answer
+    # h2 takes the document (GetUpdate says the version) before it reboots into the changed agent.
+    until(lambda: [e for e in cluster.events("h2", "measurements_applied") if e.get("version") == 1], timeout=30,
+          what="h2 applied the document", why=lambda: tail_log(cluster.hosts["h2"]))
+    cluster.stop("h2")
+    cluster.lab.reboot_tpm("h2")  # an agent upgrade reboots the host: PCR 13 starts from zero
+    cluster.start("h2", trust=True, agent_root=changed_agent)
+    assert _measured(cluster, "h2")["outcome"] == "measured"
+    until(lambda: cluster.state("h2")["state"] == "IsNode", timeout=30, what="h2 rejoined on the changed agent",
+          why=lambda: tail_log(cluster.hosts["h2"]))
+    # Re-attested with the changed agent, round after round, and never evicted.
+    until(lambda: _set_measurements(cluster, tmp_path, None)["agents"].get(h2_vpn_ip) == "changed", timeout=30,
+          what="h2 re-attested on the changed agent", why=lambda: tail_log(cluster.hosts["h1"]))
+    for _round in range(5):  # a second each: the Coordinator's re-attestation interval here
+        time.sleep(1)
+        assert cluster.state("h2")["state"] == "IsNode" and not _evictions(cluster, "h2"), tail_log(cluster.hosts["h1"])
+    report = _set_measurements(cluster, tmp_path, None)
+    assert report["agents"][cluster.state("h1")["vpn_ip"]] == "genuine" and report["agents"][h2_vpn_ip] == "changed"
+    # A third agent is refused at activation, naming the value it showed and both accepted ones.
+    _fresh(cluster, "h3")
+    cluster.start("h3", trust=True, agent_root=third_agent)
+    third = _measured(cluster, "h3")
+    rows = cluster.activate("h1", nodes=("h3",))["nodes"]
+    assert [r["ok"] for r in rows] == [False], rows
+    assert "PCR 13 (the agent): expected one of genuine=%s, changed=%s, found %s" % (
+        genuine["value"], changed["value"], third["value"]) in rows[0]["error"], rows
+    # Retiring the agent h2 runs is refused, naming h2.
+    retire = dict(document, version=2, agents={"genuine": _entry(genuine)})
+    with pytest.raises(RemoteError) as err:
+        _set_measurements(cluster, tmp_path, retire)
+    assert "cannot retire the agent changed" in str(err.value) and "%s (changed=" % h2_vpn_ip in str(err.value)
+    # An agent replaced without a reboot leaves PCR 13 at neither accepted value: evicted by re-attestation.
+    cluster.stop("h2")
+    cluster.start("h2", trust=True)
+    assert _measured(cluster, "h2")["outcome"] == "conflict"
+    until(lambda: _evictions(cluster, "h2"), timeout=30, what="h2 evicted", why=lambda: tail_log(cluster.hosts["h1"]))

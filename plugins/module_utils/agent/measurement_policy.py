@@ -9,9 +9,10 @@ restart."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import enforce_agent_pcr
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
+    accepted_values, enforce_agent_pcr)
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import storage_key
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile, own_measurement_set
@@ -20,10 +21,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.unseal
 from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import check_document
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage
 
+NOT_ACCEPTED = "(not accepted)"
+
 
 class MeasurementPolicy:
     """The policy in force (``current()``: as the policy file holds it, before PCR 13 and 15), the pinned key
-    (``pub_key``), ``apply`` and ``own_set``: what the Core's ``AcceptedMeasurements`` asks of the agent."""
+    (``pub_key``), ``apply``, ``own_set`` and ``own_agent``: what the Core's ``AcceptedMeasurements`` asks of the
+    agent."""
 
     def __init__(self, config: AgentConfig, policy_file: PolicyFile, attestation: AgentAttestation,
                  at_rest: SealedStorage, log):
@@ -74,3 +78,14 @@ class MeasurementPolicy:
         if measurement is None or self.policy is None:
             return None
         return own_measurement_set(enforce_agent_pcr(self.policy, measurement.value), self.config.tcti)
+
+    def own_agent(self) -> Optional[Tuple[str, bytes]]:
+        """(name, PCR 13 value) of the agent this peer runs, named as the policy in force accepts it (the
+        ``agents`` entry of its value, agent_measurement.OWN_AGENT where none are listed, NOT_ACCEPTED where the policy
+        does not accept it)."""
+        measurement = self.attestation.measurement
+        if measurement is None or self.policy is None:
+            return None
+        names = [name for name, value in accepted_values(self.policy, measurement.value).items()
+                 if value == measurement.value]
+        return (names[0] if names else NOT_ACCEPTED), measurement.value

@@ -38,7 +38,8 @@ def measure_and_unseal(config, measurement, pcrs: Sequence[int], log: Callable) 
     fields = dict(pcr=PCR_INDEX_AGENT, value=measurement.value.hex(), **{name: digest.hex() for name, digest in measurement.events})
     if outcome == "conflict":
         log("agent_measured", level="error", outcome=outcome, message="PCR %d held another agent's measurement since "
-            "the boot: no policy accepts this host until it reboots" % PCR_INDEX_AGENT, **fields)
+            "the boot (an agent replaced without a reboot): no policy accepts this host until it reboots; reboot this "
+            "host" % PCR_INDEX_AGENT, **fields)
     else:
         log("agent_measured", outcome=outcome, **fields)
     return SealedStorage.open(config.state_dir, lambda: open_tpm(config.tcti), pcrs, log=log,

@@ -158,6 +158,22 @@ def matched_agent(checks) -> Optional[str]:
     return None
 
 
+def running_agent(validation) -> Optional[Tuple[str, bytes]]:
+    """(name, PCR 13 value) of the accepted agent a successful validation (attestation/variant.py) matched."""
+    name = matched_agent(validation.checks)
+    value = validation.pcrs.get(PCR_INDEX_AGENT)
+    return (name, value) if name is not None and value is not None else None
+
+
+def accepted_values(policy, own_value: Optional[bytes]) -> Dict[str, bytes]:
+    """The PCR 13 values ``policy`` accepts, by agent name (``enforce_agent_pcr``'s rule): its ``agents``, else
+    OWN_AGENT at ``own_value`` ({} when that is unknown)."""
+    agents = getattr(policy, "agents", None) or {}
+    if agents:
+        return {name: agent.value for name, agent in agents.items()}
+    return {OWN_AGENT: own_value} if own_value is not None else {}
+
+
 def measure(tpm, measurement: AgentMeasurement) -> str:
     """Extends PCR 13 of ``tpm`` (attestation/tpm.py's TPM) with the agent's events, once per boot:
     ``"measured"``; ``"already"`` when PCR 13 already holds exactly this measurement (the agent restarted

@@ -127,7 +127,8 @@ class Core:
         # the accepted measurement sets (image upgrades); ``measurements_policy``: the agent's policy in force
         self.accepted_measurements = AcceptedMeasurements(context, measurements_policy)
         self.peer_trust = PeerTrust(context, self.coordinator, self.join_service, self.signing, self.evictions,
-                                    self.kubernetes, self.accepted_measurements.record_peer_set)
+                                    self.kubernetes, self.accepted_measurements.record_peer_set,
+                                    self.accepted_measurements.record_peer_agent)
         self.status = Status(context, self.shared_store, self.evictions, self.signing, self.admissions)
         self.recovery = Recovery(context, self.shared_store, self.evictions, self.status)
         self.backup = Backup(context, self.recovery, self.peer_access, self.coordinator)

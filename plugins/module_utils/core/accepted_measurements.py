@@ -7,14 +7,17 @@ The admin gives the Coordinator a new policy document (``SetMeasurements``, admi
 and, where a measurements key is pinned, its detached signature. The Coordinator checks it as every agent does
 (``check_document``: the signature BEFORE parsing, at least one enforced PCR per set, a version above the one in
 force), refuses to drop a set that a peer still runs (the set each peer matched at its last re-attestation,
-``record_peer_set``; a peer not re-attested since is counted as unknown and refuses too), keeps it in its store
+``record_peer_set``; a peer not re-attested since is counted as unknown and refuses too) and to stop accepting the
+agent a peer runs (its PCR 13 at its last re-attestation, ``record_peer_agent``; the same rule, over the document's
+``agents`` or, where it lists none, the Coordinator's own agent: attestation/agent_measurement.py), keeps it in its store
 (shared with further Coordinators, which follow it) and applies it itself (``on_apply``: the agent writes its
 policy file, seals its storage key to the sets and swaps its validators). Nodes see the version in GetUpdate's
 answer and fetch the document (``GetMeasurements``, vpnapi, PeerAuth'd); they check it again with their own
 pinned key: the Coordinator is a relay, not a signer.
 
-Store keys: ``measurementsDocument`` (JSON ``{"version", "document": b64, "signature"}``) and
-``measurementSetOf<vpn_ip>`` (the name of the set that peer matched last).
+Store keys: ``measurementsDocument`` (JSON ``{"version", "document": b64, "signature"}``),
+``measurementSetOf<vpn_ip>`` (the name of the set that peer matched last) and ``agentOf<vpn_ip>`` (JSON ``{"name",
+"value": hex}``: the accepted agent that peer's PCR 13 matched last).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import base64
 import json
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import accepted_values
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     MeasurementSets, as_sets, parse_policy, policy_version)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import require_enforced_pcr
@@ -35,6 +39,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.store import
 
 KEY_DOCUMENT = "measurementsDocument"
 KEY_PEER_SET_PREFIX = "measurementSetOf"
+KEY_PEER_AGENT_PREFIX = "agentOf"
 MAX_DOCUMENT = 1024 * 1024
 UNKNOWN = "(not re-attested since the sets were last set)"
 VERSION_CACHE_SECONDS = 1.0  # GetUpdate says the version on every poll: read from the store at most this often
@@ -69,8 +74,9 @@ def check_document(document: bytes, signature: Optional[str], pub_key: Any, curr
 class AcceptedMeasurements:
     """The accepted sets on this peer. ``policy``: the agent's policy in force (agent/measurement_policy.py), which
     gives ``pub_key`` (the pinned measurements key, or None), ``current()`` (the policy in force here),
-    ``apply(document, signature, sets)`` (``on_apply``) and ``own_set()`` (the set this peer's own PCRs match, or
-    None). None: no policy here (nothing applied, no own set)."""
+    ``apply(document, signature, sets)`` (``on_apply``), ``own_set()`` (the set this peer's own PCRs match, or
+    None) and ``own_agent()`` ((name, PCR 13 value) of the agent this peer runs, or None). None: no policy here
+    (nothing applied, no own set or agent)."""
 
     def __init__(self, context: PeerContext, policy: Optional[Any] = None):
         self.context = context
@@ -79,8 +85,11 @@ class AcceptedMeasurements:
         self.on_apply: Optional[Callable[[bytes, Optional[str], MeasurementSets], Any]] = (
             policy.apply if policy is not None else None)
         self.own_set: Callable[[], Optional[str]] = policy.own_set if policy is not None else (lambda: None)
+        self.own_agent: Callable[[], Optional[Tuple[str, bytes]]] = (
+            policy.own_agent if policy is not None else (lambda: None))
         self._lock = threading.Lock()
         self._recorded: Dict[str, str] = {}  # vpn_ip -> set, as last written to the store
+        self._recorded_agents: Dict[str, Tuple[str, str]] = {}  # vpn_ip -> (agent name, value hex), as written
         self._version = (0.0, 0)  # (when read, version): version()'s cache
         self._unread = False  # the last store read failed (logged once)
 
@@ -95,6 +104,46 @@ class AcceptedMeasurements:
             self.context.log("measurement_set_unrecorded", level="warning", peer=vpn_ip, error=str(err)[:200])
             return
         self._recorded[vpn_ip] = name
+
+    def record_peer_agent(self, vpn_ip: str, agent: Optional[Tuple[str, bytes]]) -> None:
+        """The accepted agent (name, PCR 13 value) ``vpn_ip`` matched at its re-attestation (written when it changed)."""
+        if not agent:
+            return
+        record = (agent[0], bytes(agent[1]).hex())
+        if self._recorded_agents.get(vpn_ip) == record:
+            return
+        try:
+            self.context.store.put(KEY_PEER_AGENT_PREFIX + vpn_ip,
+                                   json.dumps({"name": record[0], "value": record[1]}).encode("utf-8"))
+        except StoreError as err:  # as record_peer_set: written at a later round
+            self.context.log("agent_unrecorded", level="warning", peer=vpn_ip, error=str(err)[:200])
+            return
+        self._recorded_agents[vpn_ip] = record
+
+    def peer_agent_records(self) -> Dict[str, Optional[Tuple[str, str]]]:
+        """``{vpn_ip: (agent name, PCR 13 value hex)}`` of the peers of the registry (this Coordinator: its own
+        agent); None for a peer not re-attested since."""
+        registry = self.context.peer_registry.current()
+        stored = {}
+        for key, value in self.context.store.items(KEY_PEER_AGENT_PREFIX):
+            try:
+                record = json.loads(value.decode("utf-8"))
+                stored[key[len(KEY_PEER_AGENT_PREFIX):]] = (str(record["name"]), str(record["value"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # unreadable: as if not re-attested since
+        out: Dict[str, Optional[Tuple[str, str]]] = {}
+        for peer in (registry.peers.peers.values() if registry is not None else ()):
+            if peer.vpn_ip == self.context.vpn_ip:
+                own = self.own_agent()
+                out[peer.vpn_ip] = (own[0], bytes(own[1]).hex()) if own else None
+            else:
+                out[peer.vpn_ip] = stored.get(peer.vpn_ip)
+        return out
+
+    def peer_agents(self) -> Dict[str, str]:
+        """``{vpn_ip: agent name}`` (attestation/agent_measurement.py OWN_AGENT where the document lists no agents);
+        UNKNOWN for a peer not re-attested since."""
+        return {ip: record[0] if record else UNKNOWN for ip, record in self.peer_agent_records().items()}
 
     def peer_sets(self) -> Dict[str, str]:
         """``{vpn_ip: set name}`` of the peers of the registry (this Coordinator included); UNKNOWN for a peer
@@ -157,13 +206,13 @@ class AcceptedMeasurements:
             if document is None:
                 return {"changed": False, "version": policy_version(current),
                         "sets": list(current_sets.sets) if current_sets else [], "added": [], "removed": [],
-                        "peers": self.peer_sets()}
+                        "peers": self.peer_sets(), "agents": self.peer_agents()}
             new = check_document(document, signature, self.pub_key, current)
             old_names = list(current_sets.sets) if current_sets is not None else []
             answer = {"version": new.version, "sets": list(new.sets), "changed": True,
                       "added": [n for n in new.sets if n not in old_names],
                       "removed": [n for n in old_names if n not in new.sets],
-                      "peers": self.peer_sets()}
+                      "peers": self.peer_sets(), "agents": self.peer_agents()}
             same = stored is not None and bytes(stored["document"]) == bytes(document)
             if same or (current_sets is not None and new == current_sets and stored is None):
                 answer["changed"] = False
@@ -200,6 +249,29 @@ class AcceptedMeasurements:
             peers = ", ".join("%s (%s)" % (ip, running[ip]) for ip in sorted(running))
             raise StateError("SetMeasurements: cannot retire %s: these peers still run it or were not re-attested "
                              "since: %s" % (", ".join(retired), peers))
+        self._check_agents(current_sets, new)
+
+    def _check_agents(self, current_sets: MeasurementSets, new: MeasurementSets) -> None:
+        """No peer may be left running an agent the new document no longer accepts (its PCR 13 at its last
+        re-attestation); where an accepted value goes, a peer not re-attested since refuses too."""
+        own = self.own_agent()
+        own_value = bytes(own[1]) if own else None
+        old_values = accepted_values(current_sets, own_value)
+        new_values = set(value.hex() for value in accepted_values(new, own_value).values())
+        retired = [name for name, value in old_values.items() if value.hex() not in new_values]
+        left = {}
+        for ip, record in self.peer_agent_records().items():
+            if record is None:
+                if retired:
+                    left[ip] = UNKNOWN
+            elif record[1] not in new_values:
+                left[ip] = "%s=%s" % record
+        if left:
+            peers = ", ".join("%s (%s)" % (ip, left[ip]) for ip in sorted(left))
+            if retired:
+                raise StateError("SetMeasurements: cannot retire the agent %s: these peers still run it or were not "
+                                 "re-attested since: %s" % (", ".join(retired), peers))
+            raise StateError("SetMeasurements: the document accepts no agent these peers run: %s" % peers)
 
     # -- GetMeasurements (vpnapi, Coordinator)
     def get_measurements(self) -> Dict[str, Any]:

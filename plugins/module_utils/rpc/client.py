@@ -120,6 +120,13 @@ class Channel:
     def measurement_set(self) -> Optional[str]:  # the accepted set the peer's attestation matched (None: plain)
         return self.attested.validation.measurement_set if self.attested is not None else None
 
+    @property
+    def agent(self) -> Optional[Tuple[str, bytes]]:
+        """(name, PCR 13 value) of the accepted agent the peer's attestation matched (None: plain, or no PCR 13)."""
+        from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import running_agent
+
+        return running_agent(self.attested.validation) if self.attested is not None else None
+
     def close(self) -> None:
         try:
             self.sock.close()

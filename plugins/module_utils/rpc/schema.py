@@ -474,13 +474,15 @@ SetMeasurementsRequest, SetMeasurementsAnswer = declare(
     "SetMeasurements", ADMIN, STREAMS_NONE,
     Access(CALLER_ADMIN, SERVED_COORDINATOR),
     "the admin (authenticated) sets the accepted measurement sets on a Coordinator: checked (signature, version), "
-    "kept in its store, applied; retiring a set a peer still runs is refused, naming the peers",
+    "kept in its store, applied; retiring a set a peer still runs, or no longer accepting the agent a peer runs, is "
+    "refused, naming the peers",
     request=spec("document b64: the policy file's exact bytes (at most 1 MiB); none: only report",
                  "signature str: its detached signature (cosign sign-blob); required where a measurements key is "
                  "pinned",
                  "check bool: predict only (check mode)"),
     answer=spec("changed bool!", "version int!", "sets strlist!", "added strlist", "removed strlist",
-                "peers object: {vpn_ip: the set it matched at its last re-attestation}"))
+                "peers object: {vpn_ip: the set it matched at its last re-attestation}",
+                "agents object: {vpn_ip: the accepted agent its PCR 13 matched at its last re-attestation}"))
 
 Empty, GetMeasurementsAnswer = declare(
     "GetMeasurements", VPNAPI, STREAMS_NONE,

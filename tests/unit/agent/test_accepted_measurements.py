@@ -24,7 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.wiring
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.dummy import DummyValidator
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
-from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import UNKNOWN
+from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import KEY_PEER_AGENT_PREFIX, UNKNOWN
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc import schema
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
@@ -306,3 +306,60 @@ def test_get_update_says_the_version_in_memory_when_the_store_cannot_answer(clus
         assert client.get_update(0)["measurements_version"] == 2
         assert client.get_update(0)["measurements_version"] == 2
     assert peeks  # it did ask, and answered from memory when the store could not
+
+
+AGENT_OLD, AGENT_NEW, AGENT_OTHER = bytes([0xa1]) * 32, bytes([0xb2]) * 32, bytes([0xc3]) * 32
+
+
+def agents_document(version, agents):
+    doc = json.loads(document(version, "v1"))
+    doc["agents"] = {name: {"pcr": 13, "value": value.hex()} for name, value in agents.items()}
+    return json.dumps(doc, indent=2).encode()
+
+
+def test_no_longer_accepting_the_agent_a_peer_runs_is_refused_naming_the_peers_in_check_mode_too(cluster, admin):
+    admin.admin_auth(cluster.admin_key)
+    service = cluster.core.accepted_measurements
+    coordinator = cluster.core.context.vpn_ip
+    service.own_agent = lambda: ("self", AGENT_OLD)  # the policy in force lists no agents: its own value
+    node_a, node_b = cluster.add_node("10.42.0.21"), cluster.add_node("10.42.0.22")
+    assert set_measurements(admin, None)["agents"] == {coordinator: "self", node_a: UNKNOWN, node_b: UNKNOWN}
+    # Accepting the running agent and the next one retires nothing: taken although the nodes were not re-attested.
+    answer = set_measurements(admin, agents_document(2, {"0.2.0": AGENT_OLD, "0.3.0": AGENT_NEW}))
+    assert answer["changed"] and cluster.policy.agents.keys() == {"0.2.0", "0.3.0"}
+    service.own_agent = lambda: ("0.2.0", AGENT_OLD)
+    service.record_peer_agent(node_a, ("0.3.0", AGENT_NEW))
+    # Retiring 0.2.0: the Coordinator runs it and node_b was not re-attested since; check mode says so too.
+    for check in (True, False):
+        with pytest.raises(RemoteError) as err:
+            set_measurements(admin, agents_document(3, {"0.3.0": AGENT_NEW}), check=check)
+        text = str(err.value)
+        assert "cannot retire the agent 0.2.0" in text and "%s (%s)" % (node_b, UNKNOWN) in text, text
+        assert "%s (0.2.0=%s)" % (coordinator, AGENT_OLD.hex()) in text and "%s (" % node_a not in text
+    assert service.version() == 2 and len(cluster.applied) == 1  # nothing stored or applied
+    # A document that renames the agent node_a runs still accepts its value; one that accepts none of it does not.
+    service.record_peer_agent(node_b, ("0.2.0", AGENT_OLD))
+    with pytest.raises(RemoteError) as err:
+        set_measurements(admin, agents_document(3, {"0.2.0": AGENT_OLD, "evil": AGENT_OTHER}))
+    assert "cannot retire the agent 0.3.0" in str(err.value) and "%s (0.3.0=" % node_a in str(err.value)
+    assert "%s (" % node_b not in str(err.value) and "%s (" % coordinator not in str(err.value)
+    # Every peer on 0.3.0 (re-attested): 0.2.0 is retired; the answer says who runs what.
+    service.record_peer_agent(node_b, ("0.3.0", AGENT_NEW))
+    service.own_agent = lambda: ("0.3.0", AGENT_NEW)
+    answer = set_measurements(admin, agents_document(3, {"next": AGENT_NEW}))
+    assert answer["changed"] and answer["agents"] == {coordinator: "0.3.0", node_a: "0.3.0", node_b: "0.3.0"}
+    assert cluster.core.context.store.get(KEY_PEER_AGENT_PREFIX + node_a) is not None
+
+
+def test_a_document_without_agents_accepts_the_coordinator_s_own_agent_only(cluster, admin):
+    admin.admin_auth(cluster.admin_key)
+    service = cluster.core.accepted_measurements
+    service.own_agent = lambda: ("0.3.0", AGENT_NEW)
+    node = cluster.add_node("10.42.0.21")
+    set_measurements(admin, agents_document(2, {"0.2.0": AGENT_OLD, "0.3.0": AGENT_NEW}))
+    service.record_peer_agent(node, ("0.2.0", AGENT_OLD))
+    with pytest.raises(RemoteError) as err:  # without agents only the Coordinator's own value (0.3.0) is accepted
+        set_measurements(admin, document(3, "v1"))
+    assert "cannot retire the agent 0.2.0" in str(err.value) and "%s (0.2.0=" % node in str(err.value)
+    service.record_peer_agent(node, ("0.3.0", AGENT_NEW))
+    assert set_measurements(admin, document(3, "v1"))["changed"]

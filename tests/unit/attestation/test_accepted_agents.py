@@ -181,3 +181,37 @@ def test_sealing_never_takes_pcr_13_in_host_mode_whatever_the_agents():
     enforced = am.enforce_agent_pcr(policy, THIRD.value)
     assert sealed_pcr_sets(policy) == sealed_pcr_sets(enforced) == {"v1": [4, 9], "v2": [4, 9]}
     assert all(13 not in values for _pcrs_, values in seal_predictions(enforced).values())
+
+
+def test_the_controller_accepts_the_listed_agents_though_its_own_code_differs():
+    """settings_from_args, what every controller action and the atls connection call: the collection's own agent
+    measures to neither listed value, and both pass; without agents, only the collection's own."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
+
+    args = {"variant": "qemu-vtpm", "insecure_trust_any_ak": True, "timeout": 10, "attestation_timeout": 30}
+    own = am.AgentMeasurement.of("qemu-vtpm").value
+    assert own not in (OLD.value, NEW.value)
+    listed = settings_from_args(dict(args, measurements=_doc(**{"0.2.0": OLD.to_dict(), "0.3.0": NEW.to_dict()})))
+    assert am.matched_agent(listed.policy.match(_pcrs(V1, NEW))[1]) == "0.3.0"
+    with pytest.raises(MeasurementsMismatch, match="expected one of 0.2.0="):
+        listed.policy.match({**V1, 13: own})
+    unlisted = settings_from_args(dict(args, measurements=_doc()))
+    assert am.matched_agent(unlisted.policy.match({**V1, 13: own})[1]) == am.OWN_AGENT
+
+
+def test_the_agent_names_its_own_agent_as_the_policy_in_force_accepts_it():
+    """What the Coordinator reports for itself (accepted_measurements' ``agents``)."""
+    from types import SimpleNamespace
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.agent.measurement_policy import (
+        NOT_ACCEPTED, MeasurementPolicy)
+
+    def own(policy, measurement):
+        attestation = SimpleNamespace(policy=policy, measurement=measurement)
+        return MeasurementPolicy(None, None, attestation, None, None).own_agent()
+
+    listed = parse_policy(_doc(**{"0.2.0": OLD.to_dict(), "0.3.0": NEW.to_dict()}))
+    assert own(listed, NEW) == ("0.3.0", NEW.value)
+    assert own(listed, THIRD) == (NOT_ACCEPTED, THIRD.value)
+    assert own(parse_policy(_doc()), THIRD) == (am.OWN_AGENT, THIRD.value)
+    assert own(listed, None) is None

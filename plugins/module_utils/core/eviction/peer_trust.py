@@ -74,7 +74,8 @@ class PeerTrust:
 
     def __init__(self, context: PeerContext, registry: Registry, join: InBandAttestation, signing: TrustSigning,
                  evictions: EvictionRecords, kubernetes: KubernetesNodes,
-                 record_measurement_set: Optional[Callable[[str, Optional[str]], None]] = None):
+                 record_measurement_set: Optional[Callable[[str, Optional[str]], None]] = None,
+                 record_agent: Optional[Callable[[str, Optional[Tuple[str, bytes]]], None]] = None):
         self.context = context
         self.registry = registry
         self.join = join
@@ -87,6 +88,8 @@ class PeerTrust:
         self.clock: Callable[[], float] = time.time
         # (vpn_ip, set name): which accepted measurement set a peer matched (core/accepted_measurements.py)
         self.record_measurement_set = record_measurement_set or (lambda vpn_ip, name: None)
+        # (vpn_ip, (agent name, PCR 13 value)): which accepted agent it runs (core/accepted_measurements.py)
+        self.record_agent = record_agent or (lambda vpn_ip, agent: None)
 
     @property
     def state(self) -> State:
@@ -156,6 +159,9 @@ class PeerTrust:
                                            "WireGuard key)" % (peer.public_ip, peer.vpn_ip))
                 row["measurement_set"] = getattr(client, "measurement_set", None)
                 self.record_measurement_set(peer.vpn_ip, row["measurement_set"])
+                agent = getattr(client, "agent", None)
+                row["agent"] = agent[0] if agent else None
+                self.record_agent(peer.vpn_ip, agent)
         except AttestationError as err:
             row.update(outcome=EVICTED, error="attestation failed: %s" % err)
         except (ConstellationError, OSError) as err:
