@@ -16,12 +16,7 @@ document, and a second run changes nothing."""
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import json
-import shutil
-import tarfile
 import time
 from pathlib import Path
 
@@ -33,7 +28,7 @@ from tests.support import ROOT, VENV_BIN
 from tests.support.cluster import LabCluster
 from tests.support.pings import Pings, silent_pairs, windows
 from tests.support.playbook import run_playbook
-from tests.support.release import export, previous_release
+from tests.support.release import NEXT_FILE, NEXT_LINE, agent_archive, export, next_release, previous_release
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
     AgentMeasurement, code_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
@@ -42,9 +37,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_ke
 pytestmark = pytest.mark.lab
 
 HOSTS = ("h1", "h2", "h3", "h4")
-# The one-line change that stands for the next release's agent.
-NEXT_LINE = "# the next release\n"
-NEXT_FILE = Path("agent") / "daemon.py"
 REBOOT_TASK = "Reboot with the environment's command (on the controller)"
 
 
@@ -83,36 +75,17 @@ class Upgrade(LabCluster):
                         "-e", "constellation_upgrade_wait_timeout=120",
                         "-e", "constellation_upgrade_reboot_command='%s'" % reboot, *args)
 
-    def installed_code(self, name: str) -> bytes:
-        return code_digest(str(installed_agent(self.hosts[name]) / CODE_DIR))
-
-
-def _next_release(dest: Path) -> Path:
-    """HEAD's agent with one line more (a tree of bin/ and plugins/module_utils, as an export has)."""
-    (dest / "bin").mkdir(parents=True)
-    shutil.copy2(str(ROOT / "bin" / "constellation-agent"), str(dest / "bin"))
-    shutil.copytree(str(ROOT / "plugins" / "module_utils"), str(dest / "plugins" / "module_utils"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    changed = dest / "plugins" / "module_utils" / NEXT_FILE
-    changed.write_text(changed.read_text() + NEXT_LINE)
-    return dest
-
-
-def _archive(code: Path, dest: Path) -> str:
-    """The code as the node_agent role's archive holds it (the *.py files, relative paths); its SHA-256."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(code.rglob("*.py")):
-            tar.add(str(path), arcname=str(path.relative_to(code)))
-    dest.write_bytes(gzip.compress(buf.getvalue(), mtime=0))
-    return hashlib.sha256(dest.read_bytes()).hexdigest()
+    def installed(self, name: str) -> str:
+        """Which release's code is installed on the host: "next" (the changed line is there) or "previous"."""
+        changed = installed_agent(self.hosts[name]) / CODE_DIR / NEXT_FILE
+        return "next" if changed.read_text().endswith(NEXT_LINE) else "previous"
 
 
 @pytest.fixture(scope="module")
 def upgrade(tmp_path_factory):
     base = tmp_path_factory.mktemp("tupa")
     prev = export(previous_release(), base / "previous")
-    nxt = _next_release(base / "next")
+    nxt = next_release(base / "next")
     inv = base / "inventory"
     lab = Lab("tupa", inventory_dir=inv)
     made = None
@@ -138,7 +111,7 @@ def upgrade(tmp_path_factory):
         made.retire_doc = made.document("retire", {"version": 2, "accepted": accepted, "agents": {"next": new.to_dict()}})
         made.policy = parse_policy(both)
         made.archive = base / "agent-next.tar.gz"
-        made.archive_sha256 = _archive(nxt / "plugins" / "module_utils", made.archive)
+        made.archive_sha256 = agent_archive(nxt / "plugins" / "module_utils", made.archive)
         yield made
     finally:
         try:
@@ -165,7 +138,7 @@ def test_bad_inputs_are_refused_before_anything_changes(upgrade):
     run = upgrade.upgrade("-e", "constellation_upgrade_agent=previous")
     assert not run.ok and "accepts %s as previous (another agent" % upgrade.values["previous"] in run.stdout, \
         run.stdout[-3000:]
-    assert all(upgrade.installed_code(n) == code_digest(str(upgrade.prev / "plugins" / "module_utils")) for n in HOSTS)
+    assert [upgrade.installed(n) for n in HOSTS] == ["previous"] * 4
 
 
 def test_the_playbook_rolls_every_host_onto_the_next_agent_without_downtime(upgrade):
@@ -182,7 +155,7 @@ def test_the_playbook_rolls_every_host_onto_the_next_agent_without_downtime(upgr
     # Retiring the running agent now: refused by the Coordinator, naming every peer (reported in check mode).
     refused = check.results("h1")["Report what was retired"]["msg"]
     assert refused.startswith("refused now") and all(vpn_ips[n] in refused for n in HOSTS), refused
-    assert all(upgrade.installed_code(n) == prev_code for n in HOSTS)  # nothing installed
+    assert [upgrade.installed(n) for n in HOSTS] == ["previous"] * 4  # nothing installed
     assert all(upgrade.measured(n)["value"] == upgrade.values["previous"] for n in HOSTS)  # nothing rebooted
 
     pings = Pings(upgrade, vpn_ips)
@@ -201,9 +174,11 @@ def test_the_playbook_rolls_every_host_onto_the_next_agent_without_downtime(upgr
     assert upgrade.snapshot(*HOSTS) == before  # VPN IPs, WireGuard keys and disk keys kept
     assert silent_pairs(replies, reboots) == []  # the pairs without the rebooting host kept answering
     for name in HOSTS:  # the next release's code installed and running, measured after a reboot
-        assert upgrade.installed_code(name) == next_code != prev_code
+        assert upgrade.installed(name) == "next"
+        marker = installed_agent(upgrade.hosts[name]) / CODE_DIR / ".archive-sha256"
+        assert marker.read_text().strip() == upgrade.archive_sha256
         measured = upgrade.measured(name)
-        assert measured["agent_code"] == next_code.hex() and measured["outcome"] == "measured", measured
+        assert measured["agent_code"] == next_code.hex() != prev_code.hex() and measured["outcome"] == "measured", measured
         assert measured["value"] == upgrade.values["next"]
         policy = json.loads((agent_dir(upgrade.hosts[name]) / "measurements.json").read_text())
         assert list(policy["agents"]) == ["next"] and policy["version"] == 2  # retired everywhere

@@ -65,3 +65,39 @@ def export(ref: str, dest: Path) -> Path:
     if not link.is_symlink():
         link.symlink_to(Path("..") / ".." / "..")
     return dest
+
+
+# The one-line change that stands for the next release's agent (a comment: it behaves the same, measures otherwise).
+NEXT_LINE = "# the next release\n"
+NEXT_FILE = Path("agent") / "daemon.py"
+
+
+def next_release(dest: Path, source: Path = ROOT) -> Path:
+    """The agent of ``source`` with one line more, standing for the next release: a tree of ``bin/`` and
+    ``plugins/module_utils`` (what an export holds of the agent) at ``dest``."""
+    import shutil
+
+    dest = Path(dest)
+    (dest / "bin").mkdir(parents=True)
+    shutil.copy2(str(Path(source) / "bin" / "constellation-agent"), str(dest / "bin"))
+    shutil.copytree(str(Path(source) / "plugins" / "module_utils"), str(dest / "plugins" / "module_utils"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    changed = dest / "plugins" / "module_utils" / NEXT_FILE
+    changed.write_text(changed.read_text() + NEXT_LINE)
+    return dest
+
+
+def agent_archive(code: Path, dest: Path) -> str:
+    """The agent code folder ``code`` (a ``plugins/module_utils``) as the node_agent role's archive holds it (its
+    ``*.py`` files, relative paths) at ``dest``; returns the archive's SHA-256."""
+    import gzip
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for path in sorted(Path(code).rglob("*.py")):
+            tar.add(str(path), arcname=str(path.relative_to(code)))
+    Path(dest).write_bytes(gzip.compress(buf.getvalue(), mtime=0))
+    return hashlib.sha256(Path(dest).read_bytes()).hexdigest()
