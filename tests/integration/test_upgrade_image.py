@@ -175,4 +175,3 @@ def _images(upgrade: Upgrade) -> list:
 
     state = LabState.load(upgrade.lab.state_dir)
     return [state.image_of(n) for n in HOSTS]
-
