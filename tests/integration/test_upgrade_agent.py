@@ -17,7 +17,6 @@ document, and a second run changes nothing."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from lab.image import LAB_IMAGE, lab_measurements
 from lab.lab import Lab
 from tests.support import ROOT, VENV_BIN
 from tests.support.cluster import LabCluster
-from tests.support.pings import Pings, silent_pairs, windows
+from tests.support.pings import pinged, silent_pairs, windows
 from tests.support.playbook import run_playbook
 from tests.support.release import NEXT_FILE, NEXT_LINE, agent_archive, export, next_release, previous_release
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
@@ -158,12 +157,7 @@ def test_the_playbook_rolls_every_host_onto_the_next_agent_without_downtime(upgr
     assert [upgrade.installed(n) for n in HOSTS] == ["previous"] * 4  # nothing installed
     assert all(upgrade.measured(n)["value"] == upgrade.values["previous"] for n in HOSTS)  # nothing rebooted
 
-    pings = Pings(upgrade, vpn_ips)
-    try:
-        run = upgrade.upgrade()
-        time.sleep(1.0)
-    finally:
-        replies = pings.stop()
+    run, replies = pinged(upgrade, vpn_ips, upgrade.upgrade)
     assert run.ok, run.stdout[-5000:]
     reboots = windows(run, REBOOT_TASK)
     assert sorted(reboots) == sorted(HOSTS), reboots

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 
 import pytest
 from lab.agent import agent_dir, start_agent
@@ -24,7 +23,7 @@ from lab.image import LAB_IMAGE, lab_measurements
 from lab import tpms
 from tests.support import ROOT, VENV_BIN
 from tests.support.cluster import LabCluster, lab_cluster
-from tests.support.pings import Pings, silent_pairs, windows
+from tests.support.pings import pinged, silent_pairs, windows
 from tests.support.playbook import run_playbook
 from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
@@ -135,12 +134,7 @@ def test_the_playbook_rolls_every_host_onto_the_next_image_without_downtime(upgr
     assert all(upgrade.sealed_sets(n) == ["booted"] for n in HOSTS)
     assert _images(upgrade) == [LAB_IMAGE] * 4  # nothing rebooted
 
-    pings = Pings(upgrade, vpn_ips)
-    try:
-        run = upgrade.play()
-        time.sleep(1.0)
-    finally:
-        replies = pings.stop()
+    run, replies = pinged(upgrade, vpn_ips, upgrade.play)
     assert run.ok, run.stdout[-5000:]
     # When each host's reboot command ran, from the run's events.
     reboots = windows(run, "Reboot with the environment's command (on the controller)")

@@ -4,9 +4,10 @@
 """Continuous pings over a lab cluster's mesh during a rolling upgrade, and what they show.
 
 ``Pings(cluster, vpn_ips)`` runs one ``ping`` per pair of hosts over the VPN (from the lower to the higher);
-``stop()`` returns each pair's reply times. ``windows(run, task)`` reads from a playbook run when each host's
-reboot task ran; ``silent_pairs(replies, windows)`` names the pairs that did not answer while a host outside
-them rebooted (none, when the roll keeps the rest of the mesh up)."""
+``stop()`` returns each pair's reply times; ``pinged(cluster, vpn_ips, play)`` runs ``play`` with them.
+``windows(run, task)`` reads from a playbook run when each host's reboot task ran; ``silent_pairs(replies,
+windows)`` names the pairs that did not answer while a host outside them rebooted (none, when the roll keeps the
+rest of the mesh up)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import datetime
 import itertools
 import re
 import subprocess
-from typing import Dict, List, Tuple
+import time
+from typing import Any, Callable, Dict, List, Tuple
 
 
 class Pings:
@@ -36,6 +38,17 @@ class Pings:
         for pair, path in self.files.items():
             replies[pair] = [float(m) for m in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", path.read_text(), re.M)]
         return replies
+
+
+def pinged(cluster, vpn_ips: Dict[str, str], play: Callable[[], Any]) -> Tuple[Any, Dict[Tuple[str, str], List[float]]]:
+    """``play()``'s result and the replies of the pings that ran throughout it (and a second after)."""
+    pings = Pings(cluster, vpn_ips)
+    try:
+        run = play()
+        time.sleep(1.0)
+    finally:
+        replies = pings.stop()
+    return run, replies
 
 
 def _ts(text: str) -> float:
