@@ -104,10 +104,19 @@ def upgrade(tmp_path_factory):
         old = AgentMeasurement(code_digest(str(prev / "plugins" / "module_utils")), config)
         new = AgentMeasurement(code_digest(str(nxt / "plugins" / "module_utils")), config)
         made.values = {"previous": old.value.hex(), "next": new.value.hex()}
-        accepted = {"default": lab_measurements(LAB_IMAGE)}
-        both = {"version": 1, "accepted": accepted, "agents": {"previous": old.to_dict(), "next": new.to_dict()}}
+        # The document in force after site.yml (a release whose first run lists its agent raised its version),
+        # then the upgrade's: the running agent and the next one; then the next one alone.
+        in_force = json.loads((inv / "measurements.json").read_text())
+        version = in_force.get("version", 0) if "accepted" in in_force else 0
+        accepted = in_force["accepted"] if "accepted" in in_force else {"default": lab_measurements(LAB_IMAGE)}
+        running = {name: entry for name, entry in in_force.get("agents", {}).items() if entry["value"] == old.value.hex()}
+        made.running = sorted(running) or ["previous"]
+        both = {"version": version + 1, "accepted": accepted,
+                "agents": dict(running or {"previous": old.to_dict()}, next=new.to_dict())}
         made.upgrade_doc = made.document("upgrade", both)
-        made.retire_doc = made.document("retire", {"version": 2, "accepted": accepted, "agents": {"next": new.to_dict()}})
+        made.retire_version = version + 2
+        made.retire_doc = made.document("retire", {"version": made.retire_version, "accepted": accepted,
+                                                   "agents": {"next": new.to_dict()}})
         made.policy = parse_policy(both)
         made.archive = base / "agent-next.tar.gz"
         made.archive_sha256 = agent_archive(nxt / "plugins" / "module_utils", made.archive)
@@ -134,8 +143,8 @@ def test_bad_inputs_are_refused_before_anything_changes(upgrade):
     run = upgrade.upgrade("-e", "constellation_upgrade_agent=unlisted")
     assert not run.ok and "expected an agent named unlisted" in run.stdout, run.stdout[-3000:]
     # The next release's archive, but the document's entry of the running agent named as the new one.
-    run = upgrade.upgrade("-e", "constellation_upgrade_agent=previous")
-    assert not run.ok and "accepts %s as previous (another agent" % upgrade.values["previous"] in run.stdout, \
+    run = upgrade.upgrade("-e", "constellation_upgrade_agent=%s" % upgrade.running[0])
+    assert not run.ok and "accepts %s as %s (another agent" % (upgrade.values["previous"], upgrade.running[0]) in run.stdout, \
         run.stdout[-3000:]
     assert [upgrade.installed(n) for n in HOSTS] == ["previous"] * 4
 
@@ -175,7 +184,7 @@ def test_the_playbook_rolls_every_host_onto_the_next_agent_without_downtime(upgr
         assert measured["agent_code"] == next_code.hex() != prev_code.hex() and measured["outcome"] == "measured", measured
         assert measured["value"] == upgrade.values["next"]
         policy = json.loads((agent_dir(upgrade.hosts[name]) / "measurements.json").read_text())
-        assert list(policy["agents"]) == ["next"] and policy["version"] == 2  # retired everywhere
+        assert list(policy["agents"]) == ["next"] and policy["version"] == upgrade.retire_version  # retired everywhere
 
     verify = upgrade.run(ROOT / "playbooks" / "verify.yml", "-e", "constellation_measurements_file=%s" % upgrade.retire_doc)
     assert verify.ok, verify.stdout[-5000:]
