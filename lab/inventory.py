@@ -93,6 +93,8 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
         # The signed policy file and the pinned key it must be signed with (measurements_signature).
         "constellation_measurements_file": str(inv / "measurements.json"),
         "constellation_measurements_pub_key_file": str(inv / "measurements.pub"),
+        # Its signing key: site.yml's first run lists the running agent in the document (agent_measurement).
+        "constellation_measurements_signing_priv_key_file": str(trust.measurements_key_path),
         # The same policy inline, for lab tools and Molecule (the playbooks read the signed file).
         "constellation_lab_measurements": measurements,
         # The lab's init secret (0600): site.yml proves it to the Coordinator, which proves each node's.

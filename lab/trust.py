@@ -60,9 +60,14 @@ class LabTrust:
         """The lab's pinned measurements public key (PEM, ECDSA P-256, as cosign.pub)."""
         return self.state_dir / "measurements.pub"
 
+    @property
+    def measurements_key_path(self) -> Path:
+        """The lab's measurements signing key (PEM, PKCS#8, 0600): what an operator keeps offline."""
+        return self.state_dir / "measurements_signing_key.pem"
+
     def measurements_key(self):
         with _LOCK:  # agents start in parallel: one key
-            path = self.state_dir / "measurements_signing_key.pem"
+            path = self.measurements_key_path
             if not path.exists():
                 self.state_dir.mkdir(parents=True, exist_ok=True)
                 key = ec.generate_private_key(ec.SECP256R1())

@@ -102,7 +102,7 @@ def keep(args, basedir, entry, check_mode):
         data = read_text(path, "measurements_file", sig.MAX_SIGNED_FILE,
                          "an existing measurements document (JSON or YAML)").encode("utf-8")
     text = _document_text(data, path)
-    document = load_yaml(text, "measurements_file")
+    document = load_yaml(text, "measurements_file", int_keys=True)  # YAML may spell PCR indices as integers
     new, changed = am.set_agent_entry(document, args["name"], entry if args["state"] == "present" else None)
     parse_policy(new)  # what every validator will read
     new_text = json.dumps(new, indent=2) + "\n" if changed else text

@@ -22,12 +22,14 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.parsing.vault import VaultLib, VaultSecret
 
+from lab.image import lab_measurements
 from lab.lab import Lab
 from tests.support import ROOT
 from tests.support.playbook import PlayRun, run_playbook
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose, signature
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import AgentMeasurement
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
@@ -43,6 +45,8 @@ CLUSTER = "!h5"  # every run but the tampered one leaves h5 out (--limit)
 MESH_TASK = "Wait until the peer's WireGuard lists every other peer, then ping each over the VPN and read the handshakes"
 COORDINATOR_VPN_CHECK = "The Coordinator's WireGuard interface carries its VPN IP"
 NODE_VPN_CHECK = "The node's WireGuard interface carries its VPN IP"
+AGENT_ENTRY = "The measurements document lists this collection's agent (on the controller)"
+GIVE_DOCUMENT = "Give the Coordinator the measurements document that lists this collection's agent (SetMeasurements)"
 ACTIVATE_COORDINATOR = "Activate the Coordinator (ActivateAsCoordinator over aTLS; nothing if it already is ours)"
 
 
@@ -91,6 +95,12 @@ def task_hosts(output: str, task: str):
         if name.split(" : ", 1)[-1] == task:
             hosts |= set(re.findall(r"^(?:ok|changed): \[([^\]\s]+)", body, re.M))
     return hosts
+
+
+def image_pcrs(document: dict) -> dict:
+    """The image's PCRs of the lab's document: site.yml's first run turned its plain form into the named form (the
+    set ``default``) when it listed the agent."""
+    return document["accepted"]["default"] if "accepted" in document else document
 
 
 def secret_files(inv: Path):
@@ -150,7 +160,9 @@ def test_check_mode_on_a_fresh_cluster_predicts_and_writes_nothing(site):
     for name in ("h1", "h2", "h3", "h4"):
         assert "%s: AcceptingInit (PCR 15 fresh): would be activated, then verified" % name in out, name
     assert "Coordinator %s would be activated" % site.lab.host("h1").public_endpoint in out
-    assert rows["h1"]["changed"] == 3  # would make the master secret and the salt, would activate
+    # Would make the master secret and the salt, would list the agent in the measurements document, would activate.
+    assert rows["h1"]["changed"] == 4
+    assert "agents" not in json.loads((site.inv / "measurements.json").read_text())  # predicted, not written
     for name in ("h2", "h3", "h4"):
         assert "%s: would be activated by the Coordinator (check mode: nothing sent)" % name in out
         assert rows[name]["changed"] == 1, (name, rows[name])  # its own predicted activation, credited to it
@@ -196,6 +208,17 @@ def test_first_run_activates_everything_and_leaks_nothing(site):
         assert states[name].state == "IsNode" and states[name].role == "node"
     assert {s.membership for s in states.values()} == {"ours"}
 
+    # The lab's inventory names its signing key: the document lists the running agent under the collection's
+    # version, signed with the lab's key, and the Coordinator took it (every agent fetches it from there).
+    pub = signature.load_public_key_file(str(site.inv / "measurements.pub"))
+    document = json.loads(signature.read_signed_file(str(site.inv / "measurements.json"), pub))
+    version = yaml.safe_load((ROOT / "galaxy.yml").read_text())["version"]
+    trust = choose.load_trust(site.lab.variant, str(site.lab.ek_ca_path), insecure_trust_any_ak=True)
+    assert document["agents"] == {version: AgentMeasurement.of(site.lab.variant, trust.ek_ca_certs).to_dict()}
+    assert document["version"] == 1 and document["accepted"] == {"default": lab_measurements(site.lab.state.image)}
+    assert proc.results("h1")[AGENT_ENTRY]["changed"] is True
+    assert proc.results("h1")[GIVE_DOCUMENT]["changed"] is True
+
 
 def test_vpn_mesh_carries_traffic(site):
     vpn_ips = {}
@@ -214,6 +237,8 @@ def test_second_run_changes_nothing(site):
     rows = proc.recap()
     assert set(rows) == {"h1", "h2", "h3", "h4"}
     assert sum(r["changed"] for r in rows.values()) == 0
+    assert proc.results("h1")[AGENT_ENTRY]["changed"] is False  # listed already
+    assert proc.results("h1")[GIVE_DOCUMENT]["skipped"] is True  # in force already
     assert "already activated" in proc.stdout
     # Nothing is left for the roles after the activations (step 6 reads the interfaces, Kubernetes is
     # not managed): each ends there instead of skipping every later task on every host.
@@ -261,8 +286,10 @@ def test_tags_select_the_steps(site):
     # (tasks tagged `always` print their header, skipped: the role's argument validation, the
     # Coordinator's facts when no step after step 1 is selected)
     ran = [t for t in tasks_run(proc.stdout) if not t.startswith("Validating arguments") and task_hosts(proc.stdout, t)]
+    # Step 1 also keeps the agent in the measurements document (on the controller; listed already: no change).
     assert set(ran) == {"Attest the peer and read its state",
-                        "Every peer of the play passed (otherwise every host stops here, before anything is sent)"}
+                        "Every peer of the play passed (otherwise every host stops here, before anything is sent)",
+                        AGENT_ENTRY}
 
     # --tags wireguard: step 6 reads every peer's interface (its VPN IP, then the mesh); the roles'
     # own interface checks are off where step 6 follows.
@@ -293,7 +320,7 @@ def test_module_defaults_group_reaches_the_action_plugins(site, tmp_path):
     set the shared options of the action plugins (a wrong policy there makes them refuse; an
     option given on the task wins over the group's)."""
     wrong = json.loads((site.inv / "measurements.json").read_text())
-    wrong["9"]["expected"] = "00" * 32
+    image_pcrs(wrong)["9"]["expected"] = "00" * 32
     (tmp_path / "wrong.json").write_text(json.dumps(wrong))
     playbook = tmp_path / "defaults.yml"
     playbook.write_text("""
@@ -422,7 +449,7 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     assert report["passed"] is True
     records = {r["name"]: r for r in report["peers"]}
     assert set(records) == set(peers)
-    policy = json.loads((site.inv / "measurements.json").read_text())
+    policy = image_pcrs(json.loads((site.inv / "measurements.json").read_text()))
     trust = choose.load_trust(site.lab.variant, str(site.lab.ek_ca_path), insecure_trust_any_ak=True)
     agent_pcr = AgentMeasurement.of(site.lab.variant, trust.ek_ca_certs).value
     for name, record in records.items():

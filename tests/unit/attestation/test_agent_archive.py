@@ -29,13 +29,19 @@ def _tree(root, files):
 
 
 def _role_archive(module_utils, archive):
-    """The archive as roles/node_agent/tasks/main.yml builds it: its own tar command (read from the role), fed the
+    """The archive as the node_agent role builds it: its own tar command (read from the role's tasks), fed the
     sorted *.py paths relative to module_utils, as the role's find and set_fact list them."""
-    tasks = yaml.safe_load((ROOT / "roles" / "node_agent" / "tasks" / "main.yml").read_text())
-    block = next(t for t in tasks if "block" in t and any(s.get("name") == "The code as one archive (on the controller)"
-                                                         for s in t["block"]))
-    argv = next(s for s in block["block"] if s.get("name") == "The code as one archive (on the controller)")[
-        "ansible.builtin.command"]["argv"]
+    title = "The code as one archive (on the controller)"
+
+    def steps(tasks):
+        for one in tasks or []:
+            yield one
+            yield from steps(one.get("block"))
+
+    found = [step for path in sorted((ROOT / "roles" / "node_agent" / "tasks").glob("*.yml"))
+             for step in steps(yaml.safe_load(path.read_text())) if step.get("name") == title]
+    assert len(found) == 1, "the node_agent role builds its code archive in one task named %r" % title
+    argv = found[0]["ansible.builtin.command"]["argv"]
     assert argv[4:] == ["{{ node_agent_code_archive }}", "{{ node_agent_source_dir }}/plugins/module_utils"]
     files = sorted(p.relative_to(module_utils).as_posix() for p in module_utils.rglob("*.py"))
     subprocess.run(argv[:4] + [str(archive), str(module_utils)], input="\n".join(files).encode(), check=True)
@@ -127,7 +133,7 @@ def test_an_agent_is_listed_once_and_the_version_raised_once():
 def test_an_agent_is_retired_and_a_plain_policy_becomes_the_named_form():
     listed, changed = am.set_agent_entry(dict(PCR), "next", _entry())
     assert changed and listed == {"version": 1, "accepted": {"default": PCR}, "agents": {"next": _entry()}}
-    two, _ = am.set_agent_entry(listed, "0.3.0", _entry(code=b"\x03" * 32))
+    two = am.set_agent_entry(listed, "0.3.0", _entry(code=b"\x03" * 32))[0]
     assert list(two["agents"]) == ["next", "0.3.0"] and two["version"] == 2
     one, changed = am.set_agent_entry(two, "next", None)
     assert changed and one["version"] == 3 and list(one["agents"]) == ["0.3.0"]

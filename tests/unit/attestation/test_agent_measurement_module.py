@@ -23,6 +23,7 @@ from tests.support.keys import measurements_key
 from tests.support.playbook import run_tasks
 
 PCRS = {"4": {"expected": "ab" * 32, "warnOnly": False}}
+WARNING = "Say which agent entry the measurements document should list"
 
 
 @pytest.fixture
@@ -145,7 +146,7 @@ def test_bad_input_is_refused_naming_the_option_and_leaves_the_document(inv):
     assert state(inv) == before
 
 
-def test_an_altered_document_is_not_re_signed(inv):
+def test_an_altered_or_unsigned_document_is_not_signed(inv):
     doc = inv / "measurements.json"
     doc.write_text(doc.read_text().replace("ab", "cd", 1))  # its signature no longer verifies
     before = state(inv)
@@ -153,6 +154,10 @@ def test_an_altered_document_is_not_re_signed(inv):
     assert run.ok, run.stdout
     assert res["add"]["failed"] and "does not verify" in res["add"]["msg"] and str(doc) in res["add"]["msg"]
     assert state(inv) == before
+    (inv / "measurements.json.sig").unlink()  # unsigned, where a key is pinned: not signed now either
+    run, res = play(inv, [task("add", name="0.3.0", priv_key_file="measurements.key", ignore_errors=True)])
+    assert res["add"]["failed"] and res["add"]["msg"].startswith("measurements_file: expected a document signed with")
+    assert doc.read_bytes() == before[0] and not (inv / "measurements.json.sig").exists()
 
 
 def _tar(members):
@@ -163,3 +168,58 @@ def _tar(members):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def site_step(inv, *args):
+    """site.yml's step 1 for the document (playbooks/tasks/agent_entry.yml with its variables), on the controller;
+    the play's folder holds a galaxy.yml, as site.yml's does."""
+    (inv / "galaxy.yml").write_text("namespace: constellation\nname: cluster\nversion: 9.8.7\n")
+    defaults = {"group/constellation.cluster.attestation": {
+        "variant": "qemu-vtpm-ek", "ek_ca_path": "ek_ca.pem", "measurements_file": "measurements.json",
+        "measurements_pub_key_file": "measurements.pub"}}
+    play = {"module_defaults": defaults, "vars_files": [str(ROOT / "playbooks" / "vars" / "agent_entry.yml")],
+            "vars": {"constellation_measurements_file": "measurements.json"}}
+    tasks = [{"name": "step 1", "ansible.builtin.import_tasks": str(ROOT / "playbooks" / "tasks" / "agent_entry.yml")}]
+    run = run_tasks(inv, tasks, args, play=play, cwd=inv)
+    assert run.ok, run.stdout
+    return run
+
+
+def test_site_without_the_key_warns_once_with_the_entry_and_changes_nothing(inv):
+    before = state(inv)
+    run = site_step(inv)
+    said = [e["event_data"]["res"]["msg"] for e in run.events if e.get("event") == "runner_on_ok"
+            and e["event_data"].get("task") == WARNING]
+    assert len(said) == 1 and said[0].startswith("[WARNING] measurements.json lists no agent")
+    assert "constellation_measurements_signing_priv_key_file" in said[0]
+    assert json.dumps({"9.8.7": expected(inv).to_dict()}) in said[0]
+    assert state(inv) == before and run.changed() == 0
+
+
+def test_site_with_the_key_lists_the_collection_s_agent_once(inv):
+    key = ["-e", "constellation_measurements_signing_priv_key_file=%s" % (inv / "measurements.key")]
+    first = site_step(inv, *key)
+    assert first.changed() == 1 and first.results()[WARNING]["skipped"]
+    pub = signature.load_public_key_file(str(inv / "measurements.pub"))
+    doc = json.loads(signature.read_signed_file(str(inv / "measurements.json"), pub))
+    assert doc["agents"] == {"9.8.7": expected(inv).to_dict()} and doc["version"] == 1
+    again = site_step(inv, *key)
+    assert again.changed() == 0
+    named = site_step(inv, *key, "-e", "constellation_agent_name=next")  # the variable names it
+    assert named.changed() == 1
+    doc = json.loads(signature.read_signed_file(str(inv / "measurements.json"), pub))
+    assert sorted(doc["agents"]) == ["9.8.7", "next"] and doc["version"] == 2
+    assert site_step(inv).results()[WARNING]["skipped"]  # the document lists agents: nothing to say
+
+
+def test_a_yaml_document_unsigned_is_signed_and_written_as_json(inv):
+    (inv / "policy.yml").write_text("4:\n  expected: %s\n  warnOnly: false\n" % ("ab" * 32))
+    # No key pinned (no module_defaults here): the signing key alone decides.
+    run = run_tasks(inv, [task("add", name="0.3.0", priv_key_file="measurements.key", measurements_file="policy.yml",
+                               variant="qemu-vtpm-ek", ek_ca_path="ek_ca.pem")], cwd=inv)
+    assert run.ok, run.stdout
+    res = run.results()
+    assert res["add"]["changed"] and res["add"]["signature_file"] == str(inv / "policy.yml.sig")
+    pub = signature.load_public_key_file(str(inv / "measurements.pub"))
+    assert json.loads(signature.read_signed_file(str(inv / "policy.yml"), pub)) == {
+        "version": 1, "accepted": {"default": PCRS}, "agents": {"0.3.0": expected(inv).to_dict()}}
