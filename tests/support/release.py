@@ -25,27 +25,28 @@ class NoRelease(RuntimeError):
     """No previous release can be found."""
 
 
-def _git(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(ROOT)] + list(args), capture_output=True, check=check)
+def _git(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root)] + list(args), capture_output=True, check=check)
 
 
-def _commit(ref: str) -> Optional[str]:
-    proc = _git("rev-parse", "--verify", "--quiet", "%s^{commit}" % ref, check=False)
+def _commit(root: Path, ref: str) -> Optional[str]:
+    proc = _git(root, "rev-parse", "--verify", "--quiet", "%s^{commit}" % ref, check=False)
     return proc.stdout.decode().strip() or None
 
 
-def previous_release() -> str:
-    """The previous release's commit (a full hash); NoRelease with what was tried when there is none."""
+def previous_release(root: Path = ROOT) -> str:
+    """The previous release's commit in the repository ``root`` (a full hash); NoRelease with what was tried
+    when there is none."""
     ref = os.environ.get(ENV, "").strip()
     if ref:
-        commit = _commit(ref)
+        commit = _commit(root, ref)
         if commit is None:
             raise NoRelease("%s=%s: expected a git ref of this repository (a tag, branch or commit)" % (ENV, ref))
         return commit
-    tag = _git("describe", "--tags", "--abbrev=0", "--match", "v*", "HEAD", check=False).stdout.decode().strip()
+    tag = _git(root, "describe", "--tags", "--abbrev=0", "--match", "v*", "HEAD", check=False).stdout.decode().strip()
     if tag:
-        return _commit(tag) or ""
-    blame = _git("blame", "--porcelain", "-L", "/^version:/,+1", "HEAD", "--", "galaxy.yml", check=False)
+        return _commit(root, tag) or ""
+    blame = _git(root, "blame", "--porcelain", "-L", "/^version:/,+1", "HEAD", "--", "galaxy.yml", check=False)
     first = blame.stdout.decode().split(" ", 1)[0] if blame.returncode == 0 else ""
     if len(first) == 40 and first.strip("0"):
         return first
@@ -53,13 +54,13 @@ def previous_release() -> str:
                     "commit (%s); set %s to a git ref" % (blame.stderr.decode().strip() or "not committed", ENV))
 
 
-def export(ref: str, dest: Path) -> Path:
+def export(ref: str, dest: Path, root: Path = ROOT) -> Path:
     """The tree of ``ref`` at ``dest`` (``git archive``: tracked files only), with the link scripts/setup.sh makes
     (``collections/ansible_collections/constellation/cluster`` -> the tree) so that its ansible.cfg finds its
     own collection."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=_git("archive", "--format=tar", ref).stdout, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=_git(root, "archive", "--format=tar", ref).stdout, check=True)
     link = dest / "collections" / "ansible_collections" / "constellation" / "cluster"
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.is_symlink():
