@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "collections"), str(Path(__file__).resolve().parents[1])]
 
 from lab.agent import agent_dir  # noqa: E402
-from tests.support.release import agent_archive, next_release  # noqa: E402
+from tests.support.release import agent_archive, next_release, upgrade_documents  # noqa: E402
 from lab.image import LAB_IMAGE, lab_measurements  # noqa: E402
 from lab.lab import Lab  # noqa: E402
 from tests.support import ROOT, VENV_BIN  # noqa: E402
@@ -82,10 +82,10 @@ def agent_upgrade(lab: Lab, tmp: Path, hosts: int) -> tuple:
     sha256 = agent_archive(nxt / "plugins" / "module_utils", archive)
     old = AgentMeasurement(code_digest(str(ROOT / "plugins" / "module_utils")), config).to_dict()
     new = AgentMeasurement(code_digest(str(nxt / "plugins" / "module_utils")), config).to_dict()
-    accepted = {"default": lab_measurements(LAB_IMAGE)}
-    upgrade = signed(lab, tmp / ("upgrade%d.json" % hosts),
-                     {"version": 1, "accepted": accepted, "agents": {"current": old, "next": new}})
-    retire = signed(lab, tmp / ("retire%d.json" % hosts), {"version": 2, "accepted": accepted, "agents": {"next": new}})
+    in_force = json.loads((Path(lab.inventory_dir) / "measurements.json").read_text())  # as site.yml left it
+    _running, both, retired = upgrade_documents(in_force, old, new, lab_measurements(LAB_IMAGE))
+    upgrade = signed(lab, tmp / ("upgrade%d.json" % hosts), both)
+    retire = signed(lab, tmp / ("retire%d.json" % hosts), retired)
     return upgrade, retire, {"constellation_upgrade_agent": "next", "constellation_agent_archive": str(archive),
                              "constellation_agent_archive_sha256": sha256}
 

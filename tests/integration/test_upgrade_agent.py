@@ -27,7 +27,8 @@ from tests.support import ROOT, VENV_BIN
 from tests.support.cluster import LabCluster
 from tests.support.pings import pinged, silent_pairs, windows
 from tests.support.playbook import run_playbook
-from tests.support.release import NEXT_FILE, NEXT_LINE, agent_archive, export, next_release, previous_release
+from tests.support.release import (NEXT_FILE, NEXT_LINE, agent_archive, export, next_release, previous_release,
+                                   upgrade_documents)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
     AgentMeasurement, code_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import parse_policy
@@ -107,16 +108,10 @@ def upgrade(tmp_path_factory):
         # The document in force after site.yml (a release whose first run lists its agent raised its version),
         # then the upgrade's: the running agent and the next one; then the next one alone.
         in_force = json.loads((inv / "measurements.json").read_text())
-        version = in_force.get("version", 0) if "accepted" in in_force else 0
-        accepted = in_force["accepted"] if "accepted" in in_force else {"default": lab_measurements(LAB_IMAGE)}
-        running = {name: entry for name, entry in in_force.get("agents", {}).items() if entry["value"] == old.value.hex()}
-        made.running = sorted(running) or ["previous"]
-        both = {"version": version + 1, "accepted": accepted,
-                "agents": dict(running or {"previous": old.to_dict()}, next=new.to_dict())}
+        made.running, both, retire = upgrade_documents(in_force, old.to_dict(), new.to_dict(), lab_measurements(LAB_IMAGE))
         made.upgrade_doc = made.document("upgrade", both)
-        made.retire_version = version + 2
-        made.retire_doc = made.document("retire", {"version": made.retire_version, "accepted": accepted,
-                                                   "agents": {"next": new.to_dict()}})
+        made.retire_version = retire["version"]
+        made.retire_doc = made.document("retire", retire)
         made.policy = parse_policy(both)
         made.archive = base / "agent-next.tar.gz"
         made.archive_sha256 = agent_archive(nxt / "plugins" / "module_utils", made.archive)

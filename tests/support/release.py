@@ -102,3 +102,18 @@ def agent_archive(code: Path, dest: Path) -> str:
             tar.add(str(path), arcname=str(path.relative_to(code)))
     Path(dest).write_bytes(gzip.compress(buf.getvalue(), mtime=0))
     return hashlib.sha256(Path(dest).read_bytes()).hexdigest()
+
+
+def upgrade_documents(in_force: dict, old: dict, new: dict, default_set: dict) -> tuple:
+    """The agent upgrade's two documents from the one in force (``in_force``; ``default_set``: its set where it is
+    a plain policy): the running agent (its entry there, by the value of ``old``, else ``old`` named "previous")
+    beside ``new`` named "next", its version raised; then "next" alone, raised again. Returns (the running agent's
+    names, the upgrade document, the retirement's)."""
+    named = "accepted" in in_force
+    version = in_force.get("version", 0) if named else 0
+    accepted = in_force["accepted"] if named else {"default": default_set}
+    running = {name: entry for name, entry in in_force.get("agents", {}).items() if entry["value"] == old["value"]}
+    running = running or {"previous": old}
+    upgrade = {"version": version + 1, "accepted": accepted, "agents": dict(running, next=new)}
+    retire = {"version": version + 2, "accepted": accepted, "agents": {"next": new}}
+    return sorted(running), upgrade, retire
