@@ -1,5 +1,8 @@
 """A rolling image upgrade (playbooks/upgrade_image.yml) on a lab of N hosts (``--hosts 4,16``): the roll's
 time beside a site.yml second run on the same lab, and the longest ping gap seen during the roll.
+``--upgrade agent``: the same for an agent upgrade (playbooks/upgrade_agent.yml): every host runs the checkout's
+agent installed on it, the new agent is that code with one line more (tests/support/release.py), the reboot is
+`lab reboot` and the old agent is retired.
 
 Per lab: site.yml (first run, activation), a site.yml second run (the baseline), then upgrade_image.yml with
 both images' sets, `lab reimage` as the reboot and the old set retired, while every host pings the next one over
@@ -24,6 +27,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "collections"), str(Path(__file__).resolve().parents[1])]
 
 from lab.agent import agent_dir  # noqa: E402
+from tests.support.release import agent_archive, next_release, upgrade_documents  # noqa: E402
 from lab.image import LAB_IMAGE, lab_measurements  # noqa: E402
 from lab.lab import Lab  # noqa: E402
 from tests.support import ROOT, VENV_BIN  # noqa: E402
@@ -65,7 +69,28 @@ def gaps(times, windows, a, b):
     return others, rebooting
 
 
-def measure(hosts: int, tmp: Path) -> dict:
+def agent_upgrade(lab: Lab, tmp: Path, hosts: int) -> tuple:
+    """The agent upgrade's documents (the running agent and the next one; the next one alone) and its extra vars."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
+        AgentMeasurement, code_digest)
+
+    measured = [json.loads(line) for line in (agent_dir(lab.hosts[0]) / "agent.log").read_text().splitlines()
+                if '"event": "agent_measured"' in line][-1]
+    config = bytes.fromhex(measured["agent_config"])
+    nxt = next_release(tmp / ("next%d" % hosts))
+    archive = tmp / ("agent-next%d.tar.gz" % hosts)
+    sha256 = agent_archive(nxt / "plugins" / "module_utils", archive)
+    old = AgentMeasurement(code_digest(str(ROOT / "plugins" / "module_utils")), config).to_dict()
+    new = AgentMeasurement(code_digest(str(nxt / "plugins" / "module_utils")), config).to_dict()
+    in_force = json.loads((Path(lab.inventory_dir) / "measurements.json").read_text())  # as site.yml left it
+    _running, both, retired = upgrade_documents(in_force, old, new, lab_measurements(LAB_IMAGE))
+    upgrade = signed(lab, tmp / ("upgrade%d.json" % hosts), both)
+    retire = signed(lab, tmp / ("retire%d.json" % hosts), retired)
+    return upgrade, retire, {"constellation_upgrade_agent": "next", "constellation_agent_archive": str(archive),
+                             "constellation_agent_archive_sha256": sha256}
+
+
+def measure(hosts: int, tmp: Path, what: str = "image") -> dict:
     inv = tmp / ("inv%d" % hosts)
     lab = Lab("bupg", inventory_dir=inv)
     try:
@@ -77,16 +102,24 @@ def measure(hosts: int, tmp: Path) -> dict:
             doc["reattest_interval"] = REATTEST_INTERVAL
             doc["reattest_unreachable_limit"] = 60
             config.write_text(json.dumps(doc, indent=2))
+            if what == "agent":  # the checkout's agent, installed on the host: an upgrade replaces it
+                lab.install_agent(h.name, ROOT)
             lab.reimage(h.name, LAB_IMAGE)
         first = play(inv, ROOT / "site.yml")[0]
         second, second_changed = play(inv, ROOT / "site.yml")
-        upgrade = signed(lab, tmp / ("upgrade%d.json" % hosts),
-                         {"version": 1, "accepted": {"v1": lab_measurements(LAB_IMAGE), "v2": lab_measurements(NEXT_IMAGE)}})
-        retire = signed(lab, tmp / ("retire%d.json" % hosts), {"version": 2, "accepted": {"v2": lab_measurements(NEXT_IMAGE)}})
+        if what == "agent":
+            upgrade, retire, options = agent_upgrade(lab, tmp, hosts)
+            playbook, lab_reboot = ROOT / "playbooks" / "upgrade_agent.yml", "reboot {{ inventory_hostname }}"
+        else:
+            upgrade = signed(lab, tmp / ("upgrade%d.json" % hosts),
+                             {"version": 1, "accepted": {"v1": lab_measurements(LAB_IMAGE), "v2": lab_measurements(NEXT_IMAGE)}})
+            retire = signed(lab, tmp / ("retire%d.json" % hosts), {"version": 2, "accepted": {"v2": lab_measurements(NEXT_IMAGE)}})
+            options = {"constellation_upgrade_set": "v2"}
+            playbook, lab_reboot = ROOT / "playbooks" / "upgrade_image.yml", "reimage {{ inventory_hostname }} --image " + NEXT_IMAGE
         windows_file = tmp / ("windows%d.tsv" % hosts)
         reboot = ("sh -c 'echo {{ inventory_hostname }} $(date +%%s.%%N) >> %s; env PYTHONPATH=%s:%s %s -m lab --name bupg "
-                  "reimage {{ inventory_hostname }} --image %s; echo {{ inventory_hostname }} $(date +%%s.%%N) >> %s'"
-                  % (windows_file, ROOT, ROOT / "collections", VENV_BIN / "python", NEXT_IMAGE, windows_file))
+                  "%s; echo {{ inventory_hostname }} $(date +%%s.%%N) >> %s'"
+                  % (windows_file, ROOT, ROOT / "collections", VENV_BIN / "python", lab_reboot, windows_file))
         vpn_ips = {}
         for h in lab.hosts:
             out = h.run(["ip", "-4", "-o", "addr", "show", "wg0"], check=False).stdout
@@ -94,8 +127,8 @@ def measure(hosts: int, tmp: Path) -> dict:
             vpn_ips[h.name] = match.group(1) if match else None
         names = [h.name for h in lab.hosts]
         pairs = [(names[i], names[(i + 1) % len(names)]) for i in range(len(names))]
-        extra = json.dumps({"constellation_upgrade_measurements_file": upgrade, "constellation_upgrade_set": "v2",
-                            "constellation_retire_measurements_file": retire, "constellation_upgrade_reboot_command": reboot})
+        extra = json.dumps(dict(options, constellation_upgrade_measurements_file=upgrade,
+                                constellation_retire_measurements_file=retire, constellation_upgrade_reboot_command=reboot))
         procs, files = {}, {}
         for a, b in pairs:
             files[(a, b)] = tmp / ("ping-%d-%s-%s.log" % (hosts, a, b))
@@ -103,14 +136,12 @@ def measure(hosts: int, tmp: Path) -> dict:
                 procs[(a, b)] = lab.host(a).popen(["ping", "-D", "-n", "-i", "0.2", vpn_ips[b]], stdout=handle,
                                                   stderr=subprocess.STDOUT)
         try:
-            roll, roll_changed = play(inv, ROOT / "playbooks" / "upgrade_image.yml",
-                                      "-e", extra)
+            roll, roll_changed = play(inv, playbook, "-e", extra)
         finally:
             for proc in procs.values():
                 proc.terminate()
                 proc.wait(timeout=5)
-        again, again_changed = play(inv, ROOT / "playbooks" / "upgrade_image.yml",
-                                    "-e", extra)
+        again, again_changed = play(inv, playbook, "-e", extra)
         marks = {}
         for line in windows_file.read_text().split("\n"):
             if line.strip():
@@ -124,7 +155,7 @@ def measure(hosts: int, tmp: Path) -> dict:
             gap_others, gap_rebooting = max(gap_others, others), max(gap_rebooting, rebooting)
     finally:
         lab.down()
-    return {"hosts": hosts, "site_first_run_s": round(first, 2), "site_second_run_s": round(second, 2),
+    return {"upgrade": what, "hosts": hosts, "site_first_run_s": round(first, 2), "site_second_run_s": round(second, 2),
             "site_second_run_changed": second_changed, "upgrade_s": round(roll, 2), "upgrade_changed": roll_changed,
             "upgrade_per_host_s": round(roll / hosts, 2), "upgrade_second_run_s": round(again, 2),
             "upgrade_second_run_changed": again_changed, "ping_gap_others_s": round(gap_others, 2),
@@ -136,6 +167,8 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="4,16", help="lab sizes, comma-separated (default %(default)s)")
+    parser.add_argument("--upgrade", default="image", choices=("image", "agent"),
+                        help="what rolls: the node image (upgrade_image.yml) or the agent (upgrade_agent.yml)")
     args = parser.parse_args()
     sizes = [int(n) for n in args.hosts.split(",")]
     if not all(2 <= n <= 32 for n in sizes):
@@ -144,7 +177,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-upgrade-") as tmp:
         for hosts in sizes:
-            rows.append(measure(hosts, Path(tmp)))
+            rows.append(measure(hosts, Path(tmp), args.upgrade))
     print("%-6s %12s %12s %12s %14s %14s" % ("hosts", "upgrade s", "per host s", "site 2nd s", "gap others s",
                                              "gap rebooting s"))
     for row in rows:

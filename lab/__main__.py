@@ -1,4 +1,4 @@
-"""python -m lab {up,grow,down,status,tamper,reimage,foreign-tpm,exec,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
+"""python -m lab {up,grow,down,status,tamper,reimage,reboot,foreign-tpm,exec,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def main(argv=None) -> int:
     r = sub.add_parser("reimage", help="reboot HOST into another image (its PCRs 4, 9, 11 measure NAME)")
     r.add_argument("host")
     r.add_argument("--image", required=True, help="the image name (lab.image.lab_measurements(NAME) is its policy)")
+    rb = sub.add_parser("reboot", help="reboot HOST into the image it booted last; its agent starts again from "
+                                       "the code installed on it")
+    rb.add_argument("host")
     f = sub.add_parser("foreign-tpm", help="give HOST a TPM whose EK certificate comes from another CA")
     f.add_argument("host")
     e = sub.add_parser("exec", help="run a command inside HOST (or 'admin')")
@@ -63,6 +66,9 @@ def main(argv=None) -> int:
         elif args.cmd == "reimage":
             lab.reimage(args.host, args.image)
             print("lab %s: %s rebooted into image %s" % (lab.name, args.host, args.image))
+        elif args.cmd == "reboot":
+            lab.reboot(args.host)
+            print("lab %s: %s rebooted" % (lab.name, args.host))
         elif args.cmd == "foreign-tpm":
             lab.foreign_tpm(args.host)
             print("lab %s: %s has a TPM of another vendor (EK certificate of another CA)" % (lab.name, args.host))

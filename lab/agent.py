@@ -6,6 +6,9 @@
 The config is written to ``<host dir>/agent/config.json``; the agent runs inside the host's
 network and mount namespaces (``h.popen``), with its swtpm's TCTI and the lab image's policy.
 Its JSON log goes to ``<host dir>/agent/agent.log``.
+
+A host runs the checkout's agent, or the copy installed on it (``install_agent``: ``<host dir>/install``,
+the node_agent role's layout), which a reboot (``Lab.reboot``) starts again: an agent upgrade replaces that copy.
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ def start_agent(lab: AgentLab, host: Host, wait: bool = True, kill_after_event: 
     """Starts the agent on host (config keys as docs/agent.md); waits until its port answers.
     ``kill_after_event``: fault tests only; the agent dies (as under SIGKILL) right after it logs it.
     ``agent_root``: run another copy of the agent (``bin/constellation-agent`` and ``collections/``
-    under it, as ``copy_agent`` makes) instead of the checkout's."""
+    under it, as ``copy_agent`` makes) instead of the checkout's; by default the host's installed one
+    (``install_agent``), if any."""
     return launch_agent(lab, host, write_config(lab, host, trust, **config), wait, kill_after_event, agent_root)
 
 
@@ -127,7 +131,11 @@ def launch_agent(lab: AgentLab, host: Host, path: Path, wait: bool = True, kill_
     # on): a simulated host shares the machine's cores with every other one, and a Go runtime that
     # believes it owns them all keeps idle threads spinning for work - at 64 hosts that was the
     # largest CPU cost of an activation (bench/activation.py).
-    env = ["env", "PYTHONPATH=%s:%s" % (REPO_ROOT / "collections", REPO_ROOT), "TSS2_LOG=all+none", "GOMAXPROCS=1"]
+    # Another copy runs with its own collection only: the collection's packages are namespace packages, so a
+    # module that copy lacks would otherwise be imported from the checkout's, behind its back.
+    agent_root = agent_root or installed_agent(host)
+    pythonpath = "%s:%s" % (REPO_ROOT / "collections", REPO_ROOT) if agent_root is None else Path(agent_root) / "collections"
+    env = ["env", "PYTHONPATH=%s" % pythonpath, "TSS2_LOG=all+none", "GOMAXPROCS=1"]
     if kill_after_event:
         env.append("CONSTELLATION_AGENT_TEST_KILL_AFTER_EVENT=%s" % kill_after_event)
     program = Path(agent_root or REPO_ROOT) / "bin" / "constellation-agent"
@@ -139,17 +147,51 @@ def launch_agent(lab: AgentLab, host: Host, path: Path, wait: bool = True, kill_
     return proc
 
 
-def copy_agent(dest: Path) -> Path:
-    """A copy of the checkout's agent (its program and the collection's module_utils) at ``dest``, for a test
-    that changes it; ``start_agent(agent_root=dest)`` runs it."""
+CODE_DIR = Path("collections") / "ansible_collections" / "constellation" / "cluster" / "plugins" / "module_utils"
+
+
+def copy_agent(dest: Path, source: Path = REPO_ROOT) -> Path:
+    """A copy of the agent of ``source`` (a checkout or an exported release: its program and the collection's
+    module_utils) at ``dest``, for a test that changes it; ``start_agent(agent_root=dest)`` runs it."""
     import shutil
 
+    dest, source = Path(dest), Path(source)
     (dest / "bin").mkdir(parents=True, exist_ok=True)
-    shutil.copy2(str(REPO_ROOT / "bin" / "constellation-agent"), str(dest / "bin" / "constellation-agent"))
-    shutil.copytree(str(REPO_ROOT / "plugins" / "module_utils"),
-                    str(dest / "collections" / "ansible_collections" / "constellation" / "cluster" / "plugins" / "module_utils"),
+    shutil.copy2(str(source / "bin" / "constellation-agent"), str(dest / "bin" / "constellation-agent"))
+    shutil.copytree(str(source / "plugins" / "module_utils"), str(dest / CODE_DIR),
                     ignore=shutil.ignore_patterns("__pycache__"))
     return dest
+
+
+def install_dir(host: Host) -> Path:
+    """Where the host's installed agent lives (the node_agent role's node_agent_install_dir on a real host)."""
+    return Path(host.dir) / "install"
+
+
+def installed_agent(host: Host) -> Optional[Path]:
+    """The host's installed agent (``install_agent``), or None: it runs the checkout's."""
+    root = install_dir(host)
+    return root if (root / "bin" / "constellation-agent").exists() else None
+
+
+def install_agent(host: Host, source: Path = REPO_ROOT) -> Path:
+    """Installs the agent of ``source`` on the host (made beside, then swapped in whole); its next start, and
+    every reboot, runs that copy. A running agent keeps running the code it loaded."""
+    import shutil
+
+    root = install_dir(host)
+    new = root.parent / (root.name + ".new")
+    shutil.rmtree(str(new), ignore_errors=True)
+    copy_agent(new, source)
+    if root.exists():
+        old = root.parent / (root.name + ".old")
+        shutil.rmtree(str(old), ignore_errors=True)
+        root.rename(old)
+        new.rename(root)
+        shutil.rmtree(str(old), ignore_errors=True)
+    else:
+        new.rename(root)
+    return root
 
 
 def wait_listening(host: Host, proc: Optional[subprocess.Popen] = None, timeout: float = 20.0) -> None:

@@ -49,6 +49,8 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
             "constellation_public_ip": h.public_ip,
             "constellation_public_endpoint": h.public_endpoint,
             "constellation_tpm_tcti": h.tcti,
+            # Where the host's installed agent lives (lab/agent.py's install_dir): upgrade_agent.yml replaces it.
+            "node_agent_install_dir": str(h.dir / "install"),
         }
         local_vars[h.name] = dict(host_vars[h.name], ansible_connection="local",
                                   ansible_shell_executable=str(shell), ansible_python_interpreter=python[0])

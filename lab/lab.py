@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from lab import network, tpms
-from lab.agent import agent_dir, launch_agent, start_agent
+from lab.agent import agent_dir, install_agent, launch_agent, start_agent
 from lab.etcd import Etcd, tmpfs_dir
 from lab.image import LAB_IMAGE
 from lab.inventory import local_inventory_path, write_inventory
@@ -251,7 +251,8 @@ class Lab:
     def reimage(self, name: str, image: str) -> None:
         """A reboot of the host's machine into another image (its boot chain measures ``image`` into PCRs 4, 9,
         11: image.lab_measurements(image) is its policy). A running lab agent is stopped before and started after,
-        as the machine's init would, with the configuration it had (a test's agent included)."""
+        as the machine's init would, with the configuration it had (a test's agent included) and from the code
+        installed on the host (``install_agent``; the checkout's where none is)."""
         if not image or "/" in image:
             raise LabError("image: expected an image name, got %r" % image)
         h = self.host(name)
@@ -264,6 +265,17 @@ class Lab:
         tpms.reboot(h, image, self.trust, self.host_python())
         if agent_pids:
             launch_agent(self, h, agent_dir(h) / "config.json")
+
+    def reboot(self, name: str) -> None:
+        """A reboot of the host's machine into the image it booted last: what an agent upgrade needs (PCR 13
+        returns to zero only at a reboot, docs/site.md, "Upgrade the agent"). The agent is stopped, the TPM
+        rebooted, and the agent started again from the host's installed code with its configuration."""
+        self.reimage(name, self.state.image_of(name))
+
+    def install_agent(self, name: str, source: Path = REPO_ROOT) -> Path:
+        """Installs the agent of ``source`` (a checkout or an exported release) on the host: its next start and
+        every reboot run that copy (lab/agent.py's install_agent)."""
+        return install_agent(self.host(name), Path(source))
 
     def tamper(self, name: str, pcr: int = 9) -> None:
         """Stands for a modified host: its boot chain measured something else."""

@@ -15,11 +15,7 @@ go. A second run changes nothing. A host booted into a third, unlisted image is 
 from __future__ import annotations
 
 import base64
-import itertools
 import json
-import re
-import subprocess
-import time
 
 import pytest
 from lab.agent import agent_dir, start_agent
@@ -27,6 +23,7 @@ from lab.image import LAB_IMAGE, lab_measurements
 from lab import tpms
 from tests.support import ROOT, VENV_BIN
 from tests.support.cluster import LabCluster, lab_cluster
+from tests.support.pings import pinged, silent_pairs, windows
 from tests.support.playbook import run_playbook
 from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
@@ -97,30 +94,6 @@ def _doc(version, *names):
     return {"version": version, "accepted": {n: lab_measurements(images[n]) for n in names}}
 
 
-class Pings:
-    """One `ping` per pair of hosts over the VPN (from the lower to the higher), kept running; replies are read
-    from their output afterwards (-D: a timestamp per reply)."""
-
-    def __init__(self, cluster: Upgrade, vpn_ips: dict):
-        self.procs = {}
-        self.files = {}
-        for a, b in itertools.combinations(HOSTS, 2):
-            out = cluster.lab.state_dir / ("ping-%s-%s.log" % (a, b))
-            self.files[(a, b)] = out
-            with open(out, "wb") as handle:
-                self.procs[(a, b)] = cluster.hosts[a].popen(["ping", "-D", "-n", "-i", "0.2", vpn_ips[b]],
-                                                            stdout=handle, stderr=subprocess.STDOUT)
-
-    def stop(self) -> dict:
-        for proc in self.procs.values():
-            proc.terminate()
-            proc.wait(timeout=5)
-        replies = {}
-        for pair, path in self.files.items():
-            replies[pair] = [float(m) for m in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", path.read_text(), re.M)]
-        return replies
-
-
 @pytest.fixture(scope="module")
 def upgrade(tmp_path_factory):
     with lab_cluster("timg", 4, Upgrade, variant="qemu-vtpm") as cluster:
@@ -161,28 +134,15 @@ def test_the_playbook_rolls_every_host_onto_the_next_image_without_downtime(upgr
     assert all(upgrade.sealed_sets(n) == ["booted"] for n in HOSTS)
     assert _images(upgrade) == [LAB_IMAGE] * 4  # nothing rebooted
 
-    pings = Pings(upgrade, vpn_ips)
-    try:
-        run = upgrade.play()
-        time.sleep(1.0)
-    finally:
-        replies = pings.stop()
+    run, replies = pinged(upgrade, vpn_ips, upgrade.play)
     assert run.ok, run.stdout[-5000:]
-    windows = {}  # when each host's reboot command ran, from the run's events
-    for event in run.events:
-        data = event.get("event_data") or {}
-        if data.get("task") == "Reboot with the environment's command (on the controller)" and \
-                event.get("event") == "runner_on_ok":
-            windows[data["host"]] = (_ts(data["start"]), _ts(data["end"]))
-    assert sorted(windows) == sorted(HOSTS), windows
+    # When each host's reboot command ran, from the run's events.
+    reboots = windows(run, "Reboot with the environment's command (on the controller)")
+    assert sorted(reboots) == sorted(HOSTS), reboots
 
     assert upgrade.state("h1")["evicted"] == []  # nobody was evicted during the roll
     assert upgrade.snapshot(*HOSTS) == before  # VPN IPs, WireGuard keys and disk keys kept
-    for (a, b), times in replies.items():
-        assert times, "no reply at all between %s and %s" % (a, b)
-        for name, (start, end) in windows.items():
-            if name not in (a, b):  # pairs that do not involve the rebooting host kept answering
-                assert any(start <= t <= end for t in times), "%s-%s did not answer while %s rebooted" % (a, b, name)
+    assert silent_pairs(replies, reboots) == []  # pairs that do not involve the rebooting host kept answering
     assert _images(upgrade) == [NEXT_IMAGE] * 4
     # The old set is retired: every agent holds the new document and dropped the key blob sealed to v1.
     for name in HOSTS:
@@ -209,10 +169,3 @@ def _images(upgrade: Upgrade) -> list:
 
     state = LabState.load(upgrade.lab.state_dir)
     return [state.image_of(n) for n in HOSTS]
-
-
-def _ts(text: str) -> float:
-    """An ansible-runner event time (ISO, local) as a Unix time."""
-    import datetime
-
-    return datetime.datetime.fromisoformat(text).timestamp()

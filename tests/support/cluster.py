@@ -29,6 +29,9 @@ _C = TypeVar("_C", bound="LabCluster")
 
 
 class LabCluster:
+    # The policy the admin's client attests against (None: the lab image's); a subclass may accept more.
+    policy = None
+
     def __init__(self, lab: Lab):
         self.lab = lab
         self.hosts = {h.name: h for h in lab.hosts}
@@ -61,7 +64,7 @@ class LabCluster:
         from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy
 
         h = self.hosts[name]
-        policy = coordinator_policy(Measurements.from_dict(lab_measurements()))
+        policy = coordinator_policy(self.policy or Measurements.from_dict(lab_measurements()))
         if self.lab.variant == "qemu-vtpm-ek":
             if self._ek_trust is None:  # one registry of enrolled AKs for this admin
                 self._ek_trust = choose.load_trust("qemu-vtpm-ek", str(self.lab.ek_ca_path))
