@@ -42,7 +42,7 @@ MEASURED_CONFIG_VERSION = 1
 _MODULE_UTILS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CACHE: Dict[str, bytes] = {}
 # The name of the agent a validator accepts where the measurements document lists no ``agents``: its own value.
-OWN_AGENT = "self"
+OWN_AGENT = "self"  # measurements.RESERVED_AGENT_NAME: no document entry may take it
 AGENT_LABEL = "the agent"
 
 
@@ -280,16 +280,16 @@ def set_agent_entry(document: Dict[str, Any], name: str, entry: Optional[Dict[st
     import copy
 
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-        ACCEPTED_KEY, AGENTS_KEY, DEFAULT_SET_NAME, MAX_AGENTS, VERSION_KEY, AcceptedAgent, check_set_name)
+        ACCEPTED_KEY, AGENTS_KEY, DEFAULT_SET_NAME, MAX_AGENTS, VERSION_KEY, AcceptedAgent, check_agent_name)
     from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 
     if not isinstance(document, dict):
         raise InputError("measurements_file", "a measurements document (a mapping)", type(document).__name__)
     try:
-        check_set_name(name)
-    except InputError:
-        raise InputError("name", "an agent name of 1-64 characters [A-Za-z0-9._+-], starting with a letter or digit",
-                         name) from None
+        check_agent_name(name, "name")
+    except InputError as error:
+        raise InputError("name", "an agent name of 1-64 characters [A-Za-z0-9._+-], starting with a letter or digit, "
+                         "other than 'self'", name) from error
     agents = document.get(AGENTS_KEY) or {}
     if not isinstance(agents, dict):
         raise InputError("measurements_file", "agents: a mapping of agent name to its entry", type(agents).__name__)

@@ -266,7 +266,7 @@ class MeasurementSets:
         if len(agents) > MAX_AGENTS:
             raise InputError(AGENTS_KEY, "at most %d agents" % MAX_AGENTS, len(agents))
         for name, agent in agents.items():
-            check_set_name(name, AGENTS_KEY, "agent names")
+            check_agent_name(name)
             if not isinstance(agent, AcceptedAgent):
                 raise InputError("%s.%s" % (AGENTS_KEY, name), "an AcceptedAgent", type(agent).__name__)
         self._agents: Dict[str, AcceptedAgent] = agents
@@ -384,6 +384,19 @@ def check_set_name(name: object, field_name: str = "measurements.accepted", what
     return name
 
 
+# The name the Coordinator reports for a peer that runs the validator's own agent where the document lists none
+# (agent_measurement.OWN_AGENT): a document may not give it to an entry, or the report would be ambiguous.
+RESERVED_AGENT_NAME = "self"
+
+
+def check_agent_name(name: object, field_name: str = AGENTS_KEY) -> str:
+    check_set_name(name, field_name, "agent names")
+    if name == RESERVED_AGENT_NAME:
+        raise InputError(field_name, "an agent name other than %r (reserved for the validator's own agent)"
+                         % RESERVED_AGENT_NAME, name)
+    return name
+
+
 def accepted_agents(policy: Optional[Policy]) -> Dict[str, AcceptedAgent]:
     """The agents a policy document accepts ({} for a plain policy, or a document that lists none)."""
     return getattr(policy, "agents", None) or {}
@@ -396,7 +409,7 @@ def _parse_agents(data: object) -> Dict[str, AcceptedAgent]:
         raise InputError(AGENTS_KEY, "at most %d agents" % MAX_AGENTS, len(data))
     agents = {}
     for name, entry in data.items():
-        check_set_name(name, AGENTS_KEY, "agent names")
+        check_agent_name(name)
         agents[name] = AcceptedAgent.from_dict(name, entry)
     return agents
 

@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement as am
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    AcceptedAgent, Measurements, MeasurementSets, MeasurementsMismatch, accepted_agents, parse_policy)
+    RESERVED_AGENT_NAME, AcceptedAgent, Measurements, MeasurementSets, MeasurementsMismatch, accepted_agents, parse_policy)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
     load_policy_file, pcr_mismatch_text, pcr_rows)
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import fresh_node_policy
@@ -76,6 +76,7 @@ def _bad(mutate):
 
 @pytest.mark.parametrize("mutate, field, expected", [
     (lambda a: a.update({"bad name": a["a1"]}), "agents", "agent names of 1-64 characters"),
+    (lambda a: a.update({"self": a["a1"]}), "agents", "other than 'self'"),
     (lambda a: a.__setitem__("a1", "00" * 32), "agents.a1", "a mapping with value"),
     (lambda a: a["a1"].pop("value"), "agents.a1.value", "64 hex characters"),
     (lambda a: a["a1"].__setitem__("value", "zz" * 32), "agents.a1.value", "64 hex characters"),
@@ -215,3 +216,10 @@ def test_the_agent_names_its_own_agent_as_the_policy_in_force_accepts_it():
     assert own(listed, THIRD) == (NOT_ACCEPTED, THIRD.value)
     assert own(parse_policy(_doc()), THIRD) == (am.OWN_AGENT, THIRD.value)
     assert own(listed, None) is None
+
+
+def test_the_name_reported_for_the_own_agent_is_reserved_in_documents():
+    assert RESERVED_AGENT_NAME == am.OWN_AGENT
+    with pytest.raises(InputError) as err:
+        am.set_agent_entry(_doc(), am.OWN_AGENT, OLD.to_dict())
+    assert err.value.field == "name", str(err.value)
