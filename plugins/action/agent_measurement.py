@@ -10,7 +10,6 @@ packed by Ansible holds only the files it imports, and would measure another tre
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 
 from ansible.plugins.action import ActionBase
@@ -50,37 +49,14 @@ def measure(args, basedir):
     return am.AgentMeasurement(code, config), extra
 
 
-def _document_text(data, path):
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError("measurements_file", "UTF-8 text", "%s: an invalid byte at offset %d" % (path, err.start)) \
-            from None
-
-
-def _same_key(one, other) -> bool:
-    from cryptography.hazmat.primitives import serialization
-
-    def der(key):
-        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return der(one) == der(other)
-
-
 def keep(args, basedir, entry, check_mode):
-    """Lists (or retires) the agent ``args["name"]`` in the document ``measurements_file``, re-signed: a dict of
-    results (changed, version, entry, diff texts). Nothing is written in check mode, nor when the document lists
-    the agent as asked already; on a failure the old document and signature stay as they were."""
+    """Lists (or retires) the agent ``args["name"]`` in the document ``measurements_file``, re-signed
+    (agent_measurement.keep_agent_entry): a dict of results (changed, version, entry, diff texts)."""
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature as sig
-    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-        AGENTS_KEY, parse_policy)
-    from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
-    from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
     if args.get("measurements") is not None or not args.get("measurements_file"):
         raise InputError("measurements_file", "the measurements document to keep the agent in (a file: inline "
                          "measurements cannot be kept)", None)
-    path = _resolve(args["measurements_file"], basedir)
-    sig_path = sig.signature_path(path)
     key = pinned = None
     if args.get("priv_key_file"):
         key = sig.load_private_key_file(_resolve(args["priv_key_file"], basedir), "priv_key_file",
@@ -88,47 +64,8 @@ def keep(args, basedir, entry, check_mode):
     if args.get("measurements_pub_key_file"):
         pinned = sig.load_public_key_file(_resolve(args["measurements_pub_key_file"], basedir),
                                           "measurements_pub_key_file")
-        if key is not None and not _same_key(key.public_key(), pinned):
-            raise InputError("priv_key_file", "the key whose public half measurements_pub_key_file pins",
-                             args["priv_key_file"])
-    signed = os.path.exists(sig_path)
-    if signed and (key is not None or pinned is not None):
-        # The document is checked before it is changed: re-signing an altered document would vouch for it.
-        data = sig.read_signed_file(path, pinned or key.public_key(), "measurements_file")
-    elif pinned is not None:
-        raise InputError("measurements_file", "a document signed with the key measurements_pub_key_file pins "
-                         "(%s is missing)" % sig_path, path)
-    else:
-        data = read_text(path, "measurements_file", sig.MAX_SIGNED_FILE,
-                         "an existing measurements document (JSON or YAML)").encode("utf-8")
-    text = _document_text(data, path)
-    document = load_yaml(text, "measurements_file", int_keys=True)  # YAML may spell PCR indices as integers
-    new, changed = am.set_agent_entry(document, args["name"], entry if args["state"] == "present" else None)
-    parse_policy(new)  # what every validator will read
-    new_text = json.dumps(new, indent=2) + "\n" if changed else text
-    sign = key is not None and (changed or not signed)
-    if changed and signed and key is None:
-        raise InputError("priv_key_file", "the signing key: %s is signed (%s), and changing it without re-signing "
-                         "would leave a document no peer accepts" % (path, sig_path), None)
-    listed = (new if args["state"] == "present" else document).get(AGENTS_KEY) or {}
-    result = {"changed": changed or sign, "version": new.get("version", 0), "entry": listed.get(args["name"]),
-              "measurements_file": path, "signature_file": sig_path if (signed or sign) else None,
-              "before": text, "after": new_text}
-    if check_mode or not result["changed"]:
-        return result
-    new_data = new_text.encode("utf-8")
-    signature = sig.sign_blob(key, new_data) + "\n" if sign else None
-    mode = os.stat(path).st_mode & 0o777
-    if changed:
-        atomic_write(path, new_data, mode)
-    if signature is not None:
-        try:
-            atomic_write(sig_path, signature.encode("ascii"), 0o644)
-        except BaseException:
-            if changed:
-                atomic_write(path, data, mode)  # the old document again: its old signature still verifies it
-            raise
-    return result
+    return am.keep_agent_entry(_resolve(args["measurements_file"], basedir), args["name"],
+                               entry if args["state"] == "present" else None, key, pinned, check_mode)
 
 
 class ActionModule(ActionBase):

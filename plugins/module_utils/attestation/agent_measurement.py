@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 MEASURED_CONFIG_VERSION = 1
 _MODULE_UTILS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -319,3 +319,76 @@ def set_agent_entry(document: Dict[str, Any], name: str, entry: Optional[Dict[st
     if agents:
         out[AGENTS_KEY] = agents
     return out, True
+
+
+def _document_text(data: bytes, path: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError("measurements_file", "UTF-8 text", "%s: an invalid byte at offset %d" % (path, err.start)) \
+            from None
+
+
+def _same_key(one: Any, other: Any) -> bool:
+    from cryptography.hazmat.primitives import serialization
+
+    def der(key):
+        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return der(one) == der(other)
+
+
+def keep_agent_entry(path: str, name: str, entry: Optional[Dict[str, Any]], key: Any = None, pinned: Any = None,
+                     check_mode: bool = False) -> Dict[str, Any]:
+    """Lists the agent ``name`` with ``entry`` (None: retires it) in the measurements document at ``path``, signed
+    again with ``key`` (a P-256 private key, or None); ``pinned``: the public key the document must already be
+    signed with. Returns the results (changed, version, entry, measurements_file, signature_file) and the texts
+    ``before``/``after``. Nothing is written in check mode, nor when the document lists the agent as asked already;
+    on a failure the old document and signature stay as they were. Errors name the agent_measurement module's
+    options."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature as sig
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
+        AGENTS_KEY, parse_policy)
+    from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
+    from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
+
+    if key is not None and pinned is not None and not _same_key(key.public_key(), pinned):
+        raise InputError("priv_key_file", "the key whose public half measurements_pub_key_file pins", "another key")
+    sig_path = sig.signature_path(path)
+    signed = os.path.exists(sig_path)
+    if signed and (key is not None or pinned is not None):
+        # The document is checked before it is changed: re-signing an altered document would vouch for it.
+        data = sig.read_signed_file(path, pinned or key.public_key(), "measurements_file")
+    elif pinned is not None:
+        raise InputError("measurements_file", "a document signed with the key measurements_pub_key_file pins "
+                         "(%s is missing)" % sig_path, path)
+    else:
+        data = read_text(path, "measurements_file", sig.MAX_SIGNED_FILE,
+                         "an existing measurements document (JSON or YAML)").encode("utf-8")
+    text = _document_text(data, path)
+    document = load_yaml(text, "measurements_file", int_keys=True)  # YAML may spell PCR indices as integers
+    new, changed = set_agent_entry(document, name, entry)
+    parse_policy(new)  # what every validator will read
+    new_text = json.dumps(new, indent=2) + "\n" if changed else text
+    sign = key is not None and (changed or not signed)
+    if changed and signed and key is None:
+        raise InputError("priv_key_file", "the signing key: %s is signed (%s), and changing it without re-signing "
+                         "would leave a document no peer accepts" % (path, sig_path), None)
+    listed = (new if entry is not None else document).get(AGENTS_KEY) or {}
+    result = {"changed": changed or sign, "version": new.get("version", 0), "entry": listed.get(name),
+              "measurements_file": path, "signature_file": sig_path if (signed or sign) else None,
+              "before": text, "after": new_text}
+    if check_mode or not result["changed"]:
+        return result
+    new_data = new_text.encode("utf-8")
+    signature = sig.sign_blob(key, new_data) + "\n" if sign else None
+    mode = os.stat(path).st_mode & 0o777
+    if changed:
+        atomic_write(path, new_data, mode)
+    if signature is not None:
+        try:
+            atomic_write(sig_path, signature.encode("ascii"), 0o644)
+        except BaseException:
+            if changed:
+                atomic_write(path, data, mode)  # the old document again: its old signature still verifies it
+            raise
+    return result
