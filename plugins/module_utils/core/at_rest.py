@@ -53,12 +53,15 @@ _NONCE = 12
 
 def sealed_pcrs(policy, deployment_mode: str = deployment.DEFAULT) -> List[int]:
     """The PCRs the storage key is sealed to: the enforced ones of ``policy`` (a Measurements) but 15 and but those
-    root can replay under ``deployment_mode`` (attestation/deployment.py); PCR 13 only where nothing before
-    userspace leaves it to root (no such mode exists yet)."""
+    root can replay under ``deployment_mode`` (attestation/deployment.py ``replayable_pcrs``), in both modes PCR 13,
+    16 and 23. On an ordinary host (``host``) the agent extends PCR 13 from userspace with public digests, which
+    root can extend just the same. In the node image (``image``) the agent does not extend PCR 13: its genuine
+    value there is 32 zero bytes, what it holds when nothing extends it, so a seal to it would hold for any code
+    that simply leaves it alone; what the image runs is proven by the boot chain instead (PCR 4: the UKI; 9: its
+    command line with the dm-verity root hash, and initrd; 11: the UKI's sections and boot phases), which the
+    image's set enforces and the key is sealed to. 16 and 23: root resets them within the boot."""
     replayable = deployment.replayable_pcrs(deployment_mode)
     pcrs = {index for index, m in policy.pcrs.items() if not m.warn_only and index != PCR_INDEX_CLUSTER_ID}
-    if PCR_INDEX_AGENT not in replayable:
-        pcrs.add(PCR_INDEX_AGENT)
     return sorted(pcrs - replayable)
 
 
