@@ -8,10 +8,11 @@ the node's own TPM under a PCR policy (attestation/sealing.py).
 start, before anything secret exists - makes a random 32-byte key and seals it to the current values of the
 chosen PCRs: the enforced boot PCRs of the agent's measurements policy, never a PCR that the host's root can
 bring to its genuine value in the same boot (attestation/deployment.py ``replayable_pcrs``: on an ordinary host
-the agent's own PCR 13, which the agent extends from userspace, and the resettable 16 and 23). PCR 15 is not in
+the agent's own PCR 13, which the agent extends from userspace; in the node image PCR 13, which stays zero; in
+both the resettable 16 and 23). PCR 15 is not in
 the seal either: it holds the cluster ID, a value that is not secret and that a rebooted peer re-extends only
 after it recovered. What the seal proves is therefore what the boot chain measured; on an ordinary host, root of
-a genuine boot is trusted (docs/security.md, "At rest").
+a genuine boot is trusted, in the node image it is not (docs/security.md, "At rest" and "Deployment modes").
 
 Every secret the agent keeps is written through ``encrypt``/``write_file`` (AES-256-GCM, a fresh 96-bit nonce per
 write, the file's purpose as associated data, so a ciphertext cannot be swapped for another): the store file

@@ -171,3 +171,26 @@ def test_the_image_agent_extends_no_pcr_13_seals_to_its_boot_chain_and_trusts_no
     _boot(fresh_swtpm.tcti, {**_IMAGE_DIGESTS, 9: hashlib.sha256(b"another command line").digest()})
     with pytest.raises(StateError):
         build_agent(host.config(), JSONLog(stream=io.StringIO()))
+
+
+def test_the_verify_table_shows_each_peers_deployment_mode():
+    """playbooks/templates/cluster_table.j2 (verify.yml): a host peer and an image peer side by side; only the host
+    peer is listed as one whose host root is trusted."""
+    import os
+
+    import jinja2
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..", "playbooks", "templates")
+    row = {"endpoint": "192.0.2.1:9000", "state": "IsNode", "membership": "ours", "state_disk": {"encrypted": False},
+           "pcrs": [{"index": 13, "expected": "00" * 32, "found": "00" * 32, "ok": True, "warn_only": False}]}
+    hostvars = {"h1": {"constellation_peer": dict(row, deployment_mode="host", host_root_trusted=True),
+                       "constellation_problems": []},
+                "img": {"constellation_peer": dict(row, deployment_mode="image", host_root_trusted=False),
+                        "constellation_problems": []}}
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(root), trim_blocks=True)  # as Ansible's template lookup
+    table = env.get_template("cluster_table.j2").render(verify_peers=["h1", "img"], hostvars=hostvars)
+    lines = [line for line in table.splitlines() if line.strip()]
+    assert lines[0].split() == ["peer", "endpoint", "PCR", "expected", "found", "match", "verdict", "disk", "mode",
+                                "root", "state"]
+    assert lines[1].split()[7:10] == ["plain", "host", "trusted"] and lines[2].split()[7:10] == ["plain", "image", "no"]
+    assert "host root is trusted on this peer: h1 (host)" in table and "img (image)" not in table
