@@ -7,7 +7,7 @@ HOSTS ?= 4
 # How many of the lab's first hosts are Coordinators (odd; with more than one, each runs an etcd member).
 COORDINATORS ?= 1
 
-.PHONY: setup demo test pytest units sanity lint molecule lab-up lab-down lab-status bench build fuzz
+.PHONY: setup demo test pytest units sanity lint molecule lab-up lab-down lab-status bench build fuzz image
 
 setup:
 	@sh scripts/setup.sh
@@ -40,6 +40,12 @@ molecule: setup
 build: setup
 	$(VENV)/ansible-galaxy collection build --force --output-path /tmp/constellation-build >/dev/null
 	@echo "collection build: ok"
+
+# The node image (docs/image.md): IMAGE_EK_CA (PEM of the TPM vendor CAs) and IMAGE_SIGNING_KEY (the measurements
+# signing key) are required; IMAGE_OUT defaults to $$CONSTELLATION_IMAGE_CACHE/out.
+image: setup
+	$(VENV)/python -m image build --ek-ca "$(IMAGE_EK_CA)" --signing-key "$(IMAGE_SIGNING_KEY)" \
+		$(if $(IMAGE_POLICY),--policy "$(IMAGE_POLICY)") $(if $(IMAGE_OUT),--out "$(IMAGE_OUT)") $(if $(DEBUG),--debug)
 
 lab-up: setup
 	$(VENV)/python -m lab up --hosts $(HOSTS) --coordinators $(COORDINATORS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def main(argv=None) -> int:
     r.add_argument("--disk", type=Path, default=DEFAULT_OUT / "disk.raw")
     r.add_argument("--work", type=Path, required=True, help="folder for the TPM state, firmware variables, disks, log")
     r.add_argument("--ca-dir", type=Path, required=True, help="the EK CA's folder (lab/trust.py LabTrust.ca_dir)")
-    r.add_argument("--node-settings", type=Path, help="a JSON file: the per-node settings disk")
+    r.add_argument("--node-settings", type=Path, help="a JSON file of this node's settings (public_endpoint, "
+                   "public_ip, init_secret_hash): written to the per-node settings disk")
     r.add_argument("--port", type=int, default=0, help="host port forwarded to the agent's 9000 (0: a free one)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds until the agent must serve")
     r.add_argument("--keep", action="store_true", help="leave the guest running (print its pid) instead of stopping")
@@ -48,8 +50,13 @@ def main(argv=None) -> int:
             print(json.dumps({k: manifest[k] for k in ("set_name", "root_hash", "cmdline", "sizes", "times", "pcrs")},
                              indent=2))
             return 0
-        from image.boot import Guest  # pylint: disable=import-outside-toplevel
-        guest = Guest(args.disk, args.work, args.ca_dir, node_settings=args.node_settings, port=args.port)
+        from image.boot import Guest, write_node_settings  # pylint: disable=import-outside-toplevel
+        # SIGTERM ends the boot like Ctrl-C: the guest and its swtpm are stopped (finally below).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        settings = None
+        if args.node_settings is not None:
+            settings = write_node_settings(args.work / "node-settings.raw", json.loads(args.node_settings.read_text()))
+        guest = Guest(args.disk, args.work, args.ca_dir, node_settings=settings, port=args.port)
         guest.start()
         try:
             seconds = guest.wait_agent(args.timeout)

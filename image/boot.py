@@ -122,15 +122,18 @@ class Guest:
     def qemu_argv(self) -> List[str]:
         vars_fd = self.work / "OVMF_VARS.fd"
         argv = ["qemu-system-x86_64", "-accel", "tcg", "-machine", "q35", "-smp", "1", "-m", str(self.memory_mib),
-                "-display", "none", "-monitor", "none", "-no-reboot", "-serial", "file:%s" % self.serial_log,
+                "-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot",
+                "-serial", "file:%s" % self.serial_log,
                 "-drive", "if=pflash,format=raw,unit=0,readonly=on,file=%s" % OVMF_CODE,
                 "-drive", "if=pflash,format=raw,unit=1,file=%s" % vars_fd,
-                "-drive", "file=%s,if=virtio,format=raw,readonly=on" % self.disk,
+                # The image is the only boot option (no DVD, no network boot): PCR 4 then holds one boot attempt.
+                "-drive", "if=none,id=boot,format=raw,readonly=on,file=%s" % self.disk,
+                "-device", "virtio-blk-pci,drive=boot,bootindex=0",
                 *_serial_disk("state", self.work / "state.raw", STATE_DISK_SERIAL, readonly=False),
                 "-chardev", "socket,id=chrtpm,path=%s" % self.sock,
                 "-tpmdev", "emulator,id=tpm0,chardev=chrtpm", "-device", "tpm-crb,tpmdev=tpm0",
                 "-netdev", "user,id=n0,hostfwd=tcp:127.0.0.1:%d-:%d" % (self.port, AGENT_PORT),
-                "-device", "virtio-net-pci,netdev=n0"]
+                "-device", "virtio-net-pci,netdev=n0,romfile="]
         if self.node_settings is not None:
             argv += _serial_disk("node", Path(self.node_settings).resolve(), NODE_SETTINGS_SERIAL, readonly=True)
         return argv + self.extra_args
@@ -197,6 +200,10 @@ class Guest:
             time.sleep(2)
         raise ImageError("the agent did not serve on %s within %.0f s; serial log end:\n%s"
                          % (self.endpoint, timeout, "\n".join(self.serial().splitlines()[-25:])))
+
+    def tls_answers(self) -> bool:
+        """Whether the agent answers TLS on the forwarded port right now."""
+        return tls_answers(self.port, timeout=3)
 
     def stop(self) -> None:
         """Power off (QEMU killed by its pid: the disk is read-only, the state disk may be dropped) and swtpm."""

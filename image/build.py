@@ -134,13 +134,9 @@ def build(options: BuildOptions, log=print) -> Dict[str, Any]:
     os.replace(disk_tmp, options.out / "disk.raw")
     os.replace(uki_tmp, options.out / "uki.efi")
     fileutil.atomic_write(str(options.out / "cmdline"), (cmdline + "\n").encode(), 0o644)
-    if measured is not None:
-        doc = (json.dumps(measured["document"], indent=2, sort_keys=True) + "\n").encode()
-        fileutil.atomic_write(str(options.out / "measurements.json"), doc, 0o644)
-        if options.signing_key is not None:
-            key = signature.load_private_key(options.signing_key.read_bytes(), "--signing-key")
-            fileutil.atomic_write(str(options.out / "measurements.json.sig"),
-                                  (signature.sign_blob(key, doc) + "\n").encode(), 0o644)
+    measure.write(measured["document"], options.out / "measurements.json", options.signing_key)
+    fileutil.atomic_write(str(options.out / "prediction.json"),
+                          (json.dumps(measured["detail"], indent=2) + "\n").encode(), 0o644)
     times["total_seconds"] = round(time.monotonic() - started, 1)
     manifest = {
         "image": IMAGE_ID, "version": IMAGE_VERSION, "set_name": options.set_name, "debug": options.debug,
@@ -156,8 +152,8 @@ def build(options: BuildOptions, log=print) -> Dict[str, Any]:
         "rootfs": {"tarball": tar.name, "key": rootfs.cache_key(), "inputs": rootfs.inputs(), "cached": not built},
         "pinned": {"efi_stub": str(EFI_STUB), "efi_stub_package": _package_of(EFI_STUB),
                    "ovmf": [str(OVMF_CODE), str(OVMF_VARS)], "ovmf_package": _package_of(OVMF_CODE)},
-        "pcrs": measured["pcrs"] if measured else {}, "measurements_signed": bool(measured and options.signing_key),
-        "prediction_note": measured["note"] if measured else "attestation/image_prediction.py is not available",
+        "pcrs": measured["pcrs"], "measurements_signed": options.signing_key is not None,
+        "firmware_profile": measured["prediction"].firmware.name, "stub": measured["prediction"].stub,
         "packages": packages, "times": times, "still_varies": STILL_VARIES,
     }
     fileutil.atomic_write(str(options.out / "manifest.json"),

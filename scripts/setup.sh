@@ -11,6 +11,9 @@ AGENT_PACKAGES="python3-cryptography python3-yaml python3-tpm2-pytss python3-grp
 DEB_PACKAGES="iputils-ping swtpm swtpm-tools tpm2-tools shellcheck libtss2-dev pkg-config python3-apt $AGENT_PACKAGES wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git cryptsetup-bin"
 # Tests only: an independent Authenticode digest (tests/unit/attestation/test_image_prediction.py).
 DEB_PACKAGES="$DEB_PACKAGES osslsigncode"
+# The node image (python -m image build / boot, docs/image.md): the root file system, dm-verity, the UKI's stub and
+# objcopy, the ESP and GPT tools, and QEMU with OVMF (its version is pinned by the predicted PCR 7).
+DEB_PACKAGES="$DEB_PACKAGES mmdebstrap cryptsetup-bin systemd-boot-efi binutils dosfstools mtools e2fsprogs fdisk cpio qemu-system-x86 ovmf"
 
 missing=""
 for p in $DEB_PACKAGES; do
