@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
+
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 
 from image.paths import DEFAULT_OUT
 from image.run import ImageError
@@ -39,7 +42,8 @@ def main(argv=None) -> int:
                    "public_ip, init_secret_hash): written to the per-node settings disk")
     r.add_argument("--port", type=int, default=0, help="host port forwarded to the agent's 9000 (0: a free one)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds until the agent must serve")
-    r.add_argument("--keep", action="store_true", help="leave the guest running (print its pid) instead of stopping")
+    r.add_argument("--keep", action="store_true", help="keep the guest running once the agent serves, until this "
+                   "command gets SIGTERM or Ctrl-C (its pid is printed)")
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
@@ -61,14 +65,17 @@ def main(argv=None) -> int:
         try:
             seconds = guest.wait_agent(args.timeout)
             print(json.dumps({"endpoint": guest.endpoint, "agent_seconds": round(seconds, 1),
-                              "serial_log": str(guest.serial_log), "pid": guest.pid}))
+                              "serial_log": str(guest.serial_log), "pid": os.getpid()}), flush=True)
+            if args.keep:  # until the guest powers off or this process gets SIGTERM / Ctrl-C (holding the lock)
+                guest.wait_exit()
         finally:
-            if not args.keep:
-                guest.stop()
+            guest.stop()
         return 0
-    except ImageError as err:
+    except (ImageError, ConstellationError) as err:
         print("image: %s" % err, file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

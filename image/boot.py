@@ -201,6 +201,11 @@ class Guest:
         raise ImageError("the agent did not serve on %s within %.0f s; serial log end:\n%s"
                          % (self.endpoint, timeout, "\n".join(self.serial().splitlines()[-25:])))
 
+    def wait_exit(self) -> None:
+        """Until QEMU exits (the guest powered off)."""
+        if self.qemu is not None:
+            self.qemu.wait()
+
     def tls_answers(self) -> bool:
         """Whether the agent answers TLS on the forwarded port right now."""
         return tls_answers(self.port, timeout=3)

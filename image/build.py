@@ -53,6 +53,13 @@ def _read_text(path: Path, what: str) -> str:
         raise ImageError("%s: cannot read %s (%s)" % (what, path, err)) from None
 
 
+def _read_bytes(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise ImageError("%s: cannot read %s (%s)" % (what, path, err.strerror)) from None
+
+
 def _pub_pem(options: BuildOptions) -> str:
     if options.signing_key is not None:
         from cryptography.hazmat.primitives import serialization  # pylint: disable=import-outside-toplevel
@@ -82,10 +89,13 @@ def build(options: BuildOptions, log=print) -> Dict[str, Any]:
     if "-----BEGIN CERTIFICATE-----" not in ek_ca:
         raise ImageError("--ek-ca: expected PEM certificates")
     pub_pem = _pub_pem(options)
-    policy = policy_sig = None
-    if options.policy is not None:
-        policy = options.policy.read_bytes()
-        policy_sig = Path(signature.signature_path(str(options.policy))).read_bytes()
+    if options.policy is None:
+        raise ImageError("--policy: the signed measurements document (FILE and FILE.sig) the image's agent checks its "
+                         "peers with is required (the image's own set cannot be in it: it depends on the image)")
+    policy = _read_bytes(options.policy, "--policy")
+    policy_sig = _read_bytes(Path(signature.signature_path(str(options.policy))), "--policy's signature")
+    signature.verify_blob(signature.load_public_key(pub_pem.encode(), "--policy"), policy, policy_sig,
+                          str(options.policy))
     times: Dict[str, float] = {}
     started = time.monotonic()
     tar, built, seconds = rootfs.ensure()
