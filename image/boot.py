@@ -24,7 +24,7 @@ from image.paths import NODE_SETTINGS_SERIAL, OVMF_CODE, OVMF_VARS, STATE_DISK_S
 from image.run import ImageError
 from lab.swtpm import SwTPM
 
-STATE_DISK_BYTES = 128 * 1024 * 1024
+STATE_DISK_BYTES = 64 * 1024 * 1024  # LUKS2 header (16 MiB) + dm-integrity: cryptsetup wipes it all under TCG
 NODE_SETTINGS_MAX = 64 * 1024
 LOCK_PATH = "/tmp/qemu-image.lock"  # one QEMU at a time on this machine (flock)
 
