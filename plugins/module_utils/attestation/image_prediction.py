@@ -9,7 +9,8 @@ API (plain Python; runs on the build host or the controller, never on a node)::
     prediction.values()            # {4: bytes, 7: bytes, 9: bytes, 11: bytes}, SHA-256 bank
     prediction.pcrs[4].events      # (Event(pcr, type, digest, description, data), ...) in measurement order
     prediction.to_dict()           # JSON-able: each PCR's value and events, the digests and versions it used
-    doc = document(prediction, name, version=0)   # MeasurementSets: one set ``name``, PCRs 4/7/9/11 + 13 = zero
+    doc = document(prediction, name, version=None, base=None)  # MeasurementSets: set ``name``: PCRs 4/7/9/11, 13 = 0
+                                                  # (base: the document in force, its sets kept: an upgrade)
     write_signed(doc, path, priv_key)             # path + path.sig (signature.sign_blob, as measurements_signature)
     authenticode_digest(pe_bytes)                 # the PE image digest the firmware measures
     uki_sections(uki_bytes)                       # {".linux": bytes, ".osrel": ..., ".cmdline": ..., ".initrd": ...}
@@ -476,13 +477,32 @@ def predict(uki_path: str, firmware: FirmwareProfile = OVMF_2022_11, runner: Opt
 # --- the measurements document ---------------------------------------------------------------------------------
 
 
-def document(prediction: Prediction, name: str, version: int = 0) -> MeasurementSets:
-    """The measurements document of the image: one accepted set ``name`` enforcing the predicted PCRs 4, 7, 9, 11
-    and PCR 13 = 32 zero bytes (an image's agent does not extend it, docs/image-measurements.md)."""
-    check_set_name(name, "name", "image set names")
+def image_set(prediction: Prediction) -> Measurements:
+    """The accepted set of the image: the predicted PCRs 4, 7, 9, 11 and PCR 13 = 32 zero bytes, all enforced (an
+    image's agent does not extend PCR 13, docs/image-measurements.md)."""
     pcrs = {index: Measurement(value, False) for index, value in prediction.values().items()}
     pcrs[PCR_INDEX_AGENT] = Measurement(bytes(32), False)
-    return MeasurementSets({name: Measurements(dict(sorted(pcrs.items())))}, version)
+    return Measurements(dict(sorted(pcrs.items())))
+
+
+def document(prediction: Prediction, name: str, version: Optional[int] = None,
+             base: Optional[MeasurementSets] = None) -> MeasurementSets:
+    """The measurements document of the image: its set (``image_set``) named ``name``. With ``base`` (the document
+    in force, for a rolling upgrade) its sets and agents are kept and the image's set added; a set of that name in
+    ``base`` must be the same one. ``version``: default 0, or base's version + 1."""
+    check_set_name(name, "name", "image set names")
+    added = image_set(prediction)
+    sets: Dict[str, Measurements] = dict(base.sets) if base is not None else {}
+    if name in sets and sets[name] != added:
+        raise InputError("name", "a set name the base document does not give other values (an image version names "
+                         "one image)", name)
+    sets[name] = added
+    if version is None:
+        version = base.version + 1 if base is not None else 0
+    elif base is not None and version <= base.version and sets != base.sets:
+        raise InputError("version", "a version above the base document's %d (agents refuse an older or equal one "
+                         "that changes the sets)" % base.version, version)
+    return MeasurementSets(sets, version, base.agents if base is not None else None)
 
 
 def write_signed(doc: MeasurementSets, path: str, priv_key) -> Tuple[str, str]:

@@ -19,7 +19,7 @@ import pytest
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import image_prediction as ip
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import policy, signature
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    MeasurementsMismatch, parse_policy)
+    MeasurementSets, MeasurementsMismatch, parse_policy)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 
@@ -319,3 +319,32 @@ def test_signed_document_loads_as_the_attestation_actions_load_it(tmp_path, pred
         handle.write(" ")
     with pytest.raises(InputError, match="does not verify"):
         policy.load_policy(measurements_file=path, public_key_path=str(tmp_path / "measurements.pub"))
+
+
+def test_upgrade_document_keeps_the_running_sets_and_the_coordinator_takes_it(tmp_path, prediction):
+    """upgrade_image.yml: the document in force plus the new image's set, version raised, signed; the Coordinator
+    (SetMeasurements) checks it as core/accepted_measurements.check_document does: signature first, every set
+    enforcing, no older version."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import check_document
+
+    key = measurements_key(tmp_path / "measurements.pub")
+    running = ip.document(prediction, "image-v1", version=4)
+    new = ip.predict(build_uki(tmp_path, cmdline=CMDLINE.replace("ab", "cd").encode("ascii")))
+    upgrade = ip.document(new, "image-v2", base=running)
+    assert upgrade.version == 5 and list(upgrade.sets) == ["image-v1", "image-v2"]
+    assert upgrade.sets["image-v1"] == running.sets["image-v1"]
+    path = str(tmp_path / "measurements-upgrade.json")
+    ip.write_signed(upgrade, path, key)
+    data = open(path, "rb").read()
+    sig = open(path + ".sig", encoding="ascii").read().strip()
+    taken = check_document(data, sig, key.public_key(), current=running)
+    assert taken == upgrade
+    assert taken.match({**new.values(), 13: bytes(32)})[0] == "image-v2"
+    assert taken.match({**prediction.values(), 13: bytes(32)})[0] == "image-v1"
+    with pytest.raises(InputError, match="does not verify"):
+        check_document(data.replace(b"image-v2", b"image-v3"), sig, key.public_key(), current=running)
+    assert ip.document(new, "image-v2", base=upgrade) == MeasurementSets(upgrade.sets, 6)  # the same set again
+    with pytest.raises(InputError, match="does not give other values"):
+        ip.document(new, "image-v1", base=running)
+    with pytest.raises(InputError, match="a version above the base document's 4"):
+        ip.document(new, "image-v2", version=4, base=running)
