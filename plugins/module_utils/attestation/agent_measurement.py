@@ -48,6 +48,8 @@ _CACHE: Dict[str, bytes] = {}
 OWN_AGENT = "self"  # measurements.RESERVED_AGENT_NAME: no document entry may take it
 AGENT_LABEL = "the agent"
 IMAGE_AGENT_LABEL = "an image set: the image's agent never extends it"
+# What a peer runs on PCR 13 where it matched an image set's zero (no document name can take it: not a valid name).
+IMAGE_AGENT = "(image)"
 
 
 def code_root() -> str:
@@ -165,13 +167,13 @@ def enforce_agent_pcr(policy, own_value: bytes):
 
 def matched_agent(checks) -> Optional[str]:
     """The agent a validation's table says the peer runs: the name of the accepted agent its PCR 13 matched,
-    OWN_AGENT where the document lists none; None when PCR 13 was not checked or did not match, or matched an
-    image set's zero (an image's agent measures nothing into PCR 13: its boot chain covers it)."""
+    OWN_AGENT where the document lists none, IMAGE_AGENT where it matched an image set's zero (an image's agent
+    measures nothing into PCR 13: its boot chain covers it); None when PCR 13 was not checked or did not match."""
     for check in checks or ():
         if check.index == PCR_INDEX_AGENT:
-            if not check.ok or check.found == bytes(32).hex():
+            if not check.ok:
                 return None
-            return check.matched or OWN_AGENT
+            return IMAGE_AGENT if check.found == bytes(32).hex() else (check.matched or OWN_AGENT)
     return None
 
 
