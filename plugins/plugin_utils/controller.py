@@ -65,12 +65,14 @@ class PeerReport:
     etcd_member: Optional[str] = None
     # Whether the peer's state is on its encrypted state disk: {encrypted, device, luks_uuid, open, message}.
     state_disk: Optional[Dict[str, Any]] = None
-    # PCR 13's events (the agent's code and trust configuration) and whether its secrets at rest are sealed.
+    # PCR 13's events (the agent's code and trust configuration; None in image mode, where the agent extends
+    # nothing) and whether its secrets at rest are sealed.
     agent_measurement: Optional[Dict[str, Any]] = None
     secrets_at_rest: Optional[Dict[str, Any]] = None
     # The peer set's version a Node applied or a Coordinator holds (details only).
     peer_resource_version: Optional[int] = None
-    # How the agent is deployed (host) and whether the host's root is trusted on the peer (attestation/deployment.py).
+    # How the agent is deployed (host or image) and whether the host's root is trusted on the peer
+    # (attestation/deployment.py: only in host mode).
     deployment_mode: Optional[str] = None
     host_root_trusted: Optional[bool] = None
 

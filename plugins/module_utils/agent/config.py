@@ -52,6 +52,7 @@ _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements
                 "kubelet_cert_days", "coordinator_pub_key",
                 "state_disk_device", "state_disk_mapper_name",  # the encrypted state disk: disk/
                 "deployment_mode",  # attestation/deployment.py: what the TPM proves against the host's root
+                "node_settings",  # per-node settings outside the measured image (NODE_SETTINGS_KEYS only)
                 "insecure_trust_any_ak", "insecure_unauthenticated_activation",  # explicit insecure choices
                 "insecure_unsigned_measurements", "insecure_join_without_admission"}
 _CONFIG_KEYS |= set(verify_service.CONFIG_KEYS)  # Constellation's verification service (docs/verify.md)
@@ -81,6 +82,7 @@ _CONFIG_TYPES = {
     "insecure_trust_any_ak": ((bool,), "true or false"), "insecure_unauthenticated_activation": ((bool,), "true or false"),
     "insecure_unsigned_measurements": ((bool,), "true or false"),
     "deployment_mode": ((str,), "one of %s" % ", ".join(deployment.MODES)),
+    "node_settings": ((str,), "the absolute path of a file or raw block device holding this node's settings (JSON)"),
     "insecure_join_without_admission": ((bool,), "true or false"),
 }
 
@@ -126,6 +128,7 @@ class AgentConfig:
     insecure_unauthenticated_activation: bool = False  # start without init_secret_hash; warned on every start
     insecure_unsigned_measurements: bool = False  # start without measurements_pub_key; warned on every start
     deployment_mode: str = deployment.DEFAULT  # host: the agent runs on an ordinary host (host root is trusted)
+    node_settings: Optional[str] = None  # read by ``load``: this node's public_endpoint, public_ip, init_secret_hash
     # Coordinator: any node that passes attestation joins, without the admin's admission; warned on every start.
     insecure_join_without_admission: bool = False
     deprecations: List[str] = field(default_factory=list)  # old key names found in the file
@@ -183,6 +186,9 @@ class AgentConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise InputError(name, "an integer between %d and %d" % (low, high), value)
         validate_kubelet_cert_days(config.kubelet_cert_days)
+        if config.node_settings is not None and (not config.node_settings.startswith("/") or "\0" in config.node_settings):
+            raise InputError("node_settings", "the absolute path of a file or raw block device holding this node's "
+                             "settings (JSON)", config.node_settings)
         _check_state_disk_keys(config)
         if config.ak_alg not in AK_ALGS:
             raise InputError("ak_alg", "one of %s" % ", ".join(AK_ALGS), config.ak_alg)
@@ -224,8 +230,75 @@ class AgentConfig:
 
     @classmethod
     def load(cls, path: str) -> "AgentConfig":
+        """The agent's configuration file, with the per-node settings its ``node_settings`` names over it (on the
+        node only: ``from_mapping`` reads no device, it also runs on the controller)."""
         # JSON is YAML: one bounded loader for both (encoding.load_yaml), UTF-8 only, string keys.
-        return cls.from_mapping(load_yaml(read_text(path, "config", expected="a readable file"), "config"))
+        data = load_yaml(read_text(path, "config", expected="a readable file"), "config")
+        if not isinstance(data, Mapping) or not isinstance(data.get("node_settings"), str):
+            return cls.from_mapping(data)
+        settings = read_node_settings(data["node_settings"])
+        try:
+            return cls.from_mapping(dict(data, **settings))
+        except InputError as err:
+            if err.field not in settings:
+                raise
+            # A bad value from the per-node settings: say where it came from.
+            raise InputError("node_settings", "%s %s in %s" % (err.field, err.expected, data["node_settings"]),
+                             err.got) from None
+
+
+# Per-node settings (docs/agent.md, "Per-node settings"): the node image's configuration is baked into its
+# measured root; what differs between the nodes booted from one image comes from outside the measurement, so it
+# may only be what decides where the node is reached and who may activate it - never what it trusts.
+NODE_SETTINGS_KEYS = ("public_endpoint", "public_ip", "init_secret_hash")
+MAX_NODE_SETTINGS = 64 * 1024
+
+
+def read_node_settings(path: str) -> Dict[str, Any]:
+    """The settings in ``path`` (a file or a raw block device: one JSON object, NUL bytes after it ignored, at
+    most MAX_NODE_SETTINGS bytes); {} when ``path`` does not exist. Any key but NODE_SETTINGS_KEYS is refused
+    (InputError naming ``node_settings``, the key and that it would change what this node trusts), as is a
+    malformed document (InputError naming ``node_settings`` and ``path``)."""
+    import json
+
+    def malformed(expected: str, got: object = None) -> InputError:
+        return InputError("node_settings", "%s in %s" % (expected, path), got)
+
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_NODE_SETTINGS + 1)
+    except FileNotFoundError:
+        return {}
+    except OSError as err:
+        raise malformed("a readable file or block device", err.strerror or str(err)) from None
+    document, _nul, rest = data.partition(b"\0")
+    if len(document) > MAX_NODE_SETTINGS:
+        raise malformed("one JSON object of at most %d bytes" % MAX_NODE_SETTINGS)
+    if rest.strip(b"\0"):
+        raise malformed("one JSON object followed by NUL bytes only (something else follows a NUL)")
+
+    def pairs(items):
+        keys = [key for key, _value in items]
+        duplicated = sorted({key for key in keys if keys.count(key) > 1})
+        if duplicated:
+            raise malformed("each key once", duplicated)
+        return dict(items)
+
+    try:
+        settings = json.loads(document.decode("utf-8"), object_pairs_hook=pairs)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        if isinstance(err, InputError):
+            raise
+        raise malformed("one JSON object (UTF-8)", str(err)[:200]) from None
+    if not isinstance(settings, dict):
+        raise malformed("one JSON object", type(settings).__name__)
+    for key in sorted(settings):
+        if key not in NODE_SETTINGS_KEYS:
+            raise InputError("node_settings", "only the keys %s in %s: %r would change what this node trusts (it "
+                             "is set by the measured image only)" % (", ".join(NODE_SETTINGS_KEYS), path, key), key)
+        if not isinstance(settings[key], str):
+            raise malformed("%s as a string (%s)" % (key, _CONFIG_TYPES[key][1]), type(settings[key]).__name__)
+    return settings
 
 
 _MAPPER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")

@@ -4,7 +4,8 @@
 """The agent's storage key at start and when the accepted measurement sets change (core/at_rest.py; docs/agent.md
 "Secrets at rest"; docs/security.md "At rest").
 
-At start the agent measures itself into PCR 13, then unseals its storage key with the blobs it has. It does NOT
+At start the agent measures itself into PCR 13 (on an ordinary host, deployment_mode ``host``; the node image's
+agent does not: attestation/deployment.py ``extends_agent_pcr``), then unseals its storage key with the blobs it has. It does NOT
 seal the key again to the sets of the policy file it found on disk: nothing protects that file offline, so an
 edited file would decide what the key is sealed to. Only a signed document received over the API
 (SetMeasurements on a Coordinator, GetMeasurements on a Node) reseals the key (``reseal``).
@@ -31,8 +32,20 @@ FLOOR_FILE = "measurements_floor"
 
 
 def measure_and_unseal(config, measurement, pcrs: Sequence[int], log: Callable) -> SealedStorage:
-    """PCR 13 <- the agent's code and trust configuration; then the storage key is unsealed with the blobs the
-    agent has (or made and sealed to the current values of ``pcrs`` on the first start). Nothing is resealed."""
+    """PCR 13 <- the agent's code and trust configuration (host mode only); then the storage key is unsealed with
+    the blobs the agent has (or made and sealed to the current values of ``pcrs`` on the first start). Nothing is
+    resealed."""
+    if deployment.extends_agent_pcr(config.deployment_mode):
+        _measure(config, measurement, log)
+    else:
+        log("agent_not_measured", pcr=PCR_INDEX_AGENT, deployment_mode=config.deployment_mode,
+            message="the node image's boot chain measures this agent (PCR 11: the UKI with the dm-verity root hash); "
+            "PCR %d is left at zero" % PCR_INDEX_AGENT)
+    return SealedStorage.open(config.state_dir, lambda: open_tpm(config.tcti), pcrs, log=log,
+                              replayable=deployment.replayable_pcrs(config.deployment_mode))
+
+
+def _measure(config, measurement, log: Callable) -> None:
     with open_tpm(config.tcti) as dev:
         outcome = measure(dev, measurement)
     fields = dict(pcr=PCR_INDEX_AGENT, value=measurement.value.hex(), **{name: digest.hex() for name, digest in measurement.events})
@@ -42,8 +55,6 @@ def measure_and_unseal(config, measurement, pcrs: Sequence[int], log: Callable) 
             "host" % PCR_INDEX_AGENT, **fields)
     else:
         log("agent_measured", outcome=outcome, **fields)
-    return SealedStorage.open(config.state_dir, lambda: open_tpm(config.tcti), pcrs, log=log,
-                              replayable=deployment.replayable_pcrs(config.deployment_mode))
 
 
 def reseal(storage: SealedStorage, sets, deployment_mode: str, log: Callable) -> None:

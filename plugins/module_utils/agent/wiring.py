@@ -31,6 +31,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import PubAPI, coordinator_sources
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.remote_exec import RemoteExec
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.reset import AgentReset
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.unsealing import (
     AgentAttestation, measure_and_unseal, open_sealed_store, read_disk_uuid)
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.update_loop import UpdateLoop
@@ -139,7 +140,7 @@ def build_agent(config: AgentConfig, log: Optional[JSONLog] = None) -> Agent:
     stop = threading.Event()
     policy_file = PolicyFile(config.measurements, config.measurements_pub_key)  # agent/policy_file.py
     attestation = AgentAttestation(config, policy_file)
-    # Before anything is served or read: the agent measures itself, then unseals its storage key.
+    # Before anything is served or read: the agent measures itself (host mode), then unseals its storage key.
     at_rest = measure_and_unseal(config, attestation, log)
     store = open_sealed_store(config, at_rest)
     # The encrypted state disk (disk/attach.py): opened at start, set up when the disk key arrives (kept sealed).
@@ -155,8 +156,10 @@ def build_agent(config: AgentConfig, log: Optional[JSONLog] = None) -> Agent:
     core = Core(store, TPMDevice(config.tcti), vpn, config.state_dir, config.public_ip, read_disk_uuid(config, state_disk),
                 log=log, init_secret_hash=config.init_secret_hash, at_rest=at_rest,
                 join_coordinator_pub_key=config.coordinator_pub_key,  # join tickets must verify with it
-                agent_measurement=attestation.measurement.to_dict() if attestation.measurement is not None else None,
-                deployment_mode=config.deployment_mode,  # GetState's details: host root is trusted on this peer
+                # What this agent extended into PCR 13 (None in the node image: it extends nothing there).
+                agent_measurement=(attestation.measurement.to_dict() if attestation.measurement is not None
+                                   and deployment.extends_agent_pcr(config.deployment_mode) else None),
+                deployment_mode=config.deployment_mode,  # GetState's details: host or image (attestation/deployment.py)
                 state_disk=state_disk,
                 etcd_member=(EtcdMember.from_config(config.etcd_member, config.state_dir)
                              if config.etcd_member is not None else None),

@@ -21,10 +21,13 @@ checked against the pinned key when it is loaded (a host may hold a signed or an
 Which values pass on PCR 13 (``enforce_agent_pcr``, the one rule of every validator: the Coordinator, the
 controller's actions, the atls connection and the agent): those of the ``agents`` the signed measurements document
 lists, by name (attestation/measurements.py), in every set; a document that lists none accepts only the value the
-validator computes itself from the code it runs and the trust configuration it was given (OWN_AGENT). Any entry a
-policy set has for PCR 13 is replaced (Constellation's images list it as reserved, zero). So a cluster runs the
-agents its document names - two during an agent upgrade - and a changed agent file or trust setting that no entry
-names yields another value: the host is refused at activation and evicted by re-attestation.
+validator computes itself from the code it runs and the trust configuration it was given (OWN_AGENT). A set's own
+entry for PCR 13 is replaced (Constellation's images list it as reserved, zero, warn-only) - except an enforced
+entry of 32 zero bytes: that is an image set (attestation/deployment.py ``image``: the node image's agent never
+extends PCR 13, the boot chain measures it), kept as it is. So a cluster runs the agents its document names - two
+during an agent upgrade - and the images whose sets it holds; a changed agent file or trust setting that no entry
+names yields another value: the host is refused at activation and evicted by re-attestation. A host peer (PCR 13
+extended) never passes an image set, and an image peer (PCR 13 zero) never passes a host set.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ _CACHE: Dict[str, bytes] = {}
 # The name of the agent a validator accepts where the measurements document lists no ``agents``: its own value.
 OWN_AGENT = "self"  # measurements.RESERVED_AGENT_NAME: no document entry may take it
 AGENT_LABEL = "the agent"
+IMAGE_AGENT_LABEL = "an image set: the image's agent never extends it"
+# What a peer runs on PCR 13 where it matched an image set's zero (no document name can take it: not a valid name).
+IMAGE_AGENT = "(image)"
 
 
 def code_root() -> str:
@@ -126,11 +132,20 @@ def replay(events: Sequence[Dict[str, str]]) -> bytes:
     return value
 
 
+def is_image_set(measurements) -> bool:
+    """Whether a set (a Measurements) is a node image's: it enforces PCR 13 explicitly at 32 zero bytes, the value
+    of a PCR nothing extended (the image's agent does not measure itself: attestation/deployment.py)."""
+    entry = measurements.pcrs.get(PCR_INDEX_AGENT)
+    return (entry is not None and not entry.warn_only and entry.expected == bytes(32)
+            and all(value == bytes(32) for _name, value in entry.alternatives))
+
+
 def enforce_agent_pcr(policy, own_value: bytes):
     """``policy`` (a Measurements, or each set of a MeasurementSets) with PCR 13 enforced at the value of any agent
     the document accepts (its ``agents``: a named alternative each, so a match says which agent the peer runs), or
-    at ``own_value`` - what the validator's own code and trust configuration give - when it lists none. A policy
-    file's own PCR 13 entry is replaced; the result is what validators compare, never what is sealed to."""
+    at ``own_value`` - what the validator's own code and trust configuration give - when it lists none. A set's
+    own PCR 13 entry is replaced, unless it is an image set's (``is_image_set``: kept, the peer's PCR 13 must be
+    zero); the result is what validators compare, never what is sealed to."""
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
         Measurement, Measurements, accepted_agents, per_set)
 
@@ -140,10 +155,11 @@ def enforce_agent_pcr(policy, own_value: bytes):
         expectation = Measurement(alternatives[0][1], False, alternatives, AGENT_LABEL)
     else:
         expectation = Measurement(own_value, False)
+    image_expectation = Measurement(bytes(32), False, (), IMAGE_AGENT_LABEL)
 
     def one(measurements):
         pcrs = dict(measurements.pcrs)
-        pcrs[PCR_INDEX_AGENT] = expectation
+        pcrs[PCR_INDEX_AGENT] = image_expectation if is_image_set(measurements) else expectation
         return Measurements(pcrs)
 
     return per_set(policy, one)
@@ -151,10 +167,13 @@ def enforce_agent_pcr(policy, own_value: bytes):
 
 def matched_agent(checks) -> Optional[str]:
     """The agent a validation's table says the peer runs: the name of the accepted agent its PCR 13 matched,
-    OWN_AGENT where the document lists none; None when PCR 13 was not checked or did not match."""
+    OWN_AGENT where the document lists none, IMAGE_AGENT where it matched an image set's zero (an image's agent
+    measures nothing into PCR 13: its boot chain covers it); None when PCR 13 was not checked or did not match."""
     for check in checks or ():
         if check.index == PCR_INDEX_AGENT:
-            return (check.matched or OWN_AGENT) if check.ok else None
+            if not check.ok:
+                return None
+            return IMAGE_AGENT if check.found == bytes(32).hex() else (check.matched or OWN_AGENT)
     return None
 
 

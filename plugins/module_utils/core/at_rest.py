@@ -8,10 +8,11 @@ the node's own TPM under a PCR policy (attestation/sealing.py).
 start, before anything secret exists - makes a random 32-byte key and seals it to the current values of the
 chosen PCRs: the enforced boot PCRs of the agent's measurements policy, never a PCR that the host's root can
 bring to its genuine value in the same boot (attestation/deployment.py ``replayable_pcrs``: on an ordinary host
-the agent's own PCR 13, which the agent extends from userspace, and the resettable 16 and 23). PCR 15 is not in
+the agent's own PCR 13, which the agent extends from userspace; in the node image PCR 13, which stays zero; in
+both the resettable 16 and 23). PCR 15 is not in
 the seal either: it holds the cluster ID, a value that is not secret and that a rebooted peer re-extends only
 after it recovered. What the seal proves is therefore what the boot chain measured; on an ordinary host, root of
-a genuine boot is trusted (docs/security.md, "At rest").
+a genuine boot is trusted, in the node image it is not (docs/security.md, "At rest" and "Deployment modes").
 
 Every secret the agent keeps is written through ``encrypt``/``write_file`` (AES-256-GCM, a fresh 96-bit nonce per
 write, the file's purpose as associated data, so a ciphertext cannot be swapped for another): the store file
@@ -53,12 +54,15 @@ _NONCE = 12
 
 def sealed_pcrs(policy, deployment_mode: str = deployment.DEFAULT) -> List[int]:
     """The PCRs the storage key is sealed to: the enforced ones of ``policy`` (a Measurements) but 15 and but those
-    root can replay under ``deployment_mode`` (attestation/deployment.py); PCR 13 only where nothing before
-    userspace leaves it to root (no such mode exists yet)."""
+    root can replay under ``deployment_mode`` (attestation/deployment.py ``replayable_pcrs``), in both modes PCR 13,
+    16 and 23. On an ordinary host (``host``) the agent extends PCR 13 from userspace with public digests, which
+    root can extend just the same. In the node image (``image``) the agent does not extend PCR 13: its genuine
+    value there is 32 zero bytes, what it holds when nothing extends it, so a seal to it would hold for any code
+    that simply leaves it alone; what the image runs is proven by the boot chain instead (PCR 4: the UKI; 9: its
+    command line with the dm-verity root hash, and initrd; 11: the UKI's sections and boot phases), which the
+    image's set enforces and the key is sealed to. 16 and 23: root resets them within the boot."""
     replayable = deployment.replayable_pcrs(deployment_mode)
     pcrs = {index for index, m in policy.pcrs.items() if not m.warn_only and index != PCR_INDEX_CLUSTER_ID}
-    if PCR_INDEX_AGENT not in replayable:
-        pcrs.add(PCR_INDEX_AGENT)
     return sorted(pcrs - replayable)
 
 

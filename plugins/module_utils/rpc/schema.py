@@ -238,14 +238,15 @@ Empty, StateAnswer = declare(
                 "state_disk object: whether the state is on the encrypted state disk: {encrypted, device, "
                 "luks_uuid, open, message} (details only)",
                 "agent_measurement object: PCR 13: {pcr, value, events: [{event, digest}]}, the agent's code and "
-                "trust configuration (details only)",
+                "trust configuration (details only; absent in image mode, where the agent extends nothing)",
                 "secrets_at_rest object: {sealed, pcrs}: the secrets at rest are encrypted with a key sealed to "
                 "these PCRs of the TPM (details only)",
                 "peer_resource_version int: the peer set's version a Node applied (it refuses an older one) or a "
                 "Coordinator holds (details only)",
-                "deployment_mode str: host: the agent runs on an ordinary host (details only)",
+                "deployment_mode str: host: the agent runs on an ordinary host; image: inside the measured node "
+                "image, whose boot chain measures it (details only)",
                 "host_root_trusted bool: true: the host's root can replay what the agent measures and read this "
-                "peer's secrets in a genuine boot (details only)",
+                "peer's secrets in a genuine boot (host); false in the image (details only)",
                 name="StateAnswer"))
 
 ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer = declare(

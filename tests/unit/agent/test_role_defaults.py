@@ -141,3 +141,21 @@ def test_the_state_disk_device_reaches_the_agent_config_with_its_packages(tmp_pa
     assert "cryptsetup-bin" in json.loads((tmp_path / "out.json.packages").read_text())
     result = render(tmp_path, node_agent_state_disk_device="vdb", **base)
     assert result["error"].startswith("node_agent_state_disk_device: expected the absolute path")
+
+
+def test_the_role_refuses_the_image_mode_which_only_the_image_build_sets(tmp_path):
+    """node_agent installs onto an ordinary host: deployment_mode image (the measured node image, whose boot chain
+    measures the agent) is refused before anything is installed, naming the variable and why."""
+    play = tmp_path / "role.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  roles:\n    - role: %s/roles/node_agent\n" % REPO)
+    args = [os.path.join(REPO, ".venv", "bin", "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
+            str(play), "-e", json.dumps({"node_agent_deployment_mode": "image", "constellation_public_ip": "192.0.2.10",
+                                         "ansible_python_interpreter": sys.executable})]
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0
+    assert "node_agent_deployment_mode: expected host" in out and "got image" in out
+    assert "set only by the node image''s build" in out or "set only by the node image's build" in out
+    assert "changed=0" in out

@@ -174,8 +174,8 @@ def test_without_a_pinned_key_the_agent_refuses_to_start_and_an_unsigned_file_de
 
 
 def test_get_state_and_every_start_say_host_root_is_trusted_on_this_peer(host):
-    """deployment_mode host (the only one): GetState's details and a warning on every start say that the host's
-    root is trusted here; another mode is refused, naming the key."""
+    """deployment_mode host (the default): GetState's details and a warning on every start say that the host's
+    root is trusted here; an unknown mode is refused, naming the key."""
     for _start_again in range(2):
         log = io.StringIO()
         agent = build_agent(host.config(), JSONLog(stream=log)).start()
@@ -187,5 +187,5 @@ def test_get_state_and_every_start_say_host_root_is_trusted_on_this_peer(host):
         assert 13 not in state["secrets_at_rest"]["pcrs"] and state["secrets_at_rest"]["pcrs"] == list(BOOT_PCRS)
         warned = [json.loads(line) for line in log.getvalue().splitlines() if '"host_root_trusted"' in line]
         assert len(warned) == 1 and warned[0]["level"] == "warning" and "host root is trusted" in warned[0]["message"]
-    with pytest.raises(InputError, match="^deployment_mode: expected one of host"):
-        host.config(deployment_mode="image")
+    with pytest.raises(InputError, match="^deployment_mode: expected one of host, image"):
+        host.config(deployment_mode="vm")
