@@ -17,7 +17,8 @@ import subprocess
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import image_prediction as ip
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import policy, signature
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (
+    agent_measurement, policy, signature)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     MeasurementSets, MeasurementsMismatch, parse_policy)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
@@ -315,6 +316,13 @@ def test_signed_document_loads_as_the_attestation_actions_load_it(tmp_path, pred
     assert loaded == doc and policy.enforced_pcrs(loaded) == [4, 7, 9, 11, 13]
     assert parse_policy(json.load(open(path, encoding="utf-8"))).sets == doc.sets
     signature.read_signed_file(path, signature.load_public_key_file(str(tmp_path / "measurements.pub")))
+    # What verify_attestation compares (settings_from_args): the agents' rule keeps an image set's zero PCR 13.
+    agent_value = sha256(b"a host-mode agent")
+    compared = agent_measurement.enforce_agent_pcr(loaded, agent_value)
+    image_peer = {**prediction.values(), 13: bytes(32)}
+    assert compared.match(image_peer)[0] == "image-v2"
+    with pytest.raises(MeasurementsMismatch, match="PCR 13"):
+        compared.match({**image_peer, 13: agent_value})  # a host agent that extended PCR 13 on this boot chain
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(" ")
     with pytest.raises(InputError, match="does not verify"):
