@@ -348,14 +348,6 @@ def _document_text(data: bytes, path: str) -> str:
             from None
 
 
-def _same_key(one: Any, other: Any) -> bool:
-    from cryptography.hazmat.primitives import serialization
-
-    def der(key):
-        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return der(one) == der(other)
-
-
 def keep_agent_entry(path: str, name: str, entry: Optional[Dict[str, Any]], key: Any = None, pinned: Any = None,
                      check_mode: bool = False) -> Dict[str, Any]:
     """Lists the agent ``name`` with ``entry`` (None: retires it) in the measurements document at ``path``, signed
@@ -370,7 +362,7 @@ def keep_agent_entry(path: str, name: str, entry: Optional[Dict[str, Any]], key:
     from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
     from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
-    if key is not None and pinned is not None and not _same_key(key.public_key(), pinned):
+    if key is not None and pinned is not None and not sig.same_public_key(key.public_key(), pinned):
         raise InputError("priv_key_file", "the key whose public half measurements_pub_key_file pins", "another key")
     sig_path = sig.signature_path(path)
     signed = os.path.exists(sig_path)

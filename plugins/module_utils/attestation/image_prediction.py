@@ -514,3 +514,35 @@ def write_signed(doc: MeasurementSets, path: str, priv_key) -> Tuple[str, str]:
     atomic_write(path, text, 0o644)
     atomic_write(sig_path, signed, 0o644)
     return path, sig_path
+
+
+def keep_document(doc: MeasurementSets, path: str, priv_key=None, check_mode: bool = False) -> Dict[str, object]:
+    """``doc`` at ``path``, signed with ``priv_key`` when given (``write_signed``), unless the file already holds
+    exactly its bytes and, with a key, a signature by that key (ECDSA signatures are randomised: a valid one is
+    kept). Without a key a signature file next to ``path`` is refused: it would no longer match. Returns
+    ``{"changed", "measurements_file", "signature_file"}`` (signature_file None when unsigned)."""
+    text = doc.dumps().encode("utf-8")
+    sig_path = signature.signature_path(path)
+    if priv_key is None and os.path.exists(sig_path):
+        raise InputError("priv_key_file", "the signing key: %s would no longer match the document" % sig_path, None)
+    try:
+        with open(path, "rb") as handle:
+            same = handle.read(len(text) + 1) == text
+    except FileNotFoundError:
+        same = False
+    except OSError as err:
+        raise InputError("dest", "a readable or absent file", "%s (%s)" % (path, err.strerror)) from None
+    if same and priv_key is not None:
+        try:
+            signature.read_signed_file(path, priv_key.public_key())
+        except ConstellationError:
+            same = False
+    result: Dict[str, object] = {"changed": not same, "measurements_file": path,
+                                 "signature_file": sig_path if priv_key is not None else None}
+    if same or check_mode:
+        return result
+    if priv_key is not None:
+        write_signed(doc, path, priv_key)
+    else:
+        atomic_write(path, text, 0o644)
+    return result

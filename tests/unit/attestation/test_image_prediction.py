@@ -23,16 +23,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     MeasurementSets, MeasurementsMismatch, parse_policy)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
+from ansible_collections.constellation.cluster.tests.unit.attestation.ukis import (
+    CMDLINE, INITRD, KERNEL_PE, OSREL, STUB, build_uki, skip_without_stub)
 
-STUB = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub"
-KERNEL_PE = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi"  # a second real PE, standing in for a kernel
-CMDLINE = "console=ttyS0 roothash=%s root=/dev/mapper/root" % ("ab" * 32)
-OSREL = b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
-
-pytestmark = [
-    pytest.mark.skipif(not shutil.which("objcopy"), reason="objcopy (binutils) is not installed"),
-    pytest.mark.skipif(not __import__("os").path.exists(STUB), reason="systemd-boot-efi's stub %s is absent" % STUB),
-]
+pytestmark = skip_without_stub
 
 
 def sha256(data: bytes) -> bytes:
@@ -44,25 +38,6 @@ def extend_all(digests) -> bytes:
     for digest in digests:
         value = sha256(value + digest)
     return value
-
-
-def build_uki(tmp_path, name="uki.efi", cmdline=CMDLINE.encode("ascii"), initrd=b"initrd" * 20000,
-              linux=None, osrel=OSREL, drop=()) -> str:
-    """A UKI as the image build makes it: objcopy adds the sections to Debian's systemd-stub."""
-    linux = linux if linux is not None else open(KERNEL_PE if __import__("os").path.exists(KERNEL_PE) else STUB,
-                                                 "rb").read()
-    parts = {".osrel": (osrel, 0x20000), ".cmdline": (cmdline, 0x30000), ".linux": (linux, 0x2000000),
-             ".initrd": (initrd, 0x3000000)}
-    argv = ["objcopy"]
-    for section, (content, vma) in parts.items():
-        if section in drop:
-            continue
-        path = tmp_path / ("part" + section)
-        path.write_bytes(content)
-        argv += ["--add-section", "%s=%s" % (section, path), "--change-section-vma", "%s=0x%x" % (section, vma)]
-    out = tmp_path / name
-    subprocess.run(argv + [STUB, str(out)], check=True, capture_output=True)
-    return str(out)
 
 
 def osslsigncode_digest(path, tmp_path) -> bytes:
@@ -174,7 +149,7 @@ def test_pcr4_known_answer(tmp_path, uki, prediction):
 def test_pcr9_known_answer(prediction):
     """The Linux EFI stub measures its load options (the command line, UTF-16LE with the NUL) and the initrd."""
     options = CMDLINE.encode("utf-16-le") + b"\x00\x00"
-    events = [sha256(options), sha256(b"initrd" * 20000)]
+    events = [sha256(options), sha256(INITRD)]
     assert [e.digest for e in prediction.pcrs[9].events] == events
     assert prediction.values()[9] == extend_all(events)
     assert prediction.cmdline == CMDLINE
@@ -186,7 +161,7 @@ def test_pcr11_known_answer_and_systemd_measure(uki, prediction):
     kernel = open(KERNEL_PE, "rb").read()
     cmdline = CMDLINE.encode("ascii")
     digests = []
-    for name, content in ((".linux", kernel), (".osrel", OSREL), (".cmdline", cmdline), (".initrd", b"initrd" * 20000)):
+    for name, content in ((".linux", kernel), (".osrel", OSREL), (".cmdline", cmdline), (".initrd", INITRD)):
         digests += [sha256(name.encode("ascii") + b"\x00"), sha256(content)]
     digests += [sha256(phase) for phase in (b"enter-initrd", b"leave-initrd", b"sysinit", b"ready")]
     assert prediction.values()[11] == extend_all(digests)
