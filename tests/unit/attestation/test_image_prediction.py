@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import struct
 import subprocess
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import image_prediction as ip
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (
     agent_measurement, policy, signature)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     MeasurementSets, MeasurementsMismatch, parse_policy)
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
 from ansible_collections.constellation.cluster.tests.unit.attestation.ukis import (
     CMDLINE, INITRD, KERNEL_PE, OSREL, STUB, build_uki, skip_without_stub)
 
 pytestmark = skip_without_stub
+STUB_BYTES = open(STUB, "rb").read() if os.path.exists(STUB) else b""
 
 
 def sha256(data: bytes) -> bytes:
@@ -331,3 +334,24 @@ def test_upgrade_document_keeps_the_running_sets_and_the_coordinator_takes_it(tm
         ip.document(new, "image-v1", base=running)
     with pytest.raises(InputError, match="a version above the base document's 4"):
         ip.document(new, "image-v2", version=4, base=running)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 0x3FF), st.integers(0, 255)), min_size=1, max_size=8),
+       cut=st.one_of(st.none(), st.integers(0, 0x20000)))
+def test_mutated_headers_give_a_digest_or_an_input_error(edits, cut):
+    """Any byte of the headers changed, any length: a digest or an InputError, never another exception."""
+    data = bytearray(STUB_BYTES)
+    for offset, value in edits:
+        data[offset] = value
+    data = bytes(data[:cut] if cut is not None else data)
+    for parse in (ip.authenticode_digest, ip.uki_sections, ip.stub_version):
+        try:
+            parse(data)
+        except InputError as err:
+            assert err.field == "uki" or err.field.startswith("uki ")
+
+
+def test_a_missing_systemd_measure_is_named(uki):
+    with pytest.raises(ConstellationError, match="/nonexistent/systemd-measure"):
+        ip.predict(uki, systemd_measure="/nonexistent/systemd-measure")
