@@ -12,6 +12,8 @@ API (plain Python; runs on the build host or the controller, never on a node)::
     doc = document(prediction, name, version=None, base=None)  # MeasurementSets: set ``name``: PCRs 4/7/9/11, 13 = 0
                                                   # (base: the document in force, its sets kept: an upgrade)
     write_signed(doc, path, priv_key)             # path + path.sig (signature.sign_blob, as measurements_signature)
+    keep_document(doc, path, priv_key, check_mode)   # the same, unless path holds it already (image_measurements)
+    image_set(prediction)                         # the set alone (a Measurements)
     authenticode_digest(pe_bytes)                 # the PE image digest the firmware measures
     uki_sections(uki_bytes)                       # {".linux": bytes, ".osrel": ..., ".cmdline": ..., ".initrd": ...}
 
