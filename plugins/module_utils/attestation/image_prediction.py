@@ -37,7 +37,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.eventlog import (
-    EV_EFI_BOOT_SERVICES_APPLICATION, EV_IPL, EV_SEPARATOR)
+    EV_EFI_ACTION, EV_EFI_BOOT_SERVICES_APPLICATION, EV_EFI_VARIABLE_DRIVER_CONFIG, EV_EVENT_TAG, EV_IPL, EV_SEPARATOR)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurement, Measurements, MeasurementSets, check_set_name, extend_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.command import CommandRunner
@@ -45,10 +45,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.constants im
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
-# TCG PC Client Platform Firmware Profile event types (the ones the eventlog module does not name already).
-EV_EVENT_TAG = 0x00000006
-EV_EFI_VARIABLE_DRIVER_CONFIG = 0x80000001
-EV_EFI_ACTION = 0x80000007
+# The TCG PC Client Platform Firmware Profile's names of the event types predicted here.
 EVENT_TYPE_NAMES = {
     EV_SEPARATOR: "EV_SEPARATOR", EV_IPL: "EV_IPL", EV_EVENT_TAG: "EV_EVENT_TAG",
     EV_EFI_VARIABLE_DRIVER_CONFIG: "EV_EFI_VARIABLE_DRIVER_CONFIG", EV_EFI_ACTION: "EV_EFI_ACTION",
