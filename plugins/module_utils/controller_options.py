@@ -124,6 +124,19 @@ AGENT_MEASUREMENT_ARGS: Dict[str, Dict[str, Any]] = dict(
     priv_key_file=dict(type="path"),
     priv_key_passphrase=dict(type="str", no_log=True),
 )
+# image_measurements (attestation/image_prediction.py): the firmware choices are its FIRMWARE_PROFILES.
+IMAGE_MEASUREMENTS_ARGS: Dict[str, Dict[str, Any]] = dict(
+    uki=dict(type="path", required=True),
+    name=dict(type="str", required=True),
+    dest=dict(type="path", required=True),
+    base_file=dict(type="path"),
+    version=dict(type="int"),
+    firmware=dict(type="str", choices=["ovmf-2022.11"], default="ovmf-2022.11"),
+    # As measurements_signature's.
+    priv_key_file=dict(type="path"),
+    priv_key_passphrase=dict(type="str", no_log=True),
+    pub_key_file=dict(type="path"),
+)
 VERIFY_ATTESTATION_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),
 )

@@ -126,12 +126,8 @@ def _run(module):
     if not params["priv_key_file"]:
         module.fail_json(msg="priv_key_file: expected the signing key (state=signed)", **result)
     key = sig.load_private_key_file(params["priv_key_file"], "priv_key_file", params["priv_key_passphrase"])
-    from cryptography.hazmat.primitives import serialization
-
     own = key.public_key()
-    if pinned is not None and pinned.public_bytes(serialization.Encoding.DER,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo) != \
-            own.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
+    if pinned is not None and not sig.same_public_key(pinned, own):
         module.fail_json(msg="priv_key_file: the key is not the one pub_key_file pins", **result)
     if os.path.exists(sig_path):
         try:

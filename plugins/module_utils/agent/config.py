@@ -234,9 +234,17 @@ class AgentConfig:
         node only: ``from_mapping`` reads no device, it also runs on the controller)."""
         # JSON is YAML: one bounded loader for both (encoding.load_yaml), UTF-8 only, string keys.
         data = load_yaml(read_text(path, "config", expected="a readable file"), "config")
-        if isinstance(data, Mapping) and isinstance(data.get("node_settings"), str):
-            data = dict(data, **read_node_settings(data["node_settings"]))
-        return cls.from_mapping(data)
+        if not isinstance(data, Mapping) or not isinstance(data.get("node_settings"), str):
+            return cls.from_mapping(data)
+        settings = read_node_settings(data["node_settings"])
+        try:
+            return cls.from_mapping(dict(data, **settings))
+        except InputError as err:
+            if err.field not in settings:
+                raise
+            # A bad value from the per-node settings: say where it came from.
+            raise InputError("node_settings", "%s %s in %s" % (err.field, err.expected, data["node_settings"]),
+                             err.got) from None
 
 
 # Per-node settings (docs/agent.md, "Per-node settings"): the node image's configuration is baked into its

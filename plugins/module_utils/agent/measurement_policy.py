@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional, Tuple
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
-    accepted_values, enforce_agent_pcr)
+    IMAGE_AGENT, accepted_values, enforce_agent_pcr)
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import storage_key
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile, own_measurement_set
@@ -82,10 +83,14 @@ class MeasurementPolicy:
     def own_agent(self) -> Optional[Tuple[str, bytes]]:
         """(name, PCR 13 value) of the agent this peer runs, named as the policy in force accepts it (the
         ``agents`` entry of its value, agent_measurement.OWN_AGENT where none are listed, NOT_ACCEPTED where the policy
-        does not accept it)."""
+        does not accept it). In the node image: agent_measurement.IMAGE_AGENT (its PCR 13 holds zero, its image set
+        covers it) with the value its code and trust configuration give, what it accepts as its own agent on host
+        peers where the document lists none."""
         measurement = self.attestation.measurement
         if measurement is None or self.policy is None:
             return None
+        if not deployment.extends_agent_pcr(self.config.deployment_mode):
+            return IMAGE_AGENT, measurement.value
         names = [name for name, value in accepted_values(self.policy, measurement.value).items()
                  if value == measurement.value]
         return (names[0] if names else NOT_ACCEPTED), measurement.value

@@ -48,6 +48,8 @@ _CACHE: Dict[str, bytes] = {}
 OWN_AGENT = "self"  # measurements.RESERVED_AGENT_NAME: no document entry may take it
 AGENT_LABEL = "the agent"
 IMAGE_AGENT_LABEL = "an image set: the image's agent never extends it"
+# What a peer runs on PCR 13 where it matched an image set's zero (no document name can take it: not a valid name).
+IMAGE_AGENT = "(image)"
 
 
 def code_root() -> str:
@@ -165,13 +167,13 @@ def enforce_agent_pcr(policy, own_value: bytes):
 
 def matched_agent(checks) -> Optional[str]:
     """The agent a validation's table says the peer runs: the name of the accepted agent its PCR 13 matched,
-    OWN_AGENT where the document lists none; None when PCR 13 was not checked or did not match, or matched an
-    image set's zero (an image's agent measures nothing into PCR 13: its boot chain covers it)."""
+    OWN_AGENT where the document lists none, IMAGE_AGENT where it matched an image set's zero (an image's agent
+    measures nothing into PCR 13: its boot chain covers it); None when PCR 13 was not checked or did not match."""
     for check in checks or ():
         if check.index == PCR_INDEX_AGENT:
-            if not check.ok or check.found == bytes(32).hex():
+            if not check.ok:
                 return None
-            return check.matched or OWN_AGENT
+            return IMAGE_AGENT if check.found == bytes(32).hex() else (check.matched or OWN_AGENT)
     return None
 
 
@@ -346,14 +348,6 @@ def _document_text(data: bytes, path: str) -> str:
             from None
 
 
-def _same_key(one: Any, other: Any) -> bool:
-    from cryptography.hazmat.primitives import serialization
-
-    def der(key):
-        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return der(one) == der(other)
-
-
 def keep_agent_entry(path: str, name: str, entry: Optional[Dict[str, Any]], key: Any = None, pinned: Any = None,
                      check_mode: bool = False) -> Dict[str, Any]:
     """Lists the agent ``name`` with ``entry`` (None: retires it) in the measurements document at ``path``, signed
@@ -368,7 +362,7 @@ def keep_agent_entry(path: str, name: str, entry: Optional[Dict[str, Any]], key:
     from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
     from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
-    if key is not None and pinned is not None and not _same_key(key.public_key(), pinned):
+    if key is not None and pinned is not None and not sig.same_public_key(key.public_key(), pinned):
         raise InputError("priv_key_file", "the key whose public half measurements_pub_key_file pins", "another key")
     sig_path = sig.signature_path(path)
     signed = os.path.exists(sig_path)

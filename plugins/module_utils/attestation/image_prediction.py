@@ -9,8 +9,11 @@ API (plain Python; runs on the build host or the controller, never on a node)::
     prediction.values()            # {4: bytes, 7: bytes, 9: bytes, 11: bytes}, SHA-256 bank
     prediction.pcrs[4].events      # (Event(pcr, type, digest, description, data), ...) in measurement order
     prediction.to_dict()           # JSON-able: each PCR's value and events, the digests and versions it used
-    doc = document(prediction, name, version=0)   # MeasurementSets: one set ``name``, PCRs 4/7/9/11 + 13 = zero
+    doc = document(prediction, name, version=None, base=None)  # MeasurementSets: set ``name``: PCRs 4/7/9/11, 13 = 0
+                                                  # (base: the document in force, its sets kept: an upgrade)
     write_signed(doc, path, priv_key)             # path + path.sig (signature.sign_blob, as measurements_signature)
+    keep_document(doc, path, priv_key, check_mode)   # the same, unless path holds it already (image_measurements)
+    image_set(prediction)                         # the set alone (a Measurements)
     authenticode_digest(pe_bytes)                 # the PE image digest the firmware measures
     uki_sections(uki_bytes)                       # {".linux": bytes, ".osrel": ..., ".cmdline": ..., ".initrd": ...}
 
@@ -34,7 +37,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.eventlog import (
-    EV_EFI_BOOT_SERVICES_APPLICATION, EV_IPL, EV_SEPARATOR)
+    EV_EFI_ACTION, EV_EFI_BOOT_SERVICES_APPLICATION, EV_EFI_VARIABLE_DRIVER_CONFIG, EV_EVENT_TAG, EV_IPL, EV_SEPARATOR)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurement, Measurements, MeasurementSets, check_set_name, extend_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.command import CommandRunner
@@ -42,10 +45,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.constants im
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
-# TCG PC Client Platform Firmware Profile event types (the ones the eventlog module does not name already).
-EV_EVENT_TAG = 0x00000006
-EV_EFI_VARIABLE_DRIVER_CONFIG = 0x80000001
-EV_EFI_ACTION = 0x80000007
+# The TCG PC Client Platform Firmware Profile's names of the event types predicted here.
 EVENT_TYPE_NAMES = {
     EV_SEPARATOR: "EV_SEPARATOR", EV_IPL: "EV_IPL", EV_EVENT_TAG: "EV_EVENT_TAG",
     EV_EFI_VARIABLE_DRIVER_CONFIG: "EV_EFI_VARIABLE_DRIVER_CONFIG", EV_EFI_ACTION: "EV_EFI_ACTION",
@@ -476,13 +476,32 @@ def predict(uki_path: str, firmware: FirmwareProfile = OVMF_2022_11, runner: Opt
 # --- the measurements document ---------------------------------------------------------------------------------
 
 
-def document(prediction: Prediction, name: str, version: int = 0) -> MeasurementSets:
-    """The measurements document of the image: one accepted set ``name`` enforcing the predicted PCRs 4, 7, 9, 11
-    and PCR 13 = 32 zero bytes (an image's agent does not extend it, docs/image-measurements.md)."""
-    check_set_name(name, "name", "image set names")
+def image_set(prediction: Prediction) -> Measurements:
+    """The accepted set of the image: the predicted PCRs 4, 7, 9, 11 and PCR 13 = 32 zero bytes, all enforced (an
+    image's agent does not extend PCR 13, docs/image-measurements.md)."""
     pcrs = {index: Measurement(value, False) for index, value in prediction.values().items()}
     pcrs[PCR_INDEX_AGENT] = Measurement(bytes(32), False)
-    return MeasurementSets({name: Measurements(dict(sorted(pcrs.items())))}, version)
+    return Measurements(dict(sorted(pcrs.items())))
+
+
+def document(prediction: Prediction, name: str, version: Optional[int] = None,
+             base: Optional[MeasurementSets] = None) -> MeasurementSets:
+    """The measurements document of the image: its set (``image_set``) named ``name``. With ``base`` (the document
+    in force, for a rolling upgrade) its sets and agents are kept and the image's set added; a set of that name in
+    ``base`` must be the same one. ``version``: default 0, or base's version + 1."""
+    check_set_name(name, "name", "image set names")
+    added = image_set(prediction)
+    sets: Dict[str, Measurements] = dict(base.sets) if base is not None else {}
+    if name in sets and sets[name] != added:
+        raise InputError("name", "a set name the base document does not give other values (an image version names "
+                         "one image)", name)
+    sets[name] = added
+    if version is None:
+        version = base.version + 1 if base is not None else 0
+    elif base is not None and version <= base.version and sets != base.sets:
+        raise InputError("version", "a version above the base document's %d (agents refuse an older or equal one "
+                         "that changes the sets)" % base.version, version)
+    return MeasurementSets(sets, version, base.agents if base is not None else None)
 
 
 def write_signed(doc: MeasurementSets, path: str, priv_key) -> Tuple[str, str]:
@@ -494,3 +513,35 @@ def write_signed(doc: MeasurementSets, path: str, priv_key) -> Tuple[str, str]:
     atomic_write(path, text, 0o644)
     atomic_write(sig_path, signed, 0o644)
     return path, sig_path
+
+
+def keep_document(doc: MeasurementSets, path: str, priv_key=None, check_mode: bool = False) -> Dict[str, object]:
+    """``doc`` at ``path``, signed with ``priv_key`` when given (``write_signed``), unless the file already holds
+    exactly its bytes and, with a key, a signature by that key (ECDSA signatures are randomised: a valid one is
+    kept). Without a key a signature file next to ``path`` is refused: it would no longer match. Returns
+    ``{"changed", "measurements_file", "signature_file"}`` (signature_file None when unsigned)."""
+    text = doc.dumps().encode("utf-8")
+    sig_path = signature.signature_path(path)
+    if priv_key is None and os.path.exists(sig_path):
+        raise InputError("priv_key_file", "the signing key: %s would no longer match the document" % sig_path, None)
+    try:
+        with open(path, "rb") as handle:
+            same = handle.read(len(text) + 1) == text
+    except FileNotFoundError:
+        same = False
+    except OSError as err:
+        raise InputError("dest", "a readable or absent file", "%s (%s)" % (path, err.strerror)) from None
+    if same and priv_key is not None:
+        try:
+            signature.read_signed_file(path, priv_key.public_key())
+        except ConstellationError:
+            same = False
+    result: Dict[str, object] = {"changed": not same, "measurements_file": path,
+                                 "signature_file": sig_path if priv_key is not None else None}
+    if same or check_mode:
+        return result
+    if priv_key is not None:
+        write_signed(doc, path, priv_key)
+    else:
+        atomic_write(path, text, 0o644)
+    return result

@@ -57,6 +57,14 @@ def load_public_key_file(path: str, field: str = "measurements_public_key"):
     return load_public_key(_read(path, field, MAX_KEY_FILE, "a readable PEM public key file"), field)
 
 
+def same_public_key(one, other) -> bool:
+    """Whether two public keys are the same (their DER SubjectPublicKeyInfo): a signing key against a pinned key."""
+    from cryptography.hazmat.primitives import serialization
+
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return one.public_bytes(*spki) == other.public_bytes(*spki)
+
+
 def load_private_key(pem: bytes, field: str = "private_key", password: Optional[bytes] = None):
     """An ECDSA P-256 private key from PEM (PKCS#8 or SEC1). cosign's own encrypted format
     (ENCRYPTED SIGSTORE PRIVATE KEY) is not read: export the key to PEM, or sign with cosign."""

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import accepted_values
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import IMAGE_AGENT, accepted_values
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     MeasurementSets, as_sets, parse_policy, policy_version)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import require_enforced_pcr
@@ -261,6 +261,8 @@ class AcceptedMeasurements:
         retired = [name for name, value in old_values.items() if value.hex() not in new_values]
         left = {}
         for ip, record in self.peer_agent_records().items():
+            if record is not None and record[0] == IMAGE_AGENT:
+                continue  # a node image's peer: no agent on PCR 13; retiring its image set is refused above
             if record is None:
                 if retired:
                     left[ip] = UNKNOWN

@@ -351,6 +351,24 @@ def test_no_longer_accepting_the_agent_a_peer_runs_is_refused_naming_the_peers_i
     assert cluster.core.context.store.get(KEY_PEER_AGENT_PREFIX + node_a) is not None
 
 
+def test_a_node_image_peer_runs_no_agent_on_pcr_13_and_never_blocks_retiring_one(cluster, admin):
+    """An image Coordinator (agent_measurement.IMAGE_AGENT: its PCR 13 holds zero, its image set covers its agent) and
+    an image Node: retiring a host agent concerns neither; the answer names them "(image)"."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import IMAGE_AGENT
+
+    admin.admin_auth(cluster.admin_key)
+    service = cluster.core.accepted_measurements
+    coordinator = cluster.core.context.vpn_ip
+    service.own_agent = lambda: (IMAGE_AGENT, AGENT_NEW)  # its own value: what it accepts on host peers
+    image_node, host_node = cluster.add_node("10.42.0.21"), cluster.add_node("10.42.0.22")
+    set_measurements(admin, agents_document(2, {"0.2.0": AGENT_OLD, "0.3.0": AGENT_NEW}))
+    service.record_peer_agent(image_node, (IMAGE_AGENT, bytes(32)))
+    service.record_peer_agent(host_node, ("0.3.0", AGENT_NEW))
+    answer = set_measurements(admin, agents_document(3, {"0.3.0": AGENT_NEW}))
+    assert answer["changed"] and answer["agents"] == {coordinator: IMAGE_AGENT, image_node: IMAGE_AGENT,
+                                                      host_node: "0.3.0"}
+
+
 def test_a_document_without_agents_accepts_the_coordinator_s_own_agent_only(cluster, admin):
     admin.admin_auth(cluster.admin_key)
     service = cluster.core.accepted_measurements

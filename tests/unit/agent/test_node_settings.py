@@ -108,6 +108,14 @@ def test_a_malformed_document_is_refused_naming_node_settings_and_the_path(tmp_p
         with pytest.raises(InputError, match="^node_settings: expected the absolute path"):
             AgentConfig.from_mapping(json.loads(baked.read_text()) | {"node_settings": path})
     assert read_node_settings(str(tmp_path / "missing")) == {}
+    # A value of the right type that the agent's own check refuses: named as coming from the per-node settings.
+    for key, value, expected in (("init_secret_hash", "xyz", "init_secret_hash the hex SHA-256"),
+                                 ("public_endpoint", "nowhere", "public_endpoint ")):
+        _device(tmp_path, {key: value})
+        with pytest.raises(InputError) as refused:
+            AgentConfig.load(str(baked))
+        assert refused.value.field == "node_settings" and str(tmp_path / "node.raw") in str(refused.value)
+        assert str(refused.value).startswith("node_settings: expected " + expected), str(refused.value)
 
 
 def test_an_init_secret_hash_from_the_node_settings_fails_the_admins_activation_and_nothing_is_given_out(

@@ -207,15 +207,17 @@ def test_the_agent_names_its_own_agent_as_the_policy_in_force_accepts_it():
     from ansible_collections.constellation.cluster.plugins.module_utils.agent.measurement_policy import (
         NOT_ACCEPTED, MeasurementPolicy)
 
-    def own(policy, measurement):
+    def own(policy, measurement, mode="host"):
         attestation = SimpleNamespace(policy=policy, measurement=measurement)
-        return MeasurementPolicy(None, None, attestation, None, None).own_agent()
+        return MeasurementPolicy(SimpleNamespace(deployment_mode=mode), None, attestation, None, None).own_agent()
 
     listed = parse_policy(_doc(**{"0.2.0": OLD.to_dict(), "0.3.0": NEW.to_dict()}))
     assert own(listed, NEW) == ("0.3.0", NEW.value)
     assert own(listed, THIRD) == (NOT_ACCEPTED, THIRD.value)
     assert own(parse_policy(_doc()), THIRD) == (am.OWN_AGENT, THIRD.value)
     assert own(listed, None) is None
+    # The node image's agent extends nothing: it runs no agent on PCR 13, whatever the document lists.
+    assert own(listed, NEW, "image") == own(listed, THIRD, "image")[:1] + (NEW.value,) == (am.IMAGE_AGENT, NEW.value)
 
 
 def test_the_name_reported_for_the_own_agent_is_reserved_in_documents():

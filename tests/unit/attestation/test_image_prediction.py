@@ -10,28 +10,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import struct
 import subprocess
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import image_prediction as ip
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import policy, signature
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (
+    agent_measurement, policy, signature)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    MeasurementsMismatch, parse_policy)
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+    MeasurementSets, MeasurementsMismatch, parse_policy)
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.tests.support.keys import measurements_key
+from ansible_collections.constellation.cluster.tests.unit.attestation.ukis import (
+    CMDLINE, INITRD, KERNEL_PE, OSREL, STUB, build_uki, skip_without_stub)
 
-STUB = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub"
-KERNEL_PE = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi"  # a second real PE, standing in for a kernel
-CMDLINE = "console=ttyS0 roothash=%s root=/dev/mapper/root" % ("ab" * 32)
-OSREL = b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
-
-pytestmark = [
-    pytest.mark.skipif(not shutil.which("objcopy"), reason="objcopy (binutils) is not installed"),
-    pytest.mark.skipif(not __import__("os").path.exists(STUB), reason="systemd-boot-efi's stub %s is absent" % STUB),
-]
+pytestmark = skip_without_stub
+STUB_BYTES = open(STUB, "rb").read() if os.path.exists(STUB) else b""
 
 
 def sha256(data: bytes) -> bytes:
@@ -43,25 +41,6 @@ def extend_all(digests) -> bytes:
     for digest in digests:
         value = sha256(value + digest)
     return value
-
-
-def build_uki(tmp_path, name="uki.efi", cmdline=CMDLINE.encode("ascii"), initrd=b"initrd" * 20000,
-              linux=None, osrel=OSREL, drop=()) -> str:
-    """A UKI as the image build makes it: objcopy adds the sections to Debian's systemd-stub."""
-    linux = linux if linux is not None else open(KERNEL_PE if __import__("os").path.exists(KERNEL_PE) else STUB,
-                                                 "rb").read()
-    parts = {".osrel": (osrel, 0x20000), ".cmdline": (cmdline, 0x30000), ".linux": (linux, 0x2000000),
-             ".initrd": (initrd, 0x3000000)}
-    argv = ["objcopy"]
-    for section, (content, vma) in parts.items():
-        if section in drop:
-            continue
-        path = tmp_path / ("part" + section)
-        path.write_bytes(content)
-        argv += ["--add-section", "%s=%s" % (section, path), "--change-section-vma", "%s=0x%x" % (section, vma)]
-    out = tmp_path / name
-    subprocess.run(argv + [STUB, str(out)], check=True, capture_output=True)
-    return str(out)
 
 
 def osslsigncode_digest(path, tmp_path) -> bytes:
@@ -173,7 +152,7 @@ def test_pcr4_known_answer(tmp_path, uki, prediction):
 def test_pcr9_known_answer(prediction):
     """The Linux EFI stub measures its load options (the command line, UTF-16LE with the NUL) and the initrd."""
     options = CMDLINE.encode("utf-16-le") + b"\x00\x00"
-    events = [sha256(options), sha256(b"initrd" * 20000)]
+    events = [sha256(options), sha256(INITRD)]
     assert [e.digest for e in prediction.pcrs[9].events] == events
     assert prediction.values()[9] == extend_all(events)
     assert prediction.cmdline == CMDLINE
@@ -185,7 +164,7 @@ def test_pcr11_known_answer_and_systemd_measure(uki, prediction):
     kernel = open(KERNEL_PE, "rb").read()
     cmdline = CMDLINE.encode("ascii")
     digests = []
-    for name, content in ((".linux", kernel), (".osrel", OSREL), (".cmdline", cmdline), (".initrd", b"initrd" * 20000)):
+    for name, content in ((".linux", kernel), (".osrel", OSREL), (".cmdline", cmdline), (".initrd", INITRD)):
         digests += [sha256(name.encode("ascii") + b"\x00"), sha256(content)]
     digests += [sha256(phase) for phase in (b"enter-initrd", b"leave-initrd", b"sysinit", b"ready")]
     assert prediction.values()[11] == extend_all(digests)
@@ -223,7 +202,7 @@ def test_prediction_reports_what_it_depends_on(prediction):
                           for e in entry["events"]]).hex() == entry["value"]
 
 
-def test_a_changed_command_line_changes_pcrs_9_and_11_only(tmp_path, prediction):
+def test_a_changed_command_line_changes_pcrs_4_9_and_11_not_7(tmp_path, prediction):
     other = ip.predict(build_uki(tmp_path, cmdline=CMDLINE.replace("ttyS0", "ttyS1").encode("ascii")))
     changed = {index for index in ip.PREDICTED_PCRS if other.values()[index] != prediction.values()[index]}
     assert changed == {4, 9, 11}  # 4 too: the UKI file (and so its Authenticode digest) is another
@@ -315,7 +294,64 @@ def test_signed_document_loads_as_the_attestation_actions_load_it(tmp_path, pred
     assert loaded == doc and policy.enforced_pcrs(loaded) == [4, 7, 9, 11, 13]
     assert parse_policy(json.load(open(path, encoding="utf-8"))).sets == doc.sets
     signature.read_signed_file(path, signature.load_public_key_file(str(tmp_path / "measurements.pub")))
+    # What verify_attestation compares (settings_from_args): the agents' rule keeps an image set's zero PCR 13.
+    agent_value = sha256(b"a host-mode agent")
+    compared = agent_measurement.enforce_agent_pcr(loaded, agent_value)
+    image_peer = {**prediction.values(), 13: bytes(32)}
+    assert compared.match(image_peer)[0] == "image-v2"
+    with pytest.raises(MeasurementsMismatch, match="PCR 13"):
+        compared.match({**image_peer, 13: agent_value})  # a host agent that extended PCR 13 on this boot chain
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(" ")
     with pytest.raises(InputError, match="does not verify"):
         policy.load_policy(measurements_file=path, public_key_path=str(tmp_path / "measurements.pub"))
+
+
+def test_upgrade_document_keeps_the_running_sets_and_the_coordinator_takes_it(tmp_path, prediction):
+    """upgrade_image.yml: the document in force plus the new image's set, version raised, signed; the Coordinator
+    (SetMeasurements) checks it as core/accepted_measurements.check_document does: signature first, every set
+    enforcing, no older version."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import check_document
+
+    key = measurements_key(tmp_path / "measurements.pub")
+    running = ip.document(prediction, "image-v1", version=4)
+    new = ip.predict(build_uki(tmp_path, cmdline=CMDLINE.replace("ab", "cd").encode("ascii")))
+    upgrade = ip.document(new, "image-v2", base=running)
+    assert upgrade.version == 5 and list(upgrade.sets) == ["image-v1", "image-v2"]
+    assert upgrade.sets["image-v1"] == running.sets["image-v1"]
+    path = str(tmp_path / "measurements-upgrade.json")
+    ip.write_signed(upgrade, path, key)
+    data = open(path, "rb").read()
+    sig = open(path + ".sig", encoding="ascii").read().strip()
+    taken = check_document(data, sig, key.public_key(), current=running)
+    assert taken == upgrade
+    assert taken.match({**new.values(), 13: bytes(32)})[0] == "image-v2"
+    assert taken.match({**prediction.values(), 13: bytes(32)})[0] == "image-v1"
+    with pytest.raises(InputError, match="does not verify"):
+        check_document(data.replace(b"image-v2", b"image-v3"), sig, key.public_key(), current=running)
+    assert ip.document(new, "image-v2", base=upgrade) == MeasurementSets(upgrade.sets, 6)  # the same set again
+    with pytest.raises(InputError, match="does not give other values"):
+        ip.document(new, "image-v1", base=running)
+    with pytest.raises(InputError, match="a version above the base document's 4"):
+        ip.document(new, "image-v2", version=4, base=running)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 0x3FF), st.integers(0, 255)), min_size=1, max_size=8),
+       cut=st.one_of(st.none(), st.integers(0, 0x20000)))
+def test_mutated_headers_give_a_digest_or_an_input_error(edits, cut):
+    """Any byte of the headers changed, any length: a digest or an InputError, never another exception."""
+    data = bytearray(STUB_BYTES)
+    for offset, value in edits:
+        data[offset] = value
+    data = bytes(data[:cut] if cut is not None else data)
+    for parse in (ip.authenticode_digest, ip.uki_sections, ip.stub_version):
+        try:
+            parse(data)
+        except InputError as err:
+            assert err.field == "uki" or err.field.startswith("uki ")
+
+
+def test_a_missing_systemd_measure_is_named(uki):
+    with pytest.raises(ConstellationError, match="/nonexistent/systemd-measure"):
+        ip.predict(uki, systemd_measure="/nonexistent/systemd-measure")
