@@ -108,7 +108,8 @@ def main() -> int:
           "(%.0f MiB allocated), UKI %.1f MiB; a lab host with swtpm and agent: %.1f s (load %.1f -> %.1f)"
           % (figures.get("build_cold_s", "-"), figures["build_cached_s"], figures["boot_to_agent_s"],
              figures["boot_to_attested_s"], figures["disk_bytes"] / 2 ** 20, figures["disk_allocated_bytes"] / 2 ** 20,
-             figures["uki_bytes"] / 2 ** 20, figures["lab_host_start_s"], figures["load_before"], figures["load_after"]))
+             figures["uki_bytes"] / 2 ** 20, figures["lab_host_start_s"], figures["load_before"],
+             figures["load_after"]))
     print(json.dumps(figures))
     return 0
 

@@ -166,7 +166,8 @@ class Guest:
         self._tpm()
         self.started_at = time.monotonic()
         with open(self.work / "qemu.log", "wb") as log:
-            self.qemu = subprocess.Popen(self.qemu_argv(), stdout=log, stderr=subprocess.STDOUT)  # pylint: disable=consider-using-with
+            self.qemu = subprocess.Popen(  # pylint: disable=consider-using-with
+                self.qemu_argv(), stdout=log, stderr=subprocess.STDOUT)
         return self
 
     def serial(self) -> str:

@@ -55,6 +55,16 @@ Name=en* eth*
 [Network]
 DHCP=yes
 """
+# systemd-pcrphase extends PCR 11 with "sysinit" and "ready" (the agent quotes after "ready"). Seen once in about
+# ten boots under TCG: the "ready" extend failed (its TPM call), the agent quoted PCR 11 at "sysinit" and the
+# attestation was refused. A failed attempt extends nothing, so it is tried again; its messages go to the console.
+PCRPHASE_DROPIN = """\
+[Service]
+Restart=on-failure
+RestartSec=1
+StandardOutput=journal+console
+StandardError=journal+console
+"""
 FSTAB = """\
 # The root is the dm-verity device (read-only); everything written at run time is on tmpfs.
 /dev/mapper/root / ext4 ro,noatime 0 0
@@ -157,6 +167,8 @@ def install_system(root: Path, debug: bool) -> None:
     _write(root, "etc/systemd/network/80-dhcp.network", NETWORK)
     _enable(root, "systemd-networkd.service")
     _enable(root, "systemd-pcrphase.service", "sysinit.target")
+    for unit in ("systemd-pcrphase.service", "systemd-pcrphase-sysinit.service"):
+        _write(root, "etc/systemd/system/%s.d/constellation.conf" % unit, PCRPHASE_DROPIN)
     _write(root, "etc/fstab", FSTAB)
     _write(root, "etc/hostname", "constellation-node\n")
     _write(root, "etc/modules-load.d/constellation.conf", "wireguard\ntpm_crb\n")

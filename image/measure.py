@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import image_prediction, signature
+from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 
 
 def predict(uki: Path, set_name: str) -> Dict[str, Any]:
@@ -25,7 +26,6 @@ def predict(uki: Path, set_name: str) -> Dict[str, Any]:
 def write(doc, out: Path, signing_key: Optional[Path]) -> None:
     """measurements.json (+ .sig when a signing key is given), each written atomically."""
     if signing_key is None:
-        from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write  # pylint: disable=import-outside-toplevel
         atomic_write(str(out), doc.dumps().encode("utf-8"), 0o644)
         return
     key = signature.load_private_key_file(str(signing_key), "--signing-key")

@@ -47,7 +47,8 @@ def image(tmp_path_factory):
     trust = LabTrust(base / "trust")
     if not (trust.ca_dir / "issuercert.pem").exists():
         trust.ca_dir.mkdir(parents=True, exist_ok=True)
-        SwTPM(str(tmp_path_factory.mktemp("seed-tpm")), free_port(), ek_cert=True, ca_dir=str(trust.ca_dir)).start().stop()
+        seed = SwTPM(str(tmp_path_factory.mktemp("seed-tpm")), free_port(), ek_cert=True, ca_dir=str(trust.ca_dir))
+        seed.start().stop()  # manufacturing the first TPM makes the CA
     trust.write_ek_ca()
     trust.measurements_key()
     policy = base / "peers.json"  # the policy the image's agent checks its peers with (signed)
