@@ -41,11 +41,12 @@ build: setup
 	$(VENV)/ansible-galaxy collection build --force --output-path /tmp/constellation-build >/dev/null
 	@echo "collection build: ok"
 
-# The node image (docs/image.md): IMAGE_EK_CA (PEM of the TPM vendor CAs) and IMAGE_SIGNING_KEY (the measurements
-# signing key) are required; IMAGE_OUT defaults to $$CONSTELLATION_IMAGE_CACHE/out.
+# The node image (docs/image.md): IMAGE_EK_CA (PEM of the TPM vendor CAs), IMAGE_SIGNING_KEY (the measurements
+# signing key) and IMAGE_POLICY (the signed document the image's agent checks its peers with) are required;
+# IMAGE_OUT defaults to $$CONSTELLATION_IMAGE_CACHE/out; DEBUG=1 builds the debug variant.
 image: setup
 	$(VENV)/python -m image build --ek-ca "$(IMAGE_EK_CA)" --signing-key "$(IMAGE_SIGNING_KEY)" \
-		$(if $(IMAGE_POLICY),--policy "$(IMAGE_POLICY)") $(if $(IMAGE_OUT),--out "$(IMAGE_OUT)") $(if $(DEBUG),--debug)
+		--policy "$(IMAGE_POLICY)" $(if $(IMAGE_OUT),--out "$(IMAGE_OUT)") $(if $(DEBUG),--debug)
 
 lab-up: setup
 	$(VENV)/python -m lab up --hosts $(HOSTS) --coordinators $(COORDINATORS)

@@ -19,10 +19,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
+
 from image.contents import AGENT_PORT
 from image.paths import NODE_SETTINGS_SERIAL, OVMF_CODE, OVMF_VARS, STATE_DISK_SERIAL
 from image.run import ImageError
 from lab.swtpm import SwTPM
+from lab.swtpm import free_port as swtpm_ports
 
 STATE_DISK_BYTES = 64 * 1024 * 1024  # LUKS2 header (16 MiB) + dm-integrity: cryptsetup wipes it all under TCG
 NODE_SETTINGS_MAX = 64 * 1024
@@ -97,15 +100,13 @@ class Guest:
     def _tpm(self) -> None:
         """A manufactured TPM (EK certificate from the CA, lab/swtpm.py), then swtpm on a UNIX control socket."""
         if not (self.tpm_dir / "tpm2-00.permall").exists():
-            port = None
-            for _attempt in range(5):  # lab.swtpm manufactures on first start; its TCP daemon is stopped again
-                from lab.swtpm import free_port as two_ports  # pylint: disable=import-outside-toplevel
-                port = two_ports()
+            # lab.swtpm manufactures the TPM on its first start; that TCP daemon is stopped again at once.
+            for attempt in range(5):
                 try:
-                    SwTPM(str(self.tpm_dir), port, ek_cert=True, ca_dir=str(self.ca_dir)).start().stop()
+                    SwTPM(str(self.tpm_dir), swtpm_ports(), ek_cert=True, ca_dir=str(self.ca_dir)).start().stop()
                     break
-                except Exception:  # pylint: disable=broad-except
-                    if _attempt == 4:
+                except (ConstellationError, OSError):  # a port taken meanwhile: another pair
+                    if attempt == 4:
                         raise
         if self.sock.exists():
             self.sock.unlink()
