@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import struct
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ TYPE_ROOT_VERITY_X86_64 = "2C7357ED-EBD2-46D9-AEC1-23D437EC2BF5"
 MIB = 1024 * 1024
 SECTOR = 512
 ESP_MIB_MARGIN = 8
+ESP_MIN_BYTES = 48 * 1024 * 1024  # FAT32 needs 65525 clusters or more
 
 
 @dataclass
@@ -75,10 +77,43 @@ def make_root_fs(root: Path, out: Path) -> int:
     size = _round_up(int(used * 1.25) + 96 * MIB, 4 * MIB)
     if out.exists():
         out.unlink()
+    # The times again right before mkfs.ext4 copies them: reading the folder may have moved access times since.
+    # 128-byte inodes: no creation time, which mkfs.ext4 1.47.0 stamps with the clock (not E2FSPROGS_FAKE_TIME),
+    # so two builds of one folder give one image. Their times end in 2038: the root is read-only, its times fixed.
+    normalize_times(root)
     run(["mkfs.ext4", "-q", "-F", "-d", str(root), "-L", "root", "-U", ROOT_FS_UUID, "-b", "4096", "-m", "0",
+         "-I", "128",
          "-O", "^has_journal", "-E", "hash_seed=%s,lazy_itable_init=0,nodiscard" % ROOT_FS_UUID,
          str(out), str(size // 1024) + "k"], "make the root file system (mkfs.ext4)", env=_fixed_env())
+    _fix_change_times(out, out.parent)
     return size
+
+
+def _used_inodes(image: Path) -> List[int]:
+    """The inode numbers in use in the ext4 ``image`` (each group's range minus dumpe2fs's free ranges)."""
+    out = run(["dumpe2fs", str(image)], "read the root file system's groups (dumpe2fs)")
+    per_group = int(re.search(r"^Inodes per group:\s*(\d+)", out, re.M).group(1))
+    used: List[int] = []
+    for number, body in re.findall(r"^Group (\d+):(.*?)(?=^Group \d+:|\Z)", out, re.M | re.S):
+        first = int(number) * per_group + 1
+        free = set()
+        match = re.search(r"^\s*Free inodes: ?(.*)$", body, re.M)
+        for part in (match.group(1).split(",") if match else []):
+            part = part.strip()
+            if part:
+                low, _, high = part.partition("-")
+                free.update(range(int(low), int(high or low) + 1))
+        used.extend(i for i in range(first, first + per_group) if i not in free)
+    return used
+
+
+def _fix_change_times(image: Path, work: Path) -> None:
+    """Every used inode's change time set to EPOCH: mkfs.ext4 -d copies each file's ctime, which is the time the
+    build touched it (debugfs, one command file)."""
+    commands = work / "ctimes.debugfs"
+    commands.write_text("".join("sif <%d> ctime @%d\n" % (i, EPOCH) for i in _used_inodes(image)), encoding="ascii")
+    run(["debugfs", "-w", "-f", str(commands), str(image)], "fix the change times (debugfs)", env=_fixed_env())
+    commands.unlink()
 
 
 def make_verity(data: Path, hash_tree: Path) -> Verity:
@@ -140,12 +175,46 @@ def make_uki(out: Path, linux: Path, initrd: Path, cmdline: str, osrel: str, wor
     if out.exists():
         out.unlink()
     run(argv + [str(EFI_STUB), str(out)], "unified kernel image (objcopy)")
+    _fix_pe_timestamp(out)
     return placed
+
+
+def _fix_pe_timestamp(path: Path) -> None:
+    """objcopy stamps the PE/COFF header's TimeDateStamp with the clock (binutils 2.40 has no option for it, nor
+    does it read SOURCE_DATE_EPOCH there): set to EPOCH, so the same inputs give the same UKI and PCR 4."""
+    with open(path, "r+b") as handle:
+        handle.seek(0x3C)  # e_lfanew: where the "PE\0\0" signature is
+        pe_offset = struct.unpack("<I", handle.read(4))[0]
+        handle.seek(pe_offset)
+        if handle.read(4) != b"PE\0\0":
+            raise ImageError("%s: no PE signature where e_lfanew points" % path)
+        handle.seek(pe_offset + 8)  # signature (4), Machine (2), NumberOfSections (2), then TimeDateStamp
+        handle.write(struct.pack("<I", EPOCH))
+        # The optional header's CheckSum (outside the Authenticode digest) was computed over the old stamp.
+        checksum_at = pe_offset + 24 + 64
+        handle.seek(0)
+        data = bytearray(handle.read())
+        data[checksum_at:checksum_at + 4] = bytes(4)
+        handle.seek(checksum_at)
+        handle.write(struct.pack("<I", _pe_checksum(bytes(data))))
+
+
+def _pe_checksum(data: bytes) -> int:
+    """The PE/COFF image checksum (the 16-bit one's-complement sum of the file, with its CheckSum field zero, plus
+    the file's length), as the loaders that check it compute it."""
+    length = len(data)
+    if length % 2:
+        data += b"\0"
+    total = 0
+    for (word,) in struct.iter_unpack("<H", data):
+        total += word
+        total = (total & 0xFFFF) + (total >> 16)
+    return ((total & 0xFFFF) + (total >> 16) + length) & 0xFFFFFFFF
 
 
 def make_esp(uki: Path, out: Path) -> int:
     """A FAT EFI system partition holding the UKI as the removable-media boot file /EFI/BOOT/BOOTX64.EFI."""
-    size = _round_up(uki.stat().st_size + ESP_MIB_MARGIN * MIB, MIB)
+    size = max(_round_up(uki.stat().st_size + ESP_MIB_MARGIN * MIB, MIB), ESP_MIN_BYTES)
     if out.exists():
         out.unlink()
     env = _fixed_env()
