@@ -12,7 +12,7 @@ short_description: Predict a node image's PCRs from its UKI and write its signed
 version_added: "0.4.0"
 description:
   - Computes, from the node image's UKI (O(uki)), the values of PCRs 4, 7, 9 and 11 (SHA-256) the image quotes when
-    the firmware O(firmware) boots it, each with the events that extend it (docs/image-measurements.md) - the
+    the firmware O(firmware) boots it, each with the events that extend it (docs/image.md, "Predicted measurements") - the
     Authenticode digests of the UKI and its kernel, the Secure Boot policy variables, the command line and initrd,
     and the UKI's sections and boot phases through C(systemd-measure).
   - Writes O(dest), a measurements document with one accepted set named O(name) that enforces those four PCRs and

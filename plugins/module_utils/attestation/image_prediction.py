@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The node image's boot-chain PCRs, predicted at build time from its UKI (docs/image-measurements.md).
+"""The node image's boot-chain PCRs, predicted at build time from its UKI (docs/image.md, "Predicted measurements").
 
 API (plain Python; runs on the build host or the controller, never on a node)::
 
@@ -478,7 +478,7 @@ def predict(uki_path: str, firmware: FirmwareProfile = OVMF_2022_11, runner: Opt
 
 def image_set(prediction: Prediction) -> Measurements:
     """The accepted set of the image: the predicted PCRs 4, 7, 9, 11 and PCR 13 = 32 zero bytes, all enforced (an
-    image's agent does not extend PCR 13, docs/image-measurements.md)."""
+    image's agent does not extend PCR 13, docs/image.md, "Predicted measurements")."""
     pcrs = {index: Measurement(value, False) for index, value in prediction.values().items()}
     pcrs[PCR_INDEX_AGENT] = Measurement(bytes(32), False)
     return Measurements(dict(sorted(pcrs.items())))
