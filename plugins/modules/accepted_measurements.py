@@ -101,7 +101,7 @@ agents:
       Coordinator's own agent for itself).
     - V(self) where the document in force lists no C(agents) (each validator then accepts its own agent only);
       "(not accepted)" for a Coordinator whose own agent the document does not list, "(image)" for a peer of the
-      measured node image (its PCR 13 matched an image set's zero: its boot chain measures the agent), and "(not
+      measured node image (its PCR 13 matched an image set's zero - its boot chain measures the agent), and "(not
       re-attested since the sets were last set)" for a peer not re-attested since.
   returned: success
   type: dict

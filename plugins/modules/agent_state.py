@@ -136,7 +136,7 @@ agent_measurement:
     - What the peer's agent extended into PCR 13 before it served anything (only with O(admin_priv_key_file), once
       activated) - the SHA-256 of its code and of its trust configuration, in this order; C(value) is PCR 13 after
       both, and the C(pcrs) row of index 13 shows whether it is the value this collection expects.
-    - Not returned for an agent in the node image (C(deployment_mode) V(image)): it extends nothing into PCR 13, which
+    - Not returned for an agent in the node image (C(deployment_mode) V(image)); it extends nothing into PCR 13, which
       its set enforces at 32 zero bytes; the image's boot chain (PCRs 4, 9, 11) covers its code and configuration.
   returned: success
   type: dict
@@ -165,9 +165,9 @@ deployment_mode:
   sample: host
 host_root_trusted:
   description:
-    - V(true) when the host's root is trusted on the peer (only with O(admin_priv_key_file)): in mode V(host) nothing
+    - V(true) when the host's root is trusted on the peer (only with O(admin_priv_key_file)); in mode V(host) nothing
       before userspace measures the agent, so root can replay its PCR 13 and read the peer's secrets in a genuine
-      boot. Warned about on every run. V(false) in mode V(image): no login, and its boot chain measured what runs.
+      boot. Warned about on every run. V(false) in mode V(image) - no login, and its boot chain measured what runs.
   returned: success
   type: bool
   sample: true
