@@ -101,7 +101,7 @@ def _used_inodes(image: Path) -> List[int]:
         for part in (match.group(1).split(",") if match else []):
             part = part.strip()
             if part:
-                low, _, high = part.partition("-")
+                low, _dash, high = part.partition("-")
                 free.update(range(int(low), int(high or low) + 1))
         used.extend(i for i in range(first, first + per_group) if i not in free)
     return used
@@ -236,8 +236,8 @@ def make_disk(out: Path, esp: Path, root: Path, verity_img: Path, verity: Verity
     for name, path, ptype, puuid in parts:
         size = _round_up(path.stat().st_size, MIB)
         layout[name] = {"offset": offset, "size": size}
-        script.append("start=%d, size=%d, type=%s, uuid=%s, name=\"%s\"" % (offset // SECTOR, size // SECTOR,
-                                                                           ptype, puuid, name))
+        script.append("start=%d, size=%d, type=%s, uuid=%s, name=\"%s\""
+                      % (offset // SECTOR, size // SECTOR, ptype, puuid, name))
         offset += size
     total = offset + MIB  # the backup GPT
     tmp = out.with_name(out.name + ".tmp")

@@ -233,5 +233,3 @@ class Guest:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-

@@ -70,8 +70,8 @@ def test_uki_esp_and_gpt_carry_the_root_hash(tmp_path):
     (work / "linux").write_bytes(b"kernel" * 1000)
     (work / "initrd").write_bytes(b"initrd" * 3000)
     placed = assemble.make_uki(work / "uki.efi", work / "linux", work / "initrd", cmdline, "ID=debian\n", work)
-    assert [name for name, _ in placed] == [".osrel", ".cmdline", ".initrd", ".linux"]
-    assert all(b > a for (_, a), (_, b) in zip(placed, placed[1:]))
+    assert [name for name, _address in placed] == [".osrel", ".cmdline", ".initrd", ".linux"]
+    assert all(b > a for (_name_a, a), (_name_b, b) in zip(placed, placed[1:]))
     sections = image_prediction.uki_sections((work / "uki.efi").read_bytes())
     assert sections[".cmdline"] == cmdline.encode() and sections[".linux"] == b"kernel" * 1000
     assemble.make_esp(work / "uki.efi", tmp_path / "esp.img")
