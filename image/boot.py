@@ -19,30 +19,23 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import MAX_NODE_SETTINGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
 
 from image.contents import AGENT_PORT
 from image.paths import NODE_SETTINGS_SERIAL, OVMF_CODE, OVMF_VARS, STATE_DISK_SERIAL
 from image.run import ImageError
-from lab.swtpm import SwTPM
-from lab.swtpm import free_port as swtpm_ports
+from lab.swtpm import SwTPM, free_port
 
 STATE_DISK_BYTES = 64 * 1024 * 1024  # LUKS2 header (16 MiB) + dm-integrity: cryptsetup wipes it all under TCG
-NODE_SETTINGS_MAX = 64 * 1024
 LOCK_PATH = "/tmp/qemu-image.lock"  # one QEMU at a time on this machine (flock)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_node_settings(path: Path, settings: Dict[str, Any]) -> Path:
     """The per-node settings disk: one JSON object, NUL-padded to a whole number of 4 KiB blocks."""
     data = json.dumps(settings, sort_keys=True).encode()
-    if len(data) > NODE_SETTINGS_MAX:
-        raise ImageError("node settings: at most %d bytes of JSON, got %d" % (NODE_SETTINGS_MAX, len(data)))
+    if len(data) > MAX_NODE_SETTINGS:
+        raise ImageError("node settings: at most %d bytes of JSON, got %d" % (MAX_NODE_SETTINGS, len(data)))
     path.write_bytes(data + bytes(-len(data) % 4096))
     return path
 
@@ -103,7 +96,7 @@ class Guest:
             # lab.swtpm manufactures the TPM on its first start; that TCP daemon is stopped again at once.
             for attempt in range(5):
                 try:
-                    SwTPM(str(self.tpm_dir), swtpm_ports(), ek_cert=True, ca_dir=str(self.ca_dir)).start().stop()
+                    SwTPM(str(self.tpm_dir), free_port(), ek_cert=True, ca_dir=str(self.ca_dir)).start().stop()
                     break
                 except (ConstellationError, OSError):  # a port taken meanwhile: another pair
                     if attempt == 4:

@@ -93,10 +93,9 @@ def build(options: BuildOptions, log=print) -> Dict[str, Any]:
     if options.policy is None:
         raise ImageError("--policy: the signed measurements document (FILE and FILE.sig) the image's agent checks its "
                          "peers with is required (the image's own set cannot be in it: it depends on the image)")
-    policy = _read_bytes(options.policy, "--policy")
+    policy = signature.read_signed_file(str(options.policy), signature.load_public_key(pub_pem.encode(), "--policy"),
+                                        "--policy")
     policy_sig = _read_bytes(Path(signature.signature_path(str(options.policy))), "--policy's signature")
-    signature.verify_blob(signature.load_public_key(pub_pem.encode(), "--policy"), policy, policy_sig,
-                          str(options.policy))
     times: Dict[str, float] = {}
     started = time.monotonic()
     tar, built, seconds = rootfs.ensure()

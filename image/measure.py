@@ -7,6 +7,8 @@ image, PCR 13 zero) and signs it with the same Core the measurements_signature m
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -27,6 +29,9 @@ def write(doc, out: Path, signing_key: Optional[Path]) -> None:
     """measurements.json (+ .sig when a signing key is given), each written atomically."""
     if signing_key is None:
         atomic_write(str(out), doc.dumps().encode("utf-8"), 0o644)
+        # A signature of an earlier build would no longer match (the document is signed offline).
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(signature.signature_path(str(out)))
         return
     key = signature.load_private_key_file(str(signing_key), "--signing-key")
     image_prediction.write_signed(doc, str(out), key)

@@ -259,6 +259,7 @@ def read_node_settings(path: str) -> Dict[str, Any]:
     most MAX_NODE_SETTINGS bytes); {} when ``path`` does not exist. Any key but NODE_SETTINGS_KEYS is refused
     (InputError naming ``node_settings``, the key and that it would change what this node trusts), as is a
     malformed document (InputError naming ``node_settings`` and ``path``)."""
+    import collections
     import json
 
     def malformed(expected: str, got: object = None) -> InputError:
@@ -278,8 +279,8 @@ def read_node_settings(path: str) -> Dict[str, Any]:
         raise malformed("one JSON object followed by NUL bytes only (something else follows a NUL)")
 
     def pairs(items):
-        keys = [key for key, _value in items]
-        duplicated = sorted({key for key in keys if keys.count(key) > 1})
+        counts = collections.Counter(key for key, _value in items)
+        duplicated = sorted(key for key, count in counts.items() if count > 1)
         if duplicated:
             raise malformed("each key once", duplicated)
         return dict(items)
