@@ -26,6 +26,8 @@ for s in $scenarios; do
     # A run that was interrupted leaves molecule's state saying "created": the next run would skip
     # create and fail on hosts that are gone. Forget it (create rebuilds the lab hosts anyway).
     molecule reset -s "$s" >"$logdir/$s.reset.log" 2>&1 || true
+    # The lab's agent logs, copied by molecule/shared/lab_ctl.py before each destroy.
+    export CONSTELLATION_MOLECULE_LOGS="$logdir/$s.agents"
     if molecule test -s "$s" >"$logdir/$s.log" 2>&1; then
         passed=$((passed + 1))
         echo "molecule $s: passed ($(($(date +%s) - start)) s)"
@@ -33,6 +35,11 @@ for s in $scenarios; do
         failed="$failed $s"
         echo "molecule $s: FAILED ($(($(date +%s) - start)) s); last lines of $logdir/$s.log:"
         tail -n 40 "$logdir/$s.log" | sed 's/^/    /'
+        for agent_log in "$logdir/$s.agents"/*/*.agent.log; do
+            [ -f "$agent_log" ] || continue
+            echo "    last lines of $agent_log:"
+            tail -n 15 "$agent_log" | sed 's/^/        /'
+        done
     fi
 done
 nfailed=$(echo "$failed" | wc -w)

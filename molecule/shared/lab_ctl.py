@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -48,6 +50,20 @@ def _link_shells(lab: Lab, inventory_dir: Path) -> dict:
     return shells
 
 
+def _keep_logs(lab: Lab) -> None:
+    """Copies every host's agent log to ``$CONSTELLATION_MOLECULE_LOGS/<lab>/<host>.agent.log`` before the lab is
+    removed (scripts/molecule.sh sets it and shows them when a scenario fails); nothing when it is unset."""
+    target = os.environ.get("CONSTELLATION_MOLECULE_LOGS")
+    if not target:
+        return
+    folder = Path(target) / lab.name
+    folder.mkdir(parents=True, exist_ok=True)
+    for h in lab.hosts:
+        log = Path(h.dir) / "agent" / "agent.log"
+        if log.is_file():
+            shutil.copyfile(str(log), str(folder / ("%s.agent.log" % h.name)))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="lab_ctl.py", description=__doc__)
     p.add_argument("action", choices=["up", "down"])
@@ -71,6 +87,8 @@ def main(argv=None) -> int:
                               "shells": shells}))
         else:
             existed = lab.state_dir.exists()
+            if existed:
+                _keep_logs(lab)
             lab.down()
             print(json.dumps({"changed": existed, "lab": lab.name}))
     except LabError as err:
