@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ansible_collections.constellation.cluster.plugins.module_utils import x509compat
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.amd_roots import AMD_CHAINS
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.amd_roots import AMD_ROOTS
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.sev_snp_abi import (
     PRODUCTS, SIGNED_SIZE, Report, SNPError, _layout, parse_report, product_from_cpuid)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
@@ -228,9 +228,9 @@ def pinned_roots() -> AMDRoots:
     with _PINNED_LOCK:
         if _PINNED is None:
             certs: List[x509.Certificate] = []
-            for vcek_chain, vlek_chain in AMD_CHAINS.values():
-                certs.extend(load_certificates(vcek_chain, "amd_roots"))
-                certs.extend(load_certificates(vlek_chain, "amd_roots"))
+            for product in AMD_ROOTS.values():
+                for name in ("ark", "ask", "asvk"):
+                    certs.extend(load_certificates(product[name], "amd_roots"))
             _PINNED = AMDRoots.from_certificates(certs, "amd_roots")
         return _PINNED
 
