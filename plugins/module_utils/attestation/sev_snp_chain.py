@@ -46,6 +46,7 @@ OID_FMC_SPL = _KDS + "3.9"
 OID_HWID = _KDS + "4"
 OID_CSP_ID = _KDS + "5"
 OID_RSASSA_PSS = "1.2.840.113549.1.1.10"
+MAX_CHAIN_CERTS = 4
 
 # --- certificates ----------------------------------------------------------------------------------------
 
@@ -437,6 +438,8 @@ def verify_report(report: Report, signer: Union[bytes, str], chain: Union[bytes,
     if info is None:
         signer_cert = load_certificate(signer_bytes, kind)
         extra = load_certificates(chain_bytes, "chain")
+        if len(extra) > MAX_CHAIN_CERTS:  # each may cost an RSA check: a peer's chain is bounded
+            raise SNPError("chain", "%d certificates" % len(extra), "at most %d (ASK/ASVK and ARK)" % MAX_CHAIN_CERTS)
         info = _verify_chain(signer_cert, kind, extra, roots)
         if cache is not None:
             cache.put(key, info)
