@@ -671,6 +671,14 @@ class ChainCache:
             return len(self._entries)
 
 
+_PROCESS_CACHE = ChainCache()
+
+
+def process_cache() -> ChainCache:
+    """The process's one chain cache (the chooser's Trust.snp_cache)."""
+    return _PROCESS_CACHE
+
+
 @dataclass(frozen=True)
 class VerifiedReport:
     report: Report
@@ -730,13 +738,13 @@ def _verify_chain(signer: "x509.Certificate", kind: str, extra: List["x509.Certi
     if not issuers:
         raise SNPError(name + ".issuer", _cn(signer.issuer),
                        "an ASK/ASVK under the pinned AMD roots (%s)" % ", ".join(roots.products))
-    last: Optional[SNPError] = None
+    first: Optional[SNPError] = None
     for inter, root in issuers:
         try:
             _verify_pss(inter, root.ark, "ask" if kind == "vcek" else "asvk")
             _verify_pss(signer, inter, name)
         except SNPError as err:
-            last = err
+            first = first or err  # the offered chain's own failure first
             continue
         key = signer.public_key()
         if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp384r1":
@@ -758,8 +766,8 @@ def _verify_chain(signer: "x509.Certificate", kind: str, extra: List["x509.Certi
                        not_before=max(x509compat.not_valid_before(c) for c in chain),
                        not_after=min(x509compat.not_valid_after(c) for c in chain),
                        subject=_cn(signer.subject))
-    assert last is not None
-    raise last
+    assert first is not None
+    raise first
 
 
 def verify_report(report: Report, signer: Union[bytes, str], chain: Union[bytes, str] = b"",
