@@ -155,9 +155,9 @@ class ConfigfsTSM:
         after = self._read(entry, "generation")
         if before != after:
             raise AttestationError("%s: %s changed while the report was read (generation %s -> %s): another "
-                                   "process wrote to this report entry" % (SOURCE_FIELD, entry, before.strip()
-                                                                           .decode("ascii", "replace"),
-                                                                           after.strip().decode("ascii", "replace")))
+                                   "process wrote to this report entry"
+                                   % (SOURCE_FIELD, entry, before.strip().decode("ascii", "replace"),
+                                      after.strip().decode("ascii", "replace")))
         return report, aux
 
 
@@ -201,8 +201,8 @@ class UnixPlatform:
             raise AttestationError("%s: the platform at %s answered %s, not an object"
                                    % (SOURCE_FIELD, self.path, type(answer).__name__))
         if "error" in answer:
-            raise AttestationError("%s: the platform at %s refused: %s" % (SOURCE_FIELD, self.path,
-                                                                          str(answer["error"])[:300]))
+            raise AttestationError("%s: the platform at %s refused: %s"
+                                   % (SOURCE_FIELD, self.path, str(answer["error"])[:300]))
         report = _unb64(answer.get("report"), "the platform's report")
         certs = b"" if answer.get("certs") in (None, "") else _unb64(answer.get("certs"), "the platform's certs")
         return report, certs
