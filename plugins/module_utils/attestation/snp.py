@@ -313,8 +313,6 @@ class SNPValidator:
     validate_inline = True
 
     def __init__(self, measurements: Any, roots: Any = None, cache: Any = None):
-        if not sev_snp.HAS_CRYPTOGRAPHY:
-            raise AttestationError("the Python package cryptography is required")
         if not isinstance(measurements, (Measurements, MeasurementSets)):
             raise InputError("measurements", "a Measurements policy", type(measurements).__name__)
         self.measurements = measurements
