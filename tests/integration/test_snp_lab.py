@@ -70,8 +70,9 @@ def test_verify_passes_and_each_peer_shows_its_tcb_and_launch_measurement(snpp):
         assert snp["measurement"] == platform.measurement
         assert snp["reported_tcb"] == dict(platform.reported_tcb)
         assert snp["chip_id"] == platform.chip_id and snp["signing_key"] == "vcek"
-        if "launch" in run.stdout.lower():  # verify.yml's SEV-SNP columns, where the table has them
+        if "launch" in run.stdout.lower():  # verify.yml's SEV-SNP columns (tcb, launch), where the table has them
             assert platform.measurement[:16] in run.stdout
+            assert "b%(bootloader)d.t%(tee)d.s%(snp)d.m%(microcode)d" % platform.reported_tcb in run.stdout
 
 
 def _activate(site, name):
