@@ -82,12 +82,6 @@ class HCLReport:
     version: int = 1
 
 
-def request_data(runtime_data: bytes) -> bytes:
-    """The IGVM request-data header the HCL writes before the runtime data (SNP, SHA-256)."""
-    return struct.pack("<5I", IGVM_REQUEST_DATA_SIZE + len(runtime_data), 1, IGVM_REPORT_TYPE_SNP, IGVM_HASH_SHA256,
-                       len(runtime_data))
-
-
 def _check_request_data(header: bytes, runtime_size: Optional[int], field: str) -> int:
     """The IGVM request data's variable-data size, after checking it describes SHA-256-bound SNP runtime data."""
     data_size, _version, report_type, hash_type, var_size = struct.unpack("<5I", header)
@@ -119,12 +113,6 @@ def parse_hcl_report(blob: bytes) -> HCLReport:
     return HCLReport(blob[HCL_HEADER_SIZE:REQUEST_DATA_OFFSET],
                      blob[RUNTIME_DATA_OFFSET:RUNTIME_DATA_OFFSET + var_size], version)
 
-
-def build_hcl_report(report: bytes, runtime_data: bytes, size: int = 0) -> bytes:
-    """An HCL report as Azure's HCL writes it (the lab's platform writes one into its swtpm), padded to ``size``."""
-    blob = struct.pack("<8I", HCL_SIGNATURE, 2, RUNTIME_DATA_OFFSET + len(runtime_data), 2, 0, 0, 0, 0)
-    blob += bytes(report) + request_data(runtime_data) + bytes(runtime_data)
-    return blob + bytes(max(0, size - len(blob)))
 
 
 # ------------------------------------------------------------------------------------ runtime data

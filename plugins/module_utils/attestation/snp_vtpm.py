@@ -132,14 +132,6 @@ def spki_der(public_key) -> bytes:
     return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def report_dict(verified) -> Dict[str, Any]:
-    """The report's fields for Validation.snp (verify.yml, attestation_info): AMD's names plus product and signer."""
-    data = verified.report.to_dict()
-    data["product"] = verified.product
-    data["signing_key"] = verified.signing_key
-    return data
-
-
 class SNPVTPMValidator(VTPMValidator):
     """The vTPM validation (vtpm.py) whose AK is trusted through a verified SEV-SNP report.
 
@@ -191,7 +183,7 @@ class SNPVTPMValidator(VTPMValidator):
         return self.measurements.match(pcrs, snp_report=evidence.verified.report)
 
     def complete(self, validation: Validation, evidence: Evidence) -> Validation:
-        return dataclasses.replace(validation, snp=report_dict(evidence.verified), ek_pub_sha256=evidence.ek_pub_sha256)
+        return dataclasses.replace(validation, snp=evidence.verified.to_dict(), ek_pub_sha256=evidence.ek_pub_sha256)
 
 
 class SNPVTPMIssuer(VTPMIssuer):
