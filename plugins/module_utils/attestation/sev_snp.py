@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import hmac
 import os
 import struct
 import threading
@@ -170,7 +171,7 @@ class GuestPolicy:
 
     def to_dict(self) -> dict:
         result = {"abi_major": self.abi_major, "abi_minor": self.abi_minor}
-        result.update((name, getattr(self, name)) for name, _ in _POLICY_BITS)
+        result.update((name, getattr(self, name)) for name, _bit in _POLICY_BITS)
         result["raw"] = "0x%x" % self.raw
         return result
 
@@ -286,8 +287,13 @@ def parse_report(data: bytes, product: Optional[str] = None) -> Report:
     data = bytes(data)
     if len(data) != REPORT_SIZE:
         raise SNPError("report", "%d bytes" % len(data), "%d bytes" % REPORT_SIZE)
-    u32 = lambda off: struct.unpack_from("<I", data, off)[0]  # noqa: E731
-    u64 = lambda off: struct.unpack_from("<Q", data, off)[0]  # noqa: E731
+
+    def u32(off: int) -> int:
+        return struct.unpack_from("<I", data, off)[0]
+
+    def u64(off: int) -> int:
+        return struct.unpack_from("<Q", data, off)[0]
+
     version = u32(0x00)
     if not MIN_VERSION <= version <= MAX_VERSION:
         raise SNPError("version", version, "%d to %d" % (MIN_VERSION, MAX_VERSION))
@@ -322,7 +328,10 @@ def parse_report(data: bytes, product: Optional[str] = None) -> Report:
     _mbz(data, SIGNED_SIZE + 2 * _RS_SIZE, REPORT_SIZE, "signature")
     if product is None:
         product = (product_from_cpuid(family, model) if family is not None else None) or "Milan"
-    tcb = lambda off: TCB.from_u64(u64(off), product)  # noqa: E731
+
+    def tcb(off: int) -> TCB:
+        return TCB.from_u64(u64(off), product)
+
     sig = data[SIGNED_SIZE:SIGNED_SIZE + 2 * _RS_SIZE]
     return Report(
         version=version, guest_svn=u32(0x04), policy=policy, family_id=data[0x10:0x20], image_id=data[0x20:0x30],
@@ -721,13 +730,13 @@ def _verify_chain(signer: "x509.Certificate", kind: str, extra: List["x509.Certi
     if not issuers:
         raise SNPError(name + ".issuer", _cn(signer.issuer),
                        "an ASK/ASVK under the pinned AMD roots (%s)" % ", ".join(roots.products))
-    last: Optional[SNPError] = None
+    first: Optional[SNPError] = None
     for inter, root in issuers:
         try:
             _verify_pss(inter, root.ark, "ask" if kind == "vcek" else "asvk")
             _verify_pss(signer, inter, name)
         except SNPError as err:
-            last = err
+            first = first or err  # the offered chain's own failure first
             continue
         key = signer.public_key()
         if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp384r1":
@@ -749,8 +758,8 @@ def _verify_chain(signer: "x509.Certificate", kind: str, extra: List["x509.Certi
                        not_before=max(x509compat.not_valid_before(c) for c in chain),
                        not_after=min(x509compat.not_valid_after(c) for c in chain),
                        subject=_cn(signer.subject))
-    assert last is not None
-    raise last
+    assert first is not None
+    raise first
 
 
 def verify_report(report: Report, signer: Union[bytes, str], chain: Union[bytes, str] = b"",
@@ -786,9 +795,8 @@ def verify_report(report: Report, signer: Union[bytes, str], chain: Union[bytes,
     if report.cpuid_fam_id is not None:
         named = product_from_cpuid(report.cpuid_fam_id, report.cpuid_mod_id or 0)
         if named is not None and named != info.product and info.product in PRODUCTS:
-            raise SNPError("cpuid_fam_id", "%s (family 0x%x model 0x%x)" % (named, report.cpuid_fam_id,
-                                                                          report.cpuid_mod_id or 0),
-                           "%s (the signer's product line)" % info.product)
+            found = "%s (family 0x%x model 0x%x)" % (named, report.cpuid_fam_id, report.cpuid_mod_id or 0)
+            raise SNPError("cpuid_fam_id", found, "%s (the signer's product line)" % info.product)
     if kind == "vcek":
         if report.mask_chip_key:
             if any(report.chip_id):
@@ -833,7 +841,6 @@ def check_report_data(report: Report, expected: bytes) -> None:
 
 
 def _consteq(a: bytes, b: bytes) -> bool:
-    import hmac
     return hmac.compare_digest(a, b)
 
 
@@ -841,8 +848,9 @@ def _consteq(a: bytes, b: bytes) -> bool:
 
 _TCB_KEYS = (("bootloaderVersion", "bootloader"), ("teeVersion", "tee"), ("snpVersion", "snp"),
              ("microcodeVersion", "microcode"), ("fmcVersion", "fmc"))
-_POLICY_KEYS = {key for key, _ in _TCB_KEYS} | {"launchMeasurement", "idKeyDigest", "hostData", "guestSvn", "vmpl",
-                                                 "allowDebug", "allowMigrationAgent", "amdRootKey"}
+_POLICY_KEYS = {key for key, _part in _TCB_KEYS}
+_POLICY_KEYS |= {"launchMeasurement", "idKeyDigest", "hostData", "guestSvn", "vmpl", "allowDebug", "allowMigrationAgent",
+                 "amdRootKey"}
 
 
 def _hex_bytes(value: Any, size: int, name: str) -> bytes:
