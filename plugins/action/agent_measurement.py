@@ -44,6 +44,10 @@ def measure(args, basedir):
     else:
         code = am.code_digest(am.code_root())
     variant = args["variant"]
+    if not choose.spec(variant).quotes_pcrs:
+        raise InputError("variant", "a variant that quotes PCRs: %s quotes none, so no agent measurement (PCR 13) is "
+                         "checked; the launch measurement in the measurements' snp object covers the agent" % variant,
+                         variant)
     trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir, "ek_ca_path", args.get("insecure_trust_any_ak"))
     config = am.config_digest(am.measured_config(variant, trust.ek_ca_certs))
     return am.AgentMeasurement(code, config), extra
