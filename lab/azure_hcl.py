@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from ansible_collections.constellation.cluster.plugins.module_utils import fileutil
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import amd_certs
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.azure_snp import (
     AK_KEY_ID,
     AZURE_AK_HANDLE,
@@ -35,6 +36,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import TPM
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import VTPMIssuer, parse_ak
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
+from lab.amd import PRODUCT
 from lab.snp_platform import SNPPlatform
 
 CERT_FOLDER = "amd-certs"  # in the host's folder: what the agent's amd_cert_cache names
@@ -85,11 +87,20 @@ def provision(tcti: str, platform: SNPPlatform, cert_dir: Optional[Path] = None,
         hcl = platform.hcl_report(runtime_data(parse_ak(ak_pub).public_key, _ek_public_key(tpm)))
         write_nv(tpm, HCL_REPORT_NV_INDEX, hcl)
     if cert_dir is not None:
-        state = platform.state()
-        chain = platform.chain(state)
-        cert_dir.mkdir(parents=True, exist_ok=True)
-        fileutil.atomic_write(str(cert_dir / "vcek.pem"),
-                              platform.signer_cert(state).public_bytes(serialization.Encoding.PEM), 0o644)
-        fileutil.atomic_write(str(cert_dir / "chain.pem"), b"".join(
-            chain.cert(name).public_bytes(serialization.Encoding.PEM) for name in ("ask", "ark")), 0o644)
+        write_cert_cache(platform, cert_dir)
     return hcl
+
+
+def write_cert_cache(platform: SNPPlatform, cert_dir: Path) -> None:
+    """The platform's VCEK and AMD chain in ``amd_cert_cache``'s layout (amd_certs.py), as an Azure VM caches what
+    THIM serves."""
+    state = platform.state()
+    chain = platform.chain(state)
+    tcb = amd_certs.tcb_name(state.reported_tcb, PRODUCT)
+    folder = cert_dir / PRODUCT
+    folder.mkdir(parents=True, exist_ok=True)
+    fileutil.atomic_write(str(folder / ("vcek-%s-%s.pem" % (amd_certs.hwid(bytes.fromhex(state.chip_id), PRODUCT),
+                                                            tcb))),
+                          platform.signer_cert(state).public_bytes(serialization.Encoding.PEM), 0o644)
+    fileutil.atomic_write(str(folder / "cert_chain.pem"), b"".join(
+        chain.cert(name).public_bytes(serialization.Encoding.PEM) for name in ("ask", "ark")), 0o644)

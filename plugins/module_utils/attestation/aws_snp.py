@@ -68,30 +68,37 @@ class AWSSNPIssuer(SNPVTPMIssuer):
 
     def __init__(self, tcti: Optional[str] = None, snp_report_source: Optional[str] = None,
                  report_source: Optional[Callable[[bytes], Tuple[bytes, bytes]]] = None, **kwargs):
-        kwargs.pop("amd_cert_cache", None)
+        kwargs.pop("amd_cert_cache", None)  # the VLEK comes in the extended report's certificate table
+        kwargs.pop("amd_kds_fetch", None)
         super().__init__(tcti, **kwargs)
         if report_source is None:
-            from ansible_collections.constellation.cluster.plugins.module_utils.attestation import snp_source
+            from ansible_collections.constellation.cluster.plugins.module_utils.attestation import snp
 
-            reader = snp_source.ReportSource(snp_report_source)
-            report_source = reader.request
+            report_source = snp.report_source(snp_report_source).get
         self._report_source = report_source
-        self._instance_info: Optional[bytes] = None
+        self._instance_info: Optional[Tuple[bytes, bytes]] = None  # (AK public area, instance info)
 
     def instance_info(self) -> bytes:
-        """Constellation's snp.InstanceInfo JSON: a report over the AK (the same for every document of this AK)."""
+        """Constellation's snp.InstanceInfo JSON: a report over the AK (the same for every document of this AK), the
+        VLEK and, unlike Constellation's issuer, the ASVK and ARK the table holds (a verifier uses only what chains to
+        its pinned roots)."""
         ak_pub = self.ak_pub
         with self._lock:
-            if self._instance_info is None:
+            if self._instance_info is None or self._instance_info[0] != ak_pub:
                 report, table = self._report_source(ak_digest(parse_ak(ak_pub).public_key))
                 certs = sev_snp.parse_cert_table(table) if table else {}
-                vlek = certs.get("vlek")
-                if not vlek:
+                if not certs.get("vlek"):
                     raise AttestationError("snp_report_source: the certificate table has no VLEK (found %s), wanted "
                                            "AWS's VLEK" % (", ".join(sorted(certs)) or "none"))
-                signer = x509.load_der_x509_certificate(vlek).public_bytes(serialization.Encoding.PEM)
-                self._instance_info = InstanceInfo(bytes(report[:sev_snp.REPORT_SIZE]), signer).to_json()
-            return self._instance_info
+                signer = _pem(certs["vlek"])
+                chain = b"".join(_pem(certs[name]) for name in ("ask", "ark") if name in certs)  # ASK: the ASVK here
+                info = InstanceInfo(bytes(report[:sev_snp.REPORT_SIZE]), signer, chain)
+                self._instance_info = (ak_pub, info.to_json())
+            return self._instance_info[1]
+
+
+def _pem(der: bytes) -> bytes:
+    return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
 
 
 # -------------------------------------------------------------------------- the chooser's factories (choose.py)

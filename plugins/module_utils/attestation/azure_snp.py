@@ -25,12 +25,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import os
 import struct
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import amd_certs, sev_snp
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp_vtpm import (
     InstanceInfo,
     SNPVTPMIssuer,
@@ -51,6 +50,8 @@ except ImportError:
     HAS_TPM2_PYTSS = False
 
 try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
     HAS_CRYPTOGRAPHY = True
 except ImportError:
@@ -210,17 +211,21 @@ class AzureSNPValidator(SNPVTPMValidator):
 class AzureSNPIssuer(SNPVTPMIssuer):
     """Issues ``azure-sev-snp`` documents on an Azure SEV-SNP VM (or the lab's stand-in): the HCL report from NV
     0x01400001, the AK the HCL provisioned at 0x81000003 (never created or replaced here), the VCEK and its chain
-    from ``certs`` (a callable report -> (signer PEM, chain PEM); default: the cert folder ``amd_cert_cache``)."""
+    from ``certs`` (a callable report -> (signer PEM, chain PEM); default: ``cached_certs`` from the folder
+    ``amd_cert_cache``, which an Azure VM fills from THIM, and AMD's KDS only with ``amd_kds_fetch``)."""
 
     oid = AZURE_SEV_SNP.oid
 
     def __init__(self, tcti: Optional[str] = None, ak_handle: int = AZURE_AK_HANDLE, amd_cert_cache: Optional[str] = None,
-                 certs=None, hcl_nv_index: int = HCL_REPORT_NV_INDEX, **kwargs):
+                 amd_kds_fetch: bool = False, certs=None, hcl_nv_index: int = HCL_REPORT_NV_INDEX, **kwargs):
         kwargs.pop("ak_alg", None)  # the HCL's AK is RSA; the agent's ak_alg does not apply
         kwargs.pop("snp_report_source", None)  # the HCL asked the CPU already
         super().__init__(tcti, ak_handle=ak_handle, **kwargs)
         self.hcl_nv_index = hcl_nv_index
-        self._certs = certs or (lambda report: cached_certs(amd_cert_cache, report))
+        if certs is None:
+            cache = amd_certs.CertCache(amd_cert_cache, amd_kds_fetch)
+            certs = lambda report: cached_certs(cache, report)  # noqa: E731
+        self._certs = certs
         self._instance_info: Optional[bytes] = None
 
     def _load_ak(self, tpm: TPM):
@@ -245,27 +250,21 @@ class AzureSNPIssuer(SNPVTPMIssuer):
             return self._instance_info
 
 
-def cached_certs(folder: Optional[str], report: bytes) -> Tuple[bytes, bytes]:
-    """The VCEK (or VLEK) and its chain from a certificate folder: ``vcek.pem`` (or ``vlek.pem``) and ``chain.pem``
-    (ASK/ASVK, optionally ARK). On Azure the folder is filled from THIM; the lab writes it."""
-    if not folder:
-        raise AttestationError("amd_cert_cache: found none, wanted the folder with the VCEK of this VM (vcek.pem, "
-                               "chain.pem): the report alone names no certificate")
-    signer = b""
-    for name in ("vcek.pem", "vlek.pem"):
-        path = os.path.join(folder, name)
-        if os.path.exists(path):
-            with open(path, "rb") as handle:
-                signer = handle.read(64 * 1024)
-            break
-    if not signer:
-        raise AttestationError("amd_cert_cache: found no vcek.pem or vlek.pem in %s" % folder)
-    chain = b""
-    path = os.path.join(folder, "chain.pem")
-    if os.path.exists(path):
-        with open(path, "rb") as handle:
-            chain = handle.read(64 * 1024)
-    return signer, chain
+def cached_certs(cache, report: bytes) -> Tuple[bytes, bytes]:
+    """The VCEK (or VLEK) that signed ``report`` and AMD's chain for it, PEM, from ``cache`` (amd_certs.CertCache:
+    the ``amd_cert_cache`` folder, AMD's KDS only with ``amd_kds_fetch``). Azure's HCL asks the CPU for a plain
+    report (no certificate table); the product is Milan unless the report's CPUID names another (Azure's SEV-SNP
+    VMs run on Milan and Genoa)."""
+    parsed = sev_snp.parse_report(report)
+    product = "Milan"
+    if parsed.cpuid_fam_id is not None:
+        product = sev_snp.product_from_cpuid(parsed.cpuid_fam_id, parsed.cpuid_mod_id or 0) or product
+    if parsed.signing_key == "vlek":
+        der = cache.vlek(product, parsed.reported_tcb)
+    else:
+        der = cache.vcek(product, parsed.chip_id, parsed.reported_tcb)
+    signer = x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
+    return signer, cache.cert_chain(product, parsed.signing_key)
 
 
 # -------------------------------------------------------------------------- the chooser's factories (choose.py)

@@ -29,6 +29,8 @@ from types import ModuleType
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
+    AWS_SEV_SNP,
+    AZURE_SEV_SNP,
     DUMMY,
     QEMU_VTPM,
     Variant,
@@ -68,6 +70,8 @@ class Trust:
     ek_ca_certs: Tuple[Any, ...] = ()
     certified_aks: Any = None  # ek.CertifiedAKs
     insecure_trust_any_ak: bool = False  # the acknowledgement qemu-vtpm needs (check_variant_allowed)
+    amd_roots: Any = None  # sev_snp.AMDRoots (the SEV-SNP variants)
+    snp_cache: Any = None  # sev_snp.ChainCache: each signer's chain verified once per process
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class VariantSpec:
     enrolls: bool = False  # the validator trusts an AK only after EnrollAK (ek.py)
     for_tests_only: bool = False  # refused unless CONSTELLATION_TEST_SUITE=1
     trusts_any_ak: bool = False  # needs the acknowledgement insecure_trust_any_ak, and warns
+    needs_amd_roots: bool = False  # an SEV-SNP report: Trust.amd_roots (AMD's pinned roots unless a bundle is given)
+    quotes_pcrs: bool = True  # False: no TPM quote, nothing adds PCR requirements (policy.py peer_policies)
 
     @property
     def name(self) -> str:
@@ -121,6 +127,10 @@ register(VariantSpec(QEMU_VTPM_EK,
                      PACKAGE + ".ek", needs_ek_ca=True, enrolls=True))
 register(VariantSpec(SEV_SNP, "AMD SEV-SNP report (no TPM): signed by the CPU's VCEK/VLEK, chained to AMD's roots",
                      PACKAGE + ".snp", needs_amd_roots=True, quotes_pcrs=False))
+register(VariantSpec(AZURE_SEV_SNP, "vTPM quote on Azure; the AK is trusted because the SEV-SNP report (AMD's roots) "
+                     "binds it through the paravisor's runtime data", PACKAGE + ".azure_snp", needs_amd_roots=True))
+register(VariantSpec(AWS_SEV_SNP, "vTPM quote on AWS; the AK is trusted because the SEV-SNP report (AMD's roots) binds "
+                     "its SHA-512", PACKAGE + ".aws_snp", needs_amd_roots=True))
 register(VariantSpec(DUMMY, "no TPM and no security: tests only", PACKAGE + ".dummy",
                      needs_policy=False, for_tests_only=True))
 
@@ -209,12 +219,16 @@ def validator(name: str, policy=None, trust: Optional[Trust] = None, insecure_tr
 
 
 def load_trust(name: str, ek_ca_path: Optional[Any], basedir: Optional[str] = None,
-               field: str = "ek_ca_path", insecure_trust_any_ak: Any = False) -> Trust:
+               field: str = "ek_ca_path", insecure_trust_any_ak: Any = False, amd_roots_path: Optional[Any] = None) -> Trust:
     """The Trust for variant ``name`` (allowed only as ``check_variant_allowed`` says): EK CA
     certificates from ``ek_ca_path`` where the variant needs them: a PEM file (a bundle of several
     CAs is fine), a folder of PEM files, or a list of them; relative paths are relative to
     ``basedir``. Self-signed CAs are the trust anchors; other CA certificates are intermediates."""
     chosen = check_variant_allowed(name, insecure_trust_any_ak)
+    if chosen.needs_amd_roots:
+        sev_snp = importlib.import_module(PACKAGE + ".sev_snp")
+        roots = sev_snp.load_roots(amd_roots_path, "amd_roots") if amd_roots_path else sev_snp.pinned_roots()
+        return Trust(amd_roots=roots, snp_cache=sev_snp.ChainCache())
     if not chosen.needs_ek_ca:
         return Trust(insecure_trust_any_ak=bool(chosen.trusts_any_ak))
     if not ek_ca_path:
