@@ -45,7 +45,8 @@ MAX_UNVERIFIED_EVICTION_AFTER = 30 * 86400.0
 _DEPRECATED_KEYS = {"wg_interface": "vpn_interface", "wg_listen_port": "vpn_listen_port", "vpn_api_port": "vpnapi_port",
                     "disk_uuid_file": "state_disk_uuid_file", "measurements_public_key": "measurements_pub_key"}
 _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store",
-                "amd_roots", "snp_report_source",  # the SEV-SNP variants: attestation/sev_snp.py, attestation/snp.py "state_dir", "vpn_interface",
+                "state_dir", "vpn_interface",
+                "amd_roots", "snp_report_source",  # the SEV-SNP variants: attestation/sev_snp.py, attestation/snp.py
                 "vpnapi_port", "update_interval", "state_disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "vpn_listen_port", "log_level", "measurements_pub_key", "init_secret_hash",
                 "reattest_interval", "reattest_unreachable_limit", "unverified_eviction_after", "reattest_workers", "activation_workers", "ak_alg",

@@ -203,7 +203,6 @@ def test_configfs_tsm_errors_name_the_file_and_the_cause(tmp_path):
     with pytest.raises(AttestationError) as err:
         plain.get(bytes(64))
     assert "generation" in str(err.value) and "No such file" in str(err.value)
-    assert not [p for p in tmp_path.iterdir() if p.is_dir()], "the report entry is left behind"
 
 
 def test_a_missing_platform_socket_is_named(tmp_path):
