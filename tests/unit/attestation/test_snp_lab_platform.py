@@ -187,6 +187,22 @@ def test_the_socket_service_answers_and_survives_bad_requests(host, roots, tmp_p
         server.server_close()
 
 
+def test_lab_prove_checks_each_hosts_platform_over_a_fresh_nonce(host, roots):
+    platform = snp_platform.platform_of(host)
+    server = snp_platform.serve(platform.socket_path, platform)
+    try:
+        row = snp.prove(host, LAB_IMAGE, roots)
+        assert row["ok"] and row["tcb"] == snp_platform.LAB_TCB, row
+        snp.tamper(host, "debug")
+        row = snp.prove(host, LAB_IMAGE, roots)
+        assert not row["ok"] and "snp.allowDebug" in row["error"]
+        snp.tamper(host, "genuine")
+        assert not snp.prove(host, "another-image", roots)["ok"]  # the image's measurement, not the host's
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_measurements_document_and_agent_config_of_an_snp_lab(host, monkeypatch, tmp_path):
     assert snp.measurements(LAB_IMAGE, "qemu-vtpm-ek") == lab_measurements(LAB_IMAGE)
     monkeypatch.setattr(snp, "uses_snp", lambda variant: variant.endswith("sev-snp"))
