@@ -205,6 +205,8 @@ class Lab:
         self.trust.amd.ensure()
         for h in hosts:
             snp.start_platform(h, self.state.image_of(h.name), self.variant, self.host_python())
+            if self.variant in snp.HCL_VARIANTS and self.state.tpm:  # Azure's paravisor at boot (lab/azure_hcl.py)
+                host_cmd(h, ["--tcti", h.tcti, "--azure-hcl", str(h.dir), str(h.state_dir)], self.host_python())
 
     def _start_agents(self, hosts: List[Host]) -> None:
         """Starts the node agent on each host (in its namespaces; lab.down stops them)."""
