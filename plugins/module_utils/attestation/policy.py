@@ -10,7 +10,6 @@ turns them into a ``Measurements`` policy and the validators aTLS needs, with th
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import os
 from dataclasses import dataclass, field
@@ -89,7 +88,7 @@ def fresh_node_policy(policy: Policy) -> Policy:
     def one(measurements: Measurements) -> Measurements:
         pcrs = dict(measurements.pcrs)
         pcrs[PCR_INDEX_CLUSTER_ID] = Measurement(bytes(32), False)
-        return dataclasses.replace(measurements, pcrs=pcrs)
+        return measurements.with_pcrs(pcrs)
 
     return per_set(policy, one)
 
@@ -97,14 +96,13 @@ def fresh_node_policy(policy: Policy) -> Policy:
 def coordinator_policy(policy: Policy) -> Policy:
     """``policy`` without PCR 15: PCR 15 of an activated Coordinator holds its cluster ID, which a fresh node cannot
     know yet. Each accepted set alike."""
-    return per_set(policy, lambda m: dataclasses.replace(
-        m, pcrs={i: v for i, v in m.pcrs.items() if i != PCR_INDEX_CLUSTER_ID}))
+    return per_set(policy, lambda m: m.with_pcrs({i: v for i, v in m.pcrs.items() if i != PCR_INDEX_CLUSTER_ID}))
 
 
 def without_pcrs(policy: Policy) -> Policy:
     """``policy`` with no PCR entry left in any set (what a variant that quotes no PCRs checks: the rest of each
     set, its ``snp`` object)."""
-    return per_set(policy, lambda m: dataclasses.replace(m, pcrs={}))
+    return per_set(policy, lambda m: m.with_pcrs({}))
 
 
 def peer_policies(variant: str, policy: Optional[Policy], own_agent: Optional[bytes]) -> PeerPolicies:
@@ -130,7 +128,7 @@ def require_enforced_pcr(policy: Policy, source: str, field: str = "measurements
     """Refuses a policy that enforces nothing (empty, all warnOnly, or only PCR 15): with it any TPM
     that runs anything would pass. ``source`` names the file (or "inline measurements")."""
     for name, measurements in policy.sets.items():
-        if not enforced_pcrs(measurements) and getattr(measurements, "snp", None) is None:
+        if not enforced_pcrs(measurements) and measurements.snp is None:
             raise InputError(field, "a measurements policy that enforces at least one PCR other than %d (warnOnly: "
                              "false), or an snp object, in every accepted set; an empty, all-warnOnly or PCR-%d-only "
                              "set would accept any TPM" % (PCR_INDEX_CLUSTER_ID, PCR_INDEX_CLUSTER_ID),
@@ -189,7 +187,7 @@ def load_policy(measurements: Optional[Mapping] = None, measurements_file: Optio
         policy = load_policy_file(measurements_file, basedir, public_key_path)
     elif measurements is not None:
         policy = parse_policy(measurements)
-        if not all(m.pcrs for m in policy.sets.values()):
+        if not all(m.pcrs or m.snp is not None for m in policy.sets.values()):
             raise InputError("measurements", "at least one PCR: an empty policy would accept any TPM", {})
         require_enforced_pcr(policy, "inline measurements", "measurements")
     else:
@@ -229,7 +227,7 @@ def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None, a
         policy = load_policy(args.get("measurements"), args.get("measurements_file"), basedir,
                              args.get("measurements_pub_key_file"))
     trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir, insecure_trust_any_ak=insecure_trust_any_ak,
-                              amd_roots_path=_resolve(args["amd_roots"], basedir) if args.get("amd_roots") else None)
+                              amd_roots_path=args.get("amd_roots") or None)
     for name in ("timeout", "attestation_timeout"):
         value = args.get(name)
         if value is None or not 0 < float(value) <= 86400:
