@@ -80,9 +80,9 @@ def provision(tcti: str, platform: SNPPlatform, cert_dir: Optional[Path] = None,
     """Steps 1-4 on the swtpm at ``tcti`` with ``platform`` (the host's); returns the HCL report written.
     ``ak_pub``: bind this AK public area instead of the one at the handle (an attack: an HCL report naming another
     AK)."""
-    if ak_pub is None:
-        with VTPMIssuer(tcti, event_log_path=None, ak_handle=AZURE_AK_HANDLE, ak_alg="rsa") as issuer:
-            ak_pub = issuer.ak_pub  # created and persisted at 0x81000003 once, reused after
+    with VTPMIssuer(tcti, event_log_path=None, ak_handle=AZURE_AK_HANDLE, ak_alg="rsa") as issuer:
+        held = issuer.ak_pub  # created and persisted at 0x81000003 once, reused after
+    ak_pub = held if ak_pub is None else ak_pub
     with TPM(tcti) as tpm:
         hcl = platform.hcl_report(runtime_data(parse_ak(ak_pub).public_key, _ek_public_key(tpm)))
         write_nv(tpm, HCL_REPORT_NV_INDEX, hcl)

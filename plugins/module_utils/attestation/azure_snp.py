@@ -157,13 +157,12 @@ def runtime_keys(runtime_data: bytes) -> Dict[str, Any]:
 
 
 def jwk(public_key, kid: str) -> Dict[str, Any]:
-    """An RSA public key as the HCL's runtime data carries it (the lab's HCL writes its keys so)."""
+    """An RSA public key as the HCL's runtime data carries it (kid, kty, e, n; the lab's HCL writes its keys so)."""
     numbers = public_key.public_numbers()
 
     def b64url(value: int) -> str:
         return base64.urlsafe_b64encode(value.to_bytes((value.bit_length() + 7) // 8, "big")).decode("ascii").rstrip("=")
-    return {"kid": kid, "key_ops": ["sign"] if kid == AK_KEY_ID else ["encrypt"], "kty": "RSA",
-            "e": b64url(numbers.e), "n": b64url(numbers.n)}
+    return {"kid": kid, "kty": "RSA", "e": b64url(numbers.e), "n": b64url(numbers.n)}
 
 
 # ---------------------------------------------------------------------------------------- validator
