@@ -324,6 +324,7 @@ class SNPValidator:
         self.measurements = measurements
         self.roots = roots
         self.cache = cache if cache is not None else sev_snp.ChainCache()
+        self._pinned: Dict[str, Any] = {}  # the sets' own amdRootKey roots, parsed once
 
     def validate(self, document: bytes, nonce: bytes) -> Validation:
         report_raw, signer, chain, user_data = decode_document(document)
@@ -336,11 +337,41 @@ class SNPValidator:
         if not signer:
             raise AttestationError("sev-snp attestation document: InstanceInfo.ReportSigner is empty (the platform "
                                    "gave no VCEK or VLEK with the report)")
-        verified = sev_snp.verify_report(report, signer, chain, roots=self.roots, cache=self.cache)
-        measurement_set, checks, warnings = self.measurements.match({}, snp_report=report)
-        snp = dict(report.to_dict(), product=verified.product, signing_key=verified.signing_key)
+        verified, (measurement_set, checks, warnings) = verify_and_match(
+            self.measurements, report, signer, chain, self.roots, self.cache, self._pinned)
         return Validation(user_data=user_data, pcrs={}, checks=checks, warnings=warnings,
-                          measurement_set=measurement_set, snp=snp)
+                          measurement_set=measurement_set, snp=verified.to_dict())
+
+
+def verify_and_match(measurements: Any, report: Any, signer: bytes, chain: bytes, roots: Any, cache: Any,
+                     pinned: Optional[Dict[str, Any]] = None, pcrs: Optional[Dict[int, bytes]] = None):
+    """(``sev_snp.VerifiedReport``, ``measurements.match(pcrs, report)``): the report's chain verified to the AMD
+    roots each accepted set names - its own ``amdRootKey`` where it pins one (instead of ``roots``), else ``roots``
+    - and matched against those sets only. Sets that pin no root (the usual case) are one group: one verification.
+    ``pinned``: a dict that keeps the parsed ``amdRootKey`` roots between calls. Raises the first group's error
+    when no group verifies and matches."""
+    pinned = {} if pinned is None else pinned
+    groups: Dict[Optional[str], list] = {}
+    sets = measurements.sets
+    for name, each in sets.items():
+        key = each.snp.amd_root_key if each.snp is not None else None
+        groups.setdefault(key, []).append(name)
+    first: Optional[AttestationError] = None
+    for key, names in groups.items():
+        if key is None:
+            group_roots = roots
+        else:
+            if key not in pinned:
+                pinned[key] = sets[names[0]].snp.roots(roots)
+            group_roots = pinned[key]
+        policy = measurements if len(groups) == 1 else MeasurementSets(
+            {name: sets[name] for name in names}, measurements.version, measurements.agents)
+        try:
+            verified = sev_snp.verify_report(report, signer, chain, roots=group_roots, cache=cache)
+            return verified, policy.match(pcrs or {}, snp_report=report)
+        except AttestationError as err:
+            first = first or err
+    raise first or AttestationError("the measurements policy has no accepted set")
 
 
 # -------------------------------------------------------------------------- the chooser's factories (choose.py)

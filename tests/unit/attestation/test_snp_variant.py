@@ -25,7 +25,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.agent.config
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import (
     PCR_INDEX_AGENT, PCR_INDEX_CLUSTER_ID, STATE_ACCEPTING_INIT, STATE_IS_NODE)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
-from lab.amd import lab_chain
+from lab.amd import foreign_chain, lab_chain
 from lab.snp import lab_snp_policy
 from lab.snp_platform import SNPPlatform, serve
 
@@ -286,3 +286,55 @@ def test_the_agents_snp_sealing_needs_a_tpm(tmp_path):
         unsealing.measure_and_unseal(config, Attestation(), lambda *a, **k: None)
     assert str(err.value).startswith("tcti: variant sev-snp quotes no TPM")
     assert os.listdir(str(tmp_path)) == []
+
+
+def test_a_set_that_pins_its_own_amd_root_is_verified_to_it(host_a, lab_state):
+    """``amdRootKey`` pins an ARK instead of the verifier's roots: the lab's ARK in the set passes with AMD's pinned
+    roots configured; a set pinning another AMD's ARK refuses the lab's report, and the next set is tried."""
+    ark = lab_chain(lab_state).ark_path.read_text()
+    own = choose.validator("sev-snp", parse_policy({"snp": dict(lab_snp_policy(), amdRootKey=ark)}),
+                           choose.load_trust("sev-snp", None))
+    assert own.validate(host_a.issuer.issue(USER_DATA, NONCE), NONCE).measurement_set == "default"
+    other = foreign_chain(lab_state).ensure().ark_path.read_text()
+    lab_roots = choose.load_trust("sev-snp", None, amd_roots_path=str(lab_chain(lab_state).roots_path))
+    alone = choose.validator("sev-snp", parse_policy({"snp": dict(lab_snp_policy(), amdRootKey=other)}), lab_roots)
+    assert "ark" in str(_refusal(alone, host_a.issuer.issue(USER_DATA, NONCE))).lower()
+    both = parse_policy({"accepted": {"other": {"snp": dict(lab_snp_policy(), amdRootKey=other)},
+                                      "lab": {"snp": lab_snp_policy()}}, "version": 1})
+    validator = choose.validator("sev-snp", both, lab_roots)
+    assert validator.validate(host_a.issuer.issue(USER_DATA, NONCE), NONCE).measurement_set == "lab"
+
+
+def test_sev_snps_storage_key_is_bound_to_the_tpm_only(fresh_swtpm, tmp_path):
+    """What docs/attestation.md says of sev-snp's secrets at rest: sealed to no PCR, the key opens after any boot
+    of this TPM (a changed PCR 4 included) and on no other TPM; resealing to a document's sets keeps it so."""
+    import hashlib
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage, seal_predictions
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+    from ansible_collections.constellation.cluster.tests.unit.attestation.conftest import _start
+
+    policy = parse_policy({"accepted": {"one": {"4": "11" * 32, "snp": lab_snp_policy()}}, "version": 1})
+    sealed = peer_policies("sev-snp", policy, None).sealed
+    folder = tmp_path / "state"
+    folder.mkdir()
+
+    def opened(tcti):
+        return SealedStorage.open(str(folder), lambda: tpm.open_tpm(tcti), [], tpm_only=True)
+
+    storage = opened(fresh_swtpm.tcti)
+    assert storage.pcrs == []
+    storage.write_file(str(folder / "secret"), b"kms")
+    assert storage.reseal(seal_predictions(sealed)) is True and storage.sealed_sets == ["one"]
+    with tpm.open_tpm(fresh_swtpm.tcti) as dev:
+        dev.pcr_extend(4, hashlib.sha256(b"another boot").digest())
+    assert opened(fresh_swtpm.tcti).read_file(str(folder / "secret")) == b"kms"
+    other = _start(tmp_path / "other-tpm")
+    try:
+        with pytest.raises(StateError, match="cannot be read here"):
+            opened(other.tcti)
+    finally:
+        other.stop()
+    with pytest.raises(StateError, match="at least one PCR"):
+        SealedStorage.open(str(tmp_path / "plain"), lambda: tpm.open_tpm(fresh_swtpm.tcti), [])
