@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp, snp
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Validation
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (
@@ -118,13 +118,15 @@ def decode_instance_info(raw: Optional[bytes]) -> InstanceInfo:
         raise AttestationError(str(err)) from None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Evidence:
-    """What a cloud SEV-SNP validator proved beyond the quote: the verified report, and who the TPM is
-    (``ek_pub_sha256``: Azure's HCLEkPub; None where the platform names no EK)."""
+    """One validation's SEV-SNP evidence: the instance info, its parsed report, who the TPM is (``ek_pub_sha256``:
+    Azure's HCLEkPub; None where the platform names no EK) and, once verified, the ``sev_snp.VerifiedReport``."""
 
-    verified: Any  # sev_snp.VerifiedReport
+    info: InstanceInfo
+    report: Any  # sev_snp.Report
     ek_pub_sha256: Optional[str] = None
+    verified: Any = None
 
 
 def spki_der(public_key) -> bytes:
@@ -137,7 +139,9 @@ class SNPVTPMValidator(VTPMValidator):
 
     ``roots``: the AMD roots (sev_snp.AMDRoots; None: the pinned ones), ``cache``: the verified-chain cache
     shared by the validators of one process. Subclasses set ``oid`` and implement ``report_bytes`` and
-    ``bind_ak``; the report is verified before anything the instance info says is believed."""
+    ``bind_ak``. Order: the document, the report parsed and its binding of the AK (refusals only), the quote
+    (vtpm.py), then the report's signature chain and the sets (PCRs and ``snp``) together: the AK is trusted, and
+    the PCRs it quoted believed, only when all of them hold."""
 
     # Verifying a report is computation on data in memory (a chain is verified once per process): inline.
     validate_inline = True
@@ -150,6 +154,7 @@ class SNPVTPMValidator(VTPMValidator):
         self.roots = roots
         self.cache = cache
         self.now = now  # the time certificates are checked at (None: now); tests of recorded data set it
+        self._pinned: Dict[str, Any] = {}  # the sets' own amdRootKey roots, parsed once (snp.verify_and_match)
 
     def report_bytes(self, info: InstanceInfo) -> bytes:
         """The SNP report from the instance info (exactly sev_snp.REPORT_SIZE bytes)."""
@@ -163,6 +168,8 @@ class SNPVTPMValidator(VTPMValidator):
         raise NotImplementedError
 
     def trust_instance(self, instance_info: Optional[bytes], ak_pub: bytes, ak: AKInfo) -> Evidence:
+        """The instance info decoded, its report parsed and bound to this AK: refusals only, nothing is trusted before
+        ``verify`` (a binding checked on a report that then fails its signature refuses nothing more)."""
         info = decode_instance_info(instance_info)
         try:
             report = sev_snp.parse_report(self.report_bytes(info))
@@ -171,16 +178,22 @@ class SNPVTPMValidator(VTPMValidator):
         if not info.report_signer:
             raise AttestationError("InstanceInfo.ReportSigner: found none, wanted the PEM certificate of the key that "
                                    "signed the report (VCEK or VLEK)")
-        verified = sev_snp.verify_report(report, info.report_signer, info.cert_chain, roots=self.roots, now=self.now,
-                                         cache=self.cache)
-        if verified.signing_key not in self.signing_keys:
-            raise sev_snp.SNPError("signing_key", verified.signing_key, " or ".join(self.signing_keys))
+        if report.signing_key not in self.signing_keys:
+            raise sev_snp.SNPError("signing_key", report.signing_key, " or ".join(self.signing_keys))
         if report.vmpl != 0:  # as Constellation: the report comes from VMPL 0 (the paravisor or the guest itself)
             raise sev_snp.SNPError("vmpl", report.vmpl, 0)
-        return Evidence(verified, self.bind_ak(info, report, ak_pub, ak))
+        return Evidence(info, report, self.bind_ak(info, report, ak_pub, ak))
+
+    def verify(self, evidence: Evidence, pcrs: Dict[int, bytes]) -> Tuple[str, list, list]:
+        """The report's chain verified to the AMD roots (a set's own ``amdRootKey`` where it pins one) and the quoted
+        PCRs with the report matched against the sets (snp.py ``verify_and_match``); ``evidence.verified`` set."""
+        evidence.verified, matched = snp.verify_and_match(
+            self.measurements, evidence.report, evidence.info.report_signer, evidence.info.cert_chain, self.roots,
+            self.cache, self._pinned, pcrs, now=self.now)
+        return matched
 
     def match_measurements(self, pcrs: Dict[int, bytes], evidence: Evidence) -> Tuple[str, list, list]:
-        return self.measurements.match(pcrs, snp_report=evidence.verified.report)
+        return self.verify(evidence, pcrs)
 
     def complete(self, validation: Validation, evidence: Evidence) -> Validation:
         return dataclasses.replace(validation, snp=evidence.verified.to_dict(), ek_pub_sha256=evidence.ek_pub_sha256)

@@ -33,6 +33,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Measurements,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp_vtpm import (
+    Evidence,
     InstanceInfo,
     decode_instance_info,
     spki_der,
@@ -69,8 +70,12 @@ HCL_AK = runtime_keys(RUNTIME)["HCLAkPub"]
 HCL_AK_PUB = rsa_ak_pub(HCL_AK)
 
 
-def policy() -> Measurements:
-    return Measurements({0: Measurement(bytes(32), False)})
+PCRS = {0: bytes(32)}  # the recorded data has no quote: the PCR part is tested on swtpm (test_cloud_snp_swtpm.py)
+
+
+def policy(report: bytes = AZ_REPORT) -> Measurements:
+    """A set with one PCR and the recorded report's launch measurement (TCB minimums 0)."""
+    return Measurements.from_dict({"0": "00" * 32, "snp": {"launchMeasurement": report[0x90:0xC0].hex()}})
 
 
 def azure_info(report=AZ_RECORDED, runtime=RUNTIME, signer=VCEK, chain=CHAIN) -> bytes:
@@ -78,7 +83,11 @@ def azure_info(report=AZ_RECORDED, runtime=RUNTIME, signer=VCEK, chain=CHAIN) ->
 
 
 def azure_trust(info: bytes, ak_pub: bytes = HCL_AK_PUB):
-    return AzureSNPValidator(policy()).trust_instance(info, ak_pub, parse_ak(ak_pub))
+    """The instance info's part of a validation: decoded, bound to ``ak_pub``, verified and matched."""
+    validator = AzureSNPValidator(policy())
+    evidence = validator.trust_instance(info, ak_pub, parse_ak(ak_pub))
+    validator.verify(evidence, PCRS)
+    return evidence
 
 
 # ------------------------------------------------------------------------------------- the document
@@ -245,8 +254,8 @@ def test_missing_parts_are_refused_naming_them(info, field):
 # -------------------------------------------------------------------------------------- AWS, real data
 
 
-def aws_trust(info: bytes, ak_pub: bytes, now=AWS_NOW):
-    return AWSSNPValidator(policy(), now=now).trust_instance(info, ak_pub, parse_ak(ak_pub))
+def aws_validator(now=AWS_NOW) -> AWSSNPValidator:
+    return AWSSNPValidator(policy(AWS_REPORT), now=now)
 
 
 def test_real_aws_report_verifies_through_its_vlek_chain():
@@ -255,22 +264,47 @@ def test_real_aws_report_verifies_through_its_vlek_chain():
     assert bytes(verified.report.report_data) == AWS_AK_DIGEST
 
 
+def test_real_aws_report_verifies_and_matches_through_the_validator():
+    """The verification half of the validator (the binding needs the recorded AK, which Constellation did not keep:
+    it is tested on swtpm with the lab's platform)."""
+    validator = aws_validator()
+    evidence = Evidence(decode_instance_info(InstanceInfo(AWS_REPORT, AWS_VLEK).to_json()),
+                        sev_snp.parse_report(AWS_REPORT))
+    assert validator.verify(evidence, PCRS)[0] == "default"
+    assert evidence.verified.signing_key == "vlek" and evidence.verified.product == "Milan"
+
+
 def test_real_aws_report_binds_only_its_ak():
-    """The report and its chain verify (the refusal is the binding's, which comes after), and name the digest the
-    report carries against the quoting AK's."""
+    """A quoting AK whose SHA-512 is not the report's report_data is refused, naming both digests."""
     other = rsa_ak_pub(rsa.generate_private_key(65537, 2048).public_key())
     with pytest.raises(AttestationError) as err:
-        aws_trust(InstanceInfo(AWS_REPORT, AWS_VLEK).to_json(), other)
+        aws_validator().trust_instance(InstanceInfo(AWS_REPORT, AWS_VLEK).to_json(), other, parse_ak(other))
     assert "AK is not bound: report_data: found %s" % AWS_AK_DIGEST.hex() in str(err.value)
     assert ak_digest(parse_ak(other).public_key).hex() in str(err.value)
 
 
 def test_aws_refuses_a_vcek_signed_report():
     with pytest.raises(AttestationError, match="signing_key: found vcek, wanted vlek"):
-        AWSSNPValidator(policy()).trust_instance(azure_info(report=AZ_REPORT, runtime=None), HCL_AK_PUB,
-                                                 parse_ak(HCL_AK_PUB))
+        aws_validator().trust_instance(azure_info(report=AZ_REPORT, runtime=None), HCL_AK_PUB, parse_ak(HCL_AK_PUB))
 
 
 def test_aws_refuses_an_expired_vlek():
+    evidence = Evidence(decode_instance_info(InstanceInfo(AWS_REPORT, AWS_VLEK).to_json()),
+                        sev_snp.parse_report(AWS_REPORT))
     with pytest.raises(AttestationError, match="vlek.validity: found .* outside the chain's .* to 2025-12-10T22:30:16Z"):
-        aws_trust(InstanceInfo(AWS_REPORT, AWS_VLEK).to_json(), HCL_AK_PUB, now=datetime(2026, 1, 1, tzinfo=timezone.utc))
+        aws_validator(now=datetime(2026, 1, 1, tzinfo=timezone.utc)).verify(evidence, PCRS)
+
+
+def test_a_report_against_a_set_without_snp_is_refused():
+    """Decision: a report needs a set that says what it must show (the measurements fail closed)."""
+    validator = AzureSNPValidator(Measurements({0: Measurement(bytes(32), False)}))
+    evidence = validator.trust_instance(azure_info(), HCL_AK_PUB, parse_ak(HCL_AK_PUB))
+    with pytest.raises(AttestationError, match="snp"):
+        validator.verify(evidence, PCRS)
+
+
+def test_the_recorded_launch_measurement_is_enforced():
+    validator = AzureSNPValidator(policy(AWS_REPORT))  # another VM's launch measurement
+    evidence = validator.trust_instance(azure_info(), HCL_AK_PUB, parse_ak(HCL_AK_PUB))
+    with pytest.raises(AttestationError, match="launchMeasurement"):
+        validator.verify(evidence, PCRS)

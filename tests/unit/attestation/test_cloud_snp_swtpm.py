@@ -130,6 +130,19 @@ def test_azure_chooser_round_trip(swtpm_with_ek, lab_state, tmp_path):
             document, NONCE)
 
 
+def test_a_set_pinning_its_own_amd_root(swtpm_with_ek, lab_state, tmp_path):
+    """A set's amdRootKey pins the root its reports chain to, instead of AMD's pinned ones (validator roots unset)."""
+    host = platform(lab_state, tmp_path)
+    tcti = swtpm_with_ek.tcti
+    provision(tcti, host, tmp_path / "certs")
+    with AzureSNPIssuer(tcti, event_log_path=None, amd_cert_cache=str(tmp_path / "certs")) as issuer:
+        document = issuer.issue(b"u", NONCE)
+    pinned = policy(tcti)
+    doc = pinned.to_dict()
+    doc["snp"]["amdRootKey"] = amd.lab_chain(lab_state).ark_path.read_text()
+    assert AzureSNPValidator(Measurements.from_dict(doc)).validate(document, NONCE).snp["product"] == "Milan"
+
+
 def test_an_hcl_report_binding_another_ak_is_refused(swtpm_with_ek, lab_state, roots, tmp_path):
     """The platform's genuine report over runtime data that names a key the vTPM does not hold: the quote's AK is
     not the one the report vouches for."""
