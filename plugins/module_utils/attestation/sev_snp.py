@@ -35,7 +35,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 
 try:
     from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
     from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
@@ -420,21 +420,10 @@ def load_certificate(data: Union[bytes, str], field: str) -> "x509.Certificate":
     if not isinstance(data, (bytes, bytearray)) or not data:
         raise SNPError(field, type(data).__name__ if not isinstance(data, (bytes, bytearray)) else "nothing",
                        "a PEM or DER certificate")
-    data = bytes(data)
-    with _ZERO_SERIAL_LOCK, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_ZERO_SERIAL_MESSAGE)
-        try:
-            if b"-----BEGIN" in data:
-                certs = x509compat.load_pem_certificates(data)
-                if len(certs) != 1:
-                    raise SNPError(field, "%d certificates" % len(certs), "one certificate")
-                cert = certs[0]
-            else:
-                cert = x509.load_der_x509_certificate(data)
-            cert.extensions  # noqa: B018  # parse them now, under the filter
-        except ValueError as err:
-            raise SNPError(field, "not a certificate (%s)" % err, "a PEM or DER certificate") from None
-    return cert
+    certs = load_certificates(bytes(data), field)
+    if len(certs) != 1:
+        raise SNPError(field, "%d certificates" % len(certs), "one certificate")
+    return certs[0]
 
 
 def load_certificates(data: Union[bytes, str], field: str) -> List["x509.Certificate"]:
@@ -450,10 +439,25 @@ def load_certificates(data: Union[bytes, str], field: str) -> List["x509.Certifi
         warnings.filterwarnings("ignore", message=_ZERO_SERIAL_MESSAGE)
         try:
             if b"-----BEGIN" not in data:
-                return [x509.load_der_x509_certificate(bytes(data))]
-            return list(x509compat.load_pem_certificates(bytes(data)))
-        except ValueError as err:
-            raise SNPError(field, "not PEM certificates (%s)" % err, "PEM certificates") from None
+                certs = [x509.load_der_x509_certificate(bytes(data))]
+            else:
+                certs = list(x509compat.load_pem_certificates(bytes(data)))
+            for cert in certs:
+                _parse_all(cert)
+        except (ValueError, TypeError, x509.InvalidVersion, x509.DuplicateExtension, UnsupportedAlgorithm) as err:
+            raise SNPError(field, "not a valid certificate (%s)" % str(err)[:200], "PEM or DER X.509 certificates") \
+                from None
+    return certs
+
+
+def _parse_all(cert: "x509.Certificate") -> None:
+    """cryptography parses a certificate's parts when first read: read each now, so a malformed one fails here
+    (named) and never later in a check."""
+    for part in ("subject", "issuer", "extensions", "signature_algorithm_oid", "signature", "tbs_certificate_bytes"):
+        getattr(cert, part)
+    x509compat.not_valid_before(cert)
+    x509compat.not_valid_after(cert)
+    cert.public_key()
 
 
 def _require_cryptography(field: str) -> None:
