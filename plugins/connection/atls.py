@@ -135,7 +135,7 @@ options:
         to, for the SEV-SNP variants. Default AMD's own roots, pinned in the collection.
     type: path
     vars:
-      - name: constellation_amd_roots
+      - name: constellation_amd_roots_path
   admin_priv_key_file:
     description:
       - The admin's private key (unencrypted PEM or OpenSSH; Ed25519 or ECDSA P-256), whose public key
