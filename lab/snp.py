@@ -30,12 +30,12 @@ HCL_VARIANTS = ("azure-sev-snp",)
 
 def uses_snp(variant: str) -> bool:
     """Whether hosts of ``variant`` attest with an SEV-SNP report (its spec needs AMD roots)."""
-    return bool(getattr(choose.spec(variant, "variant"), "needs_amd_roots", False))
+    return choose.spec(variant, "variant").needs_amd_roots
 
 
 def quotes_pcrs(variant: str) -> bool:
     """Whether ``variant``'s documents carry a TPM quote (``sev-snp``'s do not: no PCRs in its policy)."""
-    return bool(getattr(choose.spec(variant, "variant"), "quotes_pcrs", True))
+    return choose.spec(variant, "variant").quotes_pcrs
 
 
 def lab_snp_policy(image: str = LAB_IMAGE) -> Dict[str, object]:

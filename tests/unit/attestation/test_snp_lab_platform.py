@@ -18,6 +18,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 from lab import agent, amd, snp, snp_platform
 from lab.image import LAB_IMAGE, lab_measurements, launch_measurement
 from lab.names import Host
@@ -210,6 +212,15 @@ def test_the_measurements_document_and_agent_config_of_an_snp_lab(host, monkeypa
     plain, azure = snp.measurements(LAB_IMAGE, "sev-snp"), snp.measurements(LAB_IMAGE, "azure-sev-snp")
     assert set(plain) == {"snp"} and set(azure) == set(lab_measurements(LAB_IMAGE)) | {"snp"}
     assert sev_snp.SNPPolicy.from_dict(plain["snp"]).allow_debug is False
+    for doc in (plain, azure):  # documents the Core reads, a report of the lab's platform passing them
+        policy = Measurements.from_dict(doc)
+        assert policy.snp == sev_snp.SNPPolicy.from_dict(snp.lab_snp_policy(LAB_IMAGE))
+        assert set(policy.to_dict()) == set(doc)
+    report, _certs = _report(host)
+    Measurements.from_dict(plain).compare({}, snp_report=report)
+    snp.tamper(host, "measurement")
+    with pytest.raises(AttestationError, match="snp.launchMeasurement"):
+        Measurements.from_dict(plain).compare({}, snp_report=_report(host)[0])
 
     class StubLab:  # what lab/agent.py needs of its lab (AgentLab)
         variant = "sev-snp"
