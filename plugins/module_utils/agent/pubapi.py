@@ -45,7 +45,7 @@ def fresh_node_policy(policy: Measurements) -> Measurements:
     def one(measurements: Measurements) -> Measurements:
         pcrs = dict(measurements.pcrs)
         pcrs[PCR_INDEX_CLUSTER_ID] = Measurement(bytes(32), False)
-        return Measurements(pcrs)
+        return measurements.with_pcrs(pcrs)
 
     return per_set(policy, one)
 
@@ -53,7 +53,7 @@ def fresh_node_policy(policy: Measurements) -> Measurements:
 def coordinator_policy(policy: Measurements) -> Measurements:
     """The policy a joining node checks the Coordinator against: PCR 15 of an activated
     Coordinator holds its cluster ID, which a fresh node cannot know yet. Each accepted set alike."""
-    return per_set(policy, lambda m: Measurements({i: v for i, v in m.pcrs.items() if i != PCR_INDEX_CLUSTER_ID}))
+    return per_set(policy, lambda m: m.with_pcrs({i: v for i, v in m.pcrs.items() if i != PCR_INDEX_CLUSTER_ID}))
 
 
 class PubAPI:

@@ -147,7 +147,7 @@ def enforce_agent_pcr(policy, own_value: bytes):
     own PCR 13 entry is replaced, unless it is an image set's (``is_image_set``: kept, the peer's PCR 13 must be
     zero); the result is what validators compare, never what is sealed to."""
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-        Measurement, Measurements, accepted_agents, per_set)
+        Measurement, accepted_agents, per_set)
 
     agents = accepted_agents(policy)
     if agents:
@@ -160,7 +160,7 @@ def enforce_agent_pcr(policy, own_value: bytes):
     def one(measurements):
         pcrs = dict(measurements.pcrs)
         pcrs[PCR_INDEX_AGENT] = image_expectation if is_image_set(measurements) else expectation
-        return Measurements(pcrs)
+        return measurements.with_pcrs(pcrs)
 
     return per_set(policy, one)
 

@@ -22,6 +22,7 @@ tests/unit/attestation/test_choose.py find those lists and fail until they agree
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from dataclasses import dataclass
@@ -59,11 +60,15 @@ QEMU_VTPM_EK = Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID, alias_oids=(QEMU_VTP
 @dataclass(frozen=True)
 class Trust:
     """What a validator trusts beyond the policy: the EK CA certificates (qemu-vtpm-ek) and the
-    registry of AKs certified through them (shared by every validator of one process)."""
+    registry of AKs certified through them (shared by every validator of one process); for SEV-SNP
+    variants the AMD roots (sev_snp.AMDRoots: AMD's pinned ARKs unless a bundle was given) and the
+    process's cache of verified VCEK/VLEK chains (sev_snp.ChainCache)."""
 
     ek_ca_certs: Tuple[Any, ...] = ()
     certified_aks: Any = None  # ek.CertifiedAKs
     insecure_trust_any_ak: bool = False  # the acknowledgement qemu-vtpm needs (check_variant_allowed)
+    amd_roots: Any = None  # sev_snp.AMDRoots
+    snp_cache: Any = None  # sev_snp.ChainCache
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,9 @@ class VariantSpec:
 
     ``module`` is the dotted name of the module that makes the variant's issuer and validator with
     ``make_issuer(tcti=None, **kwargs)`` and ``make_validator(policy, trust)`` (a ``Trust``); the
-    chooser imports it when the variant is first used."""
+    chooser imports it when the variant is first used. ``needs_amd_roots``: its validator verifies AMD
+    SEV-SNP reports (``Trust.amd_roots``); ``quotes_pcrs``: its documents carry a TPM quote of PCRs (False:
+    nothing adds PCR requirements for it, docs/attestation.md, "AMD SEV-SNP reports")."""
 
     variant: Variant
     summary: str
@@ -82,6 +89,8 @@ class VariantSpec:
     enrolls: bool = False  # the validator trusts an AK only after EnrollAK (ek.py)
     for_tests_only: bool = False  # refused unless CONSTELLATION_TEST_SUITE=1
     trusts_any_ak: bool = False  # needs the acknowledgement insecure_trust_any_ak, and warns
+    needs_amd_roots: bool = False  # verifies AMD SEV-SNP reports: Trust.amd_roots (pinned unless configured)
+    quotes_pcrs: bool = True  # False: no TPM quote, so no PCR requirement is added (agent PCR 13, PCR 15)
 
     @property
     def name(self) -> str:
@@ -199,21 +208,42 @@ def validator(name: str, policy=None, trust: Optional[Trust] = None, insecure_tr
         raise InputError("measurements", "a measurements policy (variant %s checks PCRs)" % chosen.name)
     if chosen.needs_ek_ca and not trust.ek_ca_certs:
         raise InputError("ek_ca_path", "the EK CA certificate(s) that variant %s trusts TPMs through" % chosen.name)
+    if chosen.needs_amd_roots and (trust.amd_roots is None or trust.snp_cache is None):
+        sev_snp = importlib.import_module(PACKAGE + ".sev_snp")
+        trust = dataclasses.replace(trust, amd_roots=trust.amd_roots or sev_snp.pinned_roots(),
+                                    snp_cache=trust.snp_cache or sev_snp.process_cache())
     return chosen.implementation().make_validator(policy, trust)
 
 
 def load_trust(name: str, ek_ca_path: Optional[Any], basedir: Optional[str] = None,
-               field: str = "ek_ca_path", insecure_trust_any_ak: Any = False) -> Trust:
+               field: str = "ek_ca_path", insecure_trust_any_ak: Any = False, amd_roots_path: Optional[Any] = None,
+               amd_roots_field: str = "amd_roots") -> Trust:
     """The Trust for variant ``name`` (allowed only as ``check_variant_allowed`` says): EK CA
     certificates from ``ek_ca_path`` where the variant needs them: a PEM file (a bundle of several
     CAs is fine), a folder of PEM files, or a list of them; relative paths are relative to
-    ``basedir``. Self-signed CAs are the trust anchors; other CA certificates are intermediates."""
+    ``basedir``. Self-signed CAs are the trust anchors; other CA certificates are intermediates.
+    Where the variant verifies SEV-SNP reports: AMD's pinned roots, unless ``amd_roots_path`` (the same
+    forms; each self-signed certificate an ARK, the others ASK/ASVK) names another bundle (the lab's AMD)."""
     chosen = check_variant_allowed(name, insecure_trust_any_ak)
+    trust = Trust(insecure_trust_any_ak=bool(chosen.trusts_any_ak))
+    if chosen.needs_amd_roots:
+        sev_snp = importlib.import_module(PACKAGE + ".sev_snp")
+        roots = (sev_snp.load_roots(_resolve_paths(amd_roots_path, basedir, amd_roots_field), amd_roots_field)
+                 if amd_roots_path else sev_snp.pinned_roots())
+        trust = dataclasses.replace(trust, amd_roots=roots, snp_cache=sev_snp.process_cache())
     if not chosen.needs_ek_ca:
-        return Trust(insecure_trust_any_ak=bool(chosen.trusts_any_ak))
+        return trust
     if not ek_ca_path:
         raise InputError(field, "the EK CA certificate file(s) or folder (PEM) for variant %s" % chosen.name, None)
-    paths: Sequence[Any] = ek_ca_path if isinstance(ek_ca_path, (list, tuple)) else [ek_ca_path]
+    resolved = _resolve_paths(ek_ca_path, basedir, field)
+    ek = importlib.import_module(PACKAGE + ".ek")
+    certs = ek.load_ca_certs(resolved, field)
+    importlib.import_module(PACKAGE + ".ek_certs").check_trust_anchors(certs, field)
+    return dataclasses.replace(trust, ek_ca_certs=tuple(certs), certified_aks=ek.CertifiedAKs(certs))
+
+
+def _resolve_paths(value: Any, basedir: Optional[str], field: str) -> list:
+    paths: Sequence[Any] = value if isinstance(value, (list, tuple)) else [value]
     resolved = []
     for path in paths:
         if not isinstance(path, str):
@@ -221,7 +251,4 @@ def load_trust(name: str, ek_ca_path: Optional[Any], basedir: Optional[str] = No
         if basedir and not os.path.isabs(path):
             path = os.path.join(basedir, path)
         resolved.append(path)
-    ek = importlib.import_module(PACKAGE + ".ek")
-    certs = ek.load_ca_certs(resolved, field)
-    importlib.import_module(PACKAGE + ".ek_certs").check_trust_anchors(certs, field)
-    return Trust(tuple(certs), ek.CertifiedAKs(certs))
+    return resolved

@@ -17,6 +17,11 @@ The named form may list the agents it accepts beside its sets (docs/attestation.
 ``{"agents": {"<name>": {"pcr": 13, "value": "<hex>", "events": [{"event": .., "digest": "<hex>"}]}}}``, each entry
 what ``AgentMeasurement.to_dict`` writes (``pcr`` and ``events`` optional; events given must replay to the value).
 Every set accepts every agent listed; ``attestation/agent_measurement.py`` enforces them on PCR 13.
+
+A set may hold an AMD SEV-SNP policy under the key ``snp`` (sev_snp.SNPPolicy: TCB minimums, launch measurement,
+...; docs/attestation.md, "AMD SEV-SNP reports"): plain form ``{"4": {...}, "snp": {...}}``, named form inside each
+set. A set with ``snp`` passes only a peer whose verified report passes it; a peer that brings a report is refused
+by a set without ``snp`` (fail closed: nobody decided what its report must show).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.sev_snp import Report, SNPError, SNPPolicy
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import PCRCheck
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import (  # noqa: F401 pylint: disable=unused-import
@@ -44,6 +50,7 @@ DEFAULT_SET_NAME = "default"
 ACCEPTED_KEY = "accepted"
 VERSION_KEY = "version"
 AGENTS_KEY = "agents"
+SNP_KEY = "snp"
 _SET_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
 _EVENT_NAME = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
 MAX_SETS = 16
@@ -133,9 +140,15 @@ class AcceptedAgent:
 
 @dataclass
 class Measurements:
-    """PCR index -> Measurement. ``compare`` is what validators call."""
+    """PCR index -> Measurement, and optionally what an AMD SEV-SNP report must show (``snp``). ``compare`` is what
+    validators call."""
 
     pcrs: Dict[int, Measurement] = field(default_factory=dict)
+    snp: Optional[SNPPolicy] = None
+
+    def with_pcrs(self, pcrs: Mapping[int, Measurement]) -> "Measurements":
+        """The same set with other PCR expectations (the transforms of per_set): ``snp`` stays."""
+        return Measurements(dict(pcrs), snp=self.snp)
 
     def __post_init__(self) -> None:
         lengths = set()
@@ -155,7 +168,11 @@ class Measurements:
             raise InputError("measurements", "a mapping of PCR index to {expected, warnOnly}",
                              type(data).__name__)
         pcrs: Dict[int, Measurement] = {}
+        snp = None
         for key, value in data.items():
+            if key == SNP_KEY:
+                snp = SNPPolicy.from_dict(value, SNP_KEY)
+                continue
             index = _parse_index(key)
             name = "measurements[%d]" % index
             if isinstance(value, str):
@@ -180,11 +197,14 @@ class Measurements:
             else:
                 expected = _parse_hex(name + ".expected", expected)
             pcrs[index] = Measurement(expected, warn_only)
-        return cls(pcrs)
+        return cls(pcrs, snp=snp)
 
     def to_dict(self) -> Dict[str, Dict[str, object]]:
-        return {str(index): {"expected": m.expected.hex(), "warnOnly": m.warn_only}
-                for index, m in sorted(self.pcrs.items())}
+        out: Dict[str, Dict[str, object]] = {str(index): {"expected": m.expected.hex(), "warnOnly": m.warn_only}
+                                             for index, m in sorted(self.pcrs.items())}
+        if self.snp is not None:
+            out[SNP_KEY] = self.snp.to_dict()
+        return out
 
     @classmethod
     def loads(cls, text: str) -> "Measurements":
@@ -202,8 +222,10 @@ class Measurements:
         """Atomic (fileutil.atomic_write); a policy is public, so world-readable."""
         atomic_write(path, self.dumps().encode("utf-8"), 0o644)
 
-    def compare(self, pcrs: Mapping[int, bytes]) -> Tuple[List[PCRCheck], List[str]]:
-        """Checks quoted PCR values against the policy, ascending by index.
+    def compare(self, pcrs: Mapping[int, bytes],
+                snp_report: Optional[Report] = None) -> Tuple[List[PCRCheck], List[str]]:
+        """Checks quoted PCR values against the policy, ascending by index, and a verified SEV-SNP report
+        against ``snp`` (a set with ``snp`` needs a report that passes it; a report needs a set with ``snp``).
 
         Returns the per-PCR table and the warn-only mismatches; raises AttestationError on the
         first enforced mismatch (naming the PCR, expected and found value).
@@ -229,18 +251,36 @@ class Measurements:
                 warnings.append(message + " (warn-only)")
             else:
                 failures.append(message)
+        snp_error = self._check_snp(snp_report)
+        if snp_error is not None:
+            failures.append(str(snp_error))
         if failures:
-            raise MeasurementsMismatch("measurements mismatch: " + "; ".join(failures), checks, warnings)
+            raise MeasurementsMismatch("measurements mismatch: " + "; ".join(failures), checks, warnings,
+                                       snp_error=snp_error)
         return checks, warnings
+
+    def _check_snp(self, report: Optional[Report]) -> Optional[SNPError]:
+        if self.snp is None and report is None:
+            return None
+        if self.snp is None:
+            return SNPError(SNP_KEY, "an SEV-SNP report", "a measurement set with an snp policy (none in this set)")
+        if report is None:
+            return SNPError(SNP_KEY, "no SEV-SNP report", "a verified report that passes the set's snp policy")
+        try:
+            self.snp.check(report)
+        except SNPError as err:
+            return err
+        return None
 
     # A plain policy is one accepted set named DEFAULT_SET_NAME (the MeasurementSets interface).
     @property
     def sets(self) -> Dict[str, "Measurements"]:
         return {DEFAULT_SET_NAME: self}
 
-    def match(self, pcrs: Mapping[int, bytes]) -> Tuple[str, List[PCRCheck], List[str]]:
+    def match(self, pcrs: Mapping[int, bytes],
+              snp_report: Optional[Report] = None) -> Tuple[str, List[PCRCheck], List[str]]:
         """``compare`` that also names the set that matched (always DEFAULT_SET_NAME here)."""
-        checks, warnings = self.compare(pcrs)
+        checks, warnings = self.compare(pcrs, snp_report)
         return DEFAULT_SET_NAME, checks, warnings
 
 
@@ -323,13 +363,15 @@ class MeasurementSets:
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def match(self, pcrs: Mapping[int, bytes]) -> Tuple[str, List[PCRCheck], List[str]]:
-        """(name of the first set, in document order, that ``pcrs`` match; its table; its warnings). Raises
+    def match(self, pcrs: Mapping[int, bytes],
+              snp_report: Optional[Report] = None) -> Tuple[str, List[PCRCheck], List[str]]:
+        """(name of the first set, in document order, that ``pcrs`` (and ``snp_report``) match; its table; its
+        warnings). Raises
         MeasurementsMismatch naming every set's mismatches when none matches (its table: the closest set's)."""
         misses = []
         for name, policy in self._sets.items():
             try:
-                checks, warnings = policy.compare(pcrs)
+                checks, warnings = policy.compare(pcrs, snp_report)
             except MeasurementsMismatch as err:
                 misses.append((name, err))
                 continue
@@ -339,11 +381,13 @@ class MeasurementSets:
         _name, closest = min(misses, key=lambda item: sum(1 for c in item[1].checks if not c.ok and not c.warn_only))
         text = "; ".join("set %s: %s" % (name, str(err)[len("measurements mismatch: "):]) for name, err in misses)
         raise MeasurementsMismatch("measurements mismatch: no accepted set matches (%s): %s"
-                                   % (", ".join(self._sets), text), closest.checks, closest.warnings)
+                                   % (", ".join(self._sets), text), closest.checks, closest.warnings,
+                                   snp_error=closest.snp_error)
 
-    def compare(self, pcrs: Mapping[int, bytes]) -> Tuple[List[PCRCheck], List[str]]:
+    def compare(self, pcrs: Mapping[int, bytes],
+                snp_report: Optional[Report] = None) -> Tuple[List[PCRCheck], List[str]]:
         """Measurements.compare's contract: the matched set's table and warnings."""
-        _name, checks, warnings = self.match(pcrs)
+        _name, checks, warnings = self.match(pcrs, snp_report)
         return checks, warnings
 
 
@@ -415,12 +459,15 @@ def _parse_agents(data: object) -> Dict[str, AcceptedAgent]:
 
 
 class MeasurementsMismatch(AttestationError):
-    """An enforced PCR did not match; carries the full table for reports (verify.yml)."""
+    """An enforced PCR did not match, or an SEV-SNP report did not pass the set's ``snp`` policy (``snp_error``
+    names the field); carries the full table for reports (verify.yml)."""
 
-    def __init__(self, message: str, checks: List[PCRCheck], warnings: List[str]):
+    def __init__(self, message: str, checks: List[PCRCheck], warnings: List[str],
+                 snp_error: Optional[SNPError] = None):
         super().__init__(message)
         self.checks = checks
         self.warnings = warnings
+        self.snp_error = snp_error
 
 
 def expected_pcr15(cluster_id: bytes) -> bytes:

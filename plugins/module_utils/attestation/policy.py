@@ -72,7 +72,7 @@ def require_enforced_pcr(policy: Policy, source: str, field: str = "measurements
     """Refuses a policy that enforces nothing (empty, all warnOnly, or only PCR 15): with it any TPM
     that runs anything would pass. ``source`` names the file (or "inline measurements")."""
     for name, measurements in policy.sets.items():
-        if not enforced_pcrs(measurements):
+        if not enforced_pcrs(measurements) and measurements.snp is None:
             raise InputError(field, "a measurements policy that enforces at least one PCR other than %d (warnOnly: "
                              "false) in every accepted set; an empty, all-warnOnly or PCR-%d-only set would accept "
                              "any TPM" % (PCR_INDEX_CLUSTER_ID, PCR_INDEX_CLUSTER_ID),
@@ -131,7 +131,7 @@ def load_policy(measurements: Optional[Mapping] = None, measurements_file: Optio
         policy = load_policy_file(measurements_file, basedir, public_key_path)
     elif measurements is not None:
         policy = parse_policy(measurements)
-        if not all(m.pcrs for m in policy.sets.values()):
+        if not all(m.pcrs or m.snp is not None for m in policy.sets.values()):
             raise InputError("measurements", "at least one PCR: an empty policy would accept any TPM", {})
         require_enforced_pcr(policy, "inline measurements", "measurements")
     else:

@@ -671,6 +671,14 @@ class ChainCache:
             return len(self._entries)
 
 
+_PROCESS_CACHE = ChainCache()
+
+
+def process_cache() -> ChainCache:
+    """The process's one chain cache (the chooser's Trust.snp_cache)."""
+    return _PROCESS_CACHE
+
+
 @dataclass(frozen=True)
 class VerifiedReport:
     report: Report

@@ -12,7 +12,7 @@ Which variants exist, and looking one up by name, is the chooser's (choose.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ class Validation:
     # through (hex of the SubjectPublicKeyInfo DER; qemu-vtpm-ek only): who the TPM is, for the join's admission.
     ak_pub: Optional[bytes] = None
     ek_pub_sha256: Optional[str] = None
+    # SEV-SNP variants: the verified report (sev_snp.VerifiedReport.to_dict(): the report's fields by AMD's names,
+    # bytes as hex, plus ``product`` and ``signing_key``), for verify.yml and attestation_info.
+    snp: Optional[Dict[str, Any]] = None
 
 
 class Issuer(Protocol):

@@ -213,7 +213,7 @@ def validate_policy(measurements: Dict[str, Any], source: str = "inline measurem
         policy = parse_policy(measurements)
     except (ConstellationError, ValueError, TypeError) as err:
         raise SettingsError("measurements: %s" % err) from None
-    if not all(m.pcrs for m in policy.sets.values()):
+    if not all(m.pcrs or m.snp is not None for m in policy.sets.values()):
         raise SettingsError("measurements: expected at least one PCR: an empty policy would accept any TPM")
     from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import require_enforced_pcr
 
