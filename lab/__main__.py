@@ -8,6 +8,7 @@ import sys
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import VARIANT_NAMES
 from lab.lab import LAB_STORES, LAB_VARIANT, Lab, LabError
+from lab.snp_platform import TAMPERS as SNP_TAMPERS
 
 
 def main(argv=None) -> int:
@@ -29,9 +30,14 @@ def main(argv=None) -> int:
     g.add_argument("--hosts", type=int, required=True, help="the lab's new number of hosts")
     sub.add_parser("down", help="remove every namespace, process, mount and file of the lab")
     sub.add_parser("status", help="show the hosts and their parts")
-    t = sub.add_parser("tamper", help="extend a PCR of HOST differently, to stand for a modified host")
+    t = sub.add_parser("tamper", help="extend a PCR of HOST differently, to stand for a modified host; with --snp, "
+                                      "change what its SEV-SNP platform reports instead")
     t.add_argument("host")
     t.add_argument("--pcr", type=int, default=9)
+    t.add_argument("--snp", choices=SNP_TAMPERS + ("genuine",),
+                   help="SEV-SNP variants: debug (the guest's DEBUG policy bit), measurement (a modified guest), tcb "
+                        "(a platform below the lab's TCB minimum, with a genuine VCEK for it), foreign (reports "
+                        "signed by a VCEK of another AMD: software-signed); genuine undoes them")
     r = sub.add_parser("reimage", help="reboot HOST into another image (its PCRs 4, 9, 11 measure NAME)")
     r.add_argument("host")
     r.add_argument("--image", required=True, help="the image name (lab.image.lab_measurements(NAME) is its policy)")
@@ -60,6 +66,9 @@ def main(argv=None) -> int:
             print("lab %s: down" % lab.name)
         elif args.cmd == "status":
             print(json.dumps(lab.status(), indent=2))
+        elif args.cmd == "tamper" and args.snp:
+            lab.tamper_snp(args.host, args.snp)
+            print("lab %s: %s SEV-SNP platform: %s" % (lab.name, args.host, args.snp))
         elif args.cmd == "tamper":
             lab.tamper(args.host, args.pcr)
             print("lab %s: %s PCR %d tampered" % (lab.name, args.host, args.pcr))

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
-from lab.image import lab_measurements
+from lab import snp
+from lab.image import LAB_IMAGE
 from lab.names import AGENT_PORT, REPO_ROOT, Host
 
 
@@ -33,6 +34,7 @@ class AgentLab(Protocol):
     trusted_agents: bool
     measurements_pub_path: Path
     ek_ca_path: Path
+    amd_roots_path: Path
 
     def sign_measurements(self, path: Path) -> Path: ...
 
@@ -73,7 +75,7 @@ def write_config(lab: AgentLab, host: Host, trust: Optional[bool] = None, **conf
     directory.mkdir(parents=True, exist_ok=True)
     policy = directory / "measurements.json"
     if not policy.exists():
-        policy.write_text(json.dumps(lab_measurements(), indent=2))
+        policy.write_text(json.dumps(snp.measurements(LAB_IMAGE, lab.variant), indent=2))
     trust = lab.trusted_agents if trust is None else trust
     doc: Dict[str, Any] = {
         "state_dir": str(directory / "state"),
@@ -101,6 +103,11 @@ def write_config(lab: AgentLab, host: Host, trust: Optional[bool] = None, **conf
         doc["insecure_trust_any_ak"] = True
     if lab.ek_ca_path.exists():
         doc["ek_ca"] = str(lab.ek_ca_path)
+    if snp.uses_snp(lab.variant):  # the lab's AMD is the root; the host's platform service signs the reports
+        doc["amd_roots"] = str(lab.amd_roots_path)
+        source = snp.report_source(lab.variant, host)
+        if source is not None:
+            doc["snp_report_source"] = source
     store = lab.agent_store(host)
     if store is not None:
         doc["store"] = store

@@ -23,6 +23,14 @@ def image_digest(image: str, pcr: int) -> bytes:
     return hashlib.sha256(("%s/pcr%d" % (image, pcr)).encode()).digest()
 
 
+def launch_measurement(image: str = LAB_IMAGE) -> bytes:
+    """The SEV-SNP launch measurement of ``image`` on a lab platform (lab/snp_platform.py): a stand-in of 48 bytes
+    derived from the image's name. A real one is the digest AMD's secure processor computes over the guest's
+    initial memory (firmware, and with direct boot the kernel, initrd and command line), which an operator
+    predicts with ``sev-snp-measure``; the lab boots no guest firmware, so its image names the value instead."""
+    return hashlib.sha384(("%s/snp-launch" % image).encode()).digest()
+
+
 def boot_digests(image: str) -> Dict[int, bytes]:
     """What the boot chain of ``image`` extends, by PCR."""
     return {pcr: image_digest(image, pcr) for pcr in MEASURED_PCRS}

@@ -14,7 +14,7 @@ from typing import List
 
 import yaml
 
-from lab.image import lab_measurements
+from lab import snp
 from lab.names import ADMIN_IP, Host, bridge_netns
 from lab.state import LabState
 from lab.trust import LabTrust, write_text
@@ -52,6 +52,9 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
             # Where the host's installed agent lives (lab/agent.py's install_dir): upgrade_agent.yml replaces it.
             "node_agent_install_dir": str(h.dir / "install"),
         }
+        source = snp.report_source(state.variant, h)
+        if source is not None:  # an SEV-SNP variant: the host's platform service (lab/snp_platform.py)
+            host_vars[h.name]["constellation_snp_report_source"] = source
         local_vars[h.name] = dict(host_vars[h.name], ansible_connection="local",
                                   ansible_shell_executable=str(shell), ansible_python_interpreter=python[0])
 
@@ -65,7 +68,7 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
     header = "# Written by `python -m lab up` (lab %s); do not edit.\n" % lab_name
     write_text(inv / "hosts.yml", header + yaml.safe_dump(groups(host_vars), sort_keys=False))
     write_text(local_inventory, header + yaml.safe_dump(groups(local_vars), sort_keys=False))
-    measurements = lab_measurements(state.image)
+    measurements = snp.measurements(state.image, state.variant)
     write_text(inv / "measurements.json", json.dumps(measurements, indent=2) + "\n")
     # Signed with the lab's key; the inventory pins its public half (every policy load checks it).
     trust.sign_measurements(inv / "measurements.json")
@@ -73,6 +76,8 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
     write_text(inv / "init_secret", trust.init_secret() + "\n", mode=0o600)
     if trust.ek_ca_path.exists():
         write_text(inv / "ek_ca.pem", trust.ek_ca_path.read_text())
+    if snp.uses_snp(state.variant):
+        write_text(inv / "amd_roots.pem", trust.amd_roots_path.read_text())
     admin_key = trust.admin_key(inv)
     vault_pass = inv / "vault_pass"
     if not vault_pass.exists():
@@ -106,6 +111,9 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
         # opened in the admin machine's namespace (a real controller reaches nodes directly).
         "constellation_atls_netns": bridge_netns(lab_name),
     }
+    if snp.uses_snp(state.variant):
+        # The SEV-SNP variants: the lab's AMD is the root (a real fleet pins AMD's own, the built-in default).
+        lab_vars["constellation_amd_roots_path"] = str(inv / "amd_roots.pem")
     if lab_vars["constellation_attestation_variant"] == "qemu-vtpm":
         # `lab up --variant qemu-vtpm` trusts any AK: the acknowledgement every run then warns about.
         lab_vars["constellation_insecure_trust_any_ak"] = True

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from lab import network, tpms
+from lab import network, snp, tpms
 from lab.agent import agent_dir, install_agent, launch_agent, start_agent
 from lab.etcd import Etcd, tmpfs_dir
 from lab.image import LAB_IMAGE
@@ -117,6 +117,11 @@ class Lab:
         return self.state.variant
 
     @property
+    def uses_snp(self) -> bool:
+        """Whether the lab's hosts attest with SEV-SNP reports of their lab platform (lab/snp.py)."""
+        return snp.uses_snp(self.variant)
+
+    @property
     def trusted_agents(self) -> bool:
         """Whether the agents the lab starts get the init secret hash and the signed policy."""
         return self.state.trust
@@ -159,6 +164,7 @@ class Lab:
             network.make_host(h, self.bridge_netns)
         if tpm:
             tpms.start_tpms(self.hosts, image, self.trust, self.host_python())
+        self._start_platforms(self.hosts)
         if agents:
             if store == "etcd":
                 self.start_etcd()
@@ -184,12 +190,21 @@ class Lab:
             network.make_host(h, self.bridge_netns)
         if self.state.tpm:
             tpms.start_tpms(new, self.state.image, self.trust, self.host_python())
+        self._start_platforms(new)
         if self.state.agents:
             self._start_agents(new)
         self.state.phase = "up"
         self._save()
         self.write_inventory()
         return new
+
+    def _start_platforms(self, hosts: List[Host]) -> None:
+        """The SEV-SNP variants: the lab's AMD (made once) and each host's platform service (lab/snp.py)."""
+        if not self.uses_snp:
+            return
+        self.trust.amd.ensure()
+        for h in hosts:
+            snp.start_platform(h, self.state.image_of(h.name), self.variant, self.host_python())
 
     def _start_agents(self, hosts: List[Host]) -> None:
         """Starts the node agent on each host (in its namespaces; lab.down stops them)."""
@@ -263,6 +278,8 @@ class Lab:
             self.state.host_images.pop(name)
         self._save()
         tpms.reboot(h, image, self.trust, self.host_python())
+        if self.uses_snp:
+            snp.reimaged(h, image)
         if agent_pids:
             launch_agent(self, h, agent_dir(h) / "config.json")
 
@@ -280,6 +297,14 @@ class Lab:
     def tamper(self, name: str, pcr: int = 9) -> None:
         """Stands for a modified host: its boot chain measured something else."""
         tpms.tamper(self.host(name), pcr, self.host_python())
+
+    def tamper_snp(self, name: str, what: str) -> None:
+        """Stands for a modified guest or platform of an SEV-SNP host (lab/snp.py's ``tamper``: ``debug``,
+        ``measurement``, ``tcb``, ``foreign``; ``genuine`` undoes them). Its next report shows it."""
+        if not self.uses_snp:
+            raise LabError("snp: lab %r runs variant %s, which uses no SEV-SNP report" % (self.name, self.variant))
+        h = self.host(name)
+        snp.tamper(h, what, self.state.image_of(name))
 
     def foreign_tpm(self, name: str) -> None:
         """Stands for a host whose TPM is not from our vendor (tpms.replace_with_foreign); a running agent
@@ -314,6 +339,10 @@ class Lab:
     def ek_ca_path(self) -> Path:
         return self.trust.ek_ca_path
 
+    @property
+    def amd_roots_path(self) -> Path:
+        return self.trust.amd_roots_path
+
     # -- inventory (lab/inventory.py) ---------------------------------------------------------
     def write_inventory(self) -> Optional[Path]:
         if self.inventory_dir is None:
@@ -329,7 +358,7 @@ class Lab:
     def status(self) -> List[dict]:
         existing = set(netns_list())
         mounts = mountpoints()
-        return [{
+        rows = [{
             "host": h.name,
             "netns": h.netns in existing,
             "public_ip": h.public_ip,
@@ -337,6 +366,10 @@ class Lab:
             "tpm": self._tpm_alive(h),
             "agent": bool(self._agent_pids(h, existing)),
         } for h in self.hosts]
+        if self.state.phase and self.uses_snp:
+            for row, h in zip(rows, self.hosts):
+                row.update(snp.status(h))
+        return rows
 
     @staticmethod
     def _tpm_alive(h: Host) -> bool:
@@ -366,7 +399,7 @@ class Lab:
             return False
         for row in self.status():
             if not (row["netns"] and row["mount_ns"] and (row["tpm"] or not state.tpm)
-                    and (row["agent"] or not state.agents)):
+                    and (row["agent"] or not state.agents) and row.get("snp_platform", True)):
                 return False
         if state.agents and state.store == "etcd":
             return any(_comm(pid) == "etcd" for pid in pids_in_netns(self.hosts[0].netns))

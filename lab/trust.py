@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The lab's trust material, each made once per lab in its state folder (docs/agent.md): the init secret
 (its hash per host provisions the agents), the measurements signing key (its public half is pinned), the
-EK CA bundle (the lab CA stands for the TPM vendor) and the operator's admin key."""
+EK CA bundle (the lab CA stands for the TPM vendor), the lab's AMD (lab/amd.py: it stands for AMD on the SEV-SNP
+variants) and the operator's admin key."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from ansible_collections.constellation.cluster.plugins.module_utils import fileutil
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
 from ansible_collections.constellation.cluster.plugins.module_utils.kms.init_secret import init_secret_hash
+from lab.amd import AMDChain, lab_chain
 
 # Made once per lab, while agents start in parallel threads: the init secret and the signing key.
 _LOCK = threading.Lock()
@@ -93,6 +95,16 @@ class LabTrust:
 
     def write_ek_ca(self) -> None:
         write_text(self.ek_ca_path, "".join((self.ca_dir / name).read_text() for name in CA_FILES))
+
+    @property
+    def amd(self) -> AMDChain:
+        """The lab's AMD (``<state>/amd``), made by ``ensure()`` once per lab."""
+        return lab_chain(self.state_dir)
+
+    @property
+    def amd_roots_path(self) -> Path:
+        """PEM bundle of the lab's ASK, ASVK and ARK: the ``amd_roots`` of the SEV-SNP variants."""
+        return self.amd.roots_path
 
     @staticmethod
     def admin_key(inv: Path) -> Path:

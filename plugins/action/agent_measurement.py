@@ -78,6 +78,12 @@ class ActionModule(ActionBase):
         del tmp
         args = validated_args(AGENT_MEASUREMENT_ARGS, self._task.args)
         basedir = self._loader.get_basedir()
+        if not choose.spec(args["variant"]).quotes_pcrs:
+            # Nothing checks PCR 13 for such a variant (attestation/policy.py peer_policies): no agent to list.
+            result.update(changed=False, skipped=True, msg="variant %s quotes no PCRs: no agent measurement (PCR 13) "
+                          "is checked or listed; the launch measurement in the snp object covers the agent"
+                          % args["variant"])
+            return result
         try:
             measurement, extra = measure(args, basedir)
             entry = measurement.to_dict()

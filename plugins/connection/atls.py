@@ -103,10 +103,11 @@ options:
         EK certificate chain (to O(ek_ca_path)) and credential activation.
       - V(qemu-vtpm) trusts any attestation key, as Constellation does (a software key that declares itself a
         TPM key passes); it is refused unless O(insecure_trust_any_ak) is true, and then warned about.
+      - V(sev-snp) trusts the node's AMD SEV-SNP report (no vTPM), chained to O(amd_roots).
       - V(dummy) accepts any node and is refused outside the test suite.
     type: str
     default: qemu-vtpm-ek
-    choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
     vars:
       - name: constellation_attestation_variant
   insecure_trust_any_ak:
@@ -126,6 +127,13 @@ options:
     type: path
     vars:
       - name: constellation_ek_ca_path
+  amd_roots:
+    description:
+      - PEM file (or folder of them) with AMD's root certificates (ARK, ASK/ASVK) the nodes' SEV-SNP reports chain
+        to, for the SEV-SNP variants. Default AMD's own roots, pinned in the collection.
+    type: path
+    vars:
+      - name: constellation_amd_roots
   admin_priv_key_file:
     description:
       - The admin's private key (unencrypted PEM or OpenSSH; Ed25519 or ECDSA P-256), whose public key

@@ -40,9 +40,11 @@ options:
         certificate chain (to O(ek_ca_path)) and credential activation.
       - V(qemu-vtpm) trusts any attestation key, as Constellation does (a software key that declares itself a TPM
         key passes); it is refused unless O(insecure_trust_any_ak=true), and then every run warns.
+      - V(sev-snp) trusts the AMD SEV-SNP report of a guest without a vTPM (signed by the CPU's VCEK or VLEK,
+        chained to O(amd_roots)); it quotes no PCRs, the measurements' C(snp) object is what it checks.
       - V(dummy) proves nothing and is refused outside the test suite.
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
     default: qemu-vtpm-ek
   insecure_trust_any_ak:
     description:
@@ -58,6 +60,13 @@ options:
         folder.
       - A peer whose AK is not yet certified is enrolled first (RPC C(EnrollAK)); a TPM whose EK certificate
         does not chain to these CAs is refused.
+    type: path
+  amd_roots:
+    description:
+      - PEM file with AMD's root certificates (the ARK, and the ASK or ASVK it signed) for the SEV-SNP variants, or a
+        folder of such files; an SEV-SNP report must chain to one of them. Default AMD's own roots for Milan, Genoa
+        and Turin, pinned in the collection; set it only to pin another root (the lab's AMD chain). Relative to the
+        playbook's folder.
     type: path
   netns:
     description:

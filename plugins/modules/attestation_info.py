@@ -33,7 +33,7 @@ options:
         after EK enrollment; the default). C(dummy) is an unsigned test document that proves nothing (refused
         outside the test suite).
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
     default: qemu-vtpm-ek
   nonce:
     description:

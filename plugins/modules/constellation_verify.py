@@ -72,7 +72,7 @@ options:
         enrollment over the agent's aTLS endpoint, which the verification service does not offer; use
         M(constellation.cluster.verify_attestation), or V(qemu-vtpm) with O(insecure_trust_any_ak).
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
     default: qemu-vtpm-ek
   insecure_trust_any_ak:
     description: The explicit acknowledgement that V(qemu-vtpm) trusts any attestation key; required for it.
@@ -80,6 +80,11 @@ options:
     default: false
   ek_ca_path:
     description: Accepted for the C(attestation) action group's defaults; unused (V(qemu-vtpm-ek) is refused).
+    type: path
+  amd_roots:
+    description:
+      - PEM file or folder of AMD's root certificates (ARK, ASK/ASVK) an SEV-SNP report must chain to (V(sev-snp));
+        default AMD's own roots, pinned in the collection.
     type: path
   netns:
     description:

@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Seq
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, constants
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
-    FRESH, OTHER, OURS, AttestationSettings, cluster_membership, pcr_rows)
+    FRESH, OTHER, OURS, AttestationSettings, cluster_membership, membership_without_pcrs, pcr_rows)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     REASON_NOT_WAITING_FOR_RECOVERY, AttestationError, ConstellationError, InputError, PeerUnreachable, StateError)
@@ -147,18 +147,23 @@ def report_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
     connection. A peer that refuses the key (not ours) keeps its details; the caller decides from the state."""
     validation = client.attested.validation
     state = client.get_state()
+    key_accepted = None
     if admin_priv_key is not None and state.get("state") in (ACTIVATING_NODES, NODE_WAITING, IS_NODE):
         from ansible_collections.constellation.cluster.plugins.module_utils.rpc.framing import RemoteError
 
         try:
             client.admin_auth(admin_priv_key)
         except RemoteError:
-            pass
+            key_accepted = False
         else:
+            key_accepted = True
             state = client.get_state()
     pcr15 = validation.pcrs.get(15, b"")
+    # A variant that quotes no PCRs (sev-snp): the attested agent's own word replaces PCR 15.
+    membership = (cluster_membership(validation.pcrs, cluster_id) if validation.pcrs
+                  else membership_without_pcrs(str(state.get("state")), key_accepted))
     return PeerReport(endpoint=endpoint, state=str(state.get("state")), role=str(state.get("role")),
-                      membership=cluster_membership(validation.pcrs, cluster_id), pcrs=pcr_rows(validation.checks),
+                      membership=membership, pcrs=pcr_rows(validation.checks),
                       pcr15=pcr15.hex(), warnings=list(validation.warnings), vpn_ip=_opt_str(state.get("vpn_ip")),
                       vpn_pub_key=_opt_str(state.get("vpn_pub_key")),
                       evicted=[dict(e) for e in state.get("evicted") or () if isinstance(e, dict)],

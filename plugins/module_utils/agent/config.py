@@ -44,7 +44,9 @@ MAX_UNVERIFIED_EVICTION_AFTER = 30 * 86400.0
 # Renamed keys (docs/names.md); the old names work, with a warning in the log, until 2.0.0.
 _DEPRECATED_KEYS = {"wg_interface": "vpn_interface", "wg_listen_port": "vpn_listen_port", "vpn_api_port": "vpnapi_port",
                     "disk_uuid_file": "state_disk_uuid_file", "measurements_public_key": "measurements_pub_key"}
-_CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store", "state_dir", "vpn_interface",
+_CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store",
+                "state_dir", "vpn_interface",
+                "amd_roots", "snp_report_source",  # the SEV-SNP variants: attestation/sev_snp.py, attestation/snp.py
                 "vpnapi_port", "update_interval", "state_disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "vpn_listen_port", "log_level", "measurements_pub_key", "init_secret_hash",
                 "reattest_interval", "reattest_unreachable_limit", "unverified_eviction_after", "reattest_workers", "activation_workers", "ak_alg",
@@ -68,6 +70,8 @@ _CONFIG_TYPES = {
     "measurements_pub_key": ((str,), "the path of the pinned ECDSA P-256 public key (PEM) the policy is signed with"),
     "init_secret_hash": ((str,), "hex SHA-256 of this node's init secret (64 hex digits)"),
     "ek_ca": ((str, list), "a PEM file path or a list of them"),
+    "amd_roots": ((str, list), "a PEM file or folder of AMD root certificates (ARK, ASK/ASVK), or a list of them"),
+    "snp_report_source": ((str,), "configfs-tsm:<path> or unix:<path> (where the SEV-SNP report comes from)"),
     "store": ((Mapping,), "a mapping (docs/store.md)"),
     "etcd_member": ((Mapping,), "a mapping (docs/store.md, several Coordinators)"),
     "vpn_interface": ((str,), "an interface name"),
@@ -96,6 +100,8 @@ class AgentConfig:
     variant: str = choose.DEFAULT_VARIANT
     measurements: Optional[str] = None
     ek_ca: Optional[Any] = None  # qemu-vtpm-ek: PEM file(s) of the CA(s) that TPMs' EK certificates chain to
+    amd_roots: Optional[Any] = None  # SEV-SNP variants: AMD root bundle (PEM file(s)/folder); None: the pinned roots
+    snp_report_source: Optional[str] = None  # SEV-SNP variants: configfs-tsm:<path> (None: Linux's) or unix:<path>
     store: Dict[str, Any] = field(default_factory=dict)
     etcd_member: Optional[Dict[str, Any]] = None  # a Coordinator shares the cluster's state in etcd (docs/store.md)
     vpn_interface: str = "wg0"
@@ -154,9 +160,10 @@ class AgentConfig:
             value = data.get(name)
             if value is not None and (isinstance(value, bool) != (bool in types) or not isinstance(value, types)):
                 raise InputError(name, expected, type(value).__name__)
-        if isinstance(data.get("ek_ca"), list) and not all(isinstance(item, str) for item in data["ek_ca"]):
-            raise InputError("ek_ca", "a PEM file path or a list of them", "a list with a %s"
-                             % next(type(i).__name__ for i in data["ek_ca"] if not isinstance(i, str)))
+        for name in ("ek_ca", "amd_roots"):
+            if isinstance(data.get(name), list) and not all(isinstance(item, str) for item in data[name]):
+                raise InputError(name, _CONFIG_TYPES[name][1], "a list with a %s"
+                                 % next(type(i).__name__ for i in data[name] if not isinstance(i, str)))
         kwargs = {k: v for k, v in data.items() if k != "log_level"}
         config = cls(**kwargs)
         atls.parse_endpoint(config.public_endpoint, "public_endpoint")
@@ -216,6 +223,15 @@ class AgentConfig:
         if variant.needs_ek_ca and not config.ek_ca:
             raise InputError("ek_ca", "the PEM file or folder of the CAs that TPMs' EK certificates chain to (variant %s)"
                              % variant.name)
+        if not variant.needs_amd_roots:
+            for name in ("amd_roots", "snp_report_source"):
+                if getattr(config, name) is not None:
+                    raise InputError(name, "no %s with variant %s (only the SEV-SNP variants read it)"
+                                     % (name, variant.name), getattr(config, name))
+        elif config.snp_report_source is not None:
+            from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp import parse_report_source
+
+            parse_report_source(config.snp_report_source, "snp_report_source")
         host = atls.parse_endpoint(config.public_endpoint)[0]
         if not config.public_ip:
             if host in ("0.0.0.0", "::"):

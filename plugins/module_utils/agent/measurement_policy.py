@@ -13,11 +13,10 @@ from typing import Any, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import deployment
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
-    IMAGE_AGENT, accepted_values, enforce_agent_pcr)
+    IMAGE_AGENT, accepted_values)
 from ansible_collections.constellation.cluster.plugins.module_utils.agent import storage_key
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.policy_file import PolicyFile, own_measurement_set
-from ansible_collections.constellation.cluster.plugins.module_utils.agent.pubapi import coordinator_policy, fresh_node_policy
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.unsealing import AgentAttestation
 from ansible_collections.constellation.cluster.plugins.module_utils.core.accepted_measurements import check_document
 from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage
@@ -60,25 +59,24 @@ class MeasurementPolicy:
                 return False
             # First: a reboot after the file changed must find its key. Only here, with a document received over
             # the API, is the key resealed (agent/storage_key.py).
-            storage_key.reseal(self.at_rest, sets, self.config.deployment_mode, self.log)
+            policies = self.attestation.policies(sets)
+            storage_key.reseal(self.at_rest, policies.sealed, self.config.deployment_mode, self.log)
             self.policy_file.write(document, signature)
             # a stop before it leaves the floor below the file, never above
             storage_key.raise_floor(self.at_rest, self.config.state_dir, sets.version)
             self.policy = sets
-            measurement = self.attestation.measurement
-            if measurement is not None:
-                full = enforce_agent_pcr(sets, measurement.value)
-                self.attestation.node_validator.measurements = fresh_node_policy(full)  # one attribute write each
-                self.attestation.peer_validator.measurements = coordinator_policy(full)
+            if policies.full is not None:
+                self.attestation.node_validator.measurements = policies.fresh_node  # one attribute write each
+                self.attestation.peer_validator.measurements = policies.coordinator
             self.log("measurements_applied", version=sets.version, sets=",".join(sets.sets))
             return True
 
     def own_set(self) -> Optional[str]:
         """The accepted set this peer's own PCRs match (the Coordinator is not re-attested by itself)."""
         measurement = self.attestation.measurement
-        if measurement is None or self.policy is None:
+        if measurement is None or self.policy is None:  # a variant that quotes no PCRs has no PCRs to match here
             return None
-        return own_measurement_set(enforce_agent_pcr(self.policy, measurement.value), self.config.tcti)
+        return own_measurement_set(self.attestation.policies(self.policy).full, self.config.tcti)
 
     def own_agent(self) -> Optional[Tuple[str, bytes]]:
         """(name, PCR 13 value) of the agent this peer runs, named as the policy in force accepts it (the

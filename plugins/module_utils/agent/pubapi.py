@@ -14,11 +14,11 @@ import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    PCR_INDEX_CLUSTER_ID,
-    Measurement,
-    Measurements,
-    per_set,
+# The validation policies of the agent (fresh nodes, the Coordinator it joins) are the attestation policy's rule,
+# attestation/policy.py ``peer_policies``; imported here under their old names.
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (  # noqa: F401 pylint: disable=unused-import
+    coordinator_policy,
+    fresh_node_policy,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core import JoinTicket
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import parse_endpoint
@@ -37,23 +37,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.server i
     OWED_PEER_TIMEOUT, OWED_TPM_TIMEOUT, AccessDenied, Connection)
 
 MAX_ATTESTATION_SIZE = 4 * 1024 * 1024 // 3 * 2
-
-
-def fresh_node_policy(policy: Measurements) -> Measurements:
-    """The policy a Coordinator checks nodes against: its own, plus PCR 15 = zeros (a node that
-    already belongs to a cluster is never activated again). Each accepted set alike."""
-    def one(measurements: Measurements) -> Measurements:
-        pcrs = dict(measurements.pcrs)
-        pcrs[PCR_INDEX_CLUSTER_ID] = Measurement(bytes(32), False)
-        return measurements.with_pcrs(pcrs)
-
-    return per_set(policy, one)
-
-
-def coordinator_policy(policy: Measurements) -> Measurements:
-    """The policy a joining node checks the Coordinator against: PCR 15 of an activated
-    Coordinator holds its cluster ID, which a fresh node cannot know yet. Each accepted set alike."""
-    return per_set(policy, lambda m: m.with_pcrs({i: v for i, v in m.pcrs.items() if i != PCR_INDEX_CLUSTER_ID}))
 
 
 class PubAPI:

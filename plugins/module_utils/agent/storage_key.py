@@ -31,18 +31,23 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 FLOOR_FILE = "measurements_floor"
 
 
-def measure_and_unseal(config, measurement, pcrs: Sequence[int], log: Callable) -> SealedStorage:
+def measure_and_unseal(config, measurement, pcrs: Sequence[int], log: Callable, tpm_only: bool = False) -> SealedStorage:
     """PCR 13 <- the agent's code and trust configuration (host mode only); then the storage key is unsealed with
     the blobs the agent has (or made and sealed to the current values of ``pcrs`` on the first start). Nothing is
-    resealed."""
-    if deployment.extends_agent_pcr(config.deployment_mode):
+    resealed. ``tpm_only`` (``measurement`` None): the variant quotes no PCRs (sev-snp); nothing is measured and a
+    key sealed to no PCR, bound to this TPM alone, is what it keeps (core/at_rest.py)."""
+    if measurement is None:
+        log("agent_not_measured", pcr=PCR_INDEX_AGENT, variant=config.variant,
+            message="variant %s quotes no PCRs: PCR %d is not extended; the storage key is bound to this TPM only"
+            % (config.variant, PCR_INDEX_AGENT))
+    elif deployment.extends_agent_pcr(config.deployment_mode):
         _measure(config, measurement, log)
     else:
         log("agent_not_measured", pcr=PCR_INDEX_AGENT, deployment_mode=config.deployment_mode,
             message="the node image's boot chain measures this agent (PCR 11: the UKI with the dm-verity root hash); "
             "PCR %d is left at zero" % PCR_INDEX_AGENT)
     return SealedStorage.open(config.state_dir, lambda: open_tpm(config.tcti), pcrs, log=log,
-                              replayable=deployment.replayable_pcrs(config.deployment_mode))
+                              replayable=deployment.replayable_pcrs(config.deployment_mode), tpm_only=tpm_only)
 
 
 def _measure(config, measurement, log: Callable) -> None:

@@ -16,5 +16,6 @@ from __future__ import annotations
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (  # noqa: F401 pylint: disable=unused-import
     dummy,
     ek,
+    snp,
     vtpm,
 )

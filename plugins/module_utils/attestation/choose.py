@@ -55,6 +55,10 @@ QEMU_VTPM_EK_OID = "1.3.9900.5.100"
 # as not valid X.509, and the alias is simply unused.
 QEMU_VTPM_EK_OLD_OID = "2.25.48000548495140104094697751808415705683"
 QEMU_VTPM_EK = Variant(QEMU_VTPM_EK_NAME, QEMU_VTPM_EK_OID, alias_oids=(QEMU_VTPM_EK_OLD_OID,))
+# KVM and bare-metal AMD SEV-SNP guests without a vTPM: the CPU's report alone (docs/attestation.md, "Variant
+# `sev-snp` (ours)"); the next arc after qemu-vtpm-ek's in Constellation's QEMU branch. snp.py uses this record.
+SEV_SNP_OID = "1.3.9900.5.101"
+SEV_SNP = Variant("sev-snp", SEV_SNP_OID)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,8 @@ register(VariantSpec(QEMU_VTPM, "vTPM quote; the AK is trusted as Constellation 
 register(VariantSpec(QEMU_VTPM_EK,
                      "vTPM quote; the AK is trusted only after EK certificate chain + credential activation",
                      PACKAGE + ".ek", needs_ek_ca=True, enrolls=True))
+register(VariantSpec(SEV_SNP, "AMD SEV-SNP report (no TPM): signed by the CPU's VCEK/VLEK, chained to AMD's roots",
+                     PACKAGE + ".snp", needs_amd_roots=True, quotes_pcrs=False))
 register(VariantSpec(DUMMY, "no TPM and no security: tests only", PACKAGE + ".dummy",
                      needs_policy=False, for_tests_only=True))
 

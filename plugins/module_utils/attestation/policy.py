@@ -13,12 +13,12 @@ from __future__ import annotations
 import hmac
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    DEFAULT_SET_NAME, PCR_INDEX_CLUSTER_ID, Policy, expected_pcr15, parse_policy)
+    DEFAULT_SET_NAME, PCR_INDEX_CLUSTER_ID, Measurement, Measurements, Policy, expected_pcr15, parse_policy, per_set)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_yaml, read_text
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.netns import check_netns_name
@@ -34,6 +34,8 @@ ATTESTATION_ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
     measurements_file=dict(type="path", aliases=["measurements_path"], deprecated_aliases=[deprecated_alias("measurements_path")]),
     variant=dict(type="str", choices=list(VARIANTS), default=choose.DEFAULT_VARIANT),
     ek_ca_path=dict(type="path"),
+    # The SEV-SNP variants: the AMD roots a report must chain to (default: AMD's pinned roots; choose.load_trust).
+    amd_roots=dict(type="path"),
     # The acknowledgement variant qemu-vtpm needs (attestation/choose.py check_variant_allowed).
     insecure_trust_any_ak=dict(type="bool", default=False),
     measurements_pub_key_file=dict(type="path", aliases=["measurements_public_key_path"],
@@ -68,14 +70,68 @@ def enforced_pcrs(policy) -> List[int]:
     return sorted(common or ())
 
 
+class PeerPolicies(NamedTuple):
+    """What the validators of one variant check (``peer_policies``): ``full`` (members of a cluster, the controller's
+    view), ``fresh_node`` (a node a Coordinator activates or lets join: never activated before) and ``coordinator``
+    (the Coordinator a node joins, and the nodes the Core activates or resumes: PCR 15 is checked elsewhere);
+    ``sealed``: the sets the storage key is sealed to (core/at_rest.py)."""
+
+    full: Optional[Policy]
+    fresh_node: Optional[Policy]
+    coordinator: Optional[Policy]
+    sealed: Optional[Policy]
+
+
+def fresh_node_policy(policy: Policy) -> Policy:
+    """``policy`` plus PCR 15 = zeros (a node that already belongs to a cluster is never activated again). Each
+    accepted set alike."""
+    def one(measurements: Measurements) -> Measurements:
+        pcrs = dict(measurements.pcrs)
+        pcrs[PCR_INDEX_CLUSTER_ID] = Measurement(bytes(32), False)
+        return measurements.with_pcrs(pcrs)
+
+    return per_set(policy, one)
+
+
+def coordinator_policy(policy: Policy) -> Policy:
+    """``policy`` without PCR 15: PCR 15 of an activated Coordinator holds its cluster ID, which a fresh node cannot
+    know yet. Each accepted set alike."""
+    return per_set(policy, lambda m: m.with_pcrs({i: v for i, v in m.pcrs.items() if i != PCR_INDEX_CLUSTER_ID}))
+
+
+def without_pcrs(policy: Policy) -> Policy:
+    """``policy`` with no PCR entry left in any set (what a variant that quotes no PCRs checks: the rest of each
+    set, its ``snp`` object)."""
+    return per_set(policy, lambda m: m.with_pcrs({}))
+
+
+def peer_policies(variant: str, policy: Optional[Policy], own_agent: Optional[bytes]) -> PeerPolicies:
+    """The one rule of which PCR requirements the validators of ``variant`` add to the signed ``policy``
+    (docs/attestation.md, "PCR 15 and the cluster ID"). A variant that quotes PCRs (``VariantSpec.quotes_pcrs``):
+    the agent's PCR 13 (attestation/agent_measurement.py ``enforce_agent_pcr``, ``own_agent``: the value this agent
+    computes for itself, None where the policy lists its agents or the caller enforces nothing there), PCR 15 for
+    fresh nodes, the policy's own PCRs for sealing. A variant that quotes none (``sev-snp``): nothing is added, and
+    the document's PCR entries are neither checked nor sealed to: every policy is the document's ``snp`` objects
+    alone (the storage key is then bound to the TPM only, core/at_rest.py)."""
+    if policy is None:
+        return PeerPolicies(None, None, None, None)
+    if not choose.spec(variant).quotes_pcrs:
+        bare = without_pcrs(policy)
+        return PeerPolicies(bare, bare, bare, bare)
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement
+
+    full = agent_measurement.enforce_agent_pcr(policy, own_agent) if own_agent is not None else policy
+    return PeerPolicies(full, fresh_node_policy(full), coordinator_policy(full), policy)
+
+
 def require_enforced_pcr(policy: Policy, source: str, field: str = "measurements_file") -> Policy:
     """Refuses a policy that enforces nothing (empty, all warnOnly, or only PCR 15): with it any TPM
     that runs anything would pass. ``source`` names the file (or "inline measurements")."""
     for name, measurements in policy.sets.items():
         if not enforced_pcrs(measurements) and measurements.snp is None:
             raise InputError(field, "a measurements policy that enforces at least one PCR other than %d (warnOnly: "
-                             "false) in every accepted set; an empty, all-warnOnly or PCR-%d-only set would accept "
-                             "any TPM" % (PCR_INDEX_CLUSTER_ID, PCR_INDEX_CLUSTER_ID),
+                             "false), or an snp object, in every accepted set; an empty, all-warnOnly or PCR-%d-only "
+                             "set would accept any TPM" % (PCR_INDEX_CLUSTER_ID, PCR_INDEX_CLUSTER_ID),
                              "%s (enforced: none%s)" % (source, "" if name == DEFAULT_SET_NAME else " in set %s" % name))
     return policy
 
@@ -170,16 +226,19 @@ def settings_from_args(args: Mapping[str, Any], basedir: Optional[str] = None, a
     if chosen.needs_policy:
         policy = load_policy(args.get("measurements"), args.get("measurements_file"), basedir,
                              args.get("measurements_pub_key_file"))
-    trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir, insecure_trust_any_ak=insecure_trust_any_ak)
+    trust = choose.load_trust(variant, args.get("ek_ca_path"), basedir, insecure_trust_any_ak=insecure_trust_any_ak,
+                              amd_roots_path=args.get("amd_roots") or None)
     for name in ("timeout", "attestation_timeout"):
         value = args.get(name)
         if value is None or not 0 < float(value) <= 86400:
             raise InputError(name, "seconds in (0, 86400]", value)
-    if policy is not None and agent_pcr:
-        from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement
+    if policy is not None:
+        own_agent = None
+        if agent_pcr and chosen.quotes_pcrs:
+            from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement
 
-        measured = agent_measurement.AgentMeasurement.of(variant, trust.ek_ca_certs)
-        policy = agent_measurement.enforce_agent_pcr(policy, measured.value)
+            own_agent = agent_measurement.AgentMeasurement.of(variant, trust.ek_ca_certs).value
+        policy = peer_policies(variant, policy, own_agent).full
     warning = choose.insecure_warning(variant)
     return AttestationSettings(variant, policy, check_netns_name(args.get("netns")),
                                float(args.get("timeout")), float(args.get("attestation_timeout")), trust,
@@ -197,6 +256,20 @@ def cluster_membership(pcrs: Mapping[int, bytes], cluster_id: Optional[bytes]) -
     if cluster_id is not None and hmac.compare_digest(pcr15, expected_pcr15(cluster_id)):
         return OURS
     return OTHER
+
+
+def membership_without_pcrs(state: str, key_accepted: Optional[bool]) -> str:
+    """What replaces PCR 15 for a peer whose variant quotes no PCRs (``sev-snp``; docs/attestation.md, "Variant
+    `sev-snp` (ours)"): the attested agent's own word on this attested connection. FRESH when it says it awaits
+    activation (``state`` AcceptingInit, as GetState names it), OURS when it accepted our admin's or Coordinators'
+    key (``key_accepted``: only a peer activated by this cluster pinned it), OTHER otherwise (a refused key, or no key
+    tried: the caller cannot tell). The agent keeps its node lock itself (sealed state, and PCR 15 of its local TPM
+    where it has one); what proves that it keeps it is the launch measurement covering its code."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.constants import STATE_ACCEPTING_INIT
+
+    if state == STATE_ACCEPTING_INIT:
+        return FRESH
+    return OURS if key_accepted else OTHER
 
 
 def pcr_mismatch_text(checks) -> str:

@@ -32,6 +32,11 @@ A blob that also covers a replayable PCR (written by an agent that sealed to PCR
 seals the key again to the current values of that blob's other PCRs (which the TPM just proved to be the sealed
 ones) and drops every other such blob: what they predicted cannot be read back from them.
 
+A variant that quotes no PCRs (``sev-snp``: the CPU's report proves the launch, no TPM quote) checks no PCR, so
+none is sealed to either: its key is sealed to an empty PCR selection, which binds it to the TPM alone (a copy of
+the state folder is still useless elsewhere, but any boot of this TPM unseals it; docs/attestation.md, "Variant
+`sev-snp` (ours)").
+
 ``PlainStorage`` (no encryption) exists only for the test suite's ``dummy`` variant, which has no TPM.
 """
 
@@ -108,10 +113,11 @@ class SealedStorage:
 
     @classmethod
     def open(cls, state_dir: str, tpm_factory: Callable, pcrs: Sequence[int], log: Optional[Callable] = None,
-             replayable: AbstractSet[int] = deployment.replayable_pcrs()) -> "SealedStorage":
+             replayable: AbstractSet[int] = deployment.replayable_pcrs(), tpm_only: bool = False) -> "SealedStorage":
         """``tpm_factory()``: a context manager giving attestation/tpm.py's TPM; ``pcrs``: what a new key is sealed
-        to (``replayable`` ones left out). Raises StateError naming the reason when an existing sealed key cannot
-        be unsealed (the agent must not start then)."""
+        to (``replayable`` ones left out). ``tpm_only``: the variant quotes no PCRs (sev-snp), a key sealed to no
+        PCR is accepted: it binds the secrets to this TPM, not to what booted. Raises StateError naming the reason
+        when an existing sealed key cannot be unsealed (the agent must not start then)."""
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sealing
 
         path = os.path.join(state_dir, SEALED_KEY_FILE)
@@ -123,7 +129,7 @@ class SealedStorage:
         with tpm_factory() as tpm:
             if data is None:
                 key = os.urandom(32)
-                pcrs = boot_pcrs(pcrs, replayable)
+                pcrs = sorted(set(pcrs) - set(replayable)) if tpm_only else boot_pcrs(pcrs, replayable)
                 entries = [{"set": BOOTED, "pcrs": pcrs, "digest": None, "blob": sealing.seal(tpm, key, pcrs).decode("ascii")}]
                 write_entries(path, entries)
                 if log:

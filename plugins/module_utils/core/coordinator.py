@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import membership_without_pcrs
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_CLUSTER_ID
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
@@ -38,6 +39,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.records
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_COORDINATOR, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError,
+    ConnectionLost,
+    ConstellationError,
     InputError,
     StateError,
 )
@@ -222,8 +225,24 @@ class Coordinator:
             return self.context.vpn.set_peers(list(registry.peers.peers.values()), self.context.vpn_pub_key)
 
     def membership(self, client: NodeClient) -> str:
-        """'fresh', 'ours' or 'other', from PCR 15 of the peer's verified attestation."""
-        pcr15 = client.attested_pcrs().get(PCR_INDEX_CLUSTER_ID)
+        """'fresh', 'ours' or 'other', from PCR 15 of the peer's verified attestation. A peer whose variant quotes
+        no PCRs (sev-snp: an attested connection without any) answers for itself on that connection
+        (attestation/policy.py ``membership_without_pcrs``): its GetState, then whether it accepts the
+        Coordinators' key (which unlocks its details on this connection, as the resume path needs anyway)."""
+        pcrs = client.attested_pcrs()
+        if not pcrs and getattr(client, "attested", None) is not None:
+            state = client.get_state().get("state")
+            accepted = None
+            if state != State.ACCEPTING_INIT.wire_name:
+                try:
+                    self.signing.authenticate_as_coordinator(client)
+                    accepted = True
+                except ConnectionLost:
+                    raise
+                except ConstellationError:  # refused: the peer pinned another cluster's key, or none
+                    accepted = False
+            return membership_without_pcrs(state, accepted)
+        pcr15 = pcrs.get(PCR_INDEX_CLUSTER_ID)
         if not isinstance(pcr15, bytes):
             raise AttestationError("the node's attestation does not cover PCR %d" % PCR_INDEX_CLUSTER_ID)
         if pcr15 == bytes(len(pcr15)):

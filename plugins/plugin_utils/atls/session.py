@@ -42,6 +42,7 @@ def validators_for(settings: Settings, playbook_pid=None) -> list:
     try:
         attestation = settings_from_args({"variant": settings.variant, "measurements": settings.measurements,
                                           "ek_ca_path": settings.ek_ca_path, "netns": settings.netns,
+                                          "amd_roots": getattr(settings, "amd_roots", None),
                                           "insecure_trust_any_ak": getattr(settings, "insecure_trust_any_ak", False),
                                           "timeout": settings.timeout,
                                           "attestation_timeout": settings.attestation_timeout})

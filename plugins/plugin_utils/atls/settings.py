@@ -33,6 +33,7 @@ class Settings:
     netns: Optional[str]
     warm_interpreter: bool = True
     ek_ca_path: Optional[str] = None
+    amd_roots: Optional[str] = None  # the SEV-SNP variants' AMD roots (None: AMD's pinned roots)
     fresh_proof: bool = True
     prestart: bool = True
     insecure_trust_any_ak: bool = False  # the acknowledgement variant qemu-vtpm needs
@@ -54,6 +55,7 @@ class Settings:
             key_digest = ""
         material = json.dumps([playbook_pid, self.endpoint, self.variant, self.measurements, key_digest,
                                self.netns, _file_digest(self.ek_ca_path), self.fresh_proof]
+                              + ([_file_digest(self.amd_roots)] if self.amd_roots else [])
                               + ([True] if self.insecure_trust_any_ak else []), sort_keys=True)
         return os.path.join(self.control_path_dir, "atls-%s.sock" % hashlib.sha256(material.encode()).hexdigest()[:20])
 
@@ -157,6 +159,13 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
             raise SettingsError("ek_ca_path: expected a readable PEM file or a folder of them, got %s" % ek_ca_path)
     else:
         ek_ca_path = None
+    amd_roots = get_option("amd_roots") or None
+    if amd_roots is not None and choose.spec(variant).needs_amd_roots:
+        amd_roots = os.path.abspath(os.path.expanduser(str(amd_roots)))
+        if not (os.path.isfile(amd_roots) or os.path.isdir(amd_roots)):
+            raise SettingsError("amd_roots: expected a readable PEM file or a folder of them, got %s" % amd_roots)
+    else:
+        amd_roots = None
     inline, path = get_option("measurements"), get_option("measurements_file")
     if inline is not None and path:
         raise SettingsError("measurements and measurements_file are mutually exclusive: set one")
@@ -199,6 +208,7 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         netns=netns,
         warm_interpreter=_boolean("warm_interpreter", get_option("warm_interpreter")),
         ek_ca_path=ek_ca_path,
+        amd_roots=amd_roots,
         fresh_proof=_boolean("fresh_proof", get_option("fresh_proof")),
         prestart=_boolean("prestart", get_option("prestart")),
         insecure_trust_any_ak=insecure_trust_any_ak,

@@ -29,7 +29,7 @@ def options(key_file, **changes):
     opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_file": None,
             "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
-            "netns": None, "warm_interpreter": True, "ek_ca_path": None, "fresh_proof": True,
+            "netns": None, "warm_interpreter": True, "ek_ca_path": None, "amd_roots": None, "fresh_proof": True,
             "measurements_pub_key_file": None, "prestart": True,
             # These tests use qemu-vtpm on purpose (no EK CA needed): acknowledged, as the plugin requires.
             "insecure_trust_any_ak": True}
@@ -79,7 +79,7 @@ def test_policy_from_file_json_or_yaml(key_file, tmp_path):
     ({"measurements": ["4"]}, "measurements: expected a mapping"),
     ({"measurements_file": "/nonexistent/m.json"}, "mutually exclusive"),
     ({"measurements": None, "measurements_file": "/nonexistent/m.json"}, "measurements_file: expected a readable"),
-    ({"attestation_variant": "sev-snp"}, "attestation_variant: expected one of qemu-vtpm, qemu-vtpm-ek, dummy"),
+    ({"attestation_variant": "qemu-tdx"}, "attestation_variant: expected one of qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy"),
     ({"admin_priv_key_file": None}, "admin_priv_key_file: expected the path"),
     ({"admin_priv_key_file": "/nonexistent/admin.key"}, "admin_priv_key_file: expected a readable"),
     ({"connect_timeout": 0}, r"connect_timeout: expected seconds in \(0, 86400\]"),
