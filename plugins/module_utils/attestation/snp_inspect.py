@@ -84,7 +84,7 @@ def policy_of(verified: sev_snp.VerifiedReport) -> Dict[str, Any]:
 def inspect(document: bytes, roots: Optional[sev_snp.AMDRoots] = None, cache: Optional[amd_certs.CertCache] = None,
             now=None) -> Dict[str, Any]:
     """The verified report of ``document`` as ``Validation.snp`` has it (the report's fields by AMD's names,
-    ``product``, ``signing_key``) plus ``policy``: ``policy_of`` it. The report must verify to ``roots`` (default:
+    ``product``, ``signing_key``) plus ``snp_policy``: ``policy_of`` it (``policy`` is the report's guest policy). The report must verify to ``roots`` (default:
     AMD's pinned ones): an operator never copies values from a report nobody signed. A report that came without
     its certificates takes them from ``cache`` (amd_cert_cache)."""
     raw, signer, chain = instance_info(document)
@@ -96,5 +96,5 @@ def inspect(document: bytes, roots: Optional[sev_snp.AMDRoots] = None, cache: Op
         signer, chain = amd_certs.certs_for_report(report, cache)
     verified = sev_snp.verify_report(report, signer, chain, roots=roots, now=now)
     result = verified.to_dict()
-    result["policy"] = policy_of(verified)
+    result["snp_policy"] = policy_of(verified)
     return result
