@@ -27,17 +27,22 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-import warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.hazmat.primitives import serialization
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.sev_snp import (
+    PRODUCTS,
+    Report,
+    SNPError,
+    load_certificate,
+    load_certificates,
+    product_from_cpuid,
+)
 
 KDS_URL = "https://kdsintf.amd.com"
-PRODUCTS = ("Milan", "Genoa", "Turin")
 CHIP_ID_SIZE = 64
 TURIN_HWID_SIZE = 8  # the KDS names a Turin chip by the first 8 bytes of its chip_id
 MAX_CERT = 64 * 1024  # a VCEK is about 1.3 KiB, a product chain about 4 KiB
@@ -88,30 +93,25 @@ def hwid(chip_id: bytes, product: str) -> str:
 
 
 def _load_cert(data: bytes, what: str) -> bytes:
-    """The certificate's DER; PEM or DER in. AMD's VCEKs have serial number zero, which cryptography parses with
-    a deprecation warning: parsed here on purpose, without the warning."""
+    """The certificate's DER (PEM or DER in; AMD's zero serial numbers parse, as sev_snp reads them)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if data.lstrip().startswith(b"-----BEGIN"):
-                cert = x509.load_pem_x509_certificate(data)
-            else:
-                cert = x509.load_der_x509_certificate(data)
-    except ValueError as err:
+        cert = load_certificate(data, what)
+    except SNPError as err:
         raise AttestationError("%s: expected an X.509 certificate (DER or PEM), got %d bytes that do not parse (%s)"
-                               % (what, len(data), err)) from None
-    return cert.public_bytes(Encoding.DER)
+                               % (what, len(data), err.found)) from None
+    return cert.public_bytes(serialization.Encoding.DER)
 
 
 def _check_chain(data: bytes, what: str) -> bytes:
     """A product chain: two PEM certificates (AS(V)K, then ARK)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            certs = x509.load_pem_x509_certificates(data)
-    except ValueError as err:
+        certs = load_certificates(data, what) if b"-----BEGIN" in data else None
+    except SNPError as err:
         raise AttestationError("%s: expected AMD's product chain (PEM: ASK or ASVK, then ARK), got %d bytes that do "
-                               "not parse (%s)" % (what, len(data), err)) from None
+                               "not parse (%s)" % (what, len(data), err.found)) from None
+    if certs is None:
+        raise AttestationError("%s: expected AMD's product chain (PEM: ASK or ASVK, then ARK), got %d bytes of no PEM"
+                               % (what, len(data)))
     if len(certs) != 2:
         raise AttestationError("%s: expected AMD's product chain of 2 certificates (ASK or ASVK, then ARK), got %d"
                                % (what, len(certs)))
@@ -254,3 +254,28 @@ class CertCache:
         if self.folder is None:
             return " and no amd_cert_cache is set"
         return " nor in amd_cert_cache (%s)" % self._path(product, name)
+
+
+def certs_for_report(report: Report, cache: CertCache, product: Optional[str] = None) -> Tuple[bytes, bytes]:
+    """(signer DER, chain PEM) for a report whose platform sent no certificates: its VCEK (by chip_id and
+    reported_tcb) or VLEK (by reported_tcb) and AMD's product chain, from ``cache``. The product line is ``product``,
+    else the one a version 3+ report's CPUID names; a version 2 report is looked up as Milan, then Genoa."""
+    if not isinstance(report, Report):
+        raise InputError("report", "a parsed SEV-SNP report", type(report).__name__)
+    if report.signing_key not in ("vcek", "vlek"):
+        raise InputError("report.signing_key", "vcek or vlek", report.signing_key)
+    named = product or (product_from_cpuid(report.cpuid_fam_id, report.cpuid_mod_id or 0)
+                        if report.cpuid_fam_id is not None else None)
+    candidates = [named] if named else ["Milan", "Genoa"]  # Turin reports are version 3 or later
+    missing: Optional[CertificateMissing] = None
+    for line in candidates:
+        try:
+            if report.signing_key == "vcek":
+                signer = cache.vcek(line, report.chip_id, report.reported_tcb)
+            else:
+                signer = cache.vlek(line, report.reported_tcb)
+        except CertificateMissing as err:
+            missing = missing or err
+            continue
+        return signer, cache.cert_chain(line, report.signing_key)
+    raise missing  # type: ignore[misc]  # candidates is never empty

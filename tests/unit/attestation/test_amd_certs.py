@@ -21,13 +21,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.amd_certs import (
     CertCache,
     CertificateMissing,
+    certs_for_report,
     tcb_name,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
+from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors
 
 CHIP_ID = bytes(range(1, 65))
 TCB = SimpleNamespace(bootloader=3, tee=0, snp=8, microcode=115, fmc=None)
@@ -242,3 +245,49 @@ def test_tcb_names_follow_the_kds_parameters():
     assert tcb_name(TCB, "Milan") == "blSPL3-teeSPL0-snpSPL8-ucodeSPL115"
     assert tcb_name({"bootloader": 1, "tee": 0, "snp": 3, "microcode": 72, "fmc": 2}, "Turin") == \
         "fmcSPL2-blSPL1-teeSPL0-snpSPL3-ucodeSPL72"
+
+
+# --- real reports: a cache filled with AMD's real certificates serves them to verify_report ----------------------
+
+
+def _real_cache(tmp_path, vector, product="Milan"):
+    report = sev_snp.parse_report(vector.report)
+    folder = tmp_path / product
+    folder.mkdir(parents=True, exist_ok=True)
+    if vector.kind == "vcek":
+        name = "vcek-%s-%s.der" % (report.chip_id.hex(), tcb_name(report.reported_tcb, product))
+        (folder / "cert_chain.pem").write_bytes(vector.chain)
+    else:
+        name = "vlek-%s.der" % tcb_name(report.reported_tcb, product)
+        (folder / "vlek_cert_chain.pem").write_bytes(vector.chain)
+    (folder / name).write_bytes(vector.signer)  # go-sev-guest's VCEK: DER with AMD's serial number zero
+    return report
+
+
+@pytest.mark.parametrize("name", ["go-sev-guest", "aws"])
+def test_a_real_report_verifies_with_the_certificates_from_the_cache(tmp_path, name, recwarn):
+    vector = snp_vectors.vector(name)
+    report = _real_cache(tmp_path, vector)
+    signer, chain = certs_for_report(report, CertCache(str(tmp_path)))
+    verified = sev_snp.verify_report(report, signer, chain, now=vector.now)
+    assert verified.signing_key == vector.kind and verified.product == "Milan"
+    assert not [w for w in recwarn if "serial" in str(w.message)]
+
+
+def test_a_planted_vcek_of_another_chip_is_refused_by_the_verifier_not_trusted(tmp_path):
+    """The cache is not trusted: Azure's genuine VCEK filed under go-sev-guest's chip_id and TCB fails."""
+    vector = snp_vectors.vector("go-sev-guest")
+    report = _real_cache(tmp_path, vector)
+    name = "vcek-%s-%s.der" % (report.chip_id.hex(), tcb_name(report.reported_tcb, "Milan"))
+    (tmp_path / "Milan" / name).write_bytes(snp_vectors.read("constellation-azure/vcek.cert"))
+    signer, chain = certs_for_report(report, CertCache(str(tmp_path)))
+    with pytest.raises(sev_snp.SNPError):
+        sev_snp.verify_report(report, signer, chain, now=vector.now)
+
+
+def test_a_report_whose_vcek_is_missing_is_named_by_its_chip_id_and_reported_tcb(tmp_path):
+    report = sev_snp.parse_report(snp_vectors.vector("go-sev-guest").report)
+    with pytest.raises(CertificateMissing) as err:
+        certs_for_report(report, CertCache(str(tmp_path)))
+    assert "VCEK of chip_id %s at TCB %s (Milan)" % (report.chip_id.hex(), tcb_name(report.reported_tcb, "Milan")) \
+        in str(err.value)
