@@ -96,7 +96,7 @@ options:
   amd_roots:
     description:
       - Unused; accepted for the action group. V(sev-snp) quotes no PCRs, so its agent has no PCR 13 value (the
-        launch measurement covers it): the task is skipped.
+        launch measurement covers it), so the task is skipped.
     type: path
   netns:
     description: Unused (nothing is connected to); accepted for the action group.
