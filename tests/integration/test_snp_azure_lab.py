@@ -25,17 +25,20 @@ CLUSTER = "!h3"
 
 @pytest.fixture(scope="module")
 def snpa(tmp_path_factory):
+    """Lab ``snpa``: three hosts of variant azure-sev-snp, their agents running."""
     inv = tmp_path_factory.mktemp("snpa-inventory")
     lab = Lab("snpa", inventory_dir=inv)
-    lab.up(hosts=3, tpm=True, agents=True, variant="azure-sev-snp")
     try:
+        lab.up(hosts=3, tpm=True, agents=True, variant="azure-sev-snp")
         yield LabPlaybooks(lab, inv)
     finally:
         lab.down()
 
 
 def _report(site, name):
-    return peer_report(site.lab.host(name).public_endpoint, site.attestation_settings(), None, site.admin_key())
+    """The attested peer's state, as the controller sees it (the admin's key for the details)."""
+    endpoint = site.lab.host(name).public_endpoint
+    return peer_report(endpoint, site.attestation_settings(), None, site.admin_key())
 
 
 def test_site_activates_the_cluster(snpa):
