@@ -15,7 +15,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.constellation.cluster.plugins.filter.sev_snp import FilterModule
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
-from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors as sv
+from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as sv
 
 sev_snp_report = FilterModule().filters()["sev_snp_report"]
 AWS = sv.vector("aws")

@@ -537,7 +537,7 @@ def _csr_seeds() -> List[bytes]:
 
 def _snp_vectors():
     # imported here: the fuzz tests' other targets need none of it
-    from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors
+    from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as snp_vectors
     return snp_vectors.vectors()
 
 
@@ -569,12 +569,14 @@ def _snp_report_runner() -> Callable[[bytes], Any]:
 
 
 def _snp_cert_table_seeds() -> List[bytes]:
+    from cryptography.hazmat.primitives import serialization
+
     seeds = []
     for vec in _snp_vectors():
         chain = sev_snp.load_certificates(vec.chain, "chain")
-        der = {vec.kind: sev_snp.load_certificate(vec.signer, vec.kind).public_bytes(sev_snp.serialization.Encoding.DER)}
+        der = {vec.kind: sev_snp.load_certificate(vec.signer, vec.kind).public_bytes(serialization.Encoding.DER)}
         for cert in chain:
-            der["ark" if cert.subject == cert.issuer else "ask"] = cert.public_bytes(sev_snp.serialization.Encoding.DER)
+            der["ark" if cert.subject == cert.issuer else "ask"] = cert.public_bytes(serialization.Encoding.DER)
         seeds.append(sev_snp.build_cert_table(der))
     return seeds
 
@@ -586,7 +588,9 @@ def _parse_snp_cert_table(data: bytes) -> Any:
 
 
 def _snp_policy_seeds() -> List[dict]:
-    from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors
+    from cryptography.hazmat.primitives import serialization
+
+    from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as snp_vectors
 
     seeds = []
     for vec in _snp_vectors()[:2]:
@@ -595,7 +599,7 @@ def _snp_policy_seeds() -> List[dict]:
         ark = sev_snp.load_certificates(vec.chain, "chain")[-1]
         seeds.append(snp_vectors.matching_policy(report, launchMeasurement=[report.measurement.hex(), "00" * 48],
                                                  fmcVersion=1, amdRootKey=ark.public_bytes(
-                                                     sev_snp.serialization.Encoding.PEM).decode()))
+                                                     serialization.Encoding.PEM).decode()))
     return seeds
 
 
@@ -618,8 +622,8 @@ def make_targets(corpus: Corpus) -> List[Target]:
         Target("attestation_document", _validate_document(corpus), [document_tree], _json_or_bytes(0.8)),
         Target("event_log", eventlog.parse, [corpus.event_log], mutate_bytes),
         Target("tpm_structures", _parse_tpm_structures, _quote_parts(document_tree), mutate_bytes),
-        Target("measurements", Measurements.loads, [policy_tree, {str(k): v["expected"] for k, v in policy_tree.items()}],
-               _json_or_bytes()),
+        Target("measurements", Measurements.loads, [policy_tree, {str(k): v["expected"] for k, v in policy_tree.items()},
+                                                    dict(policy_tree, snp=_snp_policy_seeds()[0])], _json_or_bytes()),
         Target("policy_file", policy_run, [policy_tree] * 24 + list(YAML_SPECIALS), _yaml_or_json, cleanup=[policy_cleanup]),
         Target("rpc_frames", parse_frames, _frame_seeds(), _mutate_frames, _kms_secrets()),
         Target("join_ticket", lambda data: JoinTicket.from_dict(load_json(data, "ticket")), [_ticket_seed()], _json_or_bytes()),
