@@ -10,7 +10,12 @@ swtpm (qemu-vtpm issuer, full client validation), once with the RSA-2048 AK (the
 same on the pyOpenSSL candidate (below; ``ratio_pyopenssl``/``ratio_ecc_pyopenssl``, against the
 same stdlib plain baseline) and a plain pyOpenSSL handshake, all in turns with the stdlib ones;
 validations per second of the validator alone on a pre-made document; and where the server's time
-goes. The last line is one JSON object. Bounded loops, loopback only, about a minute.
+goes. Then the SEV-SNP variant ``sev-snp`` (the lab's platform on a unix socket standing for the CPU's secure
+processor, the lab's AMD chain in AMD's profile: RSA-4096 PSS ARK and ASK, ECDSA P-384 VCEK), interleaved with
+plain handshakes in the same way, and what one report validation costs with the signer's chain verified
+(cold: ``sev_snp.verify_report`` without a cache) and with the chain cached (the validator's ``ChainCache``:
+a signer's chain is verified once per process). The last line is one JSON object. Bounded loops, loopback only,
+about a minute.
 
 Usage: python bench/atls_handshake.py [--atls N]
 """
@@ -24,8 +29,10 @@ import os
 import socket
 import statistics
 import sys
+import shutil
 import tempfile
 import time
+from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -45,9 +52,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (  # noqa: E402
     Measurements, extend_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (  # noqa: E402
+    choose, sev_snp, snp_inspect)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (  # noqa: E402
     AK_ALGS, VTPMIssuer, VTPMValidator)
 from lab.swtpm import SwTPM, free_port  # noqa: E402
+from lab import snp_platform  # noqa: E402
+from lab.amd import lab_chain  # noqa: E402
 from tests.support.loopback import LoopbackServer  # noqa: E402
 
 IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
@@ -382,6 +393,58 @@ def run_alg(swtpm, validator, ak_alg, count):
     return dict(samples, attested_all=attested_all, rate=rate, doc_size=doc_size, steps=steps)
 
 
+def snp_instance_info(document: bytes):
+    """(report, signer, chain) of an SEV-SNP document, as its validator reads them."""
+    raw, signer, chain = snp_inspect.instance_info(document)
+    return sev_snp.parse_report(raw), signer, chain
+
+
+def chain_costs(issuer, roots, count):
+    """One report's verification (signature, VCEK extensions, chain) p50 ms: cold (every certificate of the
+    chain verified: no cache) and cached (the signer's chain verified once, then looked up)."""
+    report, signer, chain = snp_instance_info(issuer.issue(b"bench", os.urandom(32)))
+    cache = sev_snp.ChainCache()
+    sev_snp.verify_report(report, signer, chain, roots=roots, cache=cache)
+    cold = measure(count, lambda: sev_snp.verify_report(report, signer, chain, roots=roots, cache=None))
+    cached = measure(count * 5, lambda: sev_snp.verify_report(report, signer, chain, roots=roots, cache=cache))
+    return statistics.median(cold), statistics.median(cached)
+
+
+def run_snp(count):
+    """``sev-snp`` against the lab's platform: aTLS interleaved with plain TLS, the validator's rate (chain cached)
+    and the cost of one verification, cold and cached."""
+    state = Path(tempfile.mkdtemp(prefix="atls-bench-snp-"))
+    platform = snp_platform.SNPPlatform(state / "host", state / "lab")
+    platform.state()
+    roots = sev_snp.load_roots(str(lab_chain(platform.lab_state).ensure().roots_path))
+    service = snp_platform.serve(state / "platform.sock", platform)
+    try:
+        issuer = choose.issuer("sev-snp", None, snp_report_source="unix:%s" % (state / "platform.sock"))
+        probe = snp_inspect.inspect(issuer.issue(b"bench", os.urandom(32)), roots=roots)
+        policy = Measurements.from_dict({"snp": probe["snp_policy"]})  # the platform's own values, signed by nobody
+        validator = choose.validator("sev-snp", policy, choose.Trust(amd_roots=roots, snp_cache=sev_snp.ChainCache()))
+        with atls.AttestedServerContext(issuer) as server_ctx:
+            servers = []
+            try:
+                series = {}
+                for name, (server, one) in [("plain", plain_server()),
+                                            ("attested", attested_server(server_ctx, validator))]:
+                    servers.append(server)
+                    series[name] = one
+                samples = interleaved(count, series, ["plain", "attested", "plain"])
+            finally:
+                for server in servers:
+                    server.close()
+        rate, doc_size = validations_per_second(issuer, validator)
+        cold, cached = chain_costs(issuer, roots, 30)
+        quote = statistics.median(measure(30, lambda: issuer.issue(b"bench", os.urandom(32))))
+    finally:
+        service.shutdown()
+        service.server_close()
+        shutil.rmtree(str(state), ignore_errors=True)
+    return dict(samples, rate=rate, doc_size=doc_size, verify_cold=cold, verify_cached=cached, report=quote)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--atls", type=int, default=150,
@@ -406,10 +469,11 @@ def main():
         for name in os.listdir(state):
             os.unlink(os.path.join(state, name))
         os.rmdir(state)
+    snp = run_snp(args.atls)
     load_after = os.getloadavg()
 
-    # The baseline: every plain stdlib TLS handshake of the run (both series), interleaved with the aTLS ones.
-    plain = runs["rsa"]["plain"] + runs["ecc"]["plain"]
+    # The baseline: every plain stdlib TLS handshake of the run (all series), interleaved with the aTLS ones.
+    plain = runs["rsa"]["plain"] + runs["ecc"]["plain"] + snp["plain"]
     plain_p50 = statistics.median(plain)
     print("load average: %.2f %.2f %.2f before, %.2f %.2f %.2f after (2 cores)" % (load + load_after))
     print("%-52s %9s %9s %7s" % ("loopback, handshake + 1 round trip", "p50 ms", "p99 ms", "/plain"))
@@ -456,12 +520,25 @@ def main():
                 "ratio%s_pyopenssl" % suffix: round(ossl_p50 / plain_p50, 2),
                 "ratio%s_pyopenssl_vs_plain_pyopenssl" % suffix: round(ossl_p50 / plain_ossl_p50, 2),
             })
+    snp_p50 = statistics.median(snp["attested"])
+    print("%-52s %9.2f %9.2f %7.2f" % ("aTLS, sev-snp, lab platform (%d)" % len(snp["attested"]), snp_p50,
+                                       percentile(snp["attested"], 99), snp_p50 / plain_p50))
+    result.update({
+        "atls_sev_snp_p50_ms": round(snp_p50, 3), "atls_sev_snp_p99_ms": round(percentile(snp["attested"], 99), 3),
+        "ratio_sev_snp": round(snp_p50 / plain_p50, 2), "validations_sev_snp_per_s": round(snp["rate"], 1),
+        "sev_snp_report_ms": round(snp["report"], 3), "sev_snp_verify_cold_ms": round(snp["verify_cold"], 3),
+        "sev_snp_verify_cached_ms": round(snp["verify_cached"], 3),
+    })
     for ak_alg, run in runs.items():
         print("%s AK: validator alone %.0f validations/s (document %d bytes); server steps alone (p50 ms):"
               % (ak_alg.upper(), run["rate"], run["doc_size"]))
         for name, value in run["steps"].items():
             print("  %-44s %7.3f" % (name, value))
-    print("ratio aTLS / plain (p50): RSA %.2f, ECC %.2f" % (result["ratio"], result["ratio_ecc"]))
+    print("sev-snp: validator alone %.0f validations/s (document %d bytes, chain cached); report from the platform "
+          "%.3f ms; one report verified: %.3f ms cold (chain verified), %.3f ms with the chain cached"
+          % (snp["rate"], snp["doc_size"], snp["report"], snp["verify_cold"], snp["verify_cached"]))
+    print("ratio aTLS / plain (p50): RSA %.2f, ECC %.2f, sev-snp %.2f" % (result["ratio"], result["ratio_ecc"],
+                                                                          result["ratio_sev_snp"]))
     if SSL is not None:
         print("ratio aTLS on pyOpenSSL / plain stdlib (p50): RSA %.2f, ECC %.2f"
               % (result["ratio_pyopenssl"], result["ratio_ecc_pyopenssl"]))
