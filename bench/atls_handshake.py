@@ -422,7 +422,8 @@ def run_snp(count):
         issuer = choose.issuer("sev-snp", None, snp_report_source="unix:%s" % (state / "platform.sock"))
         probe = snp_inspect.inspect(issuer.issue(b"bench", os.urandom(32)), roots=roots)
         policy = Measurements.from_dict({"snp": probe["snp_policy"]})  # the platform's own values, signed by nobody
-        validator = choose.validator("sev-snp", policy, choose.Trust(amd_roots=roots, snp_cache=sev_snp.ChainCache()))
+        trust = choose.Trust(amd_roots=roots, snp_cache=sev_snp.ChainCache())
+        validator = choose.validator("sev-snp", policy, trust)
         with atls.AttestedServerContext(issuer) as server_ctx:
             servers = []
             try:
