@@ -13,10 +13,11 @@ import dataclasses
 import datetime
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.sev_snp import SNPError, SNPPolicy
-from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors as sv
+from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as sv
 
 UTC = datetime.timezone.utc
 
@@ -101,7 +102,7 @@ def test_resigned_report_is_refused(attacker):
     # with the attacker's VCEK, chain or not: its ASK is not AMD's
     _refused(lambda: _verify(data, vec, signer=own_vcek, chain=b""), "vcek.signature")
     _refused(lambda: _verify(data, vec, signer=own_vcek, chain=attacker.ask.public_bytes(
-        sev_snp.serialization.Encoding.PEM)), "ask.signature")
+        serialization.Encoding.PEM)), "ask.signature")
     # ... and its ARK is foreign
     err = _refused(lambda: _verify(data, vec, signer=own_vcek, chain=attacker.chain_pem), "ark")
     assert "ARK-Milan" in str(err.found) and "Milan, Genoa, Turin" in str(err.wanted)

@@ -17,7 +17,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurements, MeasurementsMismatch, MeasurementSets, parse_policy)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
-from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors as sv
+from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as sv
 
 PCR4 = {"4": {"expected": "aa" * 32, "warnOnly": False}}
 

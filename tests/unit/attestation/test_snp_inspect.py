@@ -19,7 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.amd_certs import CertCache, tcb_name
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp import SNPIssuer
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
-from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors
+from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as snp_vectors
 from lab import snp_platform
 from lab.amd import lab_chain
 

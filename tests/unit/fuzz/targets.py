@@ -31,7 +31,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils import kms
 from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog, tpm_wire
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import eventlog, sev_snp, tpm_wire
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurement, Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import load_policy_file
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import JoinTicket
@@ -535,6 +535,74 @@ def _csr_seeds() -> List[bytes]:
     return [csr.public_bytes(serialization.Encoding.PEM), csr.public_bytes(serialization.Encoding.DER)]
 
 
+def _snp_vectors():
+    # imported here: the fuzz tests' other targets need none of it
+    from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as snp_vectors
+    return snp_vectors.vectors()
+
+
+def _mutate_report(seed: bytes, rng: random.Random) -> bytes:
+    """Half the inputs keep the report's size (flipped bits and bytes, reserved fields, a TCB), so the parser's and
+    the verifier's later checks run; the other half are mutate_bytes'."""
+    if rng.random() < 0.5:
+        return mutate_bytes(seed, rng)
+    buf = bytearray(seed)
+    for _unused in range(rng.randint(1, 4)):
+        pos = rng.randrange(len(buf)) if rng.random() < 0.6 else rng.choice((0, 0x08, 0x30, 0x34, 0x48, 0x180, 0x188,
+                                                                             0x1A0, 0x1F8, 0x2A0, 0x330))
+        buf[pos] = rng.choice((buf[pos] ^ (1 << rng.randrange(8)), 0, 0xFF, rng.randrange(256)))
+    return bytes(buf)
+
+
+def _snp_report_runner() -> Callable[[bytes], Any]:
+    """parse_report, then verify_report against the signer of the seed with the same chip (a cached chain)."""
+    signers = {}
+    for vec in _snp_vectors():
+        signers.setdefault(vec.report[0x1A0:0x1E0], vec)
+    cache = sev_snp.ChainCache()
+
+    def run(data: bytes) -> Any:
+        report = sev_snp.parse_report(data)
+        vec = signers.get(report.chip_id) or next(iter(signers.values()))
+        return sev_snp.verify_report(report, vec.signer, vec.chain, now=vec.now, cache=cache)
+    return run
+
+
+def _snp_cert_table_seeds() -> List[bytes]:
+    from cryptography.hazmat.primitives import serialization
+
+    seeds = []
+    for vec in _snp_vectors():
+        chain = sev_snp.load_certificates(vec.chain, "chain")
+        der = {vec.kind: sev_snp.load_certificate(vec.signer, vec.kind).public_bytes(serialization.Encoding.DER)}
+        for cert in chain:
+            der["ark" if cert.subject == cert.issuer else "ask"] = cert.public_bytes(serialization.Encoding.DER)
+        seeds.append(sev_snp.build_cert_table(der))
+    return seeds
+
+
+def _parse_snp_cert_table(data: bytes) -> Any:
+    """The table, then each certificate in it as verify_report loads it."""
+    table = sev_snp.parse_cert_table(data)
+    return [sev_snp.load_certificate(der, name) for name, der in table.items()]
+
+
+def _snp_policy_seeds() -> List[dict]:
+    from cryptography.hazmat.primitives import serialization
+
+    from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as snp_vectors
+
+    seeds = []
+    for vec in _snp_vectors()[:2]:
+        report = sev_snp.parse_report(vec.report)
+        seeds.append(snp_vectors.matching_policy(report))
+        ark = sev_snp.load_certificates(vec.chain, "chain")[-1]
+        seeds.append(snp_vectors.matching_policy(report, launchMeasurement=[report.measurement.hex(), "00" * 48],
+                                                 fmcVersion=1, amdRootKey=ark.public_bytes(
+                                                     serialization.Encoding.PEM).decode()))
+    return seeds
+
+
 def make_targets(corpus: Corpus) -> List[Target]:
     """Every parser of untrusted data, with its seeds (see the module doc)."""
     document_tree = json.loads(corpus.document)
@@ -564,4 +632,8 @@ def make_targets(corpus: Corpus) -> List[Target]:
         Target("kubelet_csr", lambda data: check_kubelet_csr(data, CSR_NODE_VPN_IP), _csr_seeds(), mutate_bytes),
         Target("agent_config", config_run, [_agent_config_seed()] * 24 + list(YAML_SPECIALS), _yaml_or_json,
                cleanup=[config_cleanup]),
+        Target("sev_snp_report", _snp_report_runner(), [vec.report for vec in _snp_vectors()], _mutate_report),
+        Target("sev_snp_cert_table", _parse_snp_cert_table, _snp_cert_table_seeds(), mutate_bytes),
+        Target("sev_snp_policy", lambda data: sev_snp.SNPPolicy.from_dict(load_json(data, "snp")), _snp_policy_seeds(),
+               _json_or_bytes()),
     ]

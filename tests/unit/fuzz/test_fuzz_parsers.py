@@ -13,6 +13,7 @@ runs the same targets for 100,000+ inputs each (scripts/fuzz.py).
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -36,7 +37,7 @@ FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None
 SLOW_FUZZ = settings(FUZZ, max_examples=120)
 
 TARGETS = ("attestation_document", "event_log", "tpm_structures", "measurements", "rpc_frames", "join_ticket", "kms_uri", "master_secret",
-           "kubelet_csr")
+           "kubelet_csr", "sev_snp_report", "sev_snp_cert_table", "sev_snp_policy")
 
 
 def _assert_clean(target, data):
@@ -66,6 +67,9 @@ def test_seeds_are_accepted(targets, corpus):
     assert targets["rpc_frames"].run(encode_frames(targets["rpc_frames"].seeds[1])) == 1
     assert targets["kms_uri"].run(targets["kms_uri"].seeds[0]).derive_key("fuzz")
     assert [targets["kubelet_csr"].run(seed)[0] for seed in targets["kubelet_csr"].seeds] == ["fuzz-node"] * 2
+    assert {targets["sev_snp_report"].run(seed).product for seed in targets["sev_snp_report"].seeds} == {"Milan"}
+    assert all(targets["sev_snp_cert_table"].run(seed) for seed in targets["sev_snp_cert_table"].seeds)
+    assert all(targets["sev_snp_policy"].run(json.dumps(seed).encode()) for seed in targets["sev_snp_policy"].seeds)
 
 
 # Arbitrary JSON (and YAML-like: integer, boolean, float keys) structures for the parsers of mappings.

@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
 
-DATA = Path(__file__).parent / "testdata" / "sev_snp"
+DATA = Path(__file__).parents[1] / "unit" / "attestation" / "testdata" / "sev_snp"
 UTC = datetime.timezone.utc
 
 
