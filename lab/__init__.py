@@ -8,6 +8,8 @@ Molecule, the tests and the benchmarks; it imports the collection's module_utils
 - ``image``, ``tpms``, ``swtpm``, ``hostcmd``: the simulated measured boot, the hosts' swtpms, commands run
   inside a host;
 - ``trust``, ``inventory``: the init secret, measurements signing key, EK CA, admin key; the inventories;
+- ``amd``, ``snp_platform``, ``snp``: the SEV-SNP variants' AMD (ARK, ASK, ASVK, VCEKs), each host's platform that
+  signs reports (and its socket service), and how the lab uses them;
 - ``agent``, ``etcd``, ``netns``: the node agent on a host, a real etcd, sockets from another namespace;
 - ``prove``, ``__main__``: ``python -m lab prove`` and the command line.
 """

@@ -7,16 +7,18 @@ started inside the host's namespaces so that ``lab down`` stops it with the host
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose, sev_snp
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 from lab.image import LAB_IMAGE, lab_measurements, launch_measurement
 from lab.names import REPO_ROOT, Host, LabError
 from lab.procs import alive, kill_all
-from lab.snp_platform import LAB_TCB, TAMPERS, SNPPlatform, platform_of
+from lab.snp_platform import LAB_TCB, TAMPERS, PlatformError, SNPPlatform, platform_of, request
 
 START_TIMEOUT = 20.0
 # The variants whose reports are signed with a VLEK (AWS loads one per cloud into the chip); the others a VCEK.
@@ -28,12 +30,12 @@ HCL_VARIANTS = ("azure-sev-snp",)
 
 def uses_snp(variant: str) -> bool:
     """Whether hosts of ``variant`` attest with an SEV-SNP report (its spec needs AMD roots)."""
-    return bool(getattr(choose.spec(variant, "variant"), "needs_amd_roots", False))
+    return choose.spec(variant, "variant").needs_amd_roots
 
 
 def quotes_pcrs(variant: str) -> bool:
     """Whether ``variant``'s documents carry a TPM quote (``sev-snp``'s do not: no PCRs in its policy)."""
-    return bool(getattr(choose.spec(variant, "variant"), "quotes_pcrs", True))
+    return choose.spec(variant, "variant").quotes_pcrs
 
 
 def lab_snp_policy(image: str = LAB_IMAGE) -> Dict[str, object]:
@@ -135,6 +137,25 @@ def reimaged(h: Host, image: str) -> None:
     platform = platform_of(h)
     if platform.state_path.exists() and "measurement" not in platform.state().tampered:
         platform.update(measurement=launch_measurement(image).hex())
+
+
+def prove(h: Host, image: str, roots: sev_snp.AMDRoots) -> Dict[str, object]:
+    """``lab prove`` on an SEV-SNP lab: a report of ``h``'s platform over a fresh nonce, verified to the lab's AMD
+    roots and checked against the ``snp`` object of the image the host booted."""
+    nonce = os.urandom(64)
+    try:
+        raw, table = request(platform_of(h).socket_path, nonce)
+        report = sev_snp.parse_report(raw)
+        certs = sev_snp.parse_cert_table(table)
+        signer = certs.get(report.signing_key)
+        if signer is None:
+            raise PlatformError("certs: no %s in the certificate table" % report.signing_key)
+        sev_snp.verify_report(report, signer, b"", roots)
+        sev_snp.check_report_data(report, nonce)
+        sev_snp.SNPPolicy.from_dict(lab_snp_policy(image)).check(report)
+    except (AttestationError, InputError, PlatformError, OSError, ValueError) as err:
+        return {"ok": False, "error": "snp: %s" % err}
+    return {"ok": True, "error": "", "tcb": report.reported_tcb.to_dict(), "measurement": report.measurement.hex()}
 
 
 def status(h: Host) -> Dict[str, object]:

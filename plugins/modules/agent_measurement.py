@@ -82,7 +82,7 @@ options:
   variant:
     description: The attestation variant the agent is configured with (part of its measured trust configuration).
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy]
     default: qemu-vtpm-ek
   insecure_trust_any_ak:
     description: The acknowledgement the variant V(qemu-vtpm) needs (as for the attesting actions).
@@ -96,7 +96,7 @@ options:
   amd_roots:
     description:
       - Unused; accepted for the action group. V(sev-snp) quotes no PCRs, so its agent has no PCR 13 value (the
-        launch measurement covers it): the task is skipped.
+        launch measurement covers it), so the task is skipped.
     type: path
   netns:
     description: Unused (nothing is connected to); accepted for the action group.

@@ -37,7 +37,7 @@ options:
         after EK enrollment; the default). C(dummy) is an unsigned test document that proves nothing (refused
         outside the test suite).
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy]
     default: qemu-vtpm-ek
   nonce:
     description:

@@ -127,12 +127,15 @@ def open_coordinator(endpoint: str, settings: AttestationSettings, admin_priv_ke
     known), after AdminAuth: what every admin operation on the Coordinator opens (activate_nodes, RemovePeer,
     ExportState). Anything else is refused before the admin key is proven, naming what the peer is."""
     with open_peer(endpoint, settings) as client:
-        report = report_of(client, endpoint, cluster_id)
+        # A variant that quotes no PCRs: the admin key proven to decide the membership (report_of) serves here too.
+        quotes_pcrs = bool(client.attested.validation.pcrs)
+        report = report_of(client, endpoint, cluster_id, None if quotes_pcrs else admin_priv_key)
         if report.role != ROLE_COORDINATOR or report.state != ACTIVATING_NODES \
                 or (cluster_id is not None and report.membership != OURS):
             raise StateError("%s is not an activated Coordinator of this cluster (%s, role %s, PCR 15 %s)%s"
                              % (endpoint, report.state, report.role, report.membership, purpose))
-        client.admin_auth(admin_priv_key)
+        if quotes_pcrs:
+            client.admin_auth(admin_priv_key)
         yield client
 
 
@@ -429,7 +432,8 @@ def reset_agent(endpoint: str, settings: AttestationSettings, admin_priv_key, pu
     import time
 
     with open_peer(endpoint, settings) as client:
-        report = report_of(client, endpoint, cluster_id)
+        # A variant that quotes no PCRs: the admin key decides the membership (report_of).
+        report = report_of(client, endpoint, cluster_id, None if client.attested.validation.pcrs else admin_priv_key)
         result: Dict[str, Any] = {"changed": False, "state_before": report.state, "state": report.state,
                                   "role_before": report.role, "wiped": [],
                                   "reboot_needed": report.membership != FRESH}

@@ -157,8 +157,10 @@ class LabPlaybooks:
         """The attestation settings the controller takes for this lab from the inventory site.yml wrote."""
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import settings_from_args
 
+        amd_roots = self.inv / "amd_roots.pem"  # the SEV-SNP variants: the lab's AMD
         return settings_from_args({"measurements_file": str(self.inv / "measurements.json"),
                                    "variant": self.lab.variant, "ek_ca_path": str(self.inv / "ek_ca.pem"),
+                                   "amd_roots": str(amd_roots) if amd_roots.exists() else None,
                                    "netns": self.lab.bridge_netns, "timeout": 10.0, "attestation_timeout": 30.0})
 
     def admin_key(self):

@@ -344,7 +344,7 @@ class SNPValidator:
 
 
 def verify_and_match(measurements: Any, report: Any, signer: bytes, chain: bytes, roots: Any, cache: Any,
-                     pinned: Optional[Dict[str, Any]] = None, pcrs: Optional[Dict[int, bytes]] = None):
+                     pinned: Optional[Dict[str, Any]] = None, pcrs: Optional[Dict[int, bytes]] = None, now: Any = None):
     """(``sev_snp.VerifiedReport``, ``measurements.match(pcrs, report)``): the report's chain verified to the AMD
     roots each accepted set names - its own ``amdRootKey`` where it pins one (instead of ``roots``), else ``roots``
     - and matched against those sets only. Sets that pin no root (the usual case) are one group: one verification.
@@ -367,7 +367,7 @@ def verify_and_match(measurements: Any, report: Any, signer: bytes, chain: bytes
         policy = measurements if len(groups) == 1 else MeasurementSets(
             {name: sets[name] for name in names}, measurements.version, measurements.agents)
         try:
-            verified = sev_snp.verify_report(report, signer, chain, roots=group_roots, cache=cache)
+            verified = sev_snp.verify_report(report, signer, chain, roots=group_roots, now=now, cache=cache)
             return verified, policy.match(pcrs or {}, snp_report=report)
         except AttestationError as err:
             first = first or err

@@ -303,3 +303,38 @@ def test_a_set_that_pins_its_own_amd_root_is_verified_to_it(host_a, lab_state):
                                       "lab": {"snp": lab_snp_policy()}}, "version": 1})
     validator = choose.validator("sev-snp", both, lab_roots)
     assert validator.validate(host_a.issuer.issue(USER_DATA, NONCE), NONCE).measurement_set == "lab"
+
+
+def test_sev_snps_storage_key_is_bound_to_the_tpm_only(fresh_swtpm, tmp_path):
+    """What docs/attestation.md says of sev-snp's secrets at rest: sealed to no PCR, the key opens after any boot
+    of this TPM (a changed PCR 4 included) and on no other TPM; resealing to a document's sets keeps it so."""
+    import hashlib
+
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SealedStorage, seal_predictions
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
+    from ansible_collections.constellation.cluster.tests.unit.attestation.conftest import _start
+
+    policy = parse_policy({"accepted": {"one": {"4": "11" * 32, "snp": lab_snp_policy()}}, "version": 1})
+    sealed = peer_policies("sev-snp", policy, None).sealed
+    folder = tmp_path / "state"
+    folder.mkdir()
+
+    def opened(tcti):
+        return SealedStorage.open(str(folder), lambda: tpm.open_tpm(tcti), [], tpm_only=True)
+
+    storage = opened(fresh_swtpm.tcti)
+    assert storage.pcrs == []
+    storage.write_file(str(folder / "secret"), b"kms")
+    assert storage.reseal(seal_predictions(sealed)) is True and storage.sealed_sets == ["one"]
+    with tpm.open_tpm(fresh_swtpm.tcti) as dev:
+        dev.pcr_extend(4, hashlib.sha256(b"another boot").digest())
+    assert opened(fresh_swtpm.tcti).read_file(str(folder / "secret")) == b"kms"
+    other = _start(tmp_path / "other-tpm")
+    try:
+        with pytest.raises(StateError, match="cannot be read here"):
+            opened(other.tcti)
+    finally:
+        other.stop()
+    with pytest.raises(StateError, match="at least one PCR"):
+        SealedStorage.open(str(tmp_path / "plain"), lambda: tpm.open_tpm(fresh_swtpm.tcti), [])
