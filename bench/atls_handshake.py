@@ -59,6 +59,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from lab.swtpm import SwTPM, free_port  # noqa: E402
 from lab import snp_platform  # noqa: E402
 from lab.amd import lab_chain  # noqa: E402
+from lab.azure_hcl import provision  # noqa: E402
+from lab.snp import lab_snp_policy  # noqa: E402
 from tests.support.loopback import LoopbackServer  # noqa: E402
 
 IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
@@ -410,40 +412,78 @@ def chain_costs(issuer, roots, count):
     return statistics.median(cold), statistics.median(cached)
 
 
-def run_snp(count):
-    """``sev-snp`` against the lab's platform: aTLS interleaved with plain TLS, the validator's rate (chain cached)
-    and the cost of one verification, cold and cached."""
-    state = Path(tempfile.mkdtemp(prefix="atls-bench-snp-"))
-    platform = snp_platform.SNPPlatform(state / "host", state / "lab")
-    platform.state()
-    roots = sev_snp.load_roots(str(lab_chain(platform.lab_state).ensure().roots_path))
-    service = snp_platform.serve(state / "platform.sock", platform)
-    try:
-        issuer = choose.issuer("sev-snp", None, snp_report_source="unix:%s" % (state / "platform.sock"))
-        probe = snp_inspect.inspect(issuer.issue(b"bench", os.urandom(32)), roots=roots)
-        policy = Measurements.from_dict({"snp": probe["snp_policy"]})  # the platform's own values, signed by nobody
-        trust = choose.Trust(amd_roots=roots, snp_cache=sev_snp.ChainCache())
-        validator = choose.validator("sev-snp", policy, trust)
-        with atls.AttestedServerContext(issuer) as server_ctx:
-            servers = []
-            try:
-                series = {}
-                for name, (server, one) in [("plain", plain_server()),
-                                            ("attested", attested_server(server_ctx, validator))]:
-                    servers.append(server)
-                    series[name] = one
-                samples = interleaved(count, series, ["plain", "attested", "plain"])
-            finally:
-                for server in servers:
-                    server.close()
-        rate, doc_size = validations_per_second(issuer, validator)
-        cold, cached = chain_costs(issuer, roots, 30)
-        quote = statistics.median(measure(30, lambda: issuer.issue(b"bench", os.urandom(32))))
-    finally:
+SNP_VARIANTS = ("sev-snp", "azure-sev-snp", "aws-sev-snp")
+
+
+def _snp_sides(variant, lab_state, swtpm, folder):
+    """(issuer, policy, stop) of one SEV-SNP variant on the lab's platform: ``sev-snp`` and ``aws-sev-snp`` get their
+    report over the platform's socket (aws: a VLEK, report_data binding the swtpm's AK), ``azure-sev-snp`` from the
+    HCL report the lab writes into a swtpm of its own with an EK certificate (Azure's paravisor's part)."""
+    folder.mkdir()
+    platform = snp_platform.SNPPlatform(folder, lab_state)
+    platform.state(signing_key="vlek" if variant == "aws-sev-snp" else "vcek")
+    snp = lab_snp_policy()
+    if variant == "azure-sev-snp":
+        own = SwTPM(str(folder / "tpm"), free_port(), ek_cert=True, ca_dir=str(folder)).start()
+        provision(own.tcti, platform, folder / "certs")
+        issuer = choose.issuer(variant, own.tcti, event_log_path=None, amd_cert_cache=str(folder / "certs"))
+        pcrs = tpm.read_pcrs(own.tcti, "sha256")
+        return issuer, Measurements.from_dict({"4": pcrs[4].hex(), "snp": snp}), lambda: (issuer.close(), own.stop())
+    service = snp_platform.serve(folder / "platform.sock", platform)
+    source = "unix:%s" % (folder / "platform.sock")
+
+    def stop():
+        close = getattr(issuer, "close", None)
+        if close is not None:
+            close()
         service.shutdown()
         service.server_close()
+    if variant == "sev-snp":
+        issuer = choose.issuer(variant, None, snp_report_source=source)
+        return issuer, Measurements.from_dict({"snp": snp}), stop
+    issuer = choose.issuer(variant, swtpm.tcti, event_log_path=None, banks=["sha256"], snp_report_source=source)
+    pcrs = tpm.read_pcrs(swtpm.tcti, "sha256")
+    return issuer, Measurements.from_dict({"4": pcrs[4].hex(), "snp": snp}), stop
+
+
+def run_snp(count, swtpm):
+    """The SEV-SNP variants against the lab's platform: aTLS interleaved with plain TLS, each validator's rate
+    (chain cached), the issuer's time, and one report's verification cold and cached."""
+    state = Path(tempfile.mkdtemp(prefix="atls-bench-snp-"))
+    stops, servers, results = [], [], {}
+    try:
+        roots = sev_snp.load_roots(str(lab_chain(state / "lab").ensure().roots_path))
+        series = {}
+        sides = {}
+        for variant in SNP_VARIANTS:
+            issuer, policy, stop = _snp_sides(variant, state / "lab", swtpm, state / variant)
+            stops.append(stop)
+            trust = choose.Trust(amd_roots=roots, snp_cache=sev_snp.ChainCache())
+            validator = choose.validator(variant, policy, trust)
+            context = atls.AttestedServerContext(issuer)
+            stops.append(context.close)
+            server, one = attested_server(context, validator)
+            servers.append(server)
+            series[variant] = one
+            sides[variant] = (issuer, validator)
+        server, series["plain"] = plain_server()
+        servers.append(server)
+        samples = interleaved(count, series, ["plain"] + list(SNP_VARIANTS) + ["plain"])
+        for server in servers:
+            server.close()
+        servers = []
+        for variant, (issuer, validator) in sides.items():
+            rate, doc_size = validations_per_second(issuer, validator)
+            issue = statistics.median(measure(30, lambda i=issuer: i.issue(b"b", os.urandom(32))))
+            results[variant] = dict(attested=samples[variant], rate=rate, doc_size=doc_size, issue=issue)
+        cold, cached = chain_costs(sides["sev-snp"][0], roots, 30)
+    finally:
+        for server in servers:
+            server.close()
+        for stop in reversed(stops):
+            stop()
         shutil.rmtree(str(state), ignore_errors=True)
-    return dict(samples, rate=rate, doc_size=doc_size, verify_cold=cold, verify_cached=cached, report=quote)
+    return dict(plain=samples["plain"], variants=results, verify_cold=cold, verify_cached=cached)
 
 
 def main():
@@ -465,12 +505,12 @@ def main():
         validator = VTPMValidator(policy)
         for ak_alg in AK_ALGS:
             runs[ak_alg] = run_alg(swtpm, validator, ak_alg, args.atls)
+        snp = run_snp(args.atls, swtpm)
     finally:
         swtpm.stop()
         for name in os.listdir(state):
             os.unlink(os.path.join(state, name))
         os.rmdir(state)
-    snp = run_snp(args.atls)
     load_after = os.getloadavg()
 
     # The baseline: every plain stdlib TLS handshake of the run (all series), interleaved with the aTLS ones.
@@ -521,25 +561,31 @@ def main():
                 "ratio%s_pyopenssl" % suffix: round(ossl_p50 / plain_p50, 2),
                 "ratio%s_pyopenssl_vs_plain_pyopenssl" % suffix: round(ossl_p50 / plain_ossl_p50, 2),
             })
-    snp_p50 = statistics.median(snp["attested"])
-    print("%-52s %9.2f %9.2f %7.2f" % ("aTLS, sev-snp, lab platform (%d)" % len(snp["attested"]), snp_p50,
-                                       percentile(snp["attested"], 99), snp_p50 / plain_p50))
-    result.update({
-        "atls_sev_snp_p50_ms": round(snp_p50, 3), "atls_sev_snp_p99_ms": round(percentile(snp["attested"], 99), 3),
-        "ratio_sev_snp": round(snp_p50 / plain_p50, 2), "validations_sev_snp_per_s": round(snp["rate"], 1),
-        "sev_snp_report_ms": round(snp["report"], 3), "sev_snp_verify_cold_ms": round(snp["verify_cold"], 3),
-        "sev_snp_verify_cached_ms": round(snp["verify_cached"], 3),
-    })
+    for variant, run in snp["variants"].items():
+        p50 = statistics.median(run["attested"])
+        print("%-52s %9.2f %9.2f %7.2f" % ("aTLS, %s, lab platform (%d)" % (variant, len(run["attested"])), p50,
+                                           percentile(run["attested"], 99), p50 / plain_p50))
+        key = variant.replace("-", "_")
+        result.update({"atls_%s_p50_ms" % key: round(p50, 3),
+                       "atls_%s_p99_ms" % key: round(percentile(run["attested"], 99), 3),
+                       "ratio_%s" % key: round(p50 / plain_p50, 2),
+                       "validations_%s_per_s" % key: round(run["rate"], 1),
+                       "issue_%s_ms" % key: round(run["issue"], 3)})
+    result.update({"sev_snp_verify_cold_ms": round(snp["verify_cold"], 3),
+                   "sev_snp_verify_cached_ms": round(snp["verify_cached"], 3)})
     for ak_alg, run in runs.items():
         print("%s AK: validator alone %.0f validations/s (document %d bytes); server steps alone (p50 ms):"
               % (ak_alg.upper(), run["rate"], run["doc_size"]))
         for name, value in run["steps"].items():
             print("  %-44s %7.3f" % (name, value))
-    print("sev-snp: validator alone %.0f validations/s (document %d bytes, chain cached); report from the platform "
-          "%.3f ms; one report verified: %.3f ms cold (chain verified), %.3f ms with the chain cached"
-          % (snp["rate"], snp["doc_size"], snp["report"], snp["verify_cold"], snp["verify_cached"]))
-    print("ratio aTLS / plain (p50): RSA %.2f, ECC %.2f, sev-snp %.2f" % (result["ratio"], result["ratio_ecc"],
-                                                                          result["ratio_sev_snp"]))
+    for variant, run in snp["variants"].items():
+        print("%s: validator alone %.0f validations/s (document %d bytes, chain cached); issuer %.3f ms"
+              % (variant, run["rate"], run["doc_size"], run["issue"]))
+    print("one SEV-SNP report verified (signature, VCEK extensions, chain to the ARK): %.3f ms cold, %.3f ms with "
+          "the signer's chain cached" % (snp["verify_cold"], snp["verify_cached"]))
+    print("ratio aTLS / plain (p50): RSA %.2f, ECC %.2f, %s" % (
+        result["ratio"], result["ratio_ecc"],
+        ", ".join("%s %.2f" % (v, result["ratio_" + v.replace("-", "_")]) for v in SNP_VARIANTS)))
     if SSL is not None:
         print("ratio aTLS on pyOpenSSL / plain stdlib (p50): RSA %.2f, ECC %.2f"
               % (result["ratio_pyopenssl"], result["ratio_ecc_pyopenssl"]))
