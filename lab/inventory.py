@@ -113,7 +113,7 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
     }
     if snp.uses_snp(state.variant):
         # The SEV-SNP variants: the lab's AMD is the root (a real fleet pins AMD's own, the built-in default).
-        lab_vars["constellation_amd_roots"] = str(inv / "amd_roots.pem")
+        lab_vars["constellation_amd_roots_path"] = str(inv / "amd_roots.pem")
     if lab_vars["constellation_attestation_variant"] == "qemu-vtpm":
         # `lab up --variant qemu-vtpm` trusts any AK: the acknowledgement every run then warns about.
         lab_vars["constellation_insecure_trust_any_ak"] = True

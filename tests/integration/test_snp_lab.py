@@ -11,6 +11,8 @@ h1 Coordinator, h2 Node; h3 and h4 stay outside the cluster (the tampered ones).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from lab.lab import Lab
@@ -68,8 +70,9 @@ def test_verify_passes_and_each_peer_shows_its_tcb_and_launch_measurement(snpp):
         assert snp["measurement"] == platform.measurement
         assert snp["reported_tcb"] == dict(platform.reported_tcb)
         assert snp["chip_id"] == platform.chip_id and snp["signing_key"] == "vcek"
-        if "launch" in run.stdout.lower():  # verify.yml's SEV-SNP columns, where the table has them
+        if "launch" in run.stdout.lower():  # verify.yml's SEV-SNP columns (tcb, launch), where the table has them
             assert platform.measurement[:16] in run.stdout
+            assert "b%(bootloader)d.t%(tee)d.s%(snp)d.m%(microcode)d" % platform.reported_tcb in run.stdout
 
 
 def _activate(site, name):
@@ -80,9 +83,17 @@ def _activate(site, name):
     return result["nodes"][0]
 
 
-def _nothing_sent_and_nobody_evicted(site, name):
+@contextlib.contextmanager
+def _tampered(site, name, what):
+    """``lab tamper NAME --snp WHAT`` for the block, then the genuine platform again; after it, ``name`` holds
+    nothing of the cluster (no secret reached it) and nobody was evicted."""
+    site.lab.tamper_snp(name, what)
+    try:
+        yield
+    finally:
+        site.lab.tamper_snp(name, "genuine")
     report = _report(site, name)
-    assert (report.state, report.membership) == ("AcceptingInit", "fresh"), name  # no secret reached it
+    assert (report.state, report.membership) == ("AcceptingInit", "fresh"), name
     coordinator = _report(site, "h1")
     assert coordinator.evicted == [] and coordinator.membership == "ours"
     assert _report(site, "h2").state == "IsNode"
@@ -90,37 +101,25 @@ def _nothing_sent_and_nobody_evicted(site, name):
 
 @pytest.mark.parametrize("tamper,field", TAMPERS)
 def test_a_tampered_guest_or_platform_is_refused_naming_the_field(snpp, tamper, field):
-    snpp.lab.tamper_snp("h3", tamper)
-    try:
+    with _tampered(snpp, "h3", tamper):
         with pytest.raises(AttestationError, match=field.replace(".", r"\.")):
             _report(snpp, "h3")
         row = _activate(snpp, "h3")
         assert not row["ok"] and field in row["error"], row
-    finally:
-        snpp.lab.tamper_snp("h3", "genuine")
-    _nothing_sent_and_nobody_evicted(snpp, "h3")
 
 
 def test_a_tampered_guest_stops_site_yml_before_any_secret(snpp):
-    snpp.lab.tamper_snp("h3", "measurement")
-    try:
+    with _tampered(snpp, "h3", "measurement"):
         run = snpp.play("site.yml", "--limit", "!h4")
         assert not run.ok
         assert "snp.launchMeasurement" in run.stdout and "h3" in run.stdout
         assert run.recap()["h3"]["changed"] == 0
-    finally:
-        snpp.lab.tamper_snp("h3", "genuine")
-    _nothing_sent_and_nobody_evicted(snpp, "h3")
 
 
 def test_a_software_signed_report_gets_no_activation(snpp):
-    snpp.lab.tamper_snp("h4", "foreign")
-    try:
+    with _tampered(snpp, "h4", "foreign"):
         with pytest.raises(AttestationError) as err:
             _report(snpp, "h4")
         assert "ark" in str(err.value).lower()
         row = _activate(snpp, "h4")
         assert not row["ok"] and "ark" in row["error"].lower(), row
-    finally:
-        snpp.lab.tamper_snp("h4", "genuine")
-    _nothing_sent_and_nobody_evicted(snpp, "h4")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ansible_collections.constellation.cluster.plugins.module_utils import x509compat
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.amd_roots import AMD_CHAINS
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.amd_roots import AMD_ROOTS
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.sev_snp_abi import (
     PRODUCTS, SIGNED_SIZE, Report, SNPError, _layout, parse_report, product_from_cpuid)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
@@ -46,6 +46,7 @@ OID_FMC_SPL = _KDS + "3.9"
 OID_HWID = _KDS + "4"
 OID_CSP_ID = _KDS + "5"
 OID_RSASSA_PSS = "1.2.840.113549.1.1.10"
+MAX_CHAIN_CERTS = 4
 
 # --- certificates ----------------------------------------------------------------------------------------
 
@@ -228,9 +229,9 @@ def pinned_roots() -> AMDRoots:
     with _PINNED_LOCK:
         if _PINNED is None:
             certs: List[x509.Certificate] = []
-            for vcek_chain, vlek_chain in AMD_CHAINS.values():
-                certs.extend(load_certificates(vcek_chain, "amd_roots"))
-                certs.extend(load_certificates(vlek_chain, "amd_roots"))
+            for product in AMD_ROOTS.values():
+                for name in ("ark", "ask", "asvk"):
+                    certs.extend(load_certificates(product[name], "amd_roots"))
             _PINNED = AMDRoots.from_certificates(certs, "amd_roots")
         return _PINNED
 
@@ -437,6 +438,8 @@ def verify_report(report: Report, signer: Union[bytes, str], chain: Union[bytes,
     if info is None:
         signer_cert = load_certificate(signer_bytes, kind)
         extra = load_certificates(chain_bytes, "chain")
+        if len(extra) > MAX_CHAIN_CERTS:  # each may cost an RSA check: a peer's chain is bounded
+            raise SNPError("chain", "%d certificates" % len(extra), "at most %d (ASK/ASVK and ARK)" % MAX_CHAIN_CERTS)
         info = _verify_chain(signer_cert, kind, extra, roots)
         if cache is not None:
             cache.put(key, info)

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import socket
+import ssl
 import threading
 import uuid
 from typing import Any, Dict, Optional, Tuple
@@ -38,13 +39,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Validation
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
-
-try:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-    HAS_CRYPTOGRAPHY = True
-except ImportError:
-    HAS_CRYPTOGRAPHY = False
 
 SOURCE_FIELD = "snp_report_source"
 CONFIGFS_TSM = "configfs-tsm"
@@ -155,9 +149,9 @@ class ConfigfsTSM:
         after = self._read(entry, "generation")
         if before != after:
             raise AttestationError("%s: %s changed while the report was read (generation %s -> %s): another "
-                                   "process wrote to this report entry" % (SOURCE_FIELD, entry, before.strip()
-                                                                           .decode("ascii", "replace"),
-                                                                           after.strip().decode("ascii", "replace")))
+                                   "process wrote to this report entry"
+                                   % (SOURCE_FIELD, entry, before.strip().decode("ascii", "replace"),
+                                      after.strip().decode("ascii", "replace")))
         return report, aux
 
 
@@ -201,8 +195,8 @@ class UnixPlatform:
             raise AttestationError("%s: the platform at %s answered %s, not an object"
                                    % (SOURCE_FIELD, self.path, type(answer).__name__))
         if "error" in answer:
-            raise AttestationError("%s: the platform at %s refused: %s" % (SOURCE_FIELD, self.path,
-                                                                          str(answer["error"])[:300]))
+            raise AttestationError("%s: the platform at %s refused: %s"
+                                   % (SOURCE_FIELD, self.path, str(answer["error"])[:300]))
         report = _unb64(answer.get("report"), "the platform's report")
         certs = b"" if answer.get("certs") in (None, "") else _unb64(answer.get("certs"), "the platform's certs")
         return report, certs
@@ -212,7 +206,8 @@ class UnixPlatform:
 
 
 def _pem(der: bytes) -> bytes:
-    return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
+    # Re-encoded, not parsed: the validator parses (AMD's VCEKs carry serial number zero, sev_snp.load_certificate).
+    return ssl.DER_cert_to_PEM_cert(bytes(der)).encode("ascii")
 
 
 class SNPIssuer:
@@ -222,17 +217,18 @@ class SNPIssuer:
     oid = SEV_SNP.oid
 
     def __init__(self, source: Any = None):
-        if not HAS_CRYPTOGRAPHY:
-            raise AttestationError("the Python package cryptography is required")
         self.source = source if hasattr(source, "get") else report_source(source)
 
     def instance_info(self, report_data: bytes) -> Dict[str, Any]:
         """Constellation's snp.InstanceInfo (bytes as base64, Go's encoding/json) for ``report_data``."""
-        report, table = self.source.get(bytes(report_data).ljust(REPORT_DATA_SIZE, b"\0"))
+        wanted = bytes(report_data).ljust(REPORT_DATA_SIZE, b"\0")
+        report, table = self.source.get(wanted)
         try:
-            sev_snp.parse_report(report)
+            parsed = sev_snp.parse_report(report)
         except AttestationError as err:
             raise AttestationError("%s: %r gave no valid report: %s" % (SOURCE_FIELD, self.source, err)) from None
+        if parsed.report_data != wanted:
+            raise AttestationError("%s: %r signed another report_data than it was given" % (SOURCE_FIELD, self.source))
         certs = sev_snp.parse_cert_table(table) if table else {}
         signer = b"".join(_pem(certs[name]) for name in _SIGNERS if name in certs)
         chain = b"".join(_pem(certs[name]) for name in _CHAIN if name in certs)
@@ -317,8 +313,6 @@ class SNPValidator:
     validate_inline = True
 
     def __init__(self, measurements: Any, roots: Any = None, cache: Any = None):
-        if not HAS_CRYPTOGRAPHY:
-            raise AttestationError("the Python package cryptography is required")
         if not isinstance(measurements, (Measurements, MeasurementSets)):
             raise InputError("measurements", "a Measurements policy", type(measurements).__name__)
         self.measurements = measurements

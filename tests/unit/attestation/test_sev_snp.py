@@ -226,3 +226,30 @@ def test_policy_amd_root_key_pins_its_own_ark():
     with pytest.raises(SNPError, match="^vcek.issuer: found SEV-Milan"):
         sev_snp.verify_report(report, vec.signer, roots=roots, now=vec.now)
     sev_snp.verify_report(report, vec.signer, vec.chain, roots=roots, now=vec.now)
+
+
+def test_threads_share_roots_and_cache_without_warnings():
+    """The agent validates in worker threads: shared roots and cache, zero-serial VCEKs loaded concurrently, no
+    warning escapes and every report verifies."""
+    import threading
+
+    cache = sev_snp.ChainCache()
+    errors = []
+
+    def work():
+        try:
+            for vec in sv.vectors():
+                sev_snp.verify_report(sev_snp.parse_report(vec.report), vec.signer, vec.chain, now=vec.now,
+                                      cache=cache if vec.name != "azure" else None)
+        except Exception as err:  # pylint: disable=broad-except  # reported below
+            errors.append(err)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        threads = [threading.Thread(target=work) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not errors
+    assert len(cache) == 3

@@ -126,6 +126,8 @@ def test_wrong_signer_and_wrong_roots():
     _refused(lambda: _verify(azure.report, azure, roots=genoa, chain=b""), "vcek.issuer")
     _refused(lambda: _verify(azure.report, azure, roots=genoa), "ark")
     _refused(lambda: _verify(azure.report, azure, signer=b"garbage"), "vcek")
+    _refused(lambda: _verify(azure.report, azure, signer=azure.signer + azure.signer), "vcek")
+    _refused(lambda: _verify(azure.report, azure, chain=azure.chain * 3), "chain")  # bounded work per report
 
 
 def test_foreign_ark_in_roots_with_amds_names_cannot_stand_for_amd(attacker):

@@ -16,8 +16,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation 
     agent_measurement, choose, policy, sev_snp, variant)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
     Measurements, MeasurementsMismatch, MeasurementSets, parse_policy)
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
 from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as sv
+from ansible_collections.constellation.cluster.tests.support.keys import sign_policy
 
 PCR4 = {"4": {"expected": "aa" * 32, "warnOnly": False}}
 
@@ -89,6 +90,19 @@ def test_an_snp_only_set_enforces_something(report):
     assert policy.load_policy(measurements=doc).snp is not None
     with pytest.raises(InputError, match="enforces at least one PCR"):
         policy.require_enforced_pcr(parse_policy({"4": {"expected": "aa" * 32, "warnOnly": True}}), "x")
+
+
+def test_a_signed_document_carries_snp(report, tmp_path):
+    path = tmp_path / "measurements.json"
+    path.write_text(json.dumps({"accepted": {"snp-image": {"snp": sv.matching_policy(report)}}}))
+    pub = sign_policy(tmp_path, path)
+    loaded = policy.load_policy(measurements_file=str(path), public_key_path=pub)
+    assert loaded.match({}, report)[0] == "snp-image"
+    doc = json.loads(path.read_text())
+    doc["accepted"]["snp-image"]["snp"]["microcodeVersion"] = 0  # a downgrade of the minimum: the signature breaks
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConstellationError, match="does not verify"):
+        policy.load_policy(measurements_file=str(path), public_key_path=pub)
 
 
 def test_validation_carries_the_report():

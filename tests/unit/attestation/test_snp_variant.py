@@ -338,3 +338,38 @@ def test_sev_snps_storage_key_is_bound_to_the_tpm_only(fresh_swtpm, tmp_path):
         other.stop()
     with pytest.raises(StateError, match="at least one PCR"):
         SealedStorage.open(str(tmp_path / "plain"), lambda: tpm.open_tpm(fresh_swtpm.tcti), [])
+
+
+def test_configfs_tsm_gives_the_report_the_kernel_made_for_the_inblob(hosts, validator, tmp_path, monkeypatch):
+    """configfs-tsm's sequence against a stand-in kernel: the entry's attribute files appear on mkdir, outblob and
+    auxblob answer for what was written to inblob (the lab's platform signs it)."""
+    platform = hosts["a"].platform
+    made = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path, mode=0o777):
+        real_mkdir(path, mode)
+        made.append(path)
+        for name, data in (("provider", b"sev_guest\n"), ("generation", b"1\n"), ("auxblob", b""), ("outblob", b"")):
+            with open(os.path.join(path, name), "wb") as handle:
+                handle.write(data)
+
+    class Kernel(snp.ConfigfsTSM):
+        def _read(self, entry, name):
+            if name in ("outblob", "auxblob"):
+                with open(os.path.join(entry, "inblob"), "rb") as handle:
+                    report, table = platform.sign_report(handle.read())
+                return report if name == "outblob" else table
+            return super()._read(entry, name)
+
+    monkeypatch.setattr(snp.os, "mkdir", mkdir)
+    issuer = snp.SNPIssuer(Kernel(str(tmp_path)))
+    assert validator.validate(issuer.issue(USER_DATA, NONCE), NONCE).snp["chip_id"] == platform.state().chip_id
+    assert len(made) == 1 and os.path.dirname(made[0]) == str(tmp_path)
+
+    class OtherProvider(Kernel):
+        def _read(self, entry, name):
+            return b"tdx_guest\n" if name == "provider" else super()._read(entry, name)
+
+    with pytest.raises(AttestationError, match="tdx_guest"):
+        snp.SNPIssuer(OtherProvider(str(tmp_path))).issue(USER_DATA, NONCE)
