@@ -30,7 +30,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 from ansible_collections.constellation.cluster.tests.support.loopback import LoopbackServer
-from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors
+from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as snp_vectors
 
 CHIP_ID = bytes(range(1, 65))
 TCB = SimpleNamespace(bootloader=3, tee=0, snp=8, microcode=115, fmc=None)

@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Reading an SEV-SNP host's report to write its policy (docs/attestation.md, "Reading a host's report"):
 snp_inspect on the lab's platform and on a real report, and attestation_info run as Ansible runs it on an SNP
-host (no TPM: sev-snp quotes no PCRs). A report nobody genuine signed gives no fields to copy."""
+host (no TPM: sev-snp quotes no PCRs). A report nobody genuine signed gives no fields to copy. And the sev-snp
+issuer on a host that sends no certificates with the report takes them from amd_cert_cache."""
 
 from __future__ import annotations
 
@@ -17,11 +18,18 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp, snp_inspect
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.amd_certs import CertCache, tcb_name
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp import SNPIssuer
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp import (
+    SNPIssuer,
+    SNPValidator,
+    make_issuer,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
-from ansible_collections.constellation.cluster.tests.unit.attestation import snp_vectors
+from ansible_collections.constellation.cluster.tests.support import sev_snp_vectors as snp_vectors
 from lab import snp_platform
 from lab.amd import lab_chain
+from lab.azure_hcl import write_cert_cache
+from lab.snp import lab_snp_policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -146,3 +154,24 @@ def test_attestation_info_on_an_snp_host_returns_the_report_and_its_policy(platf
     assert result["pcrs"] == {} and result["variant"] == "sev-snp"
     assert result["snp"]["measurement"] == state.measurement
     assert result["snp"]["snp_policy"]["launchMeasurement"] == state.measurement
+
+
+class _NoCertificates(_Source):
+    """A host that hands out the report without its certificate table (no certificates loaded by the hypervisor)."""
+
+    def get(self, report_data):
+        return self.platform.sign_report(report_data)[0], b""
+
+
+def test_sev_snps_issuer_takes_certificates_the_platform_did_not_send_from_amd_cert_cache(platform, tmp_path):
+    state = platform.restore()
+    policy = Measurements.from_dict({"snp": lab_snp_policy()})
+    validator = SNPValidator(policy, roots=_roots(platform))
+    bare = SNPIssuer(_NoCertificates(platform)).issue(b"u", b"\x02" * 32)
+    with pytest.raises(AttestationError, match="ReportSigner is empty"):
+        validator.validate(bare, b"\x02" * 32)
+    write_cert_cache(platform, tmp_path / "certs")
+    issuer = make_issuer(snp_report_source=None, amd_cert_cache=str(tmp_path / "certs"))
+    issuer.source = _NoCertificates(platform)
+    result = validator.validate(issuer.issue(b"u", b"\x02" * 32), b"\x02" * 32)
+    assert result.snp["chip_id"] == state.chip_id and result.snp["signing_key"] == "vcek"
