@@ -61,6 +61,8 @@ IGVM_HASH_SHA256 = 1
 REQUEST_DATA_OFFSET = HCL_HEADER_SIZE + sev_snp.REPORT_SIZE  # 0x4C0
 RUNTIME_DATA_OFFSET = REQUEST_DATA_OFFSET + IGVM_REQUEST_DATA_SIZE  # 0x4D4
 MAX_RUNTIME_DATA = 16 * 1024
+THIM_URL = "http://169.254.169.254/metadata/THIM/amd/certification"  # Azure's certificates, IMDS (inside the VM)
+MAX_THIM_REPLY = 64 * 1024
 AK_KEY_ID = "HCLAkPub"
 EK_KEY_ID = "HCLEkPub"
 
@@ -203,19 +205,22 @@ class AzureSNPValidator(SNPVTPMValidator):
 class AzureSNPIssuer(SNPVTPMIssuer):
     """Issues ``azure-sev-snp`` documents on an Azure SEV-SNP VM (or the lab's stand-in): the HCL report from NV
     0x01400001, the AK the HCL provisioned at 0x81000003 (never created or replaced here), the VCEK and its chain
-    from ``certs`` (a callable report -> (signer PEM, chain PEM); default: ``cached_certs`` from the folder
-    ``amd_cert_cache``, which an Azure VM fills from THIM, and AMD's KDS only with ``amd_kds_fetch``)."""
+    from ``certs`` (a callable report -> (signer PEM, chain PEM); default: ``cached_certs``: the folder
+    ``amd_cert_cache`` (AMD's KDS only with ``amd_kds_fetch``), else Azure's THIM at ``thim_url`` (None: not asked)).
+    The instance info is built once per process."""
 
     oid = AZURE_SEV_SNP.oid
 
     def __init__(self, tcti: Optional[str] = None, ak_handle: int = AZURE_AK_HANDLE, amd_cert_cache: Optional[str] = None,
-                 amd_kds_fetch: bool = False, certs=None, hcl_nv_index: int = HCL_REPORT_NV_INDEX, **kwargs):
+                 amd_kds_fetch: bool = False, certs=None, hcl_nv_index: int = HCL_REPORT_NV_INDEX,
+                 thim_url: Optional[str] = THIM_URL, **kwargs):
         kwargs.pop("ak_alg", None)  # the HCL's AK is RSA; the agent's ak_alg does not apply
         kwargs.pop("snp_report_source", None)  # the HCL asked the CPU already
         super().__init__(tcti, ak_handle=ak_handle, **kwargs)
         self.hcl_nv_index = hcl_nv_index
         if certs is None:
-            certs = functools.partial(cached_certs, amd_certs.CertCache(amd_cert_cache, amd_kds_fetch))
+            certs = functools.partial(cached_certs, amd_certs.CertCache(amd_cert_cache, amd_kds_fetch),
+                                      thim=functools.partial(fetch_thim, thim_url) if thim_url else None)
         self._certs = certs
         self._instance_info: Optional[bytes] = None
 
@@ -243,20 +248,53 @@ class AzureSNPIssuer(SNPVTPMIssuer):
             return self._instance_info
 
 
-def cached_certs(cache, report: bytes) -> Tuple[bytes, bytes]:
-    """The VCEK (or VLEK) that signed ``report`` and AMD's chain for it, PEM, from ``cache`` (amd_certs.CertCache:
-    the ``amd_cert_cache`` folder, AMD's KDS only with ``amd_kds_fetch``). Azure's HCL asks the CPU for a plain
-    report (no certificate table); the product is Milan unless the report's CPUID names another (Azure's SEV-SNP
-    VMs run on Milan and Genoa)."""
+def cached_certs(cache, report: bytes, thim=None) -> Tuple[bytes, bytes]:
+    """The VCEK (or VLEK) that signed ``report`` and AMD's chain for it, PEM: from ``cache`` (amd_certs.CertCache:
+    the ``amd_cert_cache`` folder, AMD's KDS only with ``amd_kds_fetch``), else from ``thim`` (a callable returning
+    Azure's THIM answer, ``fetch_thim``). Azure's HCL asks the CPU for a plain report (no certificate table); the
+    product is Milan unless the report's CPUID names another (Azure's SEV-SNP VMs run on Milan and Genoa). Nothing
+    here is trusted: the verifier checks whatever comes against the report and AMD's roots."""
     parsed = sev_snp.parse_report(report)
     product = "Milan"
     if parsed.cpuid_fam_id is not None:
         product = sev_snp.product_from_cpuid(parsed.cpuid_fam_id, parsed.cpuid_mod_id or 0) or product
-    if parsed.signing_key == "vlek":
-        der = cache.vlek(product, parsed.reported_tcb)
-    else:
-        der = cache.vcek(product, parsed.chip_id, parsed.reported_tcb)
-    return pem_certificate(der), cache.cert_chain(product, parsed.signing_key)
+    try:
+        if parsed.signing_key == "vlek":
+            der = cache.vlek(product, parsed.reported_tcb)
+        else:
+            der = cache.vcek(product, parsed.chip_id, parsed.reported_tcb)
+        return pem_certificate(der), cache.cert_chain(product, parsed.signing_key)
+    except amd_certs.CertificateMissing as missing:
+        if thim is None:
+            raise
+        try:
+            return thim()
+        except AttestationError as err:
+            raise AttestationError("%s; and Azure's THIM: %s" % (missing, err)) from None
+
+
+def fetch_thim(url: str = THIM_URL, timeout: float = 5.0, opener=None) -> Tuple[bytes, bytes]:
+    """(VCEK PEM, chain PEM) from Azure's THIM (``{"vcekCert": PEM, "certificateChain": PEM, ...}``, the request
+    with the header ``Metadata: true``); AttestationError naming what went wrong."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Metadata": "true"})
+    try:
+        with (opener or urllib.request.urlopen)(request, timeout=timeout) as reply:
+            body = reply.read(MAX_THIM_REPLY + 1)
+    except (urllib.error.URLError, OSError) as err:
+        raise AttestationError("THIM at %s could not be reached (%s)" % (url, getattr(err, "reason", None) or err)) \
+            from None
+    try:
+        doc = load_json(body, "THIM's answer", MAX_THIM_REPLY)
+    except InputError as err:
+        raise AttestationError(str(err)) from None
+    fields = {str(key).lower(): value for key, value in doc.items()} if isinstance(doc, dict) else {}
+    signer, chain = fields.get("vcekcert"), fields.get("certificatechain")
+    if not isinstance(signer, str) or not isinstance(chain, str) or not signer or not chain:
+        raise AttestationError("THIM's answer: found no vcekCert and certificateChain (PEM text), wanted both")
+    return signer.encode("ascii", "replace"), chain.encode("ascii", "replace")
 
 
 # -------------------------------------------------------------------------- the chooser's factories (choose.py)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import itertools
 import json
 import os
+import threading
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -32,6 +34,7 @@ from lab import amd
 from lab.azure_hcl import provision
 from lab.snp import lab_snp_policy
 from lab.snp_platform import SNPPlatform, serve
+from lab.swtpm import free_port
 
 NONCE = bytes(range(32))
 _HOSTS = itertools.count(1)
@@ -212,3 +215,40 @@ def test_a_document_replayed_for_another_nonce_is_refused(fresh_swtpm, lab_state
         document = issuer.issue(b"u", NONCE)
     with pytest.raises(AttestationError, match="extraData"):
         AWSSNPValidator(policy(fresh_swtpm.tcti), roots=roots).validate(document, bytes(32))
+
+
+def test_the_azure_issuer_asks_thim_when_the_cache_lacks_the_vcek(fresh_swtpm_ek, lab_state, roots, tmp_path):
+    """Azure's THIM (IMDS) stands behind the cache folder: here a loopback server that answers as THIM does."""
+    host = platform(lab_state, tmp_path)
+    tcti = fresh_swtpm_ek.tcti
+    provision(tcti, host, tmp_path / "certs")
+    vcek = next((tmp_path / "certs" / "Milan").glob("vcek-*.pem")).read_text()
+    answer = json.dumps({"vcekCert": vcek, "tcbm": "", "certificateChain": (tmp_path / "certs" / "Milan" /
+                                                                            "cert_chain.pem").read_text()}).encode()
+    asked = []
+
+    class THIM(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            asked.append(self.headers.get("Metadata"))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), THIM)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/metadata/THIM/amd/certification" % server.server_port
+        with AzureSNPIssuer(tcti, event_log_path=None, amd_cert_cache=str(tmp_path / "empty"), thim_url=url) as issuer:
+            document = issuer.issue(b"u", NONCE)
+        with AzureSNPIssuer(tcti, event_log_path=None, amd_cert_cache=str(tmp_path / "empty"),
+                            thim_url="http://127.0.0.1:%d/none" % free_port()) as issuer:
+            with pytest.raises(AttestationError, match="not in the report's certificates.*and Azure's THIM: THIM at"):
+                issuer.issue(b"u", NONCE)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == ["true"]
+    assert AzureSNPValidator(policy(tcti), roots=roots).validate(document, NONCE).user_data == b"u"
