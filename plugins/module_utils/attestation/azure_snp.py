@@ -118,7 +118,7 @@ def _b64url_int(value: Any, field: str) -> int:
     if not isinstance(value, str) or not value or len(value) > 1024:
         raise AttestationError("%s: found %r, wanted base64url text" % (field, type(value).__name__))
     try:
-        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        raw = base64.b64decode(value.replace("-", "+").replace("_", "/") + "=" * (-len(value) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise AttestationError("%s: found text that is not base64url, wanted a JWK integer" % field) from None
     return int.from_bytes(raw, "big")

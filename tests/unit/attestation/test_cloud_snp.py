@@ -185,6 +185,17 @@ def test_hcl_ek_becomes_the_peers_ek_identity():
     assert hashlib.sha256(spki_der(keys["HCLEkPub"])).hexdigest() == hashlib.sha256(spki_der(ek)).hexdigest()
 
 
+@pytest.mark.parametrize("keys, field", [
+    ([{"kid": "HCLAkPub", "kty": "RSA", "e": "AQAB", "n": "ab!c"}], r"keys\[HCLAkPub\]\.n"),
+    ([{"kid": "HCLAkPub", "kty": "EC", "e": "AQAB", "n": "AQAB"}], r"keys\[HCLAkPub\]\.kty"),
+    ([json.loads(RUNTIME)["keys"][0]] * 2, r"keys\[HCLAkPub\]: found twice"),
+    ("no list", r"RuntimeData: found no \"keys\" list"),
+])
+def test_malformed_runtime_data_is_refused_naming_the_key(keys, field):
+    with pytest.raises(AttestationError, match=field):
+        runtime_keys(json.dumps({"keys": keys}).encode())
+
+
 def test_an_ak_the_runtime_data_does_not_name_is_refused():
     other = rsa_ak_pub(rsa.generate_private_key(65537, 2048).public_key())
     with pytest.raises(AttestationError, match="AK is not bound: the quoting AK is not the runtime data's HCLAkPub"):
