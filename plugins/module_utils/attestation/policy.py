@@ -130,7 +130,7 @@ def require_enforced_pcr(policy: Policy, source: str, field: str = "measurements
     for name, measurements in policy.sets.items():
         if not enforced_pcrs(measurements) and measurements.snp is None:
             raise InputError(field, "a measurements policy that enforces at least one PCR other than %d (warnOnly: "
-                             "false), or an snp object, in every accepted set; an empty, all-warnOnly or PCR-%d-only "
+                             "false), or an snp policy, in every accepted set; an empty, all-warnOnly or PCR-%d-only "
                              "set would accept any TPM" % (PCR_INDEX_CLUSTER_ID, PCR_INDEX_CLUSTER_ID),
                              "%s (enforced: none%s)" % (source, "" if name == DEFAULT_SET_NAME else " in set %s" % name))
     return policy
