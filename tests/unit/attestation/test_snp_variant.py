@@ -373,3 +373,60 @@ def test_configfs_tsm_gives_the_report_the_kernel_made_for_the_inblob(hosts, val
 
     with pytest.raises(AttestationError, match="tdx_guest"):
         snp.SNPIssuer(OtherProvider(str(tmp_path))).issue(USER_DATA, NONCE)
+
+
+def test_the_coordinator_re_attests_a_peer_without_pcrs_by_its_own_word(make_core):
+    """Core: a peer whose attestation quotes no PCRs (sev-snp) is ours when it accepts the Coordinators' key,
+    fresh (rebooted, not rejoined) when it says AcceptingInit, and evicted when it refuses the key (another
+    cluster's, or a reset agent's)."""
+    import os as _os
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from ansible_collections.constellation.cluster.plugins.module_utils import kms
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied
+    from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
+        generate_priv_key, pub_key_from_priv_key)
+    from ansible_collections.constellation.cluster.tests.support.core_fakes import FakePeerClient, MemoryTPM
+
+    c, _vpn = make_core(MemoryTPM(), public_ip="10.42.0.1")
+    c.recovery.load()
+    admin = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    c.coordinator.activate_as_coordinator(kms.MasterSecret.generate().to_uri(), _os.urandom(32), admin)
+    peers = {}
+    for octet in (2, 3, 4):
+        key = pub_key_from_priv_key(generate_priv_key())
+        vpn_ip = c.context.peer_registry.update(lambda r: r.allocator.allocate("node"))
+        c.coordinator.add_node_peer(vpn_ip, key, "10.42.0.%d" % octet)
+        peers["10.42.0.%d" % octet] = {"vpn_ip": vpn_ip, "vpn_pub_key": key, "state": "IsNode"}
+
+    class NoPCRs(FakePeerClient):
+        attested = object()  # an attested connection whose validation has no PCRs
+
+        def __init__(self, state, accepts=True):
+            super().__init__(None, state)
+            self.accepts = accepts
+
+        def attested_pcrs(self):
+            return {}
+
+        def coordinator_auth(self, sign_auth):
+            if not self.accepts:
+                raise AccessDenied("AdminAuth (role coordinator): the signature does not verify")
+            super().coordinator_auth(sign_auth)
+
+        def get_state(self):  # the public part of GetState needs no AdminAuth
+            return dict(self.state) if self.authenticated else {"state": self.state["state"], "role": "node"}
+
+    def connect(public_ip):
+        if public_ip == "10.42.0.3":
+            return NoPCRs(dict(peers[public_ip], state="AcceptingInit"))
+        return NoPCRs(peers[public_ip], accepts=public_ip == "10.42.0.2")
+
+    rows = {r["public_ip"]: r for r in c.peer_trust.reattest_peers(connect, unreachable_limit=3)}
+    assert rows["10.42.0.2"]["outcome"] == "passed"
+    assert rows["10.42.0.3"]["outcome"] == "unreachable" and "rebooted" in rows["10.42.0.3"]["error"]
+    assert rows["10.42.0.4"]["outcome"] == "evicted"
+    assert [e["vpn_ip"] for e in c.get_state()["evicted"]] == [peers["10.42.0.4"]["vpn_ip"]]

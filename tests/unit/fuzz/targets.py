@@ -603,6 +603,49 @@ def _snp_policy_seeds() -> List[dict]:
     return seeds
 
 
+def _snp_document_seeds() -> List[dict]:
+    """``sev-snp`` documents around each real report (attestation/snp.py's format; the signer as PEM)."""
+    import ssl
+
+    seeds = []
+    for vec in _snp_vectors():
+        signer = vec.signer if b"-----BEGIN" in vec.signer else ssl.DER_cert_to_PEM_cert(vec.signer).encode()
+        info = {"ReportSigner": _b64(signer), "CertChain": _b64(vec.chain), "AttestationReport": _b64(vec.report),
+                "Azure": None, "GCP": None}
+        seeds.append({"InstanceInfo": _b64(json.dumps(info).encode()), "UserData": _b64(b"fuzz user data")})
+    return seeds
+
+
+def _mutate_snp_document(seed: dict, rng: random.Random) -> bytes:
+    """The outer document (as JSON or bytes), the InstanceInfo inside it (its tree), or the report inside that."""
+    roll = rng.random()
+    if roll >= 0.6:
+        return _json_or_bytes()(seed, rng)
+    info = json.loads(base64.b64decode(seed["InstanceInfo"]))
+    if roll < 0.2:
+        info["AttestationReport"] = _b64(_mutate_report(base64.b64decode(info["AttestationReport"]), rng))
+        inner = json.dumps(info).encode()
+    else:
+        inner = dumps(mutate_tree(info, rng)).encode("utf-8", "surrogatepass")
+    return json.dumps(dict(seed, InstanceInfo=_b64(inner))).encode()
+
+
+def _snp_document_runner() -> Callable[[bytes], Any]:
+    """The sev-snp validator's steps before the nonce binding (which no real report can meet): the strict
+    document, the report, its chain (at a moment inside the seed's validity, by chip ID)."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import snp
+
+    nows = {vec.report[0x1A0:0x1E0]: vec.now for vec in _snp_vectors()}
+    cache = sev_snp.ChainCache()
+
+    def run(data: bytes) -> Any:
+        report, signer, chain, _user_data = snp.decode_document(data)
+        parsed = sev_snp.parse_report(report)
+        now = nows.get(parsed.chip_id) or next(iter(nows.values()))
+        return sev_snp.verify_report(parsed, signer, chain, now=now, cache=cache)
+    return run
+
+
 def make_targets(corpus: Corpus) -> List[Target]:
     """Every parser of untrusted data, with its seeds (see the module doc)."""
     document_tree = json.loads(corpus.document)
@@ -634,6 +677,7 @@ def make_targets(corpus: Corpus) -> List[Target]:
                cleanup=[config_cleanup]),
         Target("sev_snp_report", _snp_report_runner(), [vec.report for vec in _snp_vectors()], _mutate_report),
         Target("sev_snp_cert_table", _parse_snp_cert_table, _snp_cert_table_seeds(), mutate_bytes),
+        Target("sev_snp_document", _snp_document_runner(), _snp_document_seeds(), _mutate_snp_document),
         Target("sev_snp_policy", lambda data: sev_snp.SNPPolicy.from_dict(load_json(data, "snp")), _snp_policy_seeds(),
                _json_or_bytes()),
     ]

@@ -37,7 +37,7 @@ FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None
 SLOW_FUZZ = settings(FUZZ, max_examples=120)
 
 TARGETS = ("attestation_document", "event_log", "tpm_structures", "measurements", "rpc_frames", "join_ticket", "kms_uri", "master_secret",
-           "kubelet_csr", "sev_snp_report", "sev_snp_cert_table", "sev_snp_policy")
+           "kubelet_csr", "sev_snp_report", "sev_snp_cert_table", "sev_snp_policy", "sev_snp_document")
 
 
 def _assert_clean(target, data):
@@ -70,6 +70,8 @@ def test_seeds_are_accepted(targets, corpus):
     assert {targets["sev_snp_report"].run(seed).product for seed in targets["sev_snp_report"].seeds} == {"Milan"}
     assert all(targets["sev_snp_cert_table"].run(seed) for seed in targets["sev_snp_cert_table"].seeds)
     assert all(targets["sev_snp_policy"].run(json.dumps(seed).encode()) for seed in targets["sev_snp_policy"].seeds)
+    assert {targets["sev_snp_document"].run(json.dumps(seed).encode()).signing_key
+            for seed in targets["sev_snp_document"].seeds} == {"vcek", "vlek"}
 
 
 # Arbitrary JSON (and YAML-like: integer, boolean, float keys) structures for the parsers of mappings.
