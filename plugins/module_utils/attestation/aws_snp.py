@@ -16,39 +16,25 @@ from __future__ import annotations
 import hashlib
 from typing import Callable, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp_vtpm import (
-    InstanceInfo,
-    SNPVTPMIssuer,
-    SNPVTPMValidator,
-    spki_der,
-    validator_args,
-)
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp, snp_vtpm
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import AWS_SEV_SNP
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import AKInfo, parse_ak
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 
-try:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-    HAS_CRYPTOGRAPHY = True
-except ImportError:
-    HAS_CRYPTOGRAPHY = False
-
 
 def ak_digest(public_key) -> bytes:
     """SHA-512 of the AK's public key as PKIX DER: the report_data of an ``aws-sev-snp`` report."""
-    return hashlib.sha512(spki_der(public_key)).digest()
+    return hashlib.sha512(snp_vtpm.spki_der(public_key)).digest()
 
 
-class AWSSNPValidator(SNPVTPMValidator):
+class AWSSNPValidator(snp_vtpm.SNPVTPMValidator):
     """Validates ``aws-sev-snp`` documents: the vTPM quote (vtpm.py) with an AK whose SHA-512 (PKIX DER) is the
     report_data of a VLEK-signed report."""
 
     oid = AWS_SEV_SNP.oid
     signing_keys = ("vlek",)  # AWS signs with its VLEK (Constellation's AWS validator chains only through an ASVK)
 
-    def bind_ak(self, info: InstanceInfo, report, ak_pub: bytes, ak: AKInfo) -> Optional[str]:
+    def bind_ak(self, info: snp_vtpm.InstanceInfo, report, ak_pub: bytes, ak: AKInfo) -> Optional[str]:
         if info.runtime_data is not None:
             raise AttestationError("InstanceInfo.Azure: found an object, wanted null (an aws-sev-snp document)")
         wanted = ak_digest(ak.public_key)
@@ -58,7 +44,7 @@ class AWSSNPValidator(SNPVTPMValidator):
         return None  # AWS names no EK of the NitroTPM
 
 
-class AWSSNPIssuer(SNPVTPMIssuer):
+class AWSSNPIssuer(snp_vtpm.SNPVTPMIssuer):
     """Issues ``aws-sev-snp`` documents: the AK (go-tpm-tools' AK template at its handle, as Constellation's AWS
     issuer), a report over SHA-512 of the AK from ``snp_report_source`` and the VLEK from its certificate table.
     ``report_source``: a callable report_data -> (report, cert table) (default: the one ``snp_report_source``
@@ -90,15 +76,12 @@ class AWSSNPIssuer(SNPVTPMIssuer):
                 if not certs.get("vlek"):
                     raise AttestationError("snp_report_source: the certificate table has no VLEK (found %s), wanted "
                                            "AWS's VLEK" % (", ".join(sorted(certs)) or "none"))
-                signer = _pem(certs["vlek"])
-                chain = b"".join(_pem(certs[name]) for name in ("ask", "ark") if name in certs)  # ASK: the ASVK here
-                info = InstanceInfo(bytes(report[:sev_snp.REPORT_SIZE]), signer, chain)
+                signer = snp_vtpm.pem_certificate(certs["vlek"])
+                chain = b"".join(snp_vtpm.pem_certificate(certs[name]) for name in ("ask", "ark")
+                                 if name in certs)  # ASK: the ASVK here
+                info = snp_vtpm.InstanceInfo(bytes(report[:sev_snp.REPORT_SIZE]), signer, chain)
                 self._instance_info = (ak_pub, info.to_json())
             return self._instance_info[1]
-
-
-def _pem(der: bytes) -> bytes:
-    return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
 
 
 # -------------------------------------------------------------------------- the chooser's factories (choose.py)
@@ -111,4 +94,4 @@ def make_issuer(tcti: Optional[str] = None, **kwargs) -> AWSSNPIssuer:
 
 def make_validator(policy, trust, **kwargs) -> AWSSNPValidator:
     """The ``aws-sev-snp`` validator: AMD roots and chain cache from ``trust`` (choose.load_trust)."""
-    return AWSSNPValidator(policy, **validator_args(trust), **kwargs)
+    return AWSSNPValidator(policy, **snp_vtpm.validator_args(trust), **kwargs)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import struct
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     InstanceInfo,
     SNPVTPMIssuer,
     SNPVTPMValidator,
+    pem_certificate,
     spki_der,
     validator_args,
 )
@@ -44,14 +46,6 @@ from ansible_collections.constellation.cluster.plugins.module_utils.encoding imp
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 try:
-    from tpm2_pytss import TSS2_Exception
-    HAS_TPM2_PYTSS = True
-except ImportError:
-    HAS_TPM2_PYTSS = False
-
-try:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
     HAS_CRYPTOGRAPHY = True
 except ImportError:
@@ -113,7 +107,6 @@ def parse_hcl_report(blob: bytes) -> HCLReport:
                                % (var_size, len(blob)))
     return HCLReport(blob[HCL_HEADER_SIZE:REQUEST_DATA_OFFSET],
                      blob[RUNTIME_DATA_OFFSET:RUNTIME_DATA_OFFSET + var_size], version)
-
 
 
 # ------------------------------------------------------------------------------------ runtime data
@@ -222,13 +215,14 @@ class AzureSNPIssuer(SNPVTPMIssuer):
         super().__init__(tcti, ak_handle=ak_handle, **kwargs)
         self.hcl_nv_index = hcl_nv_index
         if certs is None:
-            cache = amd_certs.CertCache(amd_cert_cache, amd_kds_fetch)
-            certs = lambda report: cached_certs(cache, report)  # noqa: E731
+            certs = functools.partial(cached_certs, amd_certs.CertCache(amd_cert_cache, amd_kds_fetch))
         self._certs = certs
         self._instance_info: Optional[bytes] = None
 
     def _load_ak(self, tpm: TPM):
         """The HCL's AK as it is (go-tpm-tools LoadCachedKey): refusing, not replacing, a missing key."""
+        from tpm2_pytss import TSS2_Exception  # the issuer side only: a validator needs no TPM stack
+
         esapi = tpm.esapi
         try:
             handle = esapi.tr_from_tpmpublic(self._ak_persistent)
@@ -262,8 +256,7 @@ def cached_certs(cache, report: bytes) -> Tuple[bytes, bytes]:
         der = cache.vlek(product, parsed.reported_tcb)
     else:
         der = cache.vcek(product, parsed.chip_id, parsed.reported_tcb)
-    signer = x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
-    return signer, cache.cert_chain(product, parsed.signing_key)
+    return pem_certificate(der), cache.cert_chain(product, parsed.signing_key)
 
 
 # -------------------------------------------------------------------------- the chooser's factories (choose.py)

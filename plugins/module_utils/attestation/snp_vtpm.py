@@ -34,6 +34,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.encoding imp
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 try:
+    from cryptography import x509
     from cryptography.hazmat.primitives import serialization
     HAS_CRYPTOGRAPHY = True
 except ImportError:
@@ -127,6 +128,11 @@ class Evidence:
     report: Any  # sev_snp.Report
     ek_pub_sha256: Optional[str] = None
     verified: Any = None
+
+
+def pem_certificate(der: bytes) -> bytes:
+    """A certificate of a report's certificate table (DER) as the instance info carries it (PEM)."""
+    return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
 
 
 def spki_der(public_key) -> bytes:

@@ -18,6 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from ansible_collections.constellation.cluster.plugins.module_utils.agent.config import AgentConfig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.aws_snp import (
     AWSSNPValidator,
@@ -39,7 +40,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     spki_der,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import ak_template, parse_ak
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 from lab.amd import amd_name
 from lab.snp_platform import HCL_HEADER, HCL_REQUEST
 
@@ -308,3 +309,20 @@ def test_the_recorded_launch_measurement_is_enforced():
     evidence = validator.trust_instance(azure_info(), HCL_AK_PUB, parse_ak(HCL_AK_PUB))
     with pytest.raises(AttestationError, match="launchMeasurement"):
         validator.verify(evidence, PCRS)
+
+
+# --------------------------------------------------------------------------------------- agent configuration
+
+
+def test_agent_config_takes_the_azure_issuers_certificate_keys():
+    base = dict(state_dir="/tmp/x", public_endpoint="10.0.0.1:9000", measurements="/m.json",
+                insecure_unsigned_measurements=True, insecure_unauthenticated_activation=True)
+    config = AgentConfig.from_mapping(dict(base, variant="azure-sev-snp", amd_cert_cache="/var/lib/amd",
+                                           amd_kds_fetch=False))
+    assert (config.amd_cert_cache, config.amd_kds_fetch) == ("/var/lib/amd", False)
+    for bad, field in ((dict(variant="azure-sev-snp", amd_kds_fetch="yes"), "amd_kds_fetch"),
+                       (dict(variant="azure-sev-snp", amd_cert_cache=5), "amd_cert_cache"),
+                       (dict(variant="qemu-vtpm-ek", ek_ca="/ca.pem", amd_cert_cache="/c"), "amd_cert_cache")):
+        with pytest.raises(InputError) as err:
+            AgentConfig.from_mapping(dict(base, **bad))
+        assert err.value.field == field

@@ -24,11 +24,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     AzureSNPValidator,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.ek import ek_pub_sha256
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
-    Measurement,
-    Measurements,
-)
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp import report_source
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import TPM, read_pcrs
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import ak_template, parse_ak
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
@@ -36,50 +32,33 @@ from lab import amd
 from lab.azure_hcl import provision
 from lab.snp import lab_snp_policy
 from lab.snp_platform import SNPPlatform, serve
-from lab.swtpm import SwTPM, free_port
 
 NONCE = bytes(range(32))
 _HOSTS = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def lab_state(tmp_path_factory):
+def lab_amd(tmp_path_factory):
+    """The lab's AMD, made once for this module: (its state folder, its roots as a verifier pins them)."""
     state = tmp_path_factory.mktemp("snpcloud")
-    amd.lab_chain(state).ensure()
-    return state
+    return state, sev_snp.load_roots(str(amd.lab_chain(state).ensure().roots_path))
 
 
-@pytest.fixture(scope="module")
-def roots(lab_state):
-    return sev_snp.load_roots(str(amd.lab_chain(lab_state).roots_path))
+@pytest.fixture
+def lab_state(lab_amd):
+    return lab_amd[0]
+
+
+@pytest.fixture
+def roots(lab_amd):
+    return lab_amd[1]
 
 
 def platform(lab_state, tmp_path, signing_key="vcek") -> SNPPlatform:
     """A fresh lab platform (a chip of its own) signing with ``signing_key``."""
-    folder = tmp_path / ("host%d" % next(_HOSTS))
-    folder.mkdir()
-    made = SNPPlatform(folder, lab_state)
+    made = SNPPlatform(tmp_path / ("host%d" % next(_HOSTS)), lab_state)
     made.state(signing_key=signing_key)
     return made
-
-
-@pytest.fixture
-def swtpm_with_ek(tmp_path):
-    """A swtpm of its own with an EK certificate (the HCL names its EK as HCLEkPub)."""
-    ca = tmp_path / "ca"
-    ca.mkdir()
-    last = None
-    for _attempt in range(5):  # a free port may be taken between probing and binding
-        tpm = SwTPM(str(tmp_path / "tpm"), free_port(), ek_cert=True, ca_dir=str(ca))
-        try:
-            tpm.start()
-            break
-        except Exception as err:  # pylint: disable=broad-except
-            last = err
-    else:
-        raise last
-    yield tpm
-    tpm.stop()
 
 
 def policy(tcti, indices=(0, 4, 9)) -> Measurements:
@@ -92,9 +71,9 @@ def policy(tcti, indices=(0, 4, 9)) -> Measurements:
 # -------------------------------------------------------------------------------------------------- Azure
 
 
-def test_azure_document_from_the_hcl_report_validates(swtpm_with_ek, lab_state, roots, tmp_path):
+def test_azure_document_from_the_hcl_report_validates(fresh_swtpm_ek, lab_state, roots, tmp_path):
     host = platform(lab_state, tmp_path)
-    tcti = swtpm_with_ek.tcti
+    tcti = fresh_swtpm_ek.tcti
     provision(tcti, host, tmp_path / "certs")
     with AzureSNPIssuer(tcti, event_log_path=None, amd_cert_cache=str(tmp_path / "certs")) as issuer:
         document = issuer.issue(b"spki-hash", NONCE)
@@ -111,10 +90,10 @@ def test_azure_document_from_the_hcl_report_validates(swtpm_with_ek, lab_state, 
     assert result.ek_pub_sha256 == ek_pub_sha256(ek_cert)  # HCLEkPub: who this TPM is, for the join's admission
 
 
-def test_azure_chooser_round_trip(swtpm_with_ek, lab_state, tmp_path):
+def test_azure_chooser_round_trip(fresh_swtpm_ek, lab_state, tmp_path):
     """The chooser builds both sides; the lab's AMD roots come through load_trust's amd_roots_path."""
     host = platform(lab_state, tmp_path)
-    tcti = swtpm_with_ek.tcti
+    tcti = fresh_swtpm_ek.tcti
     provision(tcti, host, tmp_path / "certs")
     trust = choose.load_trust("azure-sev-snp", None, amd_roots_path=str(amd.lab_chain(lab_state).roots_path))
     issuer = choose.issuer("azure-sev-snp", tcti, event_log_path=None, ak_alg="ecc", snp_report_source=None,
@@ -130,10 +109,10 @@ def test_azure_chooser_round_trip(swtpm_with_ek, lab_state, tmp_path):
             document, NONCE)
 
 
-def test_a_set_pinning_its_own_amd_root(swtpm_with_ek, lab_state, tmp_path):
+def test_a_set_pinning_its_own_amd_root(fresh_swtpm_ek, lab_state, tmp_path):
     """A set's amdRootKey pins the root its reports chain to, instead of AMD's pinned ones (validator roots unset)."""
     host = platform(lab_state, tmp_path)
-    tcti = swtpm_with_ek.tcti
+    tcti = fresh_swtpm_ek.tcti
     provision(tcti, host, tmp_path / "certs")
     with AzureSNPIssuer(tcti, event_log_path=None, amd_cert_cache=str(tmp_path / "certs")) as issuer:
         document = issuer.issue(b"u", NONCE)
@@ -143,11 +122,11 @@ def test_a_set_pinning_its_own_amd_root(swtpm_with_ek, lab_state, tmp_path):
     assert AzureSNPValidator(Measurements.from_dict(doc)).validate(document, NONCE).snp["product"] == "Milan"
 
 
-def test_an_hcl_report_binding_another_ak_is_refused(swtpm_with_ek, lab_state, roots, tmp_path):
+def test_an_hcl_report_binding_another_ak_is_refused(fresh_swtpm_ek, lab_state, roots, tmp_path):
     """The platform's genuine report over runtime data that names a key the vTPM does not hold: the quote's AK is
     not the one the report vouches for."""
     host = platform(lab_state, tmp_path)
-    tcti = swtpm_with_ek.tcti
+    tcti = fresh_swtpm_ek.tcti
     other = ak_template("rsa")
     other.unique.rsa = rsa.generate_private_key(65537, 2048).public_key().public_numbers().n.to_bytes(256, "big")
     provision(tcti, host, tmp_path / "certs", ak_pub=other.marshal())
@@ -159,10 +138,10 @@ def test_an_hcl_report_binding_another_ak_is_refused(swtpm_with_ek, lab_state, r
         AzureSNPValidator(policy(tcti), roots=roots).validate(document, NONCE)
 
 
-def test_an_hcl_report_of_another_amd_is_refused(swtpm_with_ek, lab_state, roots, tmp_path):
+def test_an_hcl_report_of_another_amd_is_refused(fresh_swtpm_ek, lab_state, roots, tmp_path):
     host = platform(lab_state, tmp_path)
     host.tamper("foreign")  # a report signed in software: its VCEK chains to an ARK nobody pinned
-    tcti = swtpm_with_ek.tcti
+    tcti = fresh_swtpm_ek.tcti
     provision(tcti, host, tmp_path / "certs")
     with AzureSNPIssuer(tcti, event_log_path=None, amd_cert_cache=str(tmp_path / "certs")) as issuer:
         document = issuer.issue(b"u", NONCE)
@@ -176,10 +155,10 @@ def test_the_azure_issuer_never_makes_its_own_ak(fresh_swtpm, tmp_path):
             issuer.issue(b"u", NONCE)
 
 
-def test_a_changed_pcr_is_still_refused(swtpm_with_ek, lab_state, roots, tmp_path):
+def test_a_changed_pcr_is_still_refused(fresh_swtpm_ek, lab_state, roots, tmp_path):
     """The report vouches for the AK; the PCRs the AK quotes are checked as for any vTPM variant."""
     host = platform(lab_state, tmp_path)
-    tcti = swtpm_with_ek.tcti
+    tcti = fresh_swtpm_ek.tcti
     provision(tcti, host, tmp_path / "certs")
     expected = policy(tcti)
     with TPM(tcti) as tpm:
