@@ -551,7 +551,7 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
         for name, line in expected.items():
             assert any(problem.startswith(line) for problem in lines), (name, lines)
             assert re.search(r"^\s*%s\s.*\sFAIL\s" % name, proc.stdout, re.M), name
-        assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+-\s+-\s+refused$" % re.escape(h4.public_endpoint), proc.stdout, re.M)
+        assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+-\s+-\s+-\s+-\s+refused$" % re.escape(h4.public_endpoint), proc.stdout, re.M)
         # Each broken peer fails, naming itself and what is wrong; the others pass.
         rows = proc.recap()
         assert {name: rows[name]["failed"] for name in rows} == {"h1": 0, "h2": 1, "h3": 1, "h4": 1, "h6": 0}

@@ -66,3 +66,12 @@ def test_the_json_report_carries_an_snp_peers_tcb_and_measurement(row, expected)
     report = json.loads(_env().get_template("verify_report.json.j2").render(verify_peers=["h1"],
                                                                           hostvars=_hostvars(h1=row)))
     assert report["peers"][0]["snp"] == expected
+
+
+def test_a_refused_peers_row_keeps_its_dashes_where_test_site_reads_them():
+    hostvars = {"h4": {"constellation_peer": {"failed": True, "msg": "cannot connect"}, "constellation_problems":
+                       ["h4: not attested: cannot connect"], "constellation_public_endpoint": "10.42.0.14:9000"}}
+    table = _env().get_template("cluster_table.j2").render(verify_peers=["h4"], hostvars=hostvars)
+    # tests/integration/test_site.py's pattern for a refused peer's row
+    assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+-\s+-\s+-\s+-\s+refused$" % re.escape("10.42.0.14:9000"), table,
+                     re.M)
