@@ -10,7 +10,12 @@ swtpm (qemu-vtpm issuer, full client validation), once with the RSA-2048 AK (the
 same on the pyOpenSSL candidate (below; ``ratio_pyopenssl``/``ratio_ecc_pyopenssl``, against the
 same stdlib plain baseline) and a plain pyOpenSSL handshake, all in turns with the stdlib ones;
 validations per second of the validator alone on a pre-made document; and where the server's time
-goes. The last line is one JSON object. Bounded loops, loopback only, about a minute.
+goes. Then the SEV-SNP variant ``sev-snp`` (the lab's platform on a unix socket standing for the CPU's secure
+processor, the lab's AMD chain in AMD's profile: RSA-4096 PSS ARK and ASK, ECDSA P-384 VCEK), interleaved with
+plain handshakes in the same way, and what one report validation costs with the signer's chain verified
+(cold: ``sev_snp.verify_report`` without a cache) and with the chain cached (the validator's ``ChainCache``:
+a signer's chain is verified once per process). The last line is one JSON object. Bounded loops, loopback only,
+about a minute.
 
 Usage: python bench/atls_handshake.py [--atls N]
 """
@@ -24,8 +29,10 @@ import os
 import socket
 import statistics
 import sys
+import shutil
 import tempfile
 import time
+from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -45,9 +52,15 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (  # noqa: E402
     Measurements, extend_digest)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm  # noqa: E402
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (  # noqa: E402
+    choose, sev_snp, snp_inspect)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (  # noqa: E402
     AK_ALGS, VTPMIssuer, VTPMValidator)
 from lab.swtpm import SwTPM, free_port  # noqa: E402
+from lab import snp_platform  # noqa: E402
+from lab.amd import lab_chain  # noqa: E402
+from lab.azure_hcl import provision  # noqa: E402
+from lab.snp import lab_snp_policy  # noqa: E402
 from tests.support.loopback import LoopbackServer  # noqa: E402
 
 IMAGE_DIGEST = bytes.fromhex("5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d")
@@ -382,6 +395,98 @@ def run_alg(swtpm, validator, ak_alg, count):
     return dict(samples, attested_all=attested_all, rate=rate, doc_size=doc_size, steps=steps)
 
 
+def snp_instance_info(document: bytes):
+    """(report, signer, chain) of an SEV-SNP document, as its validator reads them."""
+    raw, signer, chain = snp_inspect.instance_info(document)
+    return sev_snp.parse_report(raw), signer, chain
+
+
+def chain_costs(issuer, roots, count):
+    """One report's verification (signature, VCEK extensions, chain) p50 ms: cold (every certificate of the
+    chain verified: no cache) and cached (the signer's chain verified once, then looked up)."""
+    report, signer, chain = snp_instance_info(issuer.issue(b"bench", os.urandom(32)))
+    cache = sev_snp.ChainCache()
+    sev_snp.verify_report(report, signer, chain, roots=roots, cache=cache)
+    cold = measure(count, lambda: sev_snp.verify_report(report, signer, chain, roots=roots, cache=None))
+    cached = measure(count * 5, lambda: sev_snp.verify_report(report, signer, chain, roots=roots, cache=cache))
+    return statistics.median(cold), statistics.median(cached)
+
+
+# The variants that verify AMD SEV-SNP reports, in the chooser's order.
+SNP_VARIANTS = tuple(name for name in choose.VARIANT_NAMES if choose.spec(name).needs_amd_roots)
+
+
+def _snp_sides(variant, lab_state, swtpm, folder):
+    """(issuer, policy, stop) of one SEV-SNP variant on the lab's platform: ``sev-snp`` and ``aws-sev-snp`` get their
+    report over the platform's socket (aws: a VLEK, report_data binding the swtpm's AK), ``azure-sev-snp`` from the
+    HCL report the lab writes into a swtpm of its own with an EK certificate (Azure's paravisor's part)."""
+    folder.mkdir()
+    platform = snp_platform.SNPPlatform(folder, lab_state)
+    platform.state(signing_key="vlek" if variant == "aws-sev-snp" else "vcek")
+    snp = lab_snp_policy()
+    if variant == "azure-sev-snp":
+        own = SwTPM(str(folder / "tpm"), free_port(), ek_cert=True, ca_dir=str(folder)).start()
+        provision(own.tcti, platform, folder / "certs")
+        issuer = choose.issuer(variant, own.tcti, event_log_path=None, amd_cert_cache=str(folder / "certs"))
+        pcrs = tpm.read_pcrs(own.tcti, "sha256")
+        return issuer, Measurements.from_dict({"4": pcrs[4].hex(), "snp": snp}), lambda: (issuer.close(), own.stop())
+    service = snp_platform.serve(folder / "platform.sock", platform)
+    source = "unix:%s" % (folder / "platform.sock")
+
+    def stop():
+        close = getattr(issuer, "close", None)
+        if close is not None:
+            close()
+        service.shutdown()
+        service.server_close()
+    if variant == "sev-snp":
+        issuer = choose.issuer(variant, None, snp_report_source=source)
+        return issuer, Measurements.from_dict({"snp": snp}), stop
+    issuer = choose.issuer(variant, swtpm.tcti, event_log_path=None, banks=["sha256"], snp_report_source=source)
+    pcrs = tpm.read_pcrs(swtpm.tcti, "sha256")
+    return issuer, Measurements.from_dict({"4": pcrs[4].hex(), "snp": snp}), stop
+
+
+def run_snp(count, swtpm):
+    """The SEV-SNP variants against the lab's platform: aTLS interleaved with plain TLS, each validator's rate
+    (chain cached), the issuer's time, and one report's verification cold and cached."""
+    state = Path(tempfile.mkdtemp(prefix="atls-bench-snp-"))
+    stops, servers, results = [], [], {}
+    try:
+        roots = sev_snp.load_roots(str(lab_chain(state / "lab").ensure().roots_path))
+        series = {}
+        sides = {}
+        for variant in SNP_VARIANTS:
+            issuer, policy, stop = _snp_sides(variant, state / "lab", swtpm, state / variant)
+            stops.append(stop)
+            trust = choose.Trust(amd_roots=roots, snp_cache=sev_snp.ChainCache())
+            validator = choose.validator(variant, policy, trust)
+            context = atls.AttestedServerContext(issuer)
+            stops.append(context.close)
+            server, one = attested_server(context, validator)
+            servers.append(server)
+            series[variant] = one
+            sides[variant] = (issuer, validator)
+        server, series["plain"] = plain_server()
+        servers.append(server)
+        samples = interleaved(count, series, ["plain"] + list(SNP_VARIANTS) + ["plain"])
+        for server in servers:
+            server.close()
+        servers = []
+        for variant, (issuer, validator) in sides.items():
+            rate, doc_size = validations_per_second(issuer, validator)
+            issue = statistics.median(measure(30, lambda i=issuer: i.issue(b"b", os.urandom(32))))
+            results[variant] = dict(attested=samples[variant], rate=rate, doc_size=doc_size, issue=issue)
+        cold, cached = chain_costs(sides["sev-snp"][0], roots, 30)
+    finally:
+        for server in servers:
+            server.close()
+        for stop in reversed(stops):
+            stop()
+        shutil.rmtree(str(state), ignore_errors=True)
+    return dict(plain=samples["plain"], variants=results, verify_cold=cold, verify_cached=cached)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--atls", type=int, default=150,
@@ -401,6 +506,7 @@ def main():
         validator = VTPMValidator(policy)
         for ak_alg in AK_ALGS:
             runs[ak_alg] = run_alg(swtpm, validator, ak_alg, args.atls)
+        snp = run_snp(args.atls, swtpm)
     finally:
         swtpm.stop()
         for name in os.listdir(state):
@@ -408,8 +514,8 @@ def main():
         os.rmdir(state)
     load_after = os.getloadavg()
 
-    # The baseline: every plain stdlib TLS handshake of the run (both series), interleaved with the aTLS ones.
-    plain = runs["rsa"]["plain"] + runs["ecc"]["plain"]
+    # The baseline: every plain stdlib TLS handshake of the run (all series), interleaved with the aTLS ones.
+    plain = runs["rsa"]["plain"] + runs["ecc"]["plain"] + snp["plain"]
     plain_p50 = statistics.median(plain)
     print("load average: %.2f %.2f %.2f before, %.2f %.2f %.2f after (2 cores)" % (load + load_after))
     print("%-52s %9s %9s %7s" % ("loopback, handshake + 1 round trip", "p50 ms", "p99 ms", "/plain"))
@@ -456,12 +562,31 @@ def main():
                 "ratio%s_pyopenssl" % suffix: round(ossl_p50 / plain_p50, 2),
                 "ratio%s_pyopenssl_vs_plain_pyopenssl" % suffix: round(ossl_p50 / plain_ossl_p50, 2),
             })
+    for variant, run in snp["variants"].items():
+        p50 = statistics.median(run["attested"])
+        print("%-52s %9.2f %9.2f %7.2f" % ("aTLS, %s, lab platform (%d)" % (variant, len(run["attested"])), p50,
+                                           percentile(run["attested"], 99), p50 / plain_p50))
+        key = variant.replace("-", "_")
+        result.update({"atls_%s_p50_ms" % key: round(p50, 3),
+                       "atls_%s_p99_ms" % key: round(percentile(run["attested"], 99), 3),
+                       "ratio_%s" % key: round(p50 / plain_p50, 2),
+                       "validations_%s_per_s" % key: round(run["rate"], 1),
+                       "issue_%s_ms" % key: round(run["issue"], 3)})
+    result.update({"sev_snp_verify_cold_ms": round(snp["verify_cold"], 3),
+                   "sev_snp_verify_cached_ms": round(snp["verify_cached"], 3)})
     for ak_alg, run in runs.items():
         print("%s AK: validator alone %.0f validations/s (document %d bytes); server steps alone (p50 ms):"
               % (ak_alg.upper(), run["rate"], run["doc_size"]))
         for name, value in run["steps"].items():
             print("  %-44s %7.3f" % (name, value))
-    print("ratio aTLS / plain (p50): RSA %.2f, ECC %.2f" % (result["ratio"], result["ratio_ecc"]))
+    for variant, run in snp["variants"].items():
+        print("%s: validator alone %.0f validations/s (document %d bytes, chain cached); issuer %.3f ms"
+              % (variant, run["rate"], run["doc_size"], run["issue"]))
+    print("one SEV-SNP report verified (signature, VCEK extensions, chain to the ARK): %.3f ms cold, %.3f ms with "
+          "the signer's chain cached" % (snp["verify_cold"], snp["verify_cached"]))
+    print("ratio aTLS / plain (p50): RSA %.2f, ECC %.2f, %s" % (
+        result["ratio"], result["ratio_ecc"],
+        ", ".join("%s %.2f" % (v, result["ratio_" + v.replace("-", "_")]) for v in SNP_VARIANTS)))
     if SSL is not None:
         print("ratio aTLS on pyOpenSSL / plain stdlib (p50): RSA %.2f, ECC %.2f"
               % (result["ratio_pyopenssl"], result["ratio_ecc_pyopenssl"]))

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
 from lab import snp
+from lab.azure_hcl import CERT_FOLDER
 from lab.image import LAB_IMAGE
 from lab.names import AGENT_PORT, REPO_ROOT, Host
 
@@ -108,6 +109,8 @@ def write_config(lab: AgentLab, host: Host, trust: Optional[bool] = None, **conf
         source = snp.report_source(lab.variant, host)
         if source is not None:
             doc["snp_report_source"] = source
+        if lab.variant in snp.HCL_VARIANTS:  # the VCEK the lab's "THIM" cached (lab/azure_hcl.py)
+            doc["amd_cert_cache"] = str(host.dir / CERT_FOLDER)
     store = lab.agent_store(host)
     if store is not None:
         doc["store"] = store

@@ -4,6 +4,9 @@ python -m lab.hostcmd --tcti T --extend 4=<hex> ...   simulated measured boot
 python -m lab.hostcmd --tcti T --attest <nonce hex>   prints a qemu-vtpm attestation document
 python -m lab.hostcmd --tcti T --unseal-file PATH     prints (base64) a file of an agent's sealed state, unsealed
                                                       with this host's TPM in its current state (root on the host)
+python -m lab.hostcmd --tcti T --nv-read INDEX          prints an NV index's content (hex)
+python -m lab.hostcmd --tcti T --azure-hcl HOST_DIR LAB_STATE   Azure's paravisor at boot (lab/azure_hcl.py): the AK
+                                                      at 0x81000003, the HCL report in NV 0x01400001, the VCEK cache
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ def main(argv=None) -> int:
     p.add_argument("--attest", metavar="NONCE_HEX")
     p.add_argument("--user-data", default="lab-proof")
     p.add_argument("--unseal-file", metavar="PATH")
+    p.add_argument("--azure-hcl", nargs=2, metavar=("HOST_DIR", "LAB_STATE"))
+    p.add_argument("--nv-read", metavar="INDEX")
     args = p.parse_args(argv)
     for item in args.extend:
         pcr, digest = item.split("=", 1)
@@ -32,6 +37,17 @@ def main(argv=None) -> int:
 
         issuer = vtpm.VTPMIssuer(tcti=args.tcti)
         sys.stdout.write(issuer.issue(args.user_data.encode(), bytes.fromhex(args.attest)).decode())
+    if args.azure_hcl:
+        from pathlib import Path
+
+        from lab.azure_hcl import CERT_FOLDER, provision
+        from lab.snp_platform import SNPPlatform
+
+        host_dir, lab_state = (Path(p) for p in args.azure_hcl)
+        provision(args.tcti, SNPPlatform(host_dir, lab_state), host_dir / CERT_FOLDER)
+    if args.nv_read:
+        with tpm.TPM(args.tcti) as opened:
+            sys.stdout.write(opened.nv_read(int(args.nv_read, 0)).hex() + "\n")
     if args.unseal_file:
         from ansible_collections.constellation.cluster.plugins.module_utils.core.at_rest import SEALED_KEY_FILE, SealedStorage
 

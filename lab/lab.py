@@ -205,6 +205,13 @@ class Lab:
         self.trust.amd.ensure()
         for h in hosts:
             snp.start_platform(h, self.state.image_of(h.name), self.variant, self.host_python())
+            self._boot_hcl(h)
+
+    def _boot_hcl(self, h: Host) -> None:
+        """``azure-sev-snp``: what Azure's paravisor does at each boot, in the host's swtpm (lab/azure_hcl.py: the AK,
+        the HCL report of the host's platform in NV 0x01400001, the VCEK cache)."""
+        if self.variant in snp.HCL_VARIANTS and self.state.tpm:
+            host_cmd(h, ["--tcti", h.tcti, "--azure-hcl", str(h.dir), str(h.state_dir)], self.host_python())
 
     def _start_agents(self, hosts: List[Host]) -> None:
         """Starts the node agent on each host (in its namespaces; lab.down stops them)."""
@@ -280,6 +287,7 @@ class Lab:
         tpms.reboot(h, image, self.trust, self.host_python())
         if self.uses_snp:
             snp.reimaged(h, image)
+            self._boot_hcl(h)
         if agent_pids:
             launch_agent(self, h, agent_dir(h) / "config.json")
 

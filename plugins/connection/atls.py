@@ -104,10 +104,12 @@ options:
       - V(qemu-vtpm) trusts any attestation key, as Constellation does (a software key that declares itself a
         TPM key passes); it is refused unless O(insecure_trust_any_ak) is true, and then warned about.
       - V(sev-snp) trusts the node's AMD SEV-SNP report (no vTPM), chained to O(amd_roots).
+      - V(azure-sev-snp) and V(aws-sev-snp) trust the vTPM's attestation key because the node's SEV-SNP report
+        (chained to O(amd_roots)) binds it.
       - V(dummy) accepts any node and is refused outside the test suite.
     type: str
     default: qemu-vtpm-ek
-    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy]
     vars:
       - name: constellation_attestation_variant
   insecure_trust_any_ak:

@@ -42,9 +42,11 @@ options:
         key passes); it is refused unless O(insecure_trust_any_ak=true), and then every run warns.
       - V(sev-snp) trusts the AMD SEV-SNP report of a guest without a vTPM (signed by the CPU's VCEK or VLEK,
         chained to O(amd_roots)); it quotes no PCRs, the measurements' C(snp) object is what it checks.
+      - V(azure-sev-snp) and V(aws-sev-snp) (Constellation's) trust the vTPM's attestation key because the VM's
+        SEV-SNP report (chained to O(amd_roots)) binds it; the PCRs and the measurements' C(snp) object are checked.
       - V(dummy) proves nothing and is refused outside the test suite.
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy]
     default: qemu-vtpm-ek
   insecure_trust_any_ak:
     description:

@@ -82,7 +82,7 @@ options:
   variant:
     description: The attestation variant the agent is configured with (part of its measured trust configuration).
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy]
     default: qemu-vtpm-ek
   insecure_trust_any_ak:
     description: The acknowledgement the variant V(qemu-vtpm) needs (as for the attesting actions).

@@ -171,6 +171,15 @@ host_root_trusted:
   returned: success
   type: bool
   sample: true
+snp:
+  description:
+    - For a peer of an SEV-SNP variant, its report as verified (AMD's field names, bytes as lower-case hex, the TCBs as
+      bootloader, tee, snp and microcode) with C(product) and C(signing_key); verify.yml shows its reported TCB and
+      launch measurement. V(null) for a TPM variant.
+  returned: success
+  type: dict
+  sample: {"measurement": "6a063be9dd79f6371c842e480f8dc3b5c725961344e57130e88c5adf49e8f7f6c79b75a5eb77fc769959f4aeb2d9401e",
+           "reported_tcb": {"bootloader": 3, "tee": 0, "snp": 8, "microcode": 115}, "product": "Milan", "signing_key": "vcek"}
 """
 
 from ansible.module_utils.basic import AnsibleModule

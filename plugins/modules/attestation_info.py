@@ -17,6 +17,10 @@ description:
     over every allocated PCR bank bound to SHA-256(SHA-256(user data || nonce)).
   - To check a host against a measurements policy from the controller, use
     M(constellation.cluster.verify_attestation), which verifies the document instead of just returning it.
+  - On an AMD SEV-SNP host (a variant that verifies SEV-SNP reports), given O(nonce), also returns the report
+    inside the document, verified to AMD's roots, with its fields and the measurements document's C(snp) object
+    that this report passes (RV(snp)), what an operator starts a policy from (docs/attestation.md, "Reading a
+    host's report"). Variants that quote no PCRs (C(sev-snp)) do not read the TPM; RV(pcrs) is then empty.
 author:
   - constellation.cluster contributors (@constellation-cluster)
 options:
@@ -33,7 +37,7 @@ options:
         after EK enrollment; the default). C(dummy) is an unsigned test document that proves nothing (refused
         outside the test suite).
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy]
     default: qemu-vtpm-ek
   nonce:
     description:
@@ -45,6 +49,27 @@ options:
         uses C(VerifyService)).
     type: str
     default: ""
+  snp_report_source:
+    description:
+      - Where an SEV-SNP variant's issuer gets the report, as the agent's C(snp_report_source) key says it
+        (C(configfs-tsm:/sys/kernel/config/tsm/report), the default, or C(unix:<socket>), the lab's platform).
+    type: str
+  amd_roots:
+    description:
+      - AMD root key (ARK) certificates the SEV-SNP report must chain to, PEM file(s) or a folder on the managed
+        host. Default AMD's real ARKs, pinned in the collection (the lab gives its own AMD's).
+    type: list
+    elements: path
+  amd_cert_cache:
+    description:
+      - A folder on the managed host of AMD certificates for a report that comes without them (docs/attestation.md,
+        "Certificates at hand").
+    type: path
+  amd_kds_fetch:
+    description:
+      - Fetch a missing VCEK or AMD chain from AMD's KDS into O(amd_cert_cache).
+    type: bool
+    default: false
   event_log_file:
     description:
       - The raw TCG event log put into the document. A missing file (as with swtpm) means no event log.
@@ -91,7 +116,9 @@ pcrs:
   type: dict
   sample: {"0": "0000000000000000000000000000000000000000000000000000000000000000"}
 initialized:
-  description: Whether PCR 15 is non-zero, that is whether the node has been bound to a cluster.
+  description:
+    - Whether PCR 15 is non-zero, that is whether the node has been bound to a cluster.
+    - Always false for a variant that quotes no PCRs (C(sev-snp)); its agent's GetState tells.
   returned: always
   type: bool
   sample: false
@@ -115,6 +142,17 @@ document:
   returned: when O(nonce) is set
   type: str
   sample: '{"Attestation": {"ak_pub": "...", "quotes": []}, "InstanceInfo": null, "UserData": "VmVyaWZ5U2VydmljZQ=="}'
+snp:
+  description:
+    - The SEV-SNP report of the document, verified to AMD's roots, by AMD's field names (bytes as lower-case hex,
+      TCBs as bootloader, tee, snp and microcode), with C(product) and C(signing_key).
+    - Its C(snp_policy) is the measurements document's C(snp) object this report passes exactly (its reported TCB
+      as minimums, its launch measurement, debug and the migration agent refused); C(policy) is the guest policy
+      the report carries.
+  returned: when O(nonce) is set and the variant verifies SEV-SNP reports
+  type: dict
+  sample: {"measurement": "1f2e...", "reported_tcb": {"bootloader": 3, "tee": 0, "snp": 8, "microcode": 115},
+           "product": "Milan", "signing_key": "vcek", "snp_policy": {"launchMeasurement": "1f2e...", "snpVersion": 8}}
 """
 
 import base64
@@ -125,6 +163,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import tpm
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import amd_certs, sev_snp, snp_inspect
 # Ships every variant the chooser may import with this module (AnsiballZ packs what it sees imported).
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import all_variants  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
@@ -154,6 +193,10 @@ def main():
             variant=dict(type="str", choices=list(choose.VARIANT_NAMES), default=choose.DEFAULT_VARIANT),
             nonce=dict(type="str"),
             user_data=dict(type="str", default=""),
+            snp_report_source=dict(type="str"),
+            amd_roots=dict(type="list", elements="path"),
+            amd_cert_cache=dict(type="path"),
+            amd_kds_fetch=dict(type="bool", default=False),
             # Renamed (docs/names.md: one suffix for files); the old name works until 2.0.0.
             event_log_file=dict(type="path", default="/sys/kernel/security/tpm0/binary_bios_measurements", aliases=["event_log_path"],
                                 deprecated_aliases=[deprecated_alias("event_log_path")]),
@@ -163,8 +206,10 @@ def main():
     p = module.params
     try:
         variant = choose.spec(p["variant"])
-        tpm.require_tpm2_pytss()
-        pcrs = tpm.read_pcrs(p["tcti"], "sha256")
+        pcrs = {}
+        if variant.quotes_pcrs:  # sev-snp quotes no PCRs: its host needs no TPM for this
+            tpm.require_tpm2_pytss()
+            pcrs = tpm.read_pcrs(p["tcti"], "sha256")
         result = dict(
             changed=False,
             variant=variant.name,
@@ -174,7 +219,15 @@ def main():
         )
         if p["nonce"] is not None:
             nonce = _decode_nonce(p["nonce"])
-            issuer = choose.issuer(variant.name, p["tcti"], event_log_path=p["event_log_file"])
+            options = dict(event_log_path=p["event_log_file"])
+            cache = None
+            if variant.needs_amd_roots:
+                options.update(amd_cert_cache=p["amd_cert_cache"], amd_kds_fetch=p["amd_kds_fetch"])
+                if p["snp_report_source"]:
+                    options["snp_report_source"] = p["snp_report_source"]
+                if p["amd_cert_cache"]:
+                    cache = amd_certs.CertCache(p["amd_cert_cache"], p["amd_kds_fetch"])
+            issuer = choose.issuer(variant.name, p["tcti"], **options)
             try:
                 document = issuer.issue(p["user_data"].encode("utf-8"), nonce)
             finally:
@@ -182,6 +235,9 @@ def main():
                 if close is not None:
                     close()
             result.update(nonce=nonce.hex(), document=document.decode("utf-8"))
+            if variant.needs_amd_roots:
+                roots = sev_snp.load_roots(p["amd_roots"]) if p["amd_roots"] else None
+                result["snp"] = snp_inspect.inspect(document, roots=roots, cache=cache)
     except ConstellationError as err:
         module.fail_json(msg=str(err))
     except Exception as err:  # pylint: disable=broad-except

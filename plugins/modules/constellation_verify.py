@@ -72,7 +72,7 @@ options:
         enrollment over the agent's aTLS endpoint, which the verification service does not offer; use
         M(constellation.cluster.verify_attestation), or V(qemu-vtpm) with O(insecure_trust_any_ak).
     type: str
-    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy]
+    choices: [qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy]
     default: qemu-vtpm-ek
   insecure_trust_any_ak:
     description: The explicit acknowledgement that V(qemu-vtpm) trusts any attestation key; required for it.

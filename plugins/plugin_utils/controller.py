@@ -75,6 +75,8 @@ class PeerReport:
     # (attestation/deployment.py: only in host mode).
     deployment_mode: Optional[str] = None
     host_root_trusted: Optional[bool] = None
+    # An SEV-SNP peer's verified report (Validation.snp: AMD's field names, product, signing_key); None for a TPM one.
+    snp: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
@@ -85,7 +87,8 @@ class PeerReport:
                 "etcd_member": self.etcd_member, "state_disk": self.state_disk,
                 "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest,
                 "peer_resource_version": self.peer_resource_version,
-                "deployment_mode": self.deployment_mode, "host_root_trusted": self.host_root_trusted}
+                "deployment_mode": self.deployment_mode, "host_root_trusted": self.host_root_trusted,
+                "snp": self.snp}
 
 
 class Planned(NamedTuple):
@@ -178,7 +181,8 @@ def report_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       secrets_at_rest=_opt_dict(state.get("secrets_at_rest")),
                       peer_resource_version=_opt_int(state.get("peer_resource_version")),
                       deployment_mode=_opt_str(state.get("deployment_mode")),
-                      host_root_trusted=state["host_root_trusted"] if isinstance(state.get("host_root_trusted"), bool) else None)
+                      host_root_trusted=state["host_root_trusted"] if isinstance(state.get("host_root_trusted"), bool) else None,
+                      snp=dict(validation.snp) if validation.snp else None)
 
 
 def _opt_dict(value: Any) -> Optional[Dict[str, Any]]:

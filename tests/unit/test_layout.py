@@ -107,6 +107,7 @@ MAY_IMPORT = {
 MAY_IMPORT_FILES = {
     ("plugins.filter", "plugins.module_utils.agent.config"): "agent_config_error checks an agent configuration",
     ("plugins.modules", "plugins.module_utils.agent.verify_service"): "constellation_verify is the service's client",
+    ("plugins.filter", "plugins.plugin_utils.launch_measurement"): "sev-snp-measure is a controller-only package",
 }
 
 

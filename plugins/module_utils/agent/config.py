@@ -47,6 +47,7 @@ _DEPRECATED_KEYS = {"wg_interface": "vpn_interface", "wg_listen_port": "vpn_list
 _CONFIG_KEYS = {"public_endpoint", "public_ip", "tcti", "variant", "measurements", "ek_ca", "store",
                 "state_dir", "vpn_interface",
                 "amd_roots", "snp_report_source",  # the SEV-SNP variants: attestation/sev_snp.py, attestation/snp.py
+                "amd_cert_cache", "amd_kds_fetch",  # where the SEV-SNP issuers find a VCEK the platform did not send (attestation/amd_certs.py)
                 "vpnapi_port", "update_interval", "state_disk_uuid_file", "coordinator_public_endpoint", "join_interval",
                 "vpn_cidr", "vpn_listen_port", "log_level", "measurements_pub_key", "init_secret_hash",
                 "reattest_interval", "reattest_unreachable_limit", "unverified_eviction_after", "reattest_workers", "activation_workers", "ak_alg",
@@ -72,6 +73,8 @@ _CONFIG_TYPES = {
     "ek_ca": ((str, list), "a PEM file path or a list of them"),
     "amd_roots": ((str, list), "a PEM file or folder of AMD root certificates (ARK, ASK/ASVK), or a list of them"),
     "snp_report_source": ((str,), "configfs-tsm:<path> or unix:<path> (where the SEV-SNP report comes from)"),
+    "amd_cert_cache": ((str,), "the path of a folder of AMD certificates (VCEKs and chains, named as AMD's KDS names them)"),
+    "amd_kds_fetch": ((bool,), "true or false"),
     "store": ((Mapping,), "a mapping (docs/store.md)"),
     "etcd_member": ((Mapping,), "a mapping (docs/store.md, several Coordinators)"),
     "vpn_interface": ((str,), "an interface name"),
@@ -102,6 +105,8 @@ class AgentConfig:
     ek_ca: Optional[Any] = None  # qemu-vtpm-ek: PEM file(s) of the CA(s) that TPMs' EK certificates chain to
     amd_roots: Optional[Any] = None  # SEV-SNP variants: AMD root bundle (PEM file(s)/folder); None: the pinned roots
     snp_report_source: Optional[str] = None  # SEV-SNP variants: configfs-tsm:<path> (None: Linux's) or unix:<path>
+    amd_cert_cache: Optional[str] = None  # the SEV-SNP issuers: a VCEK the platform did not send (Azure's THIM fills it)
+    amd_kds_fetch: Optional[bool] = None  # the SEV-SNP issuers: fetch a missing VCEK from AMD's KDS (explicit)
     store: Dict[str, Any] = field(default_factory=dict)
     etcd_member: Optional[Dict[str, Any]] = None  # a Coordinator shares the cluster's state in etcd (docs/store.md)
     vpn_interface: str = "wg0"
@@ -224,7 +229,7 @@ class AgentConfig:
             raise InputError("ek_ca", "the PEM file or folder of the CAs that TPMs' EK certificates chain to (variant %s)"
                              % variant.name)
         if not variant.needs_amd_roots:
-            for name in ("amd_roots", "snp_report_source"):
+            for name in ("amd_roots", "snp_report_source", "amd_cert_cache", "amd_kds_fetch"):
                 if getattr(config, name) is not None:
                     raise InputError(name, "no %s with variant %s (only the SEV-SNP variants read it)"
                                      % (name, variant.name), getattr(config, name))

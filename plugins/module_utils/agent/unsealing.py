@@ -56,6 +56,8 @@ class AgentAttestation:
         issuer_options: Dict[str, Any] = {"ak_alg": config.ak_alg} if variant != "dummy" else {}
         if chosen.needs_amd_roots:
             issuer_options["snp_report_source"] = config.snp_report_source
+            issuer_options.update({name: getattr(config, name) for name in ("amd_cert_cache", "amd_kds_fetch")
+                                   if getattr(config, name) is not None})
         self.issuer = choose.issuer(variant, config.tcti, **issuer_options)
         self.node_validator = choose.validator(variant, policies.fresh_node, trust)
         self.peer_validator = choose.validator(variant, policies.coordinator, trust)

@@ -14,6 +14,8 @@ registrations.
 from __future__ import annotations
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import (  # noqa: F401 pylint: disable=unused-import
+    aws_snp,
+    azure_snp,
     dummy,
     ek,
     snp,

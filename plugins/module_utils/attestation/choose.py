@@ -30,6 +30,8 @@ from types import ModuleType
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
+    AWS_SEV_SNP,
+    AZURE_SEV_SNP,
     DUMMY,
     QEMU_VTPM,
     Variant,
@@ -130,6 +132,10 @@ register(VariantSpec(QEMU_VTPM_EK,
                      PACKAGE + ".ek", needs_ek_ca=True, enrolls=True))
 register(VariantSpec(SEV_SNP, "AMD SEV-SNP report (no TPM): signed by the CPU's VCEK/VLEK, chained to AMD's roots",
                      PACKAGE + ".snp", needs_amd_roots=True, quotes_pcrs=False))
+register(VariantSpec(AZURE_SEV_SNP, "vTPM quote on Azure; the AK is trusted because the SEV-SNP report (AMD's roots) "
+                     "binds it through the paravisor's runtime data", PACKAGE + ".azure_snp", needs_amd_roots=True))
+register(VariantSpec(AWS_SEV_SNP, "vTPM quote on AWS; the AK is trusted because the SEV-SNP report (AMD's roots) binds "
+                     "its SHA-512", PACKAGE + ".aws_snp", needs_amd_roots=True))
 register(VariantSpec(DUMMY, "no TPM and no security: tests only", PACKAGE + ".dummy",
                      needs_policy=False, for_tests_only=True))
 

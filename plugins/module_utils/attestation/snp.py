@@ -33,7 +33,7 @@ import threading
 import uuid
 from typing import Any, Dict, Optional, Tuple
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import amd_certs, sev_snp
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements, MeasurementSets
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import SEV_SNP
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Validation
@@ -212,12 +212,15 @@ def _pem(der: bytes) -> bytes:
 
 class SNPIssuer:
     """Issues ``sev-snp`` documents: a report whose report_data binds (user data, nonce), with the VCEK/VLEK and
-    chain the platform's certificate table holds."""
+    chain the platform's certificate table holds; a host that hands out the report without them (an empty table)
+    takes them from ``cache`` (``amd_cert_cache``, AMD's KDS only with ``amd_kds_fetch``: docs/attestation.md,
+    "Certificates at hand")."""
 
     oid = SEV_SNP.oid
 
-    def __init__(self, source: Any = None):
+    def __init__(self, source: Any = None, cache: Optional[amd_certs.CertCache] = None):
         self.source = source if hasattr(source, "get") else report_source(source)
+        self.cache = cache
 
     def instance_info(self, report_data: bytes) -> Dict[str, Any]:
         """Constellation's snp.InstanceInfo (bytes as base64, Go's encoding/json) for ``report_data``."""
@@ -232,6 +235,9 @@ class SNPIssuer:
         certs = sev_snp.parse_cert_table(table) if table else {}
         signer = b"".join(_pem(certs[name]) for name in _SIGNERS if name in certs)
         chain = b"".join(_pem(certs[name]) for name in _CHAIN if name in certs)
+        if not signer and self.cache is not None:
+            signer_der, chain = amd_certs.certs_for_report(parsed, self.cache)
+            signer = _pem(signer_der)
         return {"ReportSigner": _b64(signer), "CertChain": _b64(chain), "AttestationReport": _b64(report),
                 "Azure": None, "GCP": None}
 
@@ -338,7 +344,7 @@ class SNPValidator:
 
 
 def verify_and_match(measurements: Any, report: Any, signer: bytes, chain: bytes, roots: Any, cache: Any,
-                     pinned: Optional[Dict[str, Any]] = None, pcrs: Optional[Dict[int, bytes]] = None):
+                     pinned: Optional[Dict[str, Any]] = None, pcrs: Optional[Dict[int, bytes]] = None, now: Any = None):
     """(``sev_snp.VerifiedReport``, ``measurements.match(pcrs, report)``): the report's chain verified to the AMD
     roots each accepted set names - its own ``amdRootKey`` where it pins one (instead of ``roots``), else ``roots``
     - and matched against those sets only. Sets that pin no root (the usual case) are one group: one verification.
@@ -361,7 +367,7 @@ def verify_and_match(measurements: Any, report: Any, signer: bytes, chain: bytes
         policy = measurements if len(groups) == 1 else MeasurementSets(
             {name: sets[name] for name in names}, measurements.version, measurements.agents)
         try:
-            verified = sev_snp.verify_report(report, signer, chain, roots=group_roots, cache=cache)
+            verified = sev_snp.verify_report(report, signer, chain, roots=group_roots, now=now, cache=cache)
             return verified, policy.match(pcrs or {}, snp_report=report)
         except AttestationError as err:
             first = first or err
@@ -371,10 +377,13 @@ def verify_and_match(measurements: Any, report: Any, signer: bytes, chain: bytes
 # -------------------------------------------------------------------------- the chooser's factories (choose.py)
 
 
-def make_issuer(tcti: Optional[str] = None, snp_report_source: Optional[str] = None, **_unused) -> SNPIssuer:
-    """The ``sev-snp`` issuer: reports from ``snp_report_source`` (default: Linux's configfs-tsm). It quotes no TPM:
-    ``tcti`` and the vTPM variants' options (``ak_alg``) do not apply."""
-    return SNPIssuer(snp_report_source)
+def make_issuer(tcti: Optional[str] = None, snp_report_source: Optional[str] = None,
+                amd_cert_cache: Optional[str] = None, amd_kds_fetch: bool = False, **_unused) -> SNPIssuer:
+    """The ``sev-snp`` issuer: reports from ``snp_report_source`` (default: Linux's configfs-tsm), certificates the
+    platform did not send from ``amd_cert_cache``. It quotes no TPM: ``tcti`` and the vTPM variants' options
+    (``ak_alg``) do not apply."""
+    cache = amd_certs.CertCache(amd_cert_cache, bool(amd_kds_fetch)) if amd_cert_cache else None
+    return SNPIssuer(snp_report_source, cache)
 
 
 def make_validator(policy: Any, trust: Any) -> SNPValidator:

@@ -157,8 +157,9 @@ class TPM:
         except _MissingIndex:
             raise NoSuchIndex(nv_index)
 
-    def nv_read(self, nv_index: int, chunk: int = 1024) -> bytes:
-        """Whole NV index, read in chunks (TPMs limit one read to ~1 KiB). Missing -> AttestationError."""
+    def nv_read(self, nv_index: int, chunk: int = 1024, owner_auth: bool = False) -> bytes:
+        """Whole NV index, read in chunks (TPMs limit one read to ~1 KiB). Missing -> AttestationError.
+        ``owner_auth``: read with the owner hierarchy's authorization (Azure's HCL report), else the index's own."""
         with self.lock:
             try:
                 handle = self.esapi.tr_from_tpmpublic(nv_index)
@@ -172,7 +173,7 @@ class TPM:
                 data = b""
                 while len(data) < size:
                     part = self.esapi.nv_read(handle, min(chunk, size - len(data)), len(data),
-                                              auth_handle=handle)
+                                              auth_handle=ESYS_TR.OWNER if owner_auth else handle)
                     data += bytes(part)
                 return data
             finally:

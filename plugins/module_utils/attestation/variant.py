@@ -35,6 +35,8 @@ class Variant:
 # which variants exist at all, are the chooser's registrations (choose.py), the one registry.
 DUMMY = Variant("dummy", "1.3.9900.1.1")
 QEMU_VTPM = Variant("qemu-vtpm", "1.3.9900.5.1")
+AWS_SEV_SNP = Variant("aws-sev-snp", "1.3.9900.2.2")
+AZURE_SEV_SNP = Variant("azure-sev-snp", "1.3.9900.4.1")
 
 
 @dataclass

@@ -444,6 +444,20 @@ class VTPMValidator:
     def trust_ak(self, ak_pub: bytes, ak: AKInfo) -> None:
         return None
 
+    # Variant hooks of the variants whose document carries instance info (the cloud SEV-SNP variants,
+    # snp_vtpm.py): ``trust_instance`` trusts the AK through the instance info and returns what it proved (None
+    # here: the AK is trusted by ``trust_ak``); ``match_measurements`` checks the PCRs (and that evidence) against
+    # the policy; ``complete`` adds the evidence to the result.
+    def trust_instance(self, instance_info: Optional[bytes], ak_pub: bytes, ak: AKInfo) -> Any:
+        self.trust_ak(ak_pub, ak)
+        return None
+
+    def match_measurements(self, pcrs: Dict[int, bytes], evidence: Any) -> Tuple[str, list, list]:
+        return self.measurements.match(pcrs)
+
+    def complete(self, validation: Validation, evidence: Any) -> Validation:
+        return validation
+
     def _ak(self, ak_pub: bytes) -> AKInfo:
         info = self._ak_cache.get(ak_pub)
         if info is None:
@@ -462,7 +476,7 @@ class VTPMValidator:
         # 3. the AK: restricted signing key with pinned algorithms, then the variant's trust
         ak_pub = _unb64(attestation.get("ak_pub"), "Attestation.ak_pub")
         ak = self._ak(ak_pub)
-        self.trust_ak(ak_pub, ak)
+        evidence = self.trust_instance(instance_info, ak_pub, ak)
         # 4. the SHA-256 quote; no other bank is trusted (SHA-1 never)
         quote = _sha256_quote(attestation.get("quotes"))
         pcrs = self._verify_quote(ak, quote, tpm_nonce)
@@ -471,9 +485,9 @@ class VTPMValidator:
         if self.check_event_log and raw_log:
             eventlog.replay_and_check(_unb64(raw_log, "Attestation.event_log"), pcrs)
         # 6. measurements policy
-        measurement_set, checks, warnings = self.measurements.match(pcrs)
-        return Validation(user_data=user_data, pcrs=pcrs, checks=checks, warnings=warnings,
-                          measurement_set=measurement_set, ak_pub=ak_pub)
+        measurement_set, checks, warnings = self.match_measurements(pcrs, evidence)
+        return self.complete(Validation(user_data=user_data, pcrs=pcrs, checks=checks, warnings=warnings,
+                                        measurement_set=measurement_set, ak_pub=ak_pub), evidence)
 
     def _verify_quote(self, ak: AKInfo, quote: Dict, tpm_nonce: bytes) -> Dict[int, bytes]:
         attest_raw = _unb64(quote.get("quote"), "quote")

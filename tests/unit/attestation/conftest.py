@@ -48,6 +48,15 @@ def fresh_swtpm(tmp_path):
     tpm.stop()
 
 
+@pytest.fixture
+def fresh_swtpm_ek(tmp_path):
+    """A swtpm of its own with an EK certificate (of a CA of its own), for tests that provision keys and NV."""
+    (tmp_path / "ek-ca").mkdir()
+    tpm = _start(tmp_path / "tpm-ek", ek_cert=True, ca_dir=str(tmp_path / "ek-ca"))
+    yield tpm
+    tpm.stop()
+
+
 @worker_fixture
 def worker_dir(get):  # pylint: disable=unused-argument
     """A directory for this worker's swtpm states and CAs, removed when its session ends."""

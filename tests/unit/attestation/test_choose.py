@@ -72,7 +72,7 @@ def _documented_options():
 
 
 def test_every_literal_variant_choice_list_is_the_chooser_list():
-    assert choose.VARIANT_NAMES == ("qemu-vtpm", "qemu-vtpm-ek", "sev-snp", "dummy")
+    assert choose.VARIANT_NAMES == ("qemu-vtpm", "qemu-vtpm-ek", "sev-snp", "azure-sev-snp", "aws-sev-snp", "dummy")
     found, wrong = [], []
     for path, name, option in _documented_options():
         choices = option.get("choices")
@@ -134,7 +134,7 @@ def test_modules_that_choose_a_variant_on_a_host_ship_all_variants():
 def test_unknown_variant_names_the_field_and_the_choices():
     with pytest.raises(InputError) as err:
         choose.spec("qemu-tdx", "attestation_variant")
-    assert str(err.value).startswith("attestation_variant: expected one of qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy")
+    assert str(err.value).startswith("attestation_variant: expected one of qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy")
 
 
 def test_ek_variant_needs_its_ca(tmp_path):

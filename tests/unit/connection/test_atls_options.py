@@ -79,7 +79,7 @@ def test_policy_from_file_json_or_yaml(key_file, tmp_path):
     ({"measurements": ["4"]}, "measurements: expected a mapping"),
     ({"measurements_file": "/nonexistent/m.json"}, "mutually exclusive"),
     ({"measurements": None, "measurements_file": "/nonexistent/m.json"}, "measurements_file: expected a readable"),
-    ({"attestation_variant": "qemu-tdx"}, "attestation_variant: expected one of qemu-vtpm, qemu-vtpm-ek, sev-snp, dummy"),
+    ({"attestation_variant": "qemu-tdx"}, "attestation_variant: expected one of qemu-vtpm, qemu-vtpm-ek, sev-snp, azure-sev-snp, aws-sev-snp, dummy"),
     ({"admin_priv_key_file": None}, "admin_priv_key_file: expected the path"),
     ({"admin_priv_key_file": "/nonexistent/admin.key"}, "admin_priv_key_file: expected a readable"),
     ({"connect_timeout": 0}, r"connect_timeout: expected seconds in \(0, 86400\]"),
