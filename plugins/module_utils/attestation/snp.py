@@ -31,13 +31,14 @@ import socket
 import ssl
 import threading
 import uuid
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import amd_certs, sev_snp
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements, MeasurementSets
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.choose import SEV_SNP
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Validation
-from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
+from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode, b64encode, load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 SOURCE_FIELD = "snp_report_source"
@@ -53,7 +54,6 @@ MAX_CERTS = 32 * 1024
 _MAX_REPLY = 2 * MAX_DOCUMENT
 _SOCKET_TIMEOUT = 10.0
 _DOCUMENT_KEYS = ("InstanceInfo", "UserData")
-_INSTANCE_INFO_KEYS = ("ReportSigner", "CertChain", "AttestationReport", "Azure", "GCP")
 _SIGNERS = ("vcek", "vlek")
 _CHAIN = ("ask", "asvk", "ark")
 
@@ -202,11 +202,94 @@ class UnixPlatform:
         return report, certs
 
 
+# ------------------------------------------------------------------------ Constellation's snp.InstanceInfo
+
+
+MAX_INSTANCE_INFO = 64 * 1024  # a report, two or three certificates and Azure's runtime data: a few KiB
+MAX_CERT_PEM = 16 * 1024  # one PEM certificate (ReportSigner), or ASK/ASVK + ARK (CertChain)
+MAX_RUNTIME_DATA = 16 * 1024  # Azure's runtime data: a JSON of two RSA keys and the VM configuration
+MAX_MAA_TOKEN = 16 * 1024
+# The keys of Constellation's snp.InstanceInfo as Go's encoding/json writes them, in the struct's order.
+INSTANCE_INFO_KEYS = ("ReportSigner", "CertChain", "AttestationReport", "Azure", "GCP")
+AZURE_KEYS = ("RuntimeData", "MAAToken")
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """Constellation's ``snp.InstanceInfo``: ``report`` (AttestationReport), ``report_signer`` (PEM of the VCEK or
+    VLEK, b"" when absent), ``cert_chain`` (PEM of ASK/ASVK and maybe ARK, b"" when absent); Azure's
+    ``runtime_data`` and ``maa_token`` (``runtime_data`` None: no Azure object)."""
+
+    report: bytes
+    report_signer: bytes = b""
+    cert_chain: bytes = b""
+    runtime_data: Optional[bytes] = None
+    maa_token: str = ""
+
+    def to_json(self) -> bytes:
+        """Go's encoding/json of snp.InstanceInfo: struct order, compact, nil byte slices as null."""
+        azure = None
+        if self.runtime_data is not None:
+            azure = {"RuntimeData": b64encode(self.runtime_data), "MAAToken": self.maa_token}
+        document = {"ReportSigner": b64encode(self.report_signer) if self.report_signer else None,
+                    "CertChain": b64encode(self.cert_chain) if self.cert_chain else None,
+                    "AttestationReport": b64encode(self.report), "Azure": azure, "GCP": None}
+        return json.dumps(document, separators=(",", ":")).encode("ascii")
+
+
+def _bytes_field(doc: Dict[str, Any], key: str, field: str, max_size: int) -> bytes:
+    value = doc.get(key)
+    if value is None:
+        return b""
+    return b64decode(value, field, max_size=max_size)
+
+
+def decode_instance_info(raw: Optional[bytes]) -> InstanceInfo:
+    """Constellation's snp.InstanceInfo JSON, strictly: exactly its keys (GCP null: not these variants), base64
+    byte fields within bounds, an AttestationReport present. AttestationError naming the field otherwise."""
+    if not raw:
+        raise AttestationError("InstanceInfo: found none, wanted Constellation's snp.InstanceInfo JSON (the SEV-SNP "
+                               "report and its signer's certificate)")
+    try:
+        doc = load_json(raw, "InstanceInfo", MAX_INSTANCE_INFO)
+        if not isinstance(doc, dict):
+            raise InputError("InstanceInfo", "a JSON object", type(doc).__name__)
+        unknown = sorted(set(doc) - set(INSTANCE_INFO_KEYS))
+        if unknown:
+            raise InputError("InstanceInfo", "only the keys %s" % ", ".join(INSTANCE_INFO_KEYS), unknown[0])
+        if doc.get("GCP") is not None:
+            raise InputError("InstanceInfo.GCP", "null (GCP's instance info belongs to gcp-sev-snp)", "an object")
+        report = _bytes_field(doc, "AttestationReport", "InstanceInfo.AttestationReport", 4096)
+        if not report:
+            raise InputError("InstanceInfo.AttestationReport", "the SEV-SNP report (base64)", doc.get("AttestationReport"))
+        signer = _bytes_field(doc, "ReportSigner", "InstanceInfo.ReportSigner", MAX_CERT_PEM)
+        chain = _bytes_field(doc, "CertChain", "InstanceInfo.CertChain", 2 * MAX_CERT_PEM)
+        azure = doc.get("Azure")
+        if azure is None:
+            return InstanceInfo(report, signer, chain)
+        if not isinstance(azure, dict):
+            raise InputError("InstanceInfo.Azure", "an object with RuntimeData and MAAToken", type(azure).__name__)
+        unknown = sorted(set(azure) - set(AZURE_KEYS))
+        if unknown:
+            raise InputError("InstanceInfo.Azure", "only the keys %s" % ", ".join(AZURE_KEYS), unknown[0])
+        token = azure.get("MAAToken", "")
+        if token is None:
+            token = ""
+        if not isinstance(token, str) or len(token) > MAX_MAA_TOKEN:
+            raise InputError("InstanceInfo.Azure.MAAToken", "a string of at most %d characters" % MAX_MAA_TOKEN,
+                             type(token).__name__ if not isinstance(token, str) else "%d characters" % len(token))
+        runtime = _bytes_field(azure, "RuntimeData", "InstanceInfo.Azure.RuntimeData", MAX_RUNTIME_DATA)
+        return InstanceInfo(report, signer, chain, runtime, token)
+    except InputError as err:
+        raise AttestationError(str(err)) from None
+
+
 # --------------------------------------------------------------------------------------------------- issuer
 
 
-def _pem(der: bytes) -> bytes:
-    # Re-encoded, not parsed: the validator parses (AMD's VCEKs carry serial number zero, sev_snp.load_certificate).
+def pem_certificate(der: bytes) -> bytes:
+    """A certificate of a report's certificate table (DER) as the instance info carries it (PEM): re-encoded, not
+    parsed - the validator parses it (AMD's VCEKs carry serial number zero, sev_snp.load_certificate)."""
     return ssl.DER_cert_to_PEM_cert(bytes(der)).encode("ascii")
 
 
@@ -222,7 +305,7 @@ class SNPIssuer:
         self.source = source if hasattr(source, "get") else report_source(source)
         self.cache = cache
 
-    def instance_info(self, report_data: bytes) -> Dict[str, Any]:
+    def instance_info(self, report_data: bytes) -> "InstanceInfo":
         """Constellation's snp.InstanceInfo (bytes as base64, Go's encoding/json) for ``report_data``."""
         wanted = bytes(report_data).ljust(REPORT_DATA_SIZE, b"\0")
         report, table = self.source.get(wanted)
@@ -233,19 +316,18 @@ class SNPIssuer:
         if parsed.report_data != wanted:
             raise AttestationError("%s: %r signed another report_data than it was given" % (SOURCE_FIELD, self.source))
         certs = sev_snp.parse_cert_table(table) if table else {}
-        signer = b"".join(_pem(certs[name]) for name in _SIGNERS if name in certs)
-        chain = b"".join(_pem(certs[name]) for name in _CHAIN if name in certs)
+        signer = b"".join(pem_certificate(certs[name]) for name in _SIGNERS if name in certs)
+        chain = b"".join(pem_certificate(certs[name]) for name in _CHAIN if name in certs)
         if not signer and self.cache is not None:
             signer_der, chain = amd_certs.certs_for_report(parsed, self.cache)
-            signer = _pem(signer_der)
-        return {"ReportSigner": _b64(signer), "CertChain": _b64(chain), "AttestationReport": _b64(report),
-                "Azure": None, "GCP": None}
+            signer = pem_certificate(signer_der)
+        return InstanceInfo(bytes(report), signer, chain)
 
     def issue(self, user_data: bytes, nonce: bytes) -> bytes:
         if not isinstance(user_data, (bytes, bytearray)) or not isinstance(nonce, (bytes, bytearray)):
             raise InputError("user_data/nonce", "bytes", type(user_data).__name__)
-        info = json.dumps(self.instance_info(make_report_data(user_data, nonce)), separators=(",", ":"))
-        document = {"InstanceInfo": _b64(info.encode("ascii")), "UserData": _b64(bytes(user_data))}
+        info = self.instance_info(make_report_data(user_data, nonce)).to_json()
+        document = {"InstanceInfo": _b64(info), "UserData": _b64(bytes(user_data))}
         return json.dumps(document, separators=(",", ":")).encode("ascii")
 
 
@@ -293,15 +375,14 @@ def decode_document(document: Any) -> Tuple[bytes, bytes, bytes, bytes]:
         raise AttestationError("sev-snp attestation document is larger than %d bytes" % MAX_DOCUMENT)
     doc = _strict_object(bytes(document), "the document", _DOCUMENT_KEYS, ("InstanceInfo",))
     user_data = b"" if doc.get("UserData") is None else _unb64(doc["UserData"], "UserData")
-    info = _strict_object(_unb64(doc["InstanceInfo"], "InstanceInfo"), "InstanceInfo", _INSTANCE_INFO_KEYS,
-                          ("AttestationReport",))
-    for cloud in ("Azure", "GCP"):
-        if info.get(cloud) is not None:
-            raise AttestationError("sev-snp attestation document: InstanceInfo.%s is set; a cloud's report is another "
-                                   "variant's (azure-sev-snp, ...), this one takes none" % cloud)
-    report = _unb64(info["AttestationReport"], "InstanceInfo.AttestationReport")
-    signer = b"" if info.get("ReportSigner") is None else _unb64(info["ReportSigner"], "InstanceInfo.ReportSigner")
-    chain = b"" if info.get("CertChain") is None else _unb64(info["CertChain"], "InstanceInfo.CertChain")
+    try:
+        info = decode_instance_info(_unb64(doc["InstanceInfo"], "InstanceInfo"))
+    except AttestationError as err:
+        raise AttestationError("sev-snp attestation document: %s" % err) from None
+    if info.runtime_data is not None:
+        raise AttestationError("sev-snp attestation document: InstanceInfo.Azure is set; a cloud's report is another "
+                               "variant's (azure-sev-snp, ...), this one takes none")
+    report, signer, chain = info.report, info.report_signer, info.cert_chain
     if len(signer) > MAX_CERTS or len(chain) > MAX_CERTS:
         raise AttestationError("sev-snp attestation document: certificates of more than %d bytes" % MAX_CERTS)
     return report, signer, chain, user_data

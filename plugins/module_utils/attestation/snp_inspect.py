@@ -17,7 +17,7 @@ import json
 from typing import Any, Dict, Optional, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation import amd_certs, sev_snp
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation import amd_certs, sev_snp, snp
 
 MAX_DOCUMENT = 256 * 1024
 
@@ -51,13 +51,11 @@ def instance_info(document: bytes) -> Tuple[bytes, bytes, bytes]:
     doc = _object(bytes(document), "document")
     if "InstanceInfo" not in doc:
         raise AttestationError("document: expected an InstanceInfo (an SEV-SNP variant's document), found none")
-    info = _object(_b64(doc["InstanceInfo"], "document.InstanceInfo"), "InstanceInfo")
-    report = _b64(info.get("AttestationReport"), "InstanceInfo.AttestationReport")
-    if len(report) < sev_snp.REPORT_SIZE:
+    info = snp.decode_instance_info(_b64(doc["InstanceInfo"], "document.InstanceInfo"))
+    if len(info.report) < sev_snp.REPORT_SIZE:
         raise AttestationError("InstanceInfo.AttestationReport: expected %d bytes, got %d"
-                               % (sev_snp.REPORT_SIZE, len(report)))
-    return (report[:sev_snp.REPORT_SIZE], _b64(info.get("ReportSigner"), "InstanceInfo.ReportSigner"),
-            _b64(info.get("CertChain"), "InstanceInfo.CertChain"))
+                               % (sev_snp.REPORT_SIZE, len(info.report)))
+    return info.report[:sev_snp.REPORT_SIZE], info.report_signer, info.cert_chain
 
 
 def policy_of(verified: sev_snp.VerifiedReport) -> Dict[str, Any]:

@@ -14,11 +14,15 @@ vendor's or cloud's CA. The measurements' ``snp`` object is checked against the 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import sev_snp, snp
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.snp import (  # noqa: F401 pylint: disable=unused-import
+    InstanceInfo,
+    decode_instance_info,
+    pem_certificate,
+)
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import Validation
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (
@@ -30,93 +34,13 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     make_extra_data,
     make_tpm_nonce,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode, b64encode, load_json
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 try:
-    from cryptography import x509
     from cryptography.hazmat.primitives import serialization
     HAS_CRYPTOGRAPHY = True
 except ImportError:
     HAS_CRYPTOGRAPHY = False
-
-MAX_INSTANCE_INFO = 64 * 1024  # a report, two or three certificates and Azure's runtime data: a few KiB
-MAX_CERT_PEM = 16 * 1024  # one PEM certificate (ReportSigner), or ASK/ASVK + ARK (CertChain)
-MAX_RUNTIME_DATA = 16 * 1024  # Azure's runtime data: a JSON of two RSA keys and the VM configuration
-MAX_MAA_TOKEN = 16 * 1024
-# The keys of Constellation's snp.InstanceInfo as Go's encoding/json writes them, in the struct's order.
-INSTANCE_INFO_KEYS = ("ReportSigner", "CertChain", "AttestationReport", "Azure", "GCP")
-AZURE_KEYS = ("RuntimeData", "MAAToken")
-
-
-@dataclass(frozen=True)
-class InstanceInfo:
-    """Constellation's ``snp.InstanceInfo``: ``report`` (AttestationReport), ``report_signer`` (PEM of the VCEK or
-    VLEK, b"" when absent), ``cert_chain`` (PEM of ASK/ASVK and maybe ARK, b"" when absent); Azure's
-    ``runtime_data`` and ``maa_token`` (``runtime_data`` None: no Azure object)."""
-
-    report: bytes
-    report_signer: bytes = b""
-    cert_chain: bytes = b""
-    runtime_data: Optional[bytes] = None
-    maa_token: str = ""
-
-    def to_json(self) -> bytes:
-        """Go's encoding/json of snp.InstanceInfo: struct order, compact, nil byte slices as null."""
-        azure = None
-        if self.runtime_data is not None:
-            azure = {"RuntimeData": b64encode(self.runtime_data), "MAAToken": self.maa_token}
-        document = {"ReportSigner": b64encode(self.report_signer) if self.report_signer else None,
-                    "CertChain": b64encode(self.cert_chain) if self.cert_chain else None,
-                    "AttestationReport": b64encode(self.report), "Azure": azure, "GCP": None}
-        return json.dumps(document, separators=(",", ":")).encode("ascii")
-
-
-def _bytes_field(doc: Dict[str, Any], key: str, field: str, max_size: int) -> bytes:
-    value = doc.get(key)
-    if value is None:
-        return b""
-    return b64decode(value, field, max_size=max_size)
-
-
-def decode_instance_info(raw: Optional[bytes]) -> InstanceInfo:
-    """Constellation's snp.InstanceInfo JSON, strictly: exactly its keys (GCP null: not these variants), base64
-    byte fields within bounds, an AttestationReport present. AttestationError naming the field otherwise."""
-    if not raw:
-        raise AttestationError("InstanceInfo: found none, wanted Constellation's snp.InstanceInfo JSON (the SEV-SNP "
-                               "report and its signer's certificate)")
-    try:
-        doc = load_json(raw, "InstanceInfo", MAX_INSTANCE_INFO)
-        if not isinstance(doc, dict):
-            raise InputError("InstanceInfo", "a JSON object", type(doc).__name__)
-        unknown = sorted(set(doc) - set(INSTANCE_INFO_KEYS))
-        if unknown:
-            raise InputError("InstanceInfo", "only the keys %s" % ", ".join(INSTANCE_INFO_KEYS), unknown[0])
-        if doc.get("GCP") is not None:
-            raise InputError("InstanceInfo.GCP", "null (GCP's instance info belongs to gcp-sev-snp)", "an object")
-        report = _bytes_field(doc, "AttestationReport", "InstanceInfo.AttestationReport", 4096)
-        if not report:
-            raise InputError("InstanceInfo.AttestationReport", "the SEV-SNP report (base64)", doc.get("AttestationReport"))
-        signer = _bytes_field(doc, "ReportSigner", "InstanceInfo.ReportSigner", MAX_CERT_PEM)
-        chain = _bytes_field(doc, "CertChain", "InstanceInfo.CertChain", 2 * MAX_CERT_PEM)
-        azure = doc.get("Azure")
-        if azure is None:
-            return InstanceInfo(report, signer, chain)
-        if not isinstance(azure, dict):
-            raise InputError("InstanceInfo.Azure", "an object with RuntimeData and MAAToken", type(azure).__name__)
-        unknown = sorted(set(azure) - set(AZURE_KEYS))
-        if unknown:
-            raise InputError("InstanceInfo.Azure", "only the keys %s" % ", ".join(AZURE_KEYS), unknown[0])
-        token = azure.get("MAAToken", "")
-        if token is None:
-            token = ""
-        if not isinstance(token, str) or len(token) > MAX_MAA_TOKEN:
-            raise InputError("InstanceInfo.Azure.MAAToken", "a string of at most %d characters" % MAX_MAA_TOKEN,
-                             type(token).__name__ if not isinstance(token, str) else "%d characters" % len(token))
-        runtime = _bytes_field(azure, "RuntimeData", "InstanceInfo.Azure.RuntimeData", MAX_RUNTIME_DATA)
-        return InstanceInfo(report, signer, chain, runtime, token)
-    except InputError as err:
-        raise AttestationError(str(err)) from None
 
 
 @dataclass
@@ -128,11 +52,6 @@ class Evidence:
     report: Any  # sev_snp.Report
     ek_pub_sha256: Optional[str] = None
     verified: Any = None
-
-
-def pem_certificate(der: bytes) -> bytes:
-    """A certificate of a report's certificate table (DER) as the instance info carries it (PEM)."""
-    return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
 
 
 def spki_der(public_key) -> bytes:

@@ -122,7 +122,7 @@ def test_bad_input_is_refused_naming_the_option_and_leaves_the_document(inv):
         task("missing archive", archive="missing.tar.gz", ignore_errors=True),
         task("bad member", archive="evil.tar.gz", ignore_errors=True),
         task("both", archive="evil.tar.gz", src=str(ROOT), ignore_errors=True),
-        task("unknown variant", variant="sev-snp", ignore_errors=True),
+        task("unknown variant", variant="qemu-tdx", ignore_errors=True),
         task("no EK CA", ek_ca_path="missing-ca.pem", ignore_errors=True),
         task("bad key", name="0.3.0", priv_key_file="not-a-key.pem", ignore_errors=True),
         task("another key", name="0.3.0", priv_key_file="other.key", ignore_errors=True),
@@ -136,7 +136,7 @@ def test_bad_input_is_refused_naming_the_option_and_leaves_the_document(inv):
         "missing archive"]
     assert msgs["bad member"].startswith("archive: expected member paths") and "../evil.py" in msgs["bad member"]
     assert msgs["both"].startswith("archive: expected either archive or src")
-    assert "variant" in msgs["unknown variant"] and "sev-snp" in msgs["unknown variant"]
+    assert "variant" in msgs["unknown variant"] and "qemu-tdx" in msgs["unknown variant"]
     assert msgs["no EK CA"].startswith("ek_ca_path:")
     assert msgs["bad key"].startswith("priv_key_file: expected a PEM ECDSA P-256 private key")
     assert msgs["another key"].startswith("priv_key_file: expected the key whose public half measurements_pub_key_file")

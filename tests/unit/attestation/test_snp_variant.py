@@ -174,10 +174,10 @@ def _document(info=None, **outer):
     (b"not json", "not JSON"),
     (b"[]", "not an object"),
     (_document(Quote="x"), "unknown key"),
-    (_document({"Extra": 1}), "unknown key"),
+    (_document({"Extra": 1}), "InstanceInfo: expected only the keys"),
     (_document({"Azure": {"RuntimeData": ""}}), "InstanceInfo.Azure"),
-    (_document({"AttestationReport": None}), "no AttestationReport"),
-    (_document({"AttestationReport": "***"}), "not valid base64"),
+    (_document({"AttestationReport": None}), "InstanceInfo.AttestationReport: expected the SEV-SNP report"),
+    (_document({"AttestationReport": "***"}), "InstanceInfo.AttestationReport: expected standard base64"),
     (_document(UserData=5), "UserData must be base64"),
     (b" " * (snp.MAX_DOCUMENT + 1), "larger than"),
 ])
