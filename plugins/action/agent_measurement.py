@@ -12,13 +12,11 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement as am
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import AGENT_MEASUREMENT_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
-from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import valid_args, validated_args
+from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import AttestingAction, valid_args
 
 
 def _resolve(path, basedir):
@@ -68,7 +66,7 @@ def keep(args, basedir, entry, check_mode):
                                entry if args["state"] == "present" else None, key, pinned, check_mode)
 
 
-class ActionModule(ActionBase):
+class ActionModule(AttestingAction):
     TRANSFERS_FILES = False
     _VALID_ARGS = valid_args(AGENT_MEASUREMENT_ARGS)
     _requires_connection = False
@@ -76,7 +74,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        args = validated_args(AGENT_MEASUREMENT_ARGS, self._task.args)
+        args = self.attested_args(AGENT_MEASUREMENT_ARGS)
         basedir = self._loader.get_basedir()
         if not choose.spec(args["variant"]).quotes_pcrs:
             # Nothing checks PCR 13 for such a variant (attestation/policy.py peer_policies): no agent to list.

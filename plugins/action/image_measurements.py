@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import os
 
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import image_prediction as ip
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature as sig
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import (
@@ -22,6 +19,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import read_policy_document
 from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import IMAGE_MEASUREMENTS_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError, InputError
+from ansible_collections.constellation.cluster.plugins.plugin_utils.action_args import ArgSpecAction, valid_args
 
 
 def _resolve(path, basedir):
@@ -53,20 +51,17 @@ def make(args, basedir, check_mode):
                 prediction=prediction.to_dict(), version=doc.version, sets=list(doc.sets))
 
 
-class ActionModule(ActionBase):
+class ActionModule(ArgSpecAction):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(IMAGE_MEASUREMENTS_ARGS)
+    _VALID_ARGS = valid_args(IMAGE_MEASUREMENTS_ARGS)
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        validation = ArgumentSpecValidator(IMAGE_MEASUREMENTS_ARGS).validate(self._task.args)
-        if validation.error_messages:
-            result.update(failed=True, changed=False, msg="; ".join(validation.error_messages))
-            return result
+        args = self.validated_args(IMAGE_MEASUREMENTS_ARGS)
         try:
-            result.update(make(validation.validated_parameters, self._loader.get_basedir(), self._task.check_mode))
+            result.update(make(args, self._loader.get_basedir(), self._task.check_mode))
         except ConstellationError as err:
             result.update(failed=True, changed=False, msg=str(err))
         return result

@@ -13,9 +13,7 @@ from __future__ import annotations
 import os
 
 from ansible.errors import AnsibleActionFail
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.vault import AnsibleVaultError, VaultLib, is_encrypted, match_encrypt_secret
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import SECRET_FILE_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ConstellationError
@@ -24,9 +22,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
     MasterSecret,
     write_secret_file,
 )
+from ansible_collections.constellation.cluster.plugins.plugin_utils.action_args import ArgSpecAction
 
 
-class WriteOnceSecretAction(ActionBase):
+class WriteOnceSecretAction(ArgSpecAction):
     """Makes a secret file on the controller once: generated, optionally Ansible Vault encrypted,
     written 0600 atomically, never overwritten (an existing file is only checked). Subclasses say
     what the file is (``WHAT``), how to make its content and how to check one read back."""
@@ -47,10 +46,7 @@ class WriteOnceSecretAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        validation = ArgumentSpecValidator(SECRET_FILE_ARGS).validate(self._task.args)
-        if validation.error_messages:
-            raise AnsibleActionFail("; ".join(validation.error_messages))
-        args = validation.validated_parameters
+        args = self.validated_args(SECRET_FILE_ARGS)
         path = args["path"]
         if not os.path.isabs(path):
             path = os.path.join(self._loader.get_basedir(), path)

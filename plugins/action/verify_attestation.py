@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.constellation.cluster.plugins.module_utils import atls, netns
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import pcr_rows, settings_from_args
@@ -23,10 +22,10 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
 from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import (
-    control_path_dir, valid_args, validated_args)
+    AttestingAction, control_path_dir, valid_args)
 
 
-class ActionModule(ActionBase):
+class ActionModule(AttestingAction):
     TRANSFERS_FILES = False
     _VALID_ARGS = valid_args(VERIFY_ATTESTATION_ARGS)
     _requires_connection = False
@@ -34,7 +33,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        args = validated_args(VERIFY_ATTESTATION_ARGS, self._task.args)
+        args = self.attested_args(VERIFY_ATTESTATION_ARGS)
         result.update(changed=False, endpoint=args["endpoint"], variant=args["variant"])
         try:
             address = atls.parse_endpoint(args["endpoint"])

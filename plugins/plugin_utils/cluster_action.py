@@ -2,16 +2,13 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The base class of the controller-side cluster actions (agent_state, activate_coordinator,
-activate_nodes, recover_peer): argument validation (with deprecated aliases), attestation
-settings, error reporting. The actions themselves only say what to do (``act``)."""
+activate_nodes, recover_peer): argument validation (action_args.py), attestation settings, error
+reporting. The actions themselves only say what to do (``act``)."""
 
 from __future__ import annotations
 
 import os
 
-from ansible.errors import AnsibleActionFail
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import (
@@ -19,7 +16,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
     AttestationError, ConstellationError, InputError)
-from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
+from ansible_collections.constellation.cluster.plugins.plugin_utils import action_args, certified_aks
 
 # Imported here, once, by the playbook process: its strategy loads an action's class before it forks
 # a worker per host and task, so the workers inherit these modules (the aTLS client, the RPC client,
@@ -46,26 +43,19 @@ def control_path_dir(templar, task_vars) -> str:
 
 
 def valid_args(spec: dict) -> frozenset:
-    """Every name an action accepts: options and their (deprecated) aliases."""
-    names = list(ATTESTATION_ARGUMENT_SPEC) + list(spec)
-    for option in list(ATTESTATION_ARGUMENT_SPEC.values()) + list(spec.values()):
-        names.extend(option.get("aliases", []))
-        names.extend(alias["name"] for alias in option.get("deprecated_aliases", []))
-    return frozenset(names)
+    """Every name an action that attests accepts: the attestation options, ``spec`` and their aliases."""
+    return action_args.valid_args(ATTESTATION_ARGUMENT_SPEC, spec)
 
 
-def validated_args(spec: dict, task_args) -> dict:
-    """The task's arguments validated against the attestation options and ``spec``; a deprecated alias warns."""
-    validation = ArgumentSpecValidator(**attested_options(spec)).validate(task_args)
-    if validation.error_messages:
-        raise AnsibleActionFail("; ".join(validation.error_messages))
-    for deprecation in validation._deprecations:  # pylint: disable=protected-access
-        display.deprecated(deprecation["msg"], version=deprecation.get("version"),
-                           collection_name=deprecation.get("collection_name"))
-    return validation.validated_parameters
+class AttestingAction(action_args.ArgSpecAction):
+    """An action that takes the attestation options beside its own (``attested_args``)."""
+
+    def attested_args(self, spec: dict) -> dict:
+        """The task's arguments validated against the attestation options and ``spec`` (action_args.py)."""
+        return self.validated_args(**attested_options(spec))
 
 
-class ClusterAction(ActionBase):
+class ClusterAction(AttestingAction):
     """Runs on the controller whatever the host; subclasses set SPEC and implement ``act``."""
 
     TRANSFERS_FILES = False
@@ -75,7 +65,7 @@ class ClusterAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        args = validated_args(self.SPEC, self._task.args)
+        args = self.attested_args(self.SPEC)
         try:
             settings = settings_from_args(args, self._loader.get_basedir())
             # A peer enrolled once in this run (qemu-vtpm-ek) is not enrolled again; every connection
