@@ -12,6 +12,12 @@ module: kubernetes_node_drain
 short_description: Drain a Kubernetes node before maintenance, or make it schedulable again
 version_added: "0.3.0"
 author: constellation.cluster contributors (@constellation-cluster)
+deprecated:
+  removed_in: 2.0.0
+  why: kubernetes.core's k8s_drain cordons, evicts through the Eviction API and uncordons as this module does.
+  alternative: >-
+    Use M(kubernetes.core.k8s_drain) with O(kubernetes.core.k8s_drain#module:state=drain) and
+    C(delete_options.ignore_daemonsets=true), or O(kubernetes.core.k8s_drain#module:state=uncordon).
 description:
   - V(drained) cordons the Node (C(spec.unschedulable)) and evicts its pods through the Eviction API, as
     C(kubectl drain --ignore-daemonsets) does - static (mirror) pods, DaemonSet pods and finished pods stay - and

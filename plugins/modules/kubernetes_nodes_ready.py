@@ -12,6 +12,12 @@ module: kubernetes_nodes_ready
 short_description: Wait until Kubernetes nodes report Ready and return their state
 version_added: "0.2.0"
 author: constellation.cluster contributors (@constellation-cluster)
+deprecated:
+  removed_in: 2.0.0
+  why: kubernetes.core's k8s_info waits for a Node's Ready condition as this module does.
+  alternative: >-
+    Use M(kubernetes.core.k8s_info) with C(kind=Node), O(kubernetes.core.k8s_info#module:wait=true) and a
+    C(wait_condition) of type C(Ready), or the kubeadm_control_plane role's C(nodes_ready) entry point.
 description:
   - Asks the Kubernetes API server (with the C(kubernetes) Python client and the credentials of O(kubeconfig)) for
     its nodes until every node named in O(nodes) is registered and Ready, or until at least O(expected_nodes) nodes

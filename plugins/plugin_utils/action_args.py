@@ -62,8 +62,8 @@ class ArgSpecAction(ActionBase):
         shown as a deprecation; an option and its alias both given, as a warning."""
         args = self._task.args
         try:
-            _result, validated = self.validate_argument_spec(argument_spec=argument_spec,
-                                                              mutually_exclusive=mutually_exclusive)
+            validated = self.validate_argument_spec(argument_spec=argument_spec,
+                                                    mutually_exclusive=mutually_exclusive)[1]
         except AnsibleActionFail as err:
             secrets = no_log_values(argument_spec, args)
             if not secrets:

@@ -4,16 +4,21 @@
 """STAND-IN for the Kubernetes API server -- not Kubernetes. Never run it on a real host.
 
 No kube-apiserver can run on the machines the tests run on, so the Ready wait
-(``wait_for_nodes_ready``, module ``kubernetes_nodes_ready``) is tested against this program at the
+(``wait_for_nodes_ready``, kubernetes.core's ``k8s_info`` in the roles), the drains (kubernetes.core's ``k8s_drain``)
+and the other API calls are tested against this program at the
 HTTP boundary, with the real ``kubernetes`` Python client on the other side. It serves a small
 read-only part of the API as the real one answers it:
 
-* ``GET /api/v1/nodes`` (a ``v1`` ``NodeList``), ``GET /api/v1/nodes/<name>`` and ``GET /version``;
+* the discovery the ``kubernetes`` client's DynamicClient does first (as kubernetes.core's modules use it):
+  ``GET /version``, ``GET /api`` (``APIVersions``: v1), ``GET /apis`` (an ``APIGroupList`` with no group) and
+  ``GET /api/v1`` (the ``APIResourceList`` of what is served below: nodes, pods, pods/eviction);
+* ``GET /api/v1/nodes`` (a ``v1`` ``NodeList``), ``GET /api/v1/nodes/<name>``;
   ``DELETE /api/v1/nodes/<name>`` (the Coordinator deletes an evicted Node: the node leaves the
   double's state, a success ``Status``; only ``system:masters`` and ``kubeadm:cluster-admins`` may);
   ``GET /api/v1/pods`` and ``/api/v1/namespaces/kube-system/pods`` (each control plane's kube-apiserver mirror
   pod, its image tagged with the control plane's version, and the workload pods a test put in the state's
-  ``pods``; ``fieldSelector=spec.nodeName=N``, ``labelSelector=k=v``), ``PATCH /api/v1/nodes/<name>`` of
+  ``pods``; ``fieldSelector=spec.nodeName=N``, ``labelSelector=k=v``), ``GET
+  /api/v1/namespaces/<namespace>/pods/<name>`` (one pod, 404 once evicted), ``PATCH /api/v1/nodes/<name>`` of
   ``spec.unschedulable`` (cordon, uncordon) and ``POST .../pods/<name>/eviction`` (the pod leaves the state;
   ``pdb_blocked`` pods answer 429 as a PodDisruptionBudget would), for admins only;
   any other path is a 404 ``Status``, any other method a 405.
@@ -144,7 +149,8 @@ def node_object(record, not_ready, resource_version):
 def pod_objects(cluster):
     """The pods the stand-in knows: the kube-apiserver static pod of each control plane (a mirror pod whose
     image carries the control plane's version, as the real one) and the workload pods a test put in the
-    double's state (``pods``: namespace, name, node; ``daemonset: true`` for a DaemonSet's)."""
+    double's state (``pods``: namespace, name, node; ``daemonset: true`` for a DaemonSet's; any other is a
+    ReplicaSet's, as a Deployment's pod, unless ``bare: true``)."""
     pods = []
     for record in sorted((cluster.get("nodes") or {}).values(), key=lambda r: r["name"]):
         if record.get("control_plane") and record.get("control_plane_version"):
@@ -161,9 +167,11 @@ def pod_objects(cluster):
         meta = {"name": item["name"], "namespace": item["namespace"],
                 "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "pod/%s/%s" % (item["namespace"], item["name"]))),
                 "labels": {"app": item["name"]}}
-        if item.get("daemonset"):
-            meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": item["name"],
-                                        "uid": meta["uid"], "controller": True}]
+        if not item.get("bare"):
+            kind = "DaemonSet" if item.get("daemonset") else "ReplicaSet"
+            meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": kind, "name": item["name"],
+                                        "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "%s/%s" % (kind, item["name"]))),
+                                        "controller": True}]
         pods.append({"metadata": meta, "spec": {"nodeName": item["node"], "containers": [
             {"name": "app", "image": "registry.example/app:1"}]}, "status": {"phase": "Running"}})
     return pods
@@ -181,6 +189,29 @@ def update_cluster(cluster_dir, change):
             json.dump(cluster, handle)
         os.replace(path + ".tmp", path)
         return result
+
+
+# What discovery reads (GET /api, /apis, /api/v1): the core group only, and of it only what this stand-in serves.
+API_RESOURCES = [
+    {"name": "nodes", "singularName": "node", "namespaced": False, "kind": "Node",
+     "verbs": ["delete", "get", "list", "patch"], "shortNames": ["no"]},
+    {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "verbs": ["get", "list"],
+     "shortNames": ["po"], "categories": ["all"]},
+    {"name": "pods/eviction", "singularName": "", "namespaced": True, "group": "policy", "version": "v1",
+     "kind": "Eviction", "verbs": ["create"]},
+]
+
+
+def discovery_object(path, server_address):
+    """The discovery document at ``path`` (None: not a discovery path)."""
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}]}
+    if path == "/apis":
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+    if path == "/api/v1":
+        return {"kind": "APIResourceList", "groupVersion": "v1", "resources": API_RESOURCES}
+    return None
 
 
 def status_object(code, reason, message, details=None):
@@ -287,6 +318,10 @@ class Handler(BaseHTTPRequestHandler):
             self._send(401, status_object(401, "Unauthorized", "Unauthorized"))
             return
         cluster = load_cluster(self.server.cluster_dir)
+        discovery = discovery_object(path, "%s:%d" % self.server.server_address[:2])
+        if discovery is not None:
+            self._send(200, discovery)
+            return
         if path == "/version":
             version = cluster.get("kubernetes_version") or "v0.0.0"
             major, minor = version.lstrip("v").split(".")[:2]
@@ -319,6 +354,10 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/api/v1/pods", "/api/v1/namespaces/kube-system/pods"):
             self._list_pods(path, groups, cluster)
             return
+        parts = path.split("/")
+        if len(parts) == 7 and parts[1:4] == ["api", "v1", "namespaces"] and parts[5] == "pods":
+            self._get_pod(parts[4], parts[6], groups, cluster)
+            return
         self._send(404, status_object(404, "NotFound", "the server could not find the requested resource"))
 
     def _list_pods(self, path, groups, cluster):
@@ -341,6 +380,17 @@ class Handler(BaseHTTPRequestHandler):
             pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(key) == value]
         self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
                          "items": [dict({"kind": "Pod", "apiVersion": "v1"}, **p) for p in pods]})
+
+    def _get_pod(self, namespace, name, groups, cluster):
+        if not set(groups) & set(DELETE_GROUPS):
+            self._send(403, status_object(403, "Forbidden", "pods is forbidden for this user"))
+            return
+        match = [p for p in pod_objects(cluster)
+                 if p["metadata"]["namespace"] == namespace and p["metadata"]["name"] == name]
+        if match:
+            self._send(200, dict({"kind": "Pod", "apiVersion": "v1"}, **match[0]))
+        else:
+            self._send(404, status_object(404, "NotFound", 'pods "%s" not found' % name, {"name": name, "kind": "pods"}))
 
     def _body(self):
         length = int(self.headers.get("Content-Length") or 0)
