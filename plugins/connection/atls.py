@@ -238,22 +238,29 @@ notes:
 seealso:
   - name: Connection plugin documentation
     description: docs/connection.md in the collection
-    link: https://github.com/constellation/cluster/blob/main/docs/connection.md
+    link: https://github.com/constellation-cluster/constellation.cluster/blob/main/docs/connection.md
 """
 
 EXAMPLES = r"""
-# inventories/cluster/hosts.yml
-# all:
-#   vars:
-#     ansible_connection: constellation.cluster.atls
-#     ansible_pipelining: true
-#     constellation_measurements_file: "{{ inventory_dir }}/measurements.json"
-#     constellation_admin_priv_key_file: ~/.constellation/admin.key
-#   hosts:
-#     coordinator-0:
-#       constellation_public_endpoint: 192.0.2.10:9000
-#     node-0:
-#       ansible_host: 192.0.2.11
+# An inventory (inventories/mycluster/hosts.yml): the controller reaches every host's agent over attested TLS.
+all:
+  vars:
+    ansible_connection: constellation.cluster.atls
+    ansible_pipelining: true
+    constellation_measurements_file: "{{ inventory_dir }}/measurements.json"
+    constellation_measurements_pub_key_file: "{{ inventory_dir }}/measurements.pub"
+    # qemu-vtpm-ek (the default variant): the TPM vendors' EK CA bundle the nodes' EK certificates chain to
+    constellation_ek_ca_path: "{{ inventory_dir }}/ek_ca.pem"
+    constellation_admin_priv_key_file: ~/.constellation/admin.key
+  children:
+    coordinators:
+      hosts:
+        cp-0:
+          constellation_public_endpoint: 192.0.2.10:9000
+    nodes:
+      hosts:
+        worker-0:
+          ansible_host: 192.0.2.11
 """
 
 import fcntl

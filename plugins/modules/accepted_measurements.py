@@ -64,8 +64,9 @@ attributes:
 EXAMPLES = r"""
 - name: Accept the new image's measurements beside the old one's
   constellation.cluster.accepted_measurements:
-    endpoint: "{{ constellation_coordinator_public_endpoint }}"
+    endpoint: "{{ hostvars[groups['coordinators'][0]].constellation_public_endpoint }}"
     admin_priv_key_file: "{{ constellation_admin_priv_key_file }}"
+    ek_ca_path: "{{ constellation_ek_ca_path }}"
     accepted_measurements_file: "{{ inventory_dir }}/measurements-upgrade.json"
     measurements_file: "{{ inventory_dir }}/measurements-upgrade.json"
 """

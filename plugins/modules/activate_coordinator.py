@@ -28,7 +28,7 @@ options:
     type: str
     required: true
   kms_uri:
-    description: SECRET. The KMS URI, C(kms://cluster-kms?key=...&salt=...) (filter M(constellation.cluster.kms_uri)).
+    description: SECRET. The KMS URI, C(kms://cluster-kms?key=...&salt=...) (filter P(constellation.cluster.kms_uri#filter)).
     type: str
     required: true
   measurement_salt:
@@ -85,7 +85,8 @@ EXAMPLES = r"""
     kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
     measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
     admin_priv_key_file: "{{ constellation_admin_priv_key_file }}"
-    measurements: "{{ constellation_measurements }}"
+    measurements_file: "{{ constellation_measurements_file }}"
+    ek_ca_path: "{{ constellation_ek_ca_path }}"
   no_log: true
   register: activation
 """

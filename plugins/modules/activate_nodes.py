@@ -91,6 +91,18 @@ attributes:
 """
 
 EXAMPLES = r"""
+- name: Activate the Coordinator (its answer carries the cluster ID)
+  constellation.cluster.activate_coordinator:
+    endpoint: 192.0.2.10:9000
+    kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
+    measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
+    admin_priv_key_file: ~/.constellation/admin.key
+    measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
+  no_log: true
+  run_once: true
+  register: activation
+
 - name: The Coordinator activates the fresh nodes
   constellation.cluster.activate_nodes:
     coordinator_public_endpoint: 192.0.2.10:9000
@@ -98,6 +110,7 @@ EXAMPLES = r"""
     admin_priv_key_file: ~/.constellation/admin.key
     cluster_id: "{{ activation.cluster_id }}"
     measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
   run_once: true
 
 - name: The Coordinator activates two further Coordinators, then the fresh nodes
@@ -108,6 +121,7 @@ EXAMPLES = r"""
     admin_priv_key_file: ~/.constellation/admin.key
     cluster_id: "{{ activation.cluster_id }}"
     measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
   run_once: true
 """
 

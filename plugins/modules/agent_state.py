@@ -56,6 +56,7 @@ EXAMPLES = r"""
     endpoint: "{{ constellation_public_endpoint }}"
     measurements: "{{ constellation_measurements }}"
     admin_priv_key_file: "{{ constellation_admin_priv_key_file }}"
+    ek_ca_path: "{{ constellation_ek_ca_path }}"
   register: peer
 """
 

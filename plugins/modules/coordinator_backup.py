@@ -87,6 +87,7 @@ EXAMPLES = r"""
     admin_priv_key_file: admin_key
     backup_dir: "{{ inventory_dir }}/backups"
     measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
   no_log: true
 """
 

@@ -97,6 +97,7 @@ EXAMPLES = r"""
     backup_dir: "{{ inventory_dir }}/backups"
     node_endpoints: [192.0.2.11:9000, 192.0.2.12:9000]
     measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
   no_log: true
 """
 
