@@ -3,9 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The built collection (``ansible-galaxy collection build``, as a user or Galaxy gets it) stands on its own:
 
-* its README (galaxy.yml's ``readme``, the file Galaxy shows) is the installed collection's, not the repository's:
-  it names no tool of the repository (``make``, the lab, the repository's ansible.cfg, scripts/, .venv), and the
-  repository's README.md, which does, is not shipped;
+* its README (galaxy.yml's ``readme``: README.md at the root, the file galaxy-importer renders) is the installed
+  collection's, not the repository's: it names no tool of the repository (``make``, the lab, the repository's
+  ansible.cfg, scripts/, .venv); the repository's README (.github/README.md, which GitHub shows) is not shipped;
 * no shipped text file cites a file the tarball lacks: every path it cites (the rules of tests/support/citations.py)
   that names a file of the repository names one the tarball contains too, unless the citation is the text of a
   link to that very file in the repository (galaxy.yml's ``repository``), which a reader can follow (the text
@@ -49,10 +49,9 @@ def tarball(tmp_path_factory):
 
 def test_the_readme_galaxy_shows_is_the_installed_collections(tarball):
     readme = GALAXY["readme"]
-    assert (tarball / readme).is_file(), "galaxy.yml's readme %s is not in the tarball" % readme
-    # Galaxy shows README.md, else README.rst, of the collection's root: it must be galaxy.yml's readme.
-    shown = next((name for name in ("README.md", "README.rst") if (tarball / name).is_file()), None)
-    assert shown == readme, "Galaxy would show %s, galaxy.yml's readme is %s" % (shown, readme)
+    # galaxy-importer renders README.md of the collection's root and refuses a collection without one.
+    assert readme == "README.md" and (tarball / readme).is_file(), "galaxy.yml's readme: %s" % readme
+    assert not (tarball / ".github").exists(), "the repository's README (.github/README.md) is shipped"
     text = (tarball / readme).read_text(encoding="utf-8")
     tools = sorted(set(match.group(0) for match in REPOSITORY_TOOLS.finditer(text)))
     assert not tools, "%s names what only the repository has: %s" % (readme, tools)
