@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` and `make test`. Each does its own set-up.
+# The two commands of the repository's README (.github/README.md): `make demo` and `make test`. Each does its own set-up.
 SHELL := /bin/bash
 VENV := .venv/bin
 export PATH := $(CURDIR)/.venv/bin:$(PATH)

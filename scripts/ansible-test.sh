@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs ansible-test (sanity or units) on the collection. ansible-test wants the source under
 # .../ansible_collections/constellation/cluster and resolves symlinks, so the repository
-# is bind-mounted there inside a private mount namespace (README.md).
+# is bind-mounted there inside a private mount namespace (.github/README.md).
 #   sh scripts/ansible-test.sh sanity [--test pep8 ...]
 #   sh scripts/ansible-test.sh units [tests/unit/...]
 set -eu

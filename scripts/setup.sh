@@ -62,7 +62,7 @@ if [ ! -f "$tools_stamp" ]; then
 fi
 
 # collections/ansible_collections/constellation/cluster -> repository root, so that
-# ansible.cfg's collections_path finds constellation.cluster (README.md).
+# ansible.cfg's collections_path finds constellation.cluster (.github/README.md).
 mkdir -p collections/ansible_collections/constellation
 [ -L collections/ansible_collections/constellation/cluster ] || ln -sfn ../../.. collections/ansible_collections/constellation/cluster
 
