@@ -134,6 +134,7 @@ options:
       - PEM file (or folder of them) with AMD's root certificates (ARK, ASK/ASVK) the nodes' SEV-SNP reports chain
         to, for the SEV-SNP variants. Default AMD's own roots, pinned in the collection.
     type: path
+    version_added: "0.4.0"
     vars:
       - name: constellation_amd_roots_path
   admin_priv_key_file:

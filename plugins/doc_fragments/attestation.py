@@ -70,6 +70,7 @@ options:
         and Turin, pinned in the collection; set it only to pin another root (the lab's AMD chain). Relative to the
         playbook's folder.
     type: path
+    version_added: "0.4.0"
   netns:
     description:
       - B(Lab only.) Open the controller's TCP connections in this network namespace (C(/run/netns/NAME)).

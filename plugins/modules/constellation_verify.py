@@ -86,6 +86,7 @@ options:
       - PEM file or folder of AMD's root certificates (ARK, ASK/ASVK) an SEV-SNP report must chain to (V(sev-snp));
         default AMD's own roots, pinned in the collection.
     type: path
+    version_added: "0.4.0"
   netns:
     description:
       - B(Lab only.) Run the request in this network namespace (C(/run/netns/NAME)); the module process enters it.

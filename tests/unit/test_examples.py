@@ -332,3 +332,36 @@ def test_every_module_and_plugin_reference_in_the_docs_names_one_of_ours_that_ex
             if (kind, plugin) not in plugins:
                 wrong.append("%s %s: P(%s.%s#%s) names no such plugin" % (plugin_type, name, COLLECTION, plugin, kind))
     assert not wrong, "\n".join(wrong)
+
+
+def _version(text):
+    return tuple(int(part) for part in str(text).split("."))
+
+
+def test_version_added_is_the_release_that_added_each_plugin_and_option(docs):
+    """changelogs/changelog.yaml lists the plugins each release added (antsibull-changelog reads their
+    ``version_added``): a listed plugin says that release. An unlisted one says galaxy.yml's version (it comes with
+    the next release) or an older release (the early releases' lists are incomplete), never the newest release,
+    whose list is complete. No option says a version after galaxy.yml's."""
+    version = str(yaml.safe_load((ROOT / "galaxy.yml").read_text())["version"])
+    releases = yaml.safe_load((ROOT / "changelogs" / "changelog.yaml").read_text())["releases"]
+    listed = {}
+    newest = max(releases, key=_version)
+    unlisted = (set(releases) | {version}) - {newest} if version != newest else set(releases) - {newest}
+    for release, entry in releases.items():
+        for module in entry.get("modules") or ():
+            listed[("module", module["name"])] = release
+        for plugin_type, plugins in (entry.get("plugins") or {}).items():
+            for plugin in plugins:
+                listed[(plugin_type, plugin["name"])] = release
+    wrong = []
+    for (plugin_type, name), entry in sorted(docs.items()):
+        added = str(entry["doc"].get("version_added"))
+        expected = {listed[(plugin_type, name)]} if (plugin_type, name) in listed else unlisted
+        if added not in expected:
+            wrong.append("%s %s: version_added %s, expected %s" % (plugin_type, name, added, " or ".join(sorted(expected))))
+        for option, spec in (entry["doc"].get("options") or {}).items():
+            if spec.get("version_added") and _version(spec["version_added"]) > _version(version):
+                wrong.append("%s %s: option %s added in %s, after galaxy.yml's %s"
+                             % (plugin_type, name, option, spec["version_added"], version))
+    assert not wrong, "\n".join(wrong)
