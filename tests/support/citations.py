@@ -15,7 +15,7 @@ from pathlib import Path
 
 # What is not the repository's text: ignored by git (.gitignore), or not ours.
 NOT_OURS = {".git", ".venv", "collections", "output", "__pycache__", ".pytest_cache", ".hypothesis", ".ansible",
-             ".lab", "build", "context", "node_modules", ".tox"}
+            ".lab", "build", "context", "node_modules", ".tox"}
 TEXT_SUFFIXES = {".py", ".md", ".rst", ".yml", ".yaml", ".sh", ".cfg", ".toml", ".txt", ".j2", ".ini", ".json"}
 # The changelog is history by design.
 HISTORY = ("CHANGELOG.md", "CHANGELOG.rst", "changelogs/")

@@ -318,7 +318,7 @@ def test_every_seealso_link_into_github_points_at_the_collections_repository(doc
 def test_every_module_and_plugin_reference_in_the_docs_names_one_of_ours_that_exists(docs):
     """``M(constellation.cluster.x)`` names a module and ``P(constellation.cluster.x#type)`` a plugin of that type
     (antsibull-docs refuses a filter cited as a module)."""
-    plugins = {(plugin_type, name) for plugin_type, name in docs}
+    plugins = set(docs)
     plugins |= {("module", path.stem) for path in (ROOT / "plugins" / "modules").glob("*.py")}
     plugins |= {(folder, path.stem) for folder in ("callback", "lookup", "inventory", "test")
                 for path in (ROOT / "plugins" / folder).glob("*.py")}
