@@ -116,3 +116,39 @@ def test_existing_files_are_kept_a_passphrase_protected_admin_key_too(inventory)
     with_passphrase = secrets_yml(inventory, "-e", "constellation_admin_key_passphrase=pp")
     assert with_passphrase.ok and with_passphrase.changed() == 0, with_passphrase.stdout
     assert with_passphrase.results("cp-0")[TASKS[3]]["public_key"].startswith("ecdsa-sha2-nistp256 ")
+
+
+def test_an_action_reads_the_vaulted_admin_key_and_a_vaulted_passphrase(inventory):
+    """The admin key secrets.yml made (vault file) and an operator's passphrase-protected one whose passphrase is a
+    `!vault` variable: an action that takes admin_priv_key_file opens both in memory and only then contacts the
+    peer (here a closed port); without the passphrase it fails naming the variable, before contacting anyone."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    assert secrets_yml(inventory).ok
+    protected = inventory / "own_key"
+    protected.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pp")))
+    encrypted = vault().encrypt(b"pp").decode()
+    (inventory / "group_vars" / "all" / "passphrase.yml").write_text(
+        "own_key_passphrase: !vault |\n" + "".join("  %s\n" % line for line in encrypted.splitlines()))
+    playbook = inventory.parent / "action.yml"
+    task = {"constellation.cluster.accepted_measurements": {
+        "endpoint": "127.0.0.1:9", "admin_priv_key_file": "{{ key }}", "variant": "qemu-vtpm",
+        "insecure_trust_any_ak": True, "timeout": 2, "measurements": {"4": {"expected": "aa" * 32, "warnOnly": False}}},
+        "ignore_errors": True, "register": "out"}
+    playbook.write_text(json.dumps([{"hosts": "cp-0", "gather_facts": False, "vars": {"ansible_connection": "local"},
+                                     "tasks": [dict(task, name="read the key")]}]))
+
+    def run(key, *extra):
+        args = ["--vault-password-file", str(inventory.parent / "vault_pass"), "-e", "key=%s" % key] + list(extra)
+        done = run_playbook(playbook, str(inventory / "hosts.yml"), inventory.parent / "runs", args)
+        return done.results("cp-0")["read the key"]["msg"]
+
+    for key, extra in ((inventory / "admin_key", ()),
+                       (protected, ("-e", "constellation_admin_key_passphrase={{ own_key_passphrase }}"))):
+        msg = run(key, *extra)
+        assert "127.0.0.1:9" in msg and "admin_priv_key" not in msg, msg  # the key opened; the peer was tried
+    msg = run(protected)
+    assert "admin_priv_key_passphrase" in msg and "constellation_admin_key_passphrase" in msg, msg
+    assert "127.0.0.1:9" not in msg
