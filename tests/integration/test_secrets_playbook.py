@@ -152,3 +152,27 @@ def test_an_action_reads_the_vaulted_admin_key_and_a_vaulted_passphrase(inventor
     msg = run(protected)
     assert "admin_priv_key_passphrase" in msg and "constellation_admin_key_passphrase" in msg, msg
     assert "127.0.0.1:9" not in msg
+
+
+def test_a_failed_activation_writes_neither_master_secret_nor_salt(inventory):
+    """activate_coordinator with the secret files (as the coordinator role runs it) where neither exists yet: they
+    are made in memory and written only once the Coordinator accepted them. Here it cannot be reached: the task
+    fails, changed=0, and neither file exists; given only one of the two, it fails naming both."""
+    playbook = inventory.parent / "activate.yml"
+    task = {"name": "activate", "constellation.cluster.activate_coordinator": {
+        "endpoint": "127.0.0.1:9", "master_secret_file": str(inventory / "constellation-mastersecret.json"),
+        "measurement_salt_file": str(inventory / "constellation-measurement-salt.json"), "vault": True,
+        "admin_pub_key": "unused", "variant": "qemu-vtpm", "insecure_trust_any_ak": True, "timeout": 2,
+        "measurements": {"4": {"expected": "aa" * 32, "warnOnly": False}}}}
+    playbook.write_text(json.dumps([{"hosts": "cp-0", "gather_facts": False, "vars": {"ansible_connection": "local"},
+                                     "tasks": [task]}]))
+    args = ["--vault-password-file", str(inventory.parent / "vault_pass")]
+    run = run_playbook(playbook, str(inventory / "hosts.yml"), inventory.parent / "runs", args)
+    assert not run.ok and run.counts("cp-0")["changed"] == 0
+    assert "127.0.0.1:9" in run.results("cp-0")["activate"]["msg"]
+    assert written(inventory) == []
+    (inventory / "constellation-mastersecret.json").write_text("kept")
+    run = run_playbook(playbook, str(inventory / "hosts.yml"), inventory.parent / "runs", args)
+    msg = run.results("cp-0")["activate"]["msg"]
+    assert "master_secret_file and measurement_salt_file: expected both or neither" in msg, msg
+    assert "constellation-measurement-salt.json" in msg and not (inventory / "constellation-measurement-salt.json").exists()
