@@ -20,6 +20,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key, sign_admin
 from ansible_collections.constellation.cluster.plugins.plugin_utils.admin_key import load_admin_key
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls import session
+from tests.unit.connection.test_atls_options import options as connection_options
 
 SECRETS = [("default", VaultSecret(b"vault password"))]
 OTHER_SECRETS = [("default", VaultSecret(b"another password"))]
@@ -114,17 +115,6 @@ def test_every_cluster_action_reads_a_vaulted_passphrase_protected_key(key, tmp_
     action._task_vars = {}  # pylint: disable=protected-access
     with pytest.raises(InputError, match="constellation_admin_key_passphrase"):
         action.load_admin_priv_key(str(path))
-
-
-def connection_options(key_file, **changes):
-    opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": None, "measurements_file": None,
-            "attestation_variant": "dummy", "admin_priv_key_file": key_file, "connect_timeout": 10,
-            "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
-            "netns": None, "warm_interpreter": True, "ek_ca_path": None, "amd_roots": None, "fresh_proof": True,
-            "measurements_pub_key_file": None, "prestart": True, "admin_priv_key_passphrase": None,
-            "insecure_trust_any_ak": False}
-    opts.update(changes)
-    return opts.__getitem__
 
 
 def test_the_atls_connection_hands_the_relay_the_key_decrypted_in_memory(key, tmp_path, monkeypatch):
