@@ -20,7 +20,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key, sign_admin
 from ansible_collections.constellation.cluster.plugins.plugin_utils.admin_key import load_admin_key
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls import session
-from tests.unit.connection.test_atls_options import options as connection_options
+from tests.unit.connection.atls_options import options as connection_options
 
 SECRETS = [("default", VaultSecret(b"vault password"))]
 OTHER_SECRETS = [("default", VaultSecret(b"another password"))]
