@@ -113,7 +113,7 @@ class ClusterAction(ActionBase):
             PASSPHRASE_VARIABLE, load_admin_key)
 
         passphrase = self._task_vars.get(PASSPHRASE_VARIABLE)
-        if passphrase:
+        if passphrase and getattr(self, "_templar", None) is not None:
             passphrase = self._templar.template(passphrase)
-        vault = getattr(self._loader, "_vault", None)
+        vault = getattr(getattr(self, "_loader", None), "_vault", None)
         return load_admin_key(path, passphrase or None, vault_secrets=getattr(vault, "secrets", None))
