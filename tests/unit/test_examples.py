@@ -322,6 +322,7 @@ def test_every_module_and_plugin_reference_in_the_docs_names_one_of_ours_that_ex
     plugins |= {("module", path.stem) for path in (ROOT / "plugins" / "modules").glob("*.py")}
     plugins |= {(folder, path.stem) for folder in ("callback", "lookup", "inventory", "test")
                 for path in (ROOT / "plugins" / folder).glob("*.py")}
+    plugins |= {("role", path.name) for path in (ROOT / "roles").iterdir() if path.is_dir()}
     wrong = []
     for (plugin_type, name), entry in sorted(docs.items()):
         text = json.dumps(entry)
