@@ -57,7 +57,7 @@ EXAMPLES = r"""
 - name: Attest a peer and read its state
   constellation.cluster.agent_state:
     endpoint: "{{ constellation_public_endpoint }}"
-    measurements: "{{ constellation_measurements }}"
+    measurements_file: "{{ constellation_measurements_file }}"
     admin_priv_key_file: "{{ constellation_admin_priv_key_file }}"
     ek_ca_path: "{{ constellation_ek_ca_path }}"
   register: peer
