@@ -108,11 +108,16 @@ notes:
 """
 
 EXAMPLES = r"""
+# The master secret and the salt as constellation.cluster.master_secret and measurement_salt made them, beside the
+# inventory; the init secret whose hash every agent was provisioned with.
 - name: Activate the Coordinator
   constellation.cluster.activate_coordinator:
     endpoint: "{{ constellation_public_endpoint }}"
-    kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
-    measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
+    kms_uri: >-
+      {{ lookup('ansible.builtin.file', inventory_dir ~ '/constellation-mastersecret.json') | constellation.cluster.kms_uri }}
+    measurement_salt: >-
+      {{ (lookup('ansible.builtin.file', inventory_dir ~ '/constellation-measurement-salt.json') | from_json).measurementSalt }}
+    init_secret: "{{ lookup('ansible.builtin.file', constellation_init_secret_file) }}"
     admin_priv_key_file: "{{ constellation_admin_priv_key_file }}"
     measurements_file: "{{ constellation_measurements_file }}"
     ek_ca_path: "{{ constellation_ek_ca_path }}"

@@ -100,6 +100,7 @@ EXAMPLES = r"""
     endpoint: 192.0.2.10:9000
     kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
     measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
+    init_secret: "{{ lookup('ansible.builtin.file', 'init_secret') }}"
     admin_priv_key_file: ~/.constellation/admin.key
     measurements_file: measurements.json
     ek_ca_path: ek_ca.pem

@@ -100,6 +100,7 @@ EXAMPLES = r"""
     admin_priv_key_file: admin_key
     backup_dir: "{{ inventory_dir }}/backups"
     node_endpoints: [192.0.2.11:9000, 192.0.2.12:9000]
+    init_secret: "{{ lookup('ansible.builtin.file', 'init_secret') }}"
     measurements_file: measurements.json
     ek_ca_path: ek_ca.pem
   no_log: true

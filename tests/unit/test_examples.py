@@ -14,7 +14,8 @@
   argument spec, by playbooks/vars/ or by the atls connection plugin's options;
 * a task of an attesting module (meta/runtime.yml's ``action_groups.attestation``) gives ``ek_ca_path`` unless it
   names a variant that has no EK chain, and the connection plugin's inventory sets ``constellation_ek_ca_path``:
-  the default variant, qemu-vtpm-ek, refuses to run without it.
+  the default variant, qemu-vtpm-ek, refuses to run without it; a task of a module that takes ``init_secret`` gives
+  it (an agent the node_agent role installed refuses an activation or restore without its proof).
 
 Every ``seealso`` link into a GitHub repository points at galaxy.yml's ``repository``.
 """
@@ -240,6 +241,9 @@ def _check_tasks(check, tasks, docs, attesting):
         unknown = sorted(set(args) - _option_names(docs[("module", module)]["doc"]))
         if unknown:
             check.problems.append("%s: %s has no option %s" % (check.where, action, unknown))
+        if "init_secret" in _option_names(docs[("module", module)]["doc"]) and "init_secret" not in args:
+            check.problems.append("%s: task %r gives no init_secret: an agent the node_agent role installed refuses it"
+                                  % (check.where, task.get("name")))
         if module in attesting and "ek_ca_path" not in args and args.get("variant") not in VARIANTS_WITHOUT_EK:
             check.problems.append("%s: task %r attests with the default variant (qemu-vtpm-ek) but gives no ek_ca_path"
                                   % (check.where, task.get("name")))
