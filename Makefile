@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` and `make test`. Each does its own set-up.
+# The two commands of the repository's README (.github/README.md): `make demo` and `make test`. Each does its own set-up.
 SHELL := /bin/bash
 VENV := .venv/bin
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
@@ -44,7 +44,7 @@ molecule: setup
 	sh scripts/molecule.sh
 
 build: setup
-	$(VENV)/ansible-galaxy collection build --force --output-path /tmp/constellation-build >/dev/null
+	sh scripts/build-collection.sh /tmp/constellation-build >/dev/null
 	@echo "collection build: ok"
 
 # The node image (docs/image.md): IMAGE_EK_CA (PEM of the TPM vendor CAs), IMAGE_SIGNING_KEY (the measurements

@@ -47,6 +47,20 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 
+# make test's Galaxy checks (scripts/galaxy-checks.sh: galaxy-importer, antsibull-docs) in their own environment,
+# .venv/tools: galaxy-importer pins older libraries than .venv has (scripts/galaxy-tools.txt).
+tools_stamp=.venv/tools/.deps-$(sha256sum scripts/galaxy-tools.txt | cut -c1-16)
+if [ ! -f "$tools_stamp" ]; then
+    echo "setup: installing galaxy-importer and antsibull-docs into .venv/tools (scripts/galaxy-tools.txt)"
+    log=$(mktemp)
+    if ! { { [ -x .venv/tools/bin/python ] || "$PY" -m venv .venv/tools; } \
+            && .venv/tools/bin/python -m pip install -q -r scripts/galaxy-tools.txt; } >"$log" 2>&1; then
+        grep -v "^WARNING: Location" "$log" >&2; rm -f "$log"; exit 1
+    fi
+    rm -f "$log" .venv/tools/.deps-*
+    touch "$tools_stamp"
+fi
+
 # collections/ansible_collections/constellation/cluster -> repository root, so that
 # ansible.cfg's collections_path finds constellation.cluster (README.md).
 mkdir -p collections/ansible_collections/constellation

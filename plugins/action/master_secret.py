@@ -25,6 +25,26 @@ from ansible_collections.constellation.cluster.plugins.module_utils.kms import (
 from ansible_collections.constellation.cluster.plugins.plugin_utils.action_args import ArgSpecAction
 
 
+def loader_vault(loader) -> VaultLib:
+    """The play's vault (its secrets), as the loader holds it."""
+    vault = getattr(loader, "_vault", None)
+    return vault if vault is not None else VaultLib([])
+
+
+def vault_encrypt(loader, content: bytes, vault_id, what: str) -> bytes:
+    """``content`` encrypted with the play's vault secret ``vault_id`` (default the first); fails naming the fix."""
+    secrets = loader_vault(loader).secrets
+    if not secrets:
+        raise AnsibleActionFail("vault: expected vault secrets in the play "
+                                "(--vault-id or --vault-password-file) to encrypt the %s" % what)
+    try:
+        matched = match_encrypt_secret(secrets, encrypt_vault_id=vault_id)
+    except AnsibleVaultError:
+        raise AnsibleActionFail("vault_id: expected one of the play's vault IDs (%s), got %r"
+                                % (", ".join(v for v, _s in secrets), vault_id)) from None
+    return VaultLib(secrets).encrypt(content, secret=matched[1], vault_id=matched[0])
+
+
 class WriteOnceSecretAction(ArgSpecAction):
     """Makes a secret file on the controller once: generated, optionally Ansible Vault encrypted,
     written 0600 atomically, never overwritten (an existing file is only checked). Subclasses say
@@ -81,20 +101,10 @@ class WriteOnceSecretAction(ArgSpecAction):
         return result
 
     def _vault(self):
-        vault = getattr(self._loader, "_vault", None)
-        return vault if vault is not None else VaultLib([])
+        return loader_vault(self._loader)
 
     def _encrypt(self, content, vault_id):
-        secrets = self._vault().secrets
-        if not secrets:
-            raise AnsibleActionFail("vault: expected vault secrets in the play "
-                                    "(--vault-id or --vault-password-file) to encrypt the %s" % self.WHAT)
-        try:
-            matched = match_encrypt_secret(secrets, encrypt_vault_id=vault_id)
-        except AnsibleVaultError:
-            raise AnsibleActionFail("vault_id: expected one of the play's vault IDs (%s), got %r"
-                                    % (", ".join(v for v, _s in secrets), vault_id)) from None
-        return VaultLib(secrets).encrypt(content, secret=matched[1], vault_id=matched[0])
+        return vault_encrypt(self._loader, content, vault_id, self.WHAT)
 
     def _check_existing(self, path, args):
         """Never overwrites; checks that what is there is the right kind of file when it can read it."""

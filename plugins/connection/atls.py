@@ -134,18 +134,29 @@ options:
       - PEM file (or folder of them) with AMD's root certificates (ARK, ASK/ASVK) the nodes' SEV-SNP reports chain
         to, for the SEV-SNP variants. Default AMD's own roots, pinned in the collection.
     type: path
+    version_added: "0.4.0"
     vars:
       - name: constellation_amd_roots_path
   admin_priv_key_file:
     description:
-      - The admin's private key (unencrypted PEM or OpenSSH; Ed25519 or ECDSA P-256), whose public key
-        was pinned at activation. It signs a fresh challenge bound to each TLS connection; it is never sent.
+      - The admin's private key (PEM or OpenSSH; Ed25519 or ECDSA P-256), whose public key was pinned at
+        activation. It signs a fresh challenge bound to each TLS connection; it is never sent.
+      - It may be an Ansible Vault file (decrypted in memory with the run's vault secrets, never written
+        decrypted) or passphrase-protected (O(admin_priv_key_passphrase)).
     type: path
     required: true
     env:
       - name: CONSTELLATION_ADMIN_PRIV_KEY_FILE
     vars:
       - name: constellation_admin_priv_key_file
+  admin_priv_key_passphrase:
+    description:
+      - The passphrase of a passphrase-protected admin key. Keep it in Ansible Vault.
+      - A passphrase-protected OpenSSH key needs the Python package C(bcrypt) on the controller.
+    type: str
+    version_added: "0.4.0"
+    vars:
+      - name: constellation_admin_key_passphrase
   connect_timeout:
     description: Seconds for the TCP connect and for the TLS handshake, each.
     type: float
@@ -238,22 +249,29 @@ notes:
 seealso:
   - name: Connection plugin documentation
     description: docs/connection.md in the collection
-    link: https://github.com/constellation/cluster/blob/main/docs/connection.md
+    link: https://github.com/constellation-cluster/constellation.cluster/blob/main/docs/connection.md
 """
 
 EXAMPLES = r"""
-# inventories/cluster/hosts.yml
-# all:
-#   vars:
-#     ansible_connection: constellation.cluster.atls
-#     ansible_pipelining: true
-#     constellation_measurements_file: "{{ inventory_dir }}/measurements.json"
-#     constellation_admin_priv_key_file: ~/.constellation/admin.key
-#   hosts:
-#     coordinator-0:
-#       constellation_public_endpoint: 192.0.2.10:9000
-#     node-0:
-#       ansible_host: 192.0.2.11
+# An inventory (inventories/mycluster/hosts.yml): the controller reaches every host's agent over attested TLS.
+all:
+  vars:
+    ansible_connection: constellation.cluster.atls
+    ansible_pipelining: true
+    constellation_measurements_file: "{{ inventory_dir }}/measurements.json"
+    constellation_measurements_pub_key_file: "{{ inventory_dir }}/measurements.pub"
+    # qemu-vtpm-ek (the default variant): the TPM vendors' EK CA bundle the nodes' EK certificates chain to
+    constellation_ek_ca_path: "{{ inventory_dir }}/ek_ca.pem"
+    constellation_admin_priv_key_file: ~/.constellation/admin.key
+  children:
+    coordinators:
+      hosts:
+        cp-0:
+          constellation_public_endpoint: 192.0.2.10:9000
+    nodes:
+      hosts:
+        worker-0:
+          ansible_host: 192.0.2.11
 """
 
 import fcntl

@@ -9,7 +9,7 @@ class ModuleDocFragment:
     """Attestation options of the controller-side cluster actions (module_utils/attestation/policy.py)."""
 
     # Documentation is read as a literal: the variant choices must equal attestation/choose.py's
-    # VARIANT_NAMES, which the argument spec uses (tests/unit/attestation/test_choose.py checks it).
+    # VARIANT_NAMES, which the argument spec uses (the repository's test_choose.py checks it).
     DOCUMENTATION = r"""
 options:
   measurements:
@@ -70,6 +70,7 @@ options:
         and Turin, pinned in the collection; set it only to pin another root (the lab's AMD chain). Relative to the
         playbook's folder.
     type: path
+    version_added: "0.4.0"
   netns:
     description:
       - B(Lab only.) Open the controller's TCP connections in this network namespace (C(/run/netns/NAME)).

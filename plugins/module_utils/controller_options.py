@@ -19,8 +19,14 @@ from ansible_collections.constellation.cluster.plugins.module_utils.constants im
 # their documentation stubs in plugins/modules declare the same dicts, so the two cannot drift.
 ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
     endpoint=dict(type="str", required=True),
-    kms_uri=dict(type="str", required=True, no_log=True),
-    measurement_salt=dict(type="str", required=True, no_log=True),
+    # The cluster's secrets: given (kms_uri, measurement_salt), or the two files, read or, where neither exists
+    # yet, made in memory and written only once the Coordinator accepted them (a failed activation writes none).
+    kms_uri=dict(type="str", no_log=True),
+    measurement_salt=dict(type="str", no_log=True),
+    master_secret_file=dict(type="path"),
+    measurement_salt_file=dict(type="path"),
+    vault=dict(type="bool", default=False),
+    vault_id=dict(type="str"),
     storage_uri=dict(type="str", no_log=True),
     admin_pub_key=dict(type="str"),
     admin_priv_key_file=dict(type="path"),

@@ -36,7 +36,11 @@ options:
     type: str
     required: true
   admin_priv_key_file:
-    description: The admin's private key (the one pinned at activation).
+    description:
+      - The admin's private key (the one pinned at activation).
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
     required: true
   accepted_measurements_file:
@@ -64,8 +68,9 @@ attributes:
 EXAMPLES = r"""
 - name: Accept the new image's measurements beside the old one's
   constellation.cluster.accepted_measurements:
-    endpoint: "{{ constellation_coordinator_public_endpoint }}"
+    endpoint: "{{ hostvars[groups['coordinators'][0]].constellation_public_endpoint }}"
     admin_priv_key_file: "{{ constellation_admin_priv_key_file }}"
+    ek_ca_path: "{{ constellation_ek_ca_path }}"
     accepted_measurements_file: "{{ inventory_dir }}/measurements-upgrade.json"
     measurements_file: "{{ inventory_dir }}/measurements-upgrade.json"
 """

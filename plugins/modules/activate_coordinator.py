@@ -28,13 +28,38 @@ options:
     type: str
     required: true
   kms_uri:
-    description: SECRET. The KMS URI, C(kms://cluster-kms?key=...&salt=...) (filter M(constellation.cluster.kms_uri)).
+    description:
+      - SECRET. The KMS URI, C(kms://cluster-kms?key=...&salt=...) (filter P(constellation.cluster.kms_uri#filter)).
+      - Give O(kms_uri) and O(measurement_salt), or O(master_secret_file) and O(measurement_salt_file).
     type: str
-    required: true
   measurement_salt:
     description: SECRET. The cluster's measurement salt, standard base64 of 32 bytes (M(constellation.cluster.measurement_salt)).
     type: str
-    required: true
+  master_secret_file:
+    description:
+      - The master secret file on the controller (M(constellation.cluster.master_secret)'s, vault-encrypted or not),
+        instead of O(kms_uri). A vault-encrypted file is decrypted in memory.
+      - Where neither it nor O(measurement_salt_file) exists yet, both are made in memory and written (0600,
+        atomically, never overwritten; vault-encrypted with O(vault)) only once the Coordinator accepted the
+        activation, so a failed activation writes neither. In check mode nothing is written.
+      - Where only one of the two exists the task fails, naming both.
+    type: path
+    version_added: "0.4.0"
+  measurement_salt_file:
+    description:
+      - The measurement salt file on the controller (M(constellation.cluster.measurement_salt)'s), instead of
+        O(measurement_salt); made with O(master_secret_file).
+    type: path
+    version_added: "0.4.0"
+  vault:
+    description: Encrypt the secret files this task makes with Ansible Vault (the play's vault secrets).
+    type: bool
+    default: false
+    version_added: "0.4.0"
+  vault_id:
+    description: The vault ID to encrypt with, when the play has several. Default is the first one.
+    type: str
+    version_added: "0.4.0"
   storage_uri:
     description: The storage URI; default C(storage://no-store).
     type: str
@@ -42,7 +67,11 @@ options:
     description: The admin's public key (PEM or OpenSSH; Ed25519 or ECDSA P-256). Default derived from O(admin_priv_key_file).
     type: str
   admin_priv_key_file:
-    description: The admin's private key, to derive O(admin_pub_key) and to read an activated Coordinator's VPN identity.
+    description:
+      - The admin's private key, to derive O(admin_pub_key) and to read an activated Coordinator's VPN identity.
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
   cluster_name:
     description: The cluster's name.
@@ -79,13 +108,19 @@ notes:
 """
 
 EXAMPLES = r"""
+# The master secret and the salt as constellation.cluster.master_secret and measurement_salt made them, beside the
+# inventory; the init secret whose hash every agent was provisioned with.
 - name: Activate the Coordinator
   constellation.cluster.activate_coordinator:
     endpoint: "{{ constellation_public_endpoint }}"
-    kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
-    measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
+    kms_uri: >-
+      {{ lookup('ansible.builtin.file', inventory_dir ~ '/constellation-mastersecret.json') | constellation.cluster.kms_uri }}
+    measurement_salt: >-
+      {{ (lookup('ansible.builtin.file', inventory_dir ~ '/constellation-measurement-salt.json') | from_json).measurementSalt }}
+    init_secret: "{{ lookup('ansible.builtin.file', constellation_init_secret_file) }}"
     admin_priv_key_file: "{{ constellation_admin_priv_key_file }}"
-    measurements: "{{ constellation_measurements }}"
+    measurements_file: "{{ constellation_measurements_file }}"
+    ek_ca_path: "{{ constellation_ek_ca_path }}"
   no_log: true
   register: activation
 """
@@ -112,6 +147,14 @@ state:
   description: The agent's state after this task.
   returned: success
   type: str
+secret_files_made:
+  description:
+    - The secret files this task made once the Coordinator accepted the activation (in check mode, would make);
+      empty when they existed already.
+  returned: with O(master_secret_file)
+  type: list
+  elements: str
+  version_added: "0.4.0"
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -72,7 +72,11 @@ options:
     default: {}
     version_added: "0.3.0"
   admin_priv_key_file:
-    description: The admin's private key; signs the Coordinator's admin challenge (never sent).
+    description:
+      - The admin's private key; signs the Coordinator's admin challenge (never sent).
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
     required: true
   cluster_id:
@@ -91,6 +95,19 @@ attributes:
 """
 
 EXAMPLES = r"""
+- name: Activate the Coordinator (its answer carries the cluster ID)
+  constellation.cluster.activate_coordinator:
+    endpoint: 192.0.2.10:9000
+    kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
+    measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
+    init_secret: "{{ lookup('ansible.builtin.file', 'init_secret') }}"
+    admin_priv_key_file: ~/.constellation/admin.key
+    measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
+  no_log: true
+  run_once: true
+  register: activation
+
 - name: The Coordinator activates the fresh nodes
   constellation.cluster.activate_nodes:
     coordinator_public_endpoint: 192.0.2.10:9000
@@ -98,6 +115,7 @@ EXAMPLES = r"""
     admin_priv_key_file: ~/.constellation/admin.key
     cluster_id: "{{ activation.cluster_id }}"
     measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
   run_once: true
 
 - name: The Coordinator activates two further Coordinators, then the fresh nodes
@@ -108,6 +126,7 @@ EXAMPLES = r"""
     admin_priv_key_file: ~/.constellation/admin.key
     cluster_id: "{{ activation.cluster_id }}"
     measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
   run_once: true
 """
 

@@ -93,6 +93,7 @@ EXAMPLES = r"""
         state: absent
     admin_priv_key_file: inventories/prod/admin_key
     measurements_file: measurements.json
+    ek_ca_path: inventories/prod/ek_ca.pem
 """
 
 RETURN = r"""

@@ -98,6 +98,7 @@ options:
       - Unused; accepted for the action group. V(sev-snp) quotes no PCRs, so its agent has no PCR 13 value (the
         launch measurement covers it), so the task is skipped.
     type: path
+    version_added: "0.4.0"
   netns:
     description: Unused (nothing is connected to); accepted for the action group.
     type: str

@@ -54,21 +54,25 @@ options:
       - Where an SEV-SNP variant's issuer gets the report, as the agent's C(snp_report_source) key says it
         (C(configfs-tsm:/sys/kernel/config/tsm/report), the default, or C(unix:<socket>), the lab's platform).
     type: str
+    version_added: "0.4.0"
   amd_roots:
     description:
       - AMD root key (ARK) certificates the SEV-SNP report must chain to, PEM file(s) or a folder on the managed
         host. Default AMD's real ARKs, pinned in the collection (the lab gives its own AMD's).
     type: list
+    version_added: "0.4.0"
     elements: path
   amd_cert_cache:
     description:
       - A folder on the managed host of AMD certificates for a report that comes without them (docs/attestation.md,
         "Certificates at hand").
     type: path
+    version_added: "0.4.0"
   amd_kds_fetch:
     description:
       - Fetch a missing VCEK or AMD chain from AMD's KDS into O(amd_cert_cache).
     type: bool
+    version_added: "0.4.0"
     default: false
   event_log_file:
     description:

@@ -86,6 +86,7 @@ options:
       - PEM file or folder of AMD's root certificates (ARK, ASK/ASVK) an SEV-SNP report must chain to (V(sev-snp));
         default AMD's own roots, pinned in the collection.
     type: path
+    version_added: "0.4.0"
   netns:
     description:
       - B(Lab only.) Run the request in this network namespace (C(/run/netns/NAME)); the module process enters it.
@@ -121,6 +122,7 @@ EXAMPLES = r"""
   constellation.cluster.constellation_verify:
     endpoint: "{{ ansible_host }}:9090"
     measurements_file: "{{ inventory_dir }}/measurements.json"
+    ek_ca_path: "{{ constellation_ek_ca_path }}"
   delegate_to: localhost
   register: verified
 
@@ -132,6 +134,7 @@ EXAMPLES = r"""
       "4": {expected: "5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d", warnOnly: false}
       "9": {expected: "2dee5d9c597a9098821e73214b9347b8e5e448c09ebd3375143855be72e33058", warnOnly: false}
       "15": {expected: "0000000000000000000000000000000000000000000000000000000000000000", warnOnly: false}
+    ek_ca_path: ek_ca.pem
   delegate_to: localhost
 
 - name: Print the per-PCR table

@@ -40,7 +40,11 @@ options:
     type: str
     required: true
   admin_priv_key_file:
-    description: The admin's private key (PEM); its public key must be the one the backup's Coordinator pinned.
+    description:
+      - The admin's private key (PEM); its public key must be the one the backup's Coordinator pinned.
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
     required: true
   init_secret:
@@ -96,7 +100,9 @@ EXAMPLES = r"""
     admin_priv_key_file: admin_key
     backup_dir: "{{ inventory_dir }}/backups"
     node_endpoints: [192.0.2.11:9000, 192.0.2.12:9000]
+    init_secret: "{{ lookup('ansible.builtin.file', 'init_secret') }}"
     measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
   no_log: true
 """
 

@@ -87,12 +87,12 @@ EXAMPLES = r"""
 - name: Write the state disk passphrase of a node
   constellation.cluster.kms_key:
     master_secret_file: /etc/constellation/constellation-mastersecret.json
-    state_disk_uuid: "{{ node_state_disk_uuid }}"
+    state_disk_uuid: 5b1f6c8e-3c5a-4e0b-9d0a-2f6e8c7b1a24
     dest: /run/cryptsetup-keys.d/state.key
 
 - name: Get the measurement secret into a variable
   constellation.cluster.kms_key:
-    kms_uri: "{{ vault_kms_uri }}"
+    kms_uri: "{{ lookup('ansible.builtin.file', inventory_dir ~ '/constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
     key_id: measurementSecret
     return_key: true
   no_log: true

@@ -137,10 +137,10 @@ EXAMPLES = r"""
 - name: Join a worker with the pinned CA
   constellation.cluster.kubeadm_join:
     api_server_endpoint: 10.118.0.1:6443
-    token: "{{ hostvars[groups['coordinator'][0]].cluster_init.token }}"
-    ca_cert_hash: "{{ hostvars[groups['coordinator'][0]].cluster_init.ca_cert_hash }}"
+    token: "{{ hostvars[groups['coordinators'][0]].cluster_init.token }}"
+    ca_cert_hash: "{{ hostvars[groups['coordinators'][0]].cluster_init.ca_cert_hash }}"
     node_name: "{{ inventory_hostname }}"
-    node_vpn_ip: "{{ node_vpn_ip }}"
+    node_vpn_ip: "{{ wireguard_vpn_ip }}"
 """
 
 RETURN = r"""

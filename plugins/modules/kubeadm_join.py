@@ -92,23 +92,24 @@ EXAMPLES = r"""
     node_name: worker-0
     node_vpn_ip: 10.118.0.11
 
+# cluster_init: registered by constellation.cluster.kubeadm_init (return_secrets) on the first control plane
 - name: Join a worker
   constellation.cluster.kubeadm_join:
     api_server_endpoint: 10.118.0.1:6443
-    token: "{{ join_token }}"
-    ca_cert_hash: "{{ cluster_ca_cert_hash }}"
+    token: "{{ hostvars[groups['coordinators'][0]].cluster_init.token }}"
+    ca_cert_hash: "{{ hostvars[groups['coordinators'][0]].cluster_init.ca_cert_hash }}"
     node_name: worker-0
     node_vpn_ip: 10.118.0.11
 
 - name: Join a second control plane with uploaded certificates
   constellation.cluster.kubeadm_join:
     api_server_endpoint: 10.118.0.1:6443
-    token: "{{ join_token }}"
-    ca_cert_hash: "{{ cluster_ca_cert_hash }}"
+    token: "{{ hostvars[groups['coordinators'][0]].cluster_init.token }}"
+    ca_cert_hash: "{{ hostvars[groups['coordinators'][0]].cluster_init.ca_cert_hash }}"
     node_name: control-plane-1
     node_vpn_ip: 10.118.0.2
     control_plane: true
-    certificate_key: "{{ certificate_key }}"
+    certificate_key: "{{ hostvars[groups['coordinators'][0]].cluster_init.certificate_key }}"
 """
 
 RETURN = r"""

@@ -79,10 +79,10 @@ EXAMPLES = r"""
   register: kubernetes_etcd
   no_log: true  # the snapshot holds the cluster's Secrets
 
-- name: Write a snapshot from a backup for etcdutl snapshot restore
+- name: Write a snapshot (this one, or a backup's from coordinator_restore) for etcdutl snapshot restore
   constellation.cluster.kubernetes_etcd_snapshot:
     dest: /var/lib/etcd-restore.db
-    snapshot: "{{ restore_result.kubernetes_etcd_snapshot }}"
+    snapshot: "{{ kubernetes_etcd.snapshot }}"
   no_log: true
 """
 

@@ -53,6 +53,7 @@ EXAMPLES = r"""
     kms_uri: "{{ lookup('ansible.builtin.file', 'constellation-mastersecret.json') | constellation.cluster.kms_uri }}"
     measurement_salt: "{{ (lookup('ansible.builtin.file', 'constellation-measurement-salt.json') | from_json).measurementSalt }}"
     measurements_file: measurements.json
+    ek_ca_path: ek_ca.pem
   no_log: true
 """
 

@@ -62,6 +62,7 @@ EXAMPLES = r"""
     node_public_ip: 192.0.2.14
     admin_priv_key_file: inventories/prod/admin_key
     measurements_file: measurements.json
+    ek_ca_path: inventories/prod/ek_ca.pem
 """
 
 RETURN = r"""

@@ -53,8 +53,9 @@ seealso:
 EXAMPLES = r"""
 - name: Attest the coordinator before anything is sent to it
   constellation.cluster.verify_attestation:
-    endpoint: "{{ coordinator_public_endpoint }}"
+    endpoint: "{{ hostvars[groups['coordinators'][0]].constellation_public_endpoint }}"
     measurements_file: "{{ inventory_dir }}/measurements.json"
+    ek_ca_path: "{{ constellation_ek_ca_path }}"
 
 - name: Attest a node against an inline policy
   constellation.cluster.verify_attestation:
@@ -63,6 +64,7 @@ EXAMPLES = r"""
       "4": {expected: "5198fd549fc9f44a49168b788f58e366af624866647dbe7e917388a0b1673c1d", warnOnly: false}
       "8": "0000000000000000000000000000000000000000000000000000000000000000"
       "14": {expected: "0000000000000000000000000000000000000000000000000000000000000000", warnOnly: true}
+    ek_ca_path: "{{ constellation_ek_ca_path }}"
   register: attestation
 """
 

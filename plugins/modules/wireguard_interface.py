@@ -68,7 +68,7 @@ EXAMPLES = r"""
 - name: WireGuard interface of a node
   constellation.cluster.wireguard_interface:
     name: wg0
-    address: "{{ node_vpn_ip }}/16"
+    address: "{{ wireguard_vpn_ip }}/16"
   register: wg
 
 - name: Remember the node's VPN public key

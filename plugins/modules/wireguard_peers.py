@@ -74,11 +74,17 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Full mesh of the cluster (list from the inventory, not from the play's hosts)
+- name: WireGuard interface of a node
+  constellation.cluster.wireguard_interface:
+    name: wg0
+    address: "{{ wireguard_vpn_ip }}/16"
+  register: wg
+
+- name: Full mesh of the cluster (the list from the inventory, not from the play's hosts), without this host
   constellation.cluster.wireguard_peers:
     interface: wg0
     exclusive: true
-    peers: "{{ cluster_vpn_peers | rejectattr('pub_key', 'equalto', node_vpn_pub_key) }}"
+    peers: "{{ wireguard_peers | rejectattr('pub_key', 'equalto', wg.vpn_pub_key) }}"
 
 - name: Remove a retired node
   constellation.cluster.wireguard_peers:

@@ -7,7 +7,7 @@ command line (or a UKI's parts) and the guest's vCPUs. The result is what a meas
 ``snp.launchMeasurement`` takes.
 
 Here, not in module_utils: sev-snp-measure is a controller requirement (requirements.txt), never installed on a
-node, and everything under module_utils is what a node imports (tests/unit/test_node_packages.py). The
+node, and everything under module_utils is what a node imports (the repository's test_node_packages.py). The
 ``sev_snp_launch_measurement`` filter is the adapter."""
 
 from __future__ import annotations

@@ -7,11 +7,9 @@ Ansible, transport or agent), and no file grows past the safety cap."""
 from __future__ import annotations
 
 import ast
-import io
-import os
-import re
-import tokenize
 from pathlib import Path
+
+from ansible_collections.constellation.cluster.tests.support import citations
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE_UTILS = ROOT / "plugins" / "module_utils"
@@ -389,126 +387,6 @@ def test_every_method_declares_a_caller_rule_the_server_enforces():
 
 
 # ---------------------------------------------------------------------------------------------- citations
-# What is not the repository's text: ignored by git (.gitignore), or not ours.
-_NOT_OURS = {".git", ".venv", "collections", "output", "__pycache__", ".pytest_cache", ".hypothesis", ".ansible",
-             ".lab", "build", "context", "node_modules", ".tox"}
-_TEXT_SUFFIXES = {".py", ".md", ".rst", ".yml", ".yaml", ".sh", ".cfg", ".toml", ".txt", ".j2", ".ini", ".json"}
-# The changelog is history by design.
-_HISTORY = ("CHANGELOG.md", "CHANGELOG.rst", "changelogs/")
-# docs/bench.md is a log of measurements: each run is named by the issue whose code it measured.
-_MEASUREMENT_LOG = {"docs/bench.md"}
-# Forbidden: the upstream spec's and the design notes' names (neither file is in the repository), and
-# "issue N" (a comment says why the code is as it is, not which issue changed it; "issue 7.8 ms" is a verb).
-# A name in code (``valid_args(SPEC)``, ``SPEC = dict(...)``) is not a citation.
-_UPSTREAM_NOTES = re.compile(r"(?:(?<![\w.(])|(?<=\()(?<![\w.]\())(?:S[P]EC|DES[I]GN)(?:\.md\b|\s*§|\s+\d|\s*[;:)](?!\s*dict))")
-_ISSUE_NUMBER = re.compile(r"(?i)\bissues?\s+#?\d+\b(?![.,]\d)")
-# A cited path: relative (not after "/", "~", "$", "{" or a word), at least one folder, a file name with one of
-# these suffixes, not followed by a word character or a "/".
-_CITED_PATH = re.compile(r"(?<![\w./~$<{}-])((?:[\w.-]+/)+[\w-][\w.-]*\.(?:py|md|rst|yml|yaml|sh))(?![\w/])")
-
-
-# A cited section: ``docs/<name>.md, "Heading"`` (or ``<name>.md "Heading"``); a bare upper-case document name: ``README.md``.
-_CITED_SECTION = re.compile(r'((?:[\w.-]+/)*[\w-]+\.md),? "([^"\n]+)"')
-_BARE_DOCUMENT = re.compile(r"(?<![\w./~$<{}-])([A-Z][A-Z_]*\.md)\b")
-
-
-def _sections(path: Path):
-    """What a section citation may name: a Markdown heading, or a paragraph's bold lead-in (``**Text.**``);
-    backticks are ignored, and the citation may give the title's beginning only."""
-    titles = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("#"):
-            titles.append(line.lstrip("#").strip())
-        elif line.startswith("**") and "**" in line[2:]:
-            titles.append(line[2:line.index("**", 2)])
-    return [title.replace("`", "") for title in titles]
-
-
-def _cited_section_missing(doc: str, title: str, rel: str) -> bool:
-    for path in (ROOT / doc, (ROOT / rel).parent / doc):
-        if path.is_file():
-            title = title.replace("`", "")
-            return not any(section.startswith(title) for section in _sections(path))
-    return False  # a missing document is the path rule's finding
-
-
-def _repository_text_files():
-    for folder, dirs, files in os.walk(ROOT):
-        dirs[:] = sorted(d for d in dirs if d not in _NOT_OURS and not d.endswith(".egg-info")
-                         and not os.path.islink(os.path.join(folder, d)))
-        for name in sorted(files):
-            path = Path(folder) / name
-            rel = path.relative_to(ROOT).as_posix()
-            if rel.startswith("inventories/lab/") or path.is_symlink():
-                continue
-            if path.suffix in _TEXT_SUFFIXES or name in ("Makefile", "README", "LICENSE"):
-                yield path, rel
-
-
-def _python_comments_and_docstrings(text: str):
-    """The comments and the docstrings of a Python file: where a citation is prose, not code."""
-    parts = []
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type == tokenize.COMMENT:
-                parts.append(token.string)
-        tree = ast.parse(text)
-    except (SyntaxError, tokenize.TokenError):
-        return [text]
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node, clean=False)
-            if doc:
-                parts.append(doc)
-    return parts
-
-
-def _prose(path: Path, rel: str):
-    """Where a file cites: all of a document (.md, .rst, .txt), the comments and docstrings of Python, the
-    comments (from a ``#`` at a line's start or after a blank) of YAML, shell and the other text files."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix in (".md", ".rst", ".txt"):
-        return [text]
-    if path.suffix == ".py":
-        return _python_comments_and_docstrings(text)
-    return [m.group(1) for m in re.finditer(r"(?:^|\s)(#.*)$", text, re.M)]
-
-
-def _ignored_folders():
-    """The folders .gitignore names: what the tools generate (the lab's inventory), never kept."""
-    lines = (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
-    return tuple(line.strip("/") + "/" for line in lines if line.endswith("/") and "*" not in line)
-
-
-def _cited_bases(rel: str):
-    """Where a relative path may start: the repository root, plugins/module_utils (the modules' own relative
-    form: ``core/status.py``), plugins/, playbooks/ (a play's ``vars/`` and ``tasks/``), the citing file's folder
-    and a role's folder (in a role: its own; elsewhere: any, as docs/roles.md says ``meta/main.yml`` of every
-    role)."""
-    parts = rel.split("/")
-    if parts[0] == "roles" and len(parts) > 2:
-        roles = [ROOT / "roles" / parts[1]]
-    else:
-        roles = sorted(path for path in (ROOT / "roles").iterdir() if path.is_dir())
-    return [ROOT, MODULE_UTILS, ROOT / "plugins", ROOT / "playbooks", (ROOT / rel).parent] + roles
-
-
-def _operators_inventory(cited: str) -> bool:
-    """inventories/ keeps the example: an operator's own ``inventories/<name>/`` (the README's) is not ours."""
-    parts = cited.split("/")
-    return parts[0] == "inventories" and len(parts) > 2 and not (ROOT / "inventories" / parts[1]).is_dir()
-
-
-def _cited_path_missing(cited: str, rel: str, ignored) -> bool:
-    """A path whose first folder is in none of the bases is not ours (an operator's ``group_vars/``,
-    Kubernetes' ``manifests/``): not a citation. Ours must exist, or lie in a folder .gitignore names, or in
-    an operator's inventory."""
-    bases = [base for base in _cited_bases(rel) if (base / cited.split("/")[0]).is_dir()]
-    if not bases or cited.startswith(ignored) or _operators_inventory(cited):
-        return False
-    return not any((base / cited).exists() for base in bases)
-
-
 def test_every_cited_path_exists_and_nothing_cites_what_the_repository_lacks():
     """The repository is self-contained. In every text file we keep (not what .gitignore ignores; the changelog
     excepted, it is history by design):
@@ -534,25 +412,25 @@ def test_every_cited_path_exists_and_nothing_cites_what_the_repository_lacks():
     Whatever the files are named, the rules hold.
     """
     unknown_notes, issue_numbers, missing = [], [], []
-    ignored = _ignored_folders()
-    for path, rel in _repository_text_files():
-        if rel.startswith(_HISTORY):
+    ignored = citations.ignored_folders(ROOT)
+    for path, rel in citations.repository_text_files(ROOT):
+        if rel.startswith(citations.HISTORY):
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         for number, line in enumerate(text.splitlines(), 1):
-            if _UPSTREAM_NOTES.search(line):
+            if citations.UPSTREAM_NOTES.search(line):
                 unknown_notes.append("%s:%d: %s" % (rel, number, line.strip()[:120]))
-            if _ISSUE_NUMBER.search(line) and rel not in _MEASUREMENT_LOG:
+            if citations.ISSUE_NUMBER.search(line) and rel not in citations.MEASUREMENT_LOG:
                 issue_numbers.append("%s:%d: %s" % (rel, number, line.strip()[:120]))
-        for prose in _prose(path, rel):
-            for cited in _CITED_PATH.findall(prose):
-                if _cited_path_missing(cited, rel, ignored):
+        for prose in citations.prose(path, rel):
+            for cited in citations.CITED_PATH.findall(prose):
+                if citations.cited_path_missing(ROOT, cited, rel, ignored):
                     missing.append("%s cites %s" % (rel, cited))
-            for cited in _BARE_DOCUMENT.findall(prose):
+            for cited in citations.BARE_DOCUMENT.findall(prose):
                 if not (ROOT / cited).exists() and not ((ROOT / rel).parent / cited).exists():
                     missing.append("%s cites %s" % (rel, cited))
-            for doc, title in _CITED_SECTION.findall(prose):
-                if _cited_section_missing(doc, title, rel):
+            for doc, title in citations.CITED_SECTION.findall(prose):
+                if citations.cited_section_missing(ROOT, doc, title, rel):
                     missing.append('%s cites %s, "%s"' % (rel, doc, title))
     problems = (["cites a file the repository does not contain: " + line for line in unknown_notes]
                 + ["narrates history (say why, not which issue): " + line for line in issue_numbers]

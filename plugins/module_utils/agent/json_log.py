@@ -23,7 +23,7 @@ class JSONLog:
         self.stream = stream or sys.stderr
         self.node = node
         self._lock = threading.Lock()
-        # Fault tests only (tests/integration/test_faults.py): the process dies at once, as under
+        # Fault tests only (the repository's test_faults.py): the process dies at once, as under
         # SIGKILL, right after it logs this event, so that a test can stop an agent at an exact step.
         self.kill_after_event = os.environ.get(KILL_AFTER_EVENT_ENV) or None
 

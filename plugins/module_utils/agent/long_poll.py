@@ -21,7 +21,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client i
 
 MARGIN = 5.0  # the held request's read timeout beyond its wait
 # Each held request asks for a wait drawn in [(1 - JITTER) x wait, wait]: after a change every Node holds again at
-# once, and without it all their requests would fall due in the same instant (bench/coordinator_capacity.py: a
+# once, and without it all their requests would fall due in the same instant (the repository's bench coordinator_capacity.py: a
 # held request answered ~1 s late at p99 with 1,000 Nodes).
 JITTER = 0.25
 

@@ -7,7 +7,7 @@ The chooser (choose.py) imports a variant's module by name, and only when the va
 AnsiballZ cannot see such an import: it packs only the module_utils a module imports. A module that
 chooses a variant on a host imports this module instead, so every registered variant travels with it;
 the controller's cluster actions import it once so that their task workers inherit it.
-tests/unit/attestation/test_choose.py checks that it names exactly the modules of the chooser's
+The repository's test_choose.py checks that it names exactly the modules of the chooser's
 registrations.
 """
 

@@ -17,7 +17,7 @@ A variant's earlier OIDs (``Variant.alias_oids``) are registered with it: its va
 
 Adding a variant (docs/extending.md): its module, one ``register(VariantSpec(...))`` here, its module in
 ``all_variants.py`` and its name in the literal choice lists Ansible reads without Python; the tests in
-tests/unit/attestation/test_choose.py find those lists and fail until they agree with the registrations.
+the repository's test_choose.py find those lists and fail until they agree with the registrations.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ TPMT_SIGNATURE (TPM 2.0 Part 2, sections 10.12.12 and 11.3.4), big-endian as the
 
 Why not tpm2_pytss: its unmarshal is quick, but every field read afterwards converts a cffi value
 into a new Python object (~5-10 us each): about half of a validation's CPU was spent reading a
-dozen fields (bench/atls_handshake.py, docs/atls.md). These decoders return plain bytes and ints
+dozen fields (the repository's bench atls_handshake.py, docs/atls.md). These decoders return plain bytes and ints
 and check what the TSS marshalling functions check (every length within its buffer's size, no byte
 left over). They decide nothing: the validator compares every decoded value with the one it
 expects, after the signature over the raw bytes verified.

@@ -6,7 +6,7 @@
 No sockets here: the agent's servers (``agent/pubapi.py``, ``vpnapi.py``, ``admin.py``) call the services
 and turn errors into answers; where an operation needs a transport (activating a node, a join), the caller
 passes it in as a port (``ports.py``). Nothing in this package imports Ansible, ``atls``, ``rpc/``,
-``agent/`` or ``kubeadm/`` (tests/unit/test_layout.py).
+``agent/`` or ``kubeadm/`` (the repository's test_layout.py).
 
 * States only advance (docs/protocol.md, "States"). A node whose activation was interrupted after the node lock waits
   (``NodeWaitingForClusterJoin``, persisted) and resumes (``activation``); ``Failed`` is left for what

@@ -14,27 +14,13 @@ import pytest
 
 from ansible_collections.constellation.cluster.plugins.connection.atls import (
     Connection, Settings, SettingsError, pipelined_module, settings_from_options)
-
-POLICY = {"4": {"expected": "aa" * 32, "warnOnly": False}, "9": {"expected": "bb" * 32, "warnOnly": True}}
-
+from tests.unit.connection.atls_options import POLICY, options
 
 @pytest.fixture
 def key_file(tmp_path):
     path = tmp_path / "admin.key"
     path.write_text("not parsed here")
     return str(path)
-
-
-def options(key_file, **changes):
-    opts = {"host": "10.0.0.5", "port": 9000, "endpoint": None, "measurements": POLICY, "measurements_file": None,
-            "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
-            "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
-            "netns": None, "warm_interpreter": True, "ek_ca_path": None, "amd_roots": None, "fresh_proof": True,
-            "measurements_pub_key_file": None, "prestart": True,
-            # These tests use qemu-vtpm on purpose (no EK CA needed): acknowledged, as the plugin requires.
-            "insecure_trust_any_ak": True}
-    opts.update(changes)
-    return opts.__getitem__
 
 
 def test_defaults_build_endpoint_from_host_and_port(key_file):
