@@ -29,7 +29,10 @@ import urllib.parse
 import urllib.request
 from typing import Callable, Optional, Tuple
 
-from cryptography.hazmat.primitives import serialization
+try:
+    from cryptography.hazmat.primitives import serialization
+except ImportError:  # the Core's loaders (sev_snp) name the missing package when a certificate is read
+    serialization = None
 
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.fileutil import atomic_write
@@ -152,7 +155,8 @@ class CertCache:
         self.kds_fetch = kds_fetch
         self.kds_url = _check_kds_url(kds_url)
         self.timeout = timeout
-        self._open = opener or urllib.request.urlopen
+        # urllib's default opener: this Core module runs in the agent too, which has no ansible-core (open_url).
+        self._open = opener or urllib.request.build_opener().open
 
     # --- names -----------------------------------------------------------------------------------------------
 

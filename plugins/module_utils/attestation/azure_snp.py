@@ -281,7 +281,8 @@ def fetch_thim(url: str = THIM_URL, timeout: float = 5.0, opener=None) -> Tuple[
 
     request = urllib.request.Request(url, headers={"Metadata": "true"})
     try:
-        with (opener or urllib.request.urlopen)(request, timeout=timeout) as reply:
+        # urllib's default opener: the agent runs this without ansible-core (open_url).
+        with (opener or urllib.request.build_opener().open)(request, timeout=timeout) as reply:
             body = reply.read(MAX_THIM_REPLY + 1)
     except (urllib.error.URLError, OSError) as err:
         raise AttestationError("THIM at %s could not be reached (%s)" % (url, getattr(err, "reason", None) or err)) \

@@ -413,7 +413,8 @@ def _verify_chain(signer: "x509.Certificate", kind: str, extra: List["x509.Certi
                        not_before=max(x509compat.not_valid_before(c) for c in chain),
                        not_after=min(x509compat.not_valid_after(c) for c in chain),
                        subject=_cn(signer.subject))
-    assert first is not None
+    if first is None:
+        raise SNPError("roots", "no trust anchor", "at least one AMD root")
     raise first
 
 

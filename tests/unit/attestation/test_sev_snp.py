@@ -165,7 +165,7 @@ def test_chain_cache_verifies_a_signer_once():
     vec = sv.vector("aws")
     cache = sev_snp.ChainCache(size=2)
     report = sev_snp.parse_report(vec.report)
-    for _ in range(3):
+    for _attempt in range(3):
         sev_snp.verify_report(report, vec.signer, vec.chain, now=vec.now, cache=cache)
     assert (cache.misses, cache.hits, len(cache)) == (1, 2, 1)
     # the cache never skips the time check nor the report's own signature
@@ -246,7 +246,7 @@ def test_threads_share_roots_and_cache_without_warnings():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        threads = [threading.Thread(target=work) for _ in range(6)]
+        threads = [threading.Thread(target=work) for _thread in range(6)]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -37,8 +37,8 @@ def _hostvars(**rows):
 
 
 def test_an_snp_peers_row_shows_its_reported_tcb_and_launch_measurement():
-    table = _env().get_template("cluster_table.j2").render(verify_peers=["h1", "h2"],
-                                                          hostvars=_hostvars(h1=SNP_ROW, h2=TPM_ROW))
+    table = _env().get_template("cluster_table.j2").render(
+        verify_peers=["h1", "h2"], hostvars=_hostvars(h1=SNP_ROW, h2=TPM_ROW))
     lines = [line.split() for line in table.splitlines() if line.strip()]
     assert lines[0] == ["peer", "endpoint", "PCR", "expected", "found", "match", "verdict", "disk", "mode", "root",
                         "tcb", "launch", "state"]
@@ -63,8 +63,8 @@ def test_turins_fmc_level_comes_first():
     (TPM_ROW, None),
 ])
 def test_the_json_report_carries_an_snp_peers_tcb_and_measurement(row, expected):
-    report = json.loads(_env().get_template("verify_report.json.j2").render(verify_peers=["h1"],
-                                                                          hostvars=_hostvars(h1=row)))
+    report = json.loads(_env().get_template("verify_report.json.j2").render(
+        verify_peers=["h1"], hostvars=_hostvars(h1=row)))
     assert report["peers"][0]["snp"] == expected
 
 
