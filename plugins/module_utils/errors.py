@@ -65,10 +65,9 @@ class MissingDependency(ConstellationError):
         import sys
 
         self.package = package
+        cause = "; the import failed with: %s" % import_error if import_error else ""
         super().__init__("the Python package %s is not installed for %s, which needs it for %s: install it there "
-                         "(requirements.txt lists it)%s" % (package, sys.executable or "this Python", needed_for,
-                                                             "; the import failed with: %s" % import_error
-                                                             if import_error else ""))
+                         "(requirements.txt lists it)%s" % (package, sys.executable or "this Python", needed_for, cause))
 
 
 class PeerUnreachable(ConstellationError):

@@ -20,6 +20,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.constants im
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError, MissingDependency
 
+
 @contextmanager
 def quiet_import() -> Iterator[None]:
     """Around an import of tpm2-pytss: a library's warnings at its import (a CryptographyDeprecationWarning, as
