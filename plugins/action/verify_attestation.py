@@ -18,11 +18,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls,
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import pcr_rows, settings_from_args
 from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import VERIFY_ATTESTATION_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError, ConstellationError)
+    AttestationError, ConstellationError, MissingDependency)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
-from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
+from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks, quiet_library_warnings
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import (
-    AttestingAction, control_path_dir, valid_args)
+    AttestingAction, control_path_dir, controller_lacks, valid_args)
 
 
 class ActionModule(AttestingAction):
@@ -31,6 +31,7 @@ class ActionModule(AttestingAction):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
+        quiet_library_warnings()
         result = super().run(tmp, task_vars)
         del tmp
         args = self.attested_args(VERIFY_ATTESTATION_ARGS)
@@ -52,6 +53,8 @@ class ActionModule(AttestingAction):
 
             # qemu-vtpm-ek: a peer whose AK is not certified yet is enrolled first (EnrollAK).
             conn = connect_enrolling(connect, settings.validators()).attested
+        except MissingDependency as err:  # this controller's fault, never the peer's
+            raise AnsibleActionFail(controller_lacks(err)) from None
         except AttestationError as err:
             result.update(failed=True, msg="attestation of %s refused: %s" % (args["endpoint"], err),
                           pcrs=pcr_rows(getattr(err, "checks", [])))
