@@ -15,7 +15,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     ATTESTATION_ARGUMENT_SPEC, attested_options, pcr_rows, settings_from_args)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError, ConstellationError, InputError, MissingDependency)
+    AttestationError, ConstellationError, MissingDependency)
 from ansible_collections.constellation.cluster.plugins.plugin_utils import action_args, certified_aks, quiet_library_warnings
 
 # Imported here, once, by the playbook process: its strategy loads an action's class before it forks
