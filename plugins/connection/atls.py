@@ -138,14 +138,24 @@ options:
       - name: constellation_amd_roots_path
   admin_priv_key_file:
     description:
-      - The admin's private key (unencrypted PEM or OpenSSH; Ed25519 or ECDSA P-256), whose public key
-        was pinned at activation. It signs a fresh challenge bound to each TLS connection; it is never sent.
+      - The admin's private key (PEM or OpenSSH; Ed25519 or ECDSA P-256), whose public key was pinned at
+        activation. It signs a fresh challenge bound to each TLS connection; it is never sent.
+      - It may be an Ansible Vault file (decrypted in memory with the run's vault secrets, never written
+        decrypted) or passphrase-protected (O(admin_priv_key_passphrase)).
     type: path
     required: true
     env:
       - name: CONSTELLATION_ADMIN_PRIV_KEY_FILE
     vars:
       - name: constellation_admin_priv_key_file
+  admin_priv_key_passphrase:
+    description:
+      - The passphrase of a passphrase-protected admin key. Keep it in Ansible Vault.
+      - A passphrase-protected OpenSSH key needs the Python package C(bcrypt) on the controller.
+    type: str
+    version_added: "0.4.0"
+    vars:
+      - name: constellation_admin_key_passphrase
   connect_timeout:
     description: Seconds for the TCP connect and for the TLS handshake, each.
     type: float

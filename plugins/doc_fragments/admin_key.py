@@ -12,7 +12,11 @@ class ModuleDocFragment:
     DOCUMENTATION = r"""
 options:
   admin_priv_key_file:
-    description: The admin's private key file (the key pinned at activation).
+    description:
+      - The admin's private key file (the key pinned at activation).
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
     required: true
 """

@@ -36,7 +36,11 @@ options:
     type: str
     required: true
   admin_priv_key_file:
-    description: The admin's private key (the one pinned at activation).
+    description:
+      - The admin's private key (the one pinned at activation).
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
     required: true
   accepted_measurements_file:

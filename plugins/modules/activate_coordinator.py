@@ -42,7 +42,11 @@ options:
     description: The admin's public key (PEM or OpenSSH; Ed25519 or ECDSA P-256). Default derived from O(admin_priv_key_file).
     type: str
   admin_priv_key_file:
-    description: The admin's private key, to derive O(admin_pub_key) and to read an activated Coordinator's VPN identity.
+    description:
+      - The admin's private key, to derive O(admin_pub_key) and to read an activated Coordinator's VPN identity.
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
   cluster_name:
     description: The cluster's name.

@@ -72,7 +72,11 @@ options:
     default: {}
     version_added: "0.3.0"
   admin_priv_key_file:
-    description: The admin's private key; signs the Coordinator's admin challenge (never sent).
+    description:
+      - The admin's private key; signs the Coordinator's admin challenge (never sent).
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
     required: true
   cluster_id:

@@ -37,6 +37,9 @@ options:
         VPN IP and key (RV(vpn_ip), RV(vpn_pub_key)), a Coordinator's evicted and unverified peers (RV(evicted),
         RV(unverified)) and its etcd member.
       - Without it (or on a peer that does not accept the key) those are V(null) / empty.
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
 attributes:
   check_mode:

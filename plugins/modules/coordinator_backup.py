@@ -45,7 +45,11 @@ options:
     type: str
     required: true
   admin_priv_key_file:
-    description: The admin's private key (PEM), for C(AdminAuth).
+    description:
+      - The admin's private key (PEM), for C(AdminAuth).
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
     required: true
   backup_dir:

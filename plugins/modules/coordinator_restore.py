@@ -40,7 +40,11 @@ options:
     type: str
     required: true
   admin_priv_key_file:
-    description: The admin's private key (PEM); its public key must be the one the backup's Coordinator pinned.
+    description:
+      - The admin's private key (PEM); its public key must be the one the backup's Coordinator pinned.
+      - It may be an Ansible Vault file (decrypted in memory with the play's vault secrets, never written
+        decrypted) or passphrase-protected (the passphrase from the variable C(constellation_admin_key_passphrase),
+        kept in Ansible Vault); C(playbooks/secrets.yml) makes it vault-encrypted.
     type: path
     required: true
   init_secret:

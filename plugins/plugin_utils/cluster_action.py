@@ -18,7 +18,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     ATTESTATION_ARGUMENT_SPEC, attested_options, pcr_rows, settings_from_args)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError, ConstellationError, InputError)
+    AttestationError, ConstellationError)
 from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
 
 # Imported here, once, by the playbook process: its strategy loads an action's class before it forks
@@ -75,6 +75,7 @@ class ClusterAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
+        self._task_vars = task_vars or {}
         args = validated_args(self.SPEC, self._task.args)
         try:
             settings = settings_from_args(args, self._loader.get_basedir())
@@ -103,11 +104,16 @@ class ClusterAction(ActionBase):
             return None
         return b64decode(value, "cluster_id", 32)
 
+    _task_vars: dict = {}
+
     def load_admin_priv_key(self, path):
-        from ansible_collections.constellation.cluster.plugins.module_utils.rpc.admin_key import load_priv_key
-        try:
-            with open(path, "rb") as handle:
-                return load_priv_key(handle.read())
-        except OSError as err:
-            raise InputError("admin_priv_key_file", "a readable private key file",
-                             "%s (%s)" % (path, err.strerror)) from None
+        """The admin key of ``path``: an Ansible Vault file is decrypted in memory with the play's vault secrets,
+        a passphrase-protected key opened with the variable constellation_admin_key_passphrase."""
+        from ansible_collections.constellation.cluster.plugins.plugin_utils.admin_key import (
+            PASSPHRASE_VARIABLE, load_admin_key)
+
+        passphrase = self._task_vars.get(PASSPHRASE_VARIABLE)
+        if passphrase:
+            passphrase = self._templar.template(passphrase)
+        vault = getattr(self._loader, "_vault", None)
+        return load_admin_key(path, passphrase or None, vault_secrets=getattr(vault, "secrets", None))

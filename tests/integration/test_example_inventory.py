@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The README's way on the lab: ``inventories/example`` copied as it is, with only what the README tells an
 operator to change or put beside it: the hosts' endpoints (the lab's), the EK roots (the lab CA stands for the TPM
-vendor), the image's measurements with their signature and the pinned key, the vault-encrypted init secret and the admin key in its default place
-(``~/.constellation/admin.key``; HOME points into the test's directory). Two lab-only variables are added to
+vendor), the image's measurements with their signature and the pinned key, the vault-encrypted init secret and the vault-encrypted admin key in their default places
+(``init_secret``, ``admin_key``; HOME points into the test's directory). Two lab-only variables are added to
 the hosts file: the namespace the controller opens its sockets in, and Kubernetes off (kubeadm cannot be
 installed here). Everything else is the example's and the roles' defaults.
 
@@ -77,9 +77,10 @@ def example(tmp_path_factory):
         subprocess.run([str(VENV_BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(vault_pass),
                         str(inv / "init_secret")], check=True, capture_output=True, timeout=60)
         home = base / "home"
-        (home / ".constellation").mkdir(parents=True)
-        shutil.copy(lab_vars["constellation_admin_priv_key_file"], home / ".constellation" / "admin.key")
-        (home / ".constellation" / "admin.key").chmod(0o600)
+        home.mkdir()
+        shutil.copy(lab_vars["constellation_admin_priv_key_file"], inv / "admin_key")  # read decrypted in memory
+        subprocess.run([str(VENV_BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(vault_pass),
+                        str(inv / "admin_key")], check=True, capture_output=True, timeout=60)
         yield Example(lab, lab_inv, inv, home, vault_pass)
     finally:
         lab.down()

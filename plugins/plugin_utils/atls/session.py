@@ -93,8 +93,12 @@ def open_admin_client(settings: Settings, validators=None):
     if validators is None:
         validators = validators_for(settings)
     try:
-        with open(settings.admin_priv_key_file, "rb") as handle:
-            priv_key = load_priv_key(handle.read())
+        if settings.admin_priv_key_pem is not None:  # a vault file, decrypted in memory (settings.py)
+            key_data = settings.admin_priv_key_pem.encode("utf-8")
+        else:
+            with open(settings.admin_priv_key_file, "rb") as handle:
+                key_data = handle.read()
+        priv_key = load_priv_key(key_data, settings.admin_priv_key_passphrase)
     except OSError as err:
         raise AnsibleConnectionFailure("admin_priv_key_file: cannot read %s: %s"
                                        % (settings.admin_priv_key_file, err.strerror)) from None

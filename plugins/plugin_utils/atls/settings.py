@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
 from ansible.errors import AnsibleError
@@ -37,6 +37,11 @@ class Settings:
     fresh_proof: bool = True
     prestart: bool = True
     insecure_trust_any_ak: bool = False  # the acknowledgement variant qemu-vtpm needs
+    # A vault-encrypted admin key, decrypted in memory by the task's worker (it has the run's vault secrets) and
+    # given to the relay on its stdin with the rest (to_json); never written. A passphrase-protected key's
+    # passphrase. Neither is shown.
+    admin_priv_key_pem: Optional[str] = field(default=None, repr=False)
+    admin_priv_key_passphrase: Optional[str] = field(default=None, repr=False)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -190,6 +195,8 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
     key_file = os.path.abspath(os.path.expanduser(str(key_file)))
     if not os.path.isfile(key_file):
         raise SettingsError("admin_priv_key_file: expected a readable private key file, got %s" % key_file)
+    key_pem = _vaulted_key(key_file)
+    passphrase = get_option("admin_priv_key_passphrase") or None
 
     netns = get_option("netns") or None
     if netns is not None and (not isinstance(netns, str) or "/" in netns or netns in (".", "..")):
@@ -212,7 +219,32 @@ def settings_from_options(get_option: Callable[[str], Any]) -> Settings:
         fresh_proof=_boolean("fresh_proof", get_option("fresh_proof")),
         prestart=_boolean("prestart", get_option("prestart")),
         insecure_trust_any_ak=insecure_trust_any_ak,
+        admin_priv_key_pem=key_pem,
+        admin_priv_key_passphrase=str(passphrase) if passphrase is not None else None,
     )
+
+
+def _vaulted_key(key_file: str) -> Optional[str]:
+    """The admin key of an Ansible Vault file, decrypted in memory (None: the file is not vault-encrypted)."""
+    from ansible.parsing.vault import is_encrypted_file
+
+    try:
+        with open(key_file, "rb") as handle:
+            if not is_encrypted_file(handle):
+                return None
+    except OSError as err:
+        raise SettingsError("admin_priv_key_file: cannot read %s: %s (constellation_admin_priv_key_file)"
+                            % (key_file, err.strerror)) from None
+    from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.admin_key import read_key_file
+
+    try:
+        return read_key_file(key_file).decode("utf-8")
+    except InputError as err:
+        raise SettingsError("%s (constellation_admin_priv_key_file)" % err) from None
+    except UnicodeDecodeError:
+        raise SettingsError("admin_priv_key_file: expected a PEM or OpenSSH private key in the vault file %s"
+                            % key_file) from None
 
 
 def validate_policy(measurements: Dict[str, Any], source: str = "inline measurements"):

@@ -30,7 +30,7 @@ def options(key_file, **changes):
             "attestation_variant": "qemu-vtpm", "admin_priv_key_file": key_file, "connect_timeout": 10,
             "attestation_timeout": 30, "command_timeout": 0, "persist": 60, "control_path_dir": "~/.ansible/cp",
             "netns": None, "warm_interpreter": True, "ek_ca_path": None, "amd_roots": None, "fresh_proof": True,
-            "measurements_pub_key_file": None, "prestart": True,
+            "measurements_pub_key_file": None, "prestart": True, "admin_priv_key_passphrase": None,
             # These tests use qemu-vtpm on purpose (no EK CA needed): acknowledged, as the plugin requires.
             "insecure_trust_any_ak": True}
     opts.update(changes)
