@@ -115,6 +115,8 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
     }
     if state.sshd:  # bare hosts: playbooks/bootstrap.yml reaches them over SSH as root with the lab's key
         lab_vars.update(ssh.inventory_vars(state_dir, lab_name))
+    else:  # the lab starts the agents itself (or a test does): bootstrap.yml leaves the hosts alone (no SSH here)
+        lab_vars["constellation_bootstrap"] = False
     if snp.uses_snp(state.variant):
         # The SEV-SNP variants: the lab's AMD is the root (a real fleet pins AMD's own, the built-in default).
         lab_vars["constellation_amd_roots_path"] = str(inv / "amd_roots.pem")
