@@ -1,4 +1,4 @@
-"""python -m lab {up,grow,down,status,tamper,reimage,reboot,foreign-tpm,exec,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
+"""python -m lab {up,grow,down,status,tamper,reimage,reboot,stop,foreign-tpm,exec,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ def main(argv=None) -> int:
     rb = sub.add_parser("reboot", help="reboot HOST into the image it booted last; its agent starts again from "
                                        "the code installed on it")
     rb.add_argument("host")
+    st = sub.add_parser("stop", help="stop HOST's agent: to the cluster the host is dead (its endpoint refuses "
+                                     "connections); `reboot HOST` starts it again")
+    st.add_argument("host")
     f = sub.add_parser("foreign-tpm", help="give HOST a TPM whose EK certificate comes from another CA")
     f.add_argument("host")
     e = sub.add_parser("exec", help="run a command inside HOST (or 'admin')")
@@ -80,6 +83,9 @@ def main(argv=None) -> int:
         elif args.cmd == "reboot":
             lab.reboot(args.host)
             print("lab %s: %s rebooted" % (lab.name, args.host))
+        elif args.cmd == "stop":
+            lab.stop_agent(args.host)
+            print("lab %s: %s's agent stopped" % (lab.name, args.host))
         elif args.cmd == "foreign-tpm":
             lab.foreign_tpm(args.host)
             print("lab %s: %s has a TPM of another vendor (EK certificate of another CA)" % (lab.name, args.host))

@@ -311,6 +311,11 @@ class Lab:
         rebooted, and the agent started again from the host's installed code with its configuration."""
         self.reimage(name, self.state.image_of(name))
 
+    def stop_agent(self, name: str) -> None:
+        """The host's agent stops (kill_all: SIGTERM, then SIGKILL): to the cluster the host is dead - its endpoint
+        refuses connections. ``reboot`` starts it again (a reboot resets PCR 15: recover.yml brings it back)."""
+        kill_all(self._agent_pids(self.host(name)))
+
     def install_agent(self, name: str, source: Path = REPO_ROOT) -> Path:
         """Installs the agent of ``source`` (a checkout or an exported release) on the host: its next start and
         every reboot run that copy (lab/agent.py's install_agent)."""

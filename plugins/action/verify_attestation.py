@@ -19,11 +19,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils import atls,
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import pcr_rows, settings_from_args
 from ansible_collections.constellation.cluster.plugins.module_utils.controller_options import VERIFY_ATTESTATION_ARGS
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError, ConstellationError)
+    AttestationError, ConstellationError, MissingDependency)
 from ansible_collections.constellation.cluster.plugins.module_utils.rpc.client import AgentClient, connect_enrolling
-from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
+from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks, quiet_library_warnings
 from ansible_collections.constellation.cluster.plugins.plugin_utils.cluster_action import (
-    control_path_dir, valid_args, validated_args)
+    control_path_dir, controller_lacks, valid_args, validated_args)
 
 
 class ActionModule(ActionBase):
@@ -32,6 +32,7 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
+        quiet_library_warnings()
         result = super().run(tmp, task_vars)
         del tmp
         args = validated_args(VERIFY_ATTESTATION_ARGS, self._task.args)
@@ -53,6 +54,8 @@ class ActionModule(ActionBase):
 
             # qemu-vtpm-ek: a peer whose AK is not certified yet is enrolled first (EnrollAK).
             conn = connect_enrolling(connect, settings.validators()).attested
+        except MissingDependency as err:  # this controller's fault, never the peer's
+            raise AnsibleActionFail(controller_lacks(err)) from None
         except AttestationError as err:
             result.update(failed=True, msg="attestation of %s refused: %s" % (args["endpoint"], err),
                           pcrs=pcr_rows(getattr(err, "checks", [])))

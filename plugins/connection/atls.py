@@ -278,6 +278,7 @@ from ansible.utils.display import Display
 
 # The plugin is a shim (as mitogen's): settings, the session opener, the relay process and the
 # module planner live in plugins/plugin_utils/atls/. Names kept importable from here.
+from ansible_collections.constellation.cluster.plugins.plugin_utils import quiet_library_warnings
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.planner import pipelined_module
 from ansible_collections.constellation.cluster.plugins.plugin_utils.atls.relay import (
     connect_unix,
@@ -329,6 +330,7 @@ class Connection(ConnectionBase):
     def _connect(self):
         if self._connected:
             return self
+        quiet_library_warnings()
         self._settings = settings = self._settings_now()
         if settings.insecure_trust_any_ak:
             from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose

@@ -52,7 +52,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
     Issuer, Validation, Validator, accepts)
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError, ConstellationError, InputError, PeerUnreachable)
+    AttestationError, ConstellationError, InputError, MissingDependency, PeerUnreachable)
 
 NONCE_SIZE = 32
 ALPN_PROTOCOLS = ("http/1.1", "h2")
@@ -71,8 +71,7 @@ _T = TypeVar("_T")
 
 def require_cryptography() -> None:
     if not HAS_CRYPTOGRAPHY:
-        raise ConstellationError("the Python package cryptography is required for aTLS: %s"
-                                 % CRYPTOGRAPHY_IMPORT_ERROR)
+        raise MissingDependency("cryptography", "aTLS", CRYPTOGRAPHY_IMPORT_ERROR)
 
 
 def encode_nonce(nonce: bytes) -> str:
@@ -239,7 +238,7 @@ def validate_document(oid: str, document: bytes, validators: Sequence[Validator]
             # Out of time is no verdict (the validator's own resources): the peer counts as unreachable.
             validation = _with_deadline("attestation validation", attestation_timeout, validator.validate, document,
                                         nonce, error=PeerUnreachable)
-    except PeerUnreachable:
+    except (PeerUnreachable, MissingDependency):  # no verdict on the peer: it could not be judged (or not here)
         raise
     except AttestationError as err:
         # Keep the type and its details (e.g. the PCR table of a measurements mismatch).

@@ -56,6 +56,20 @@ class AttestationError(ConstellationError):
     """An attestation document, quote or certificate was refused."""
 
 
+class MissingDependency(ConstellationError):
+    """A Python package is not installed for the Python that runs this code (the controller's, or a node agent's):
+    a fault of this machine, never a verdict on a peer (not an AttestationError). The message names the package,
+    that Python and the fix; ``package`` is the package's name."""
+
+    def __init__(self, package: str, needed_for: str, import_error: object = None):
+        import sys
+
+        self.package = package
+        cause = "; the import failed with: %s" % import_error if import_error else ""
+        super().__init__("the Python package %s is not installed for %s, which needs it for %s: install it there "
+                         "(requirements.txt lists it)%s" % (package, sys.executable or "this Python", needed_for, cause))
+
+
 class PeerUnreachable(ConstellationError):
     """No verdict on the peer: the connection or the aTLS handshake failed, timed out, was reset or
     ended before the peer's attestation arrived (or its validation could not finish in time). It is

@@ -18,8 +18,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     ATTESTATION_ARGUMENT_SPEC, attested_options, pcr_rows, settings_from_args)
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import (
-    AttestationError, ConstellationError)
-from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks
+    AttestationError, ConstellationError, MissingDependency)
+from ansible_collections.constellation.cluster.plugins.plugin_utils import certified_aks, quiet_library_warnings
 
 # Imported here, once, by the playbook process: its strategy loads an action's class before it forks
 # a worker per host and task, so the workers inherit these modules (the aTLS client, the RPC client,
@@ -43,6 +43,11 @@ def control_path_dir(templar, task_vars) -> str:
         except Exception:  # pylint: disable=broad-except
             value = None
     return str(value or os.environ.get("CONSTELLATION_ATLS_CONTROL_PATH_DIR") or certified_aks.DEFAULT_DIR)
+
+
+def controller_lacks(err) -> str:
+    """The message of a MissingDependency raised on the controller (it names the package, the Python and the fix)."""
+    return "the controller cannot run this task: %s" % err
 
 
 def valid_args(spec: dict) -> frozenset:
@@ -73,6 +78,7 @@ class ClusterAction(ActionBase):
     SPEC: dict = {}
 
     def run(self, tmp=None, task_vars=None):
+        quiet_library_warnings()
         result = super().run(tmp, task_vars)
         del tmp
         self._task_vars = task_vars or {}
@@ -85,6 +91,8 @@ class ClusterAction(ActionBase):
             result.update(self.act(args, settings))
             if settings.warnings:  # an insecure variant, acknowledged: said on every run
                 result["warnings"] = list(settings.warnings) + list(result.get("warnings") or [])
+        except MissingDependency as err:  # this controller's fault, never the peer's: nothing was asked of it
+            result.update(failed=True, changed=False, msg=controller_lacks(err))
         except AttestationError as err:
             result.update(failed=True, changed=False, msg="attestation refused, nothing was sent: %s" % err,
                           pcrs=pcr_rows(getattr(err, "checks", [])))

@@ -43,7 +43,8 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     load_ca_certs,
     verify_ek_cert,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import Measurements, per_set
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import quiet_import
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.vtpm import (
     ALL_PCRS,
     AKInfo,
@@ -51,23 +52,27 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     VTPMValidator,
     parse_ak,
 )
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_AGENT
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import b64decode
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
 
 try:
-    from tpm2_pytss import ESYS_TR, TPM2_ALG, TPM2_SE, TPM2B_ENCRYPTED_SECRET, TPM2B_ID_OBJECT, TPMT_PUBLIC, TPMT_SYM_DEF
-    from tpm2_pytss import TSS2_Exception
-    from tpm2_pytss.utils import create_ek_template, make_credential
+    with quiet_import():  # attestation/tpm.py: the library's import warnings stay quiet
+        from tpm2_pytss import ESYS_TR, TPM2_ALG, TPM2_SE, TPM2B_ENCRYPTED_SECRET, TPM2B_ID_OBJECT, TPMT_PUBLIC, TPMT_SYM_DEF
+        from tpm2_pytss import TSS2_Exception
+        from tpm2_pytss.utils import create_ek_template, make_credential
     HAS_TPM2_PYTSS = True
 except ImportError:
     HAS_TPM2_PYTSS = False
 try:  # the TCG default EK templates: tpm2-pytss 2.x names them ek_template, 1.2 (Debian 12's) _ek
-    from tpm2_pytss.internal.templates import ek_template
+    with quiet_import():
+        from tpm2_pytss.internal.templates import ek_template
     _ek_templates_1_2 = None
 except ImportError:
     ek_template = None
     try:
-        from tpm2_pytss.internal.templates import _ek as _ek_templates_1_2
+        with quiet_import():
+            from tpm2_pytss.internal.templates import _ek as _ek_templates_1_2
     except ImportError:
         _ek_templates_1_2 = None
 
@@ -404,15 +409,24 @@ class VTPMEKValidator(VTPMValidator):
         return dataclasses.replace(validation, ek_pub_sha256=ek_pub_sha256(record.ek_cert))
 
     def enrollment_validator(self) -> "EnrollmentValidator":
-        """The validator of the enrollment connection (see EnrollmentValidator)."""
-        return EnrollmentValidator(self.measurements, self.pcr_selection, self.check_event_log)
+        """The validator of the enrollment connection (see EnrollmentValidator): this policy without PCR 13."""
+        return EnrollmentValidator(per_set(self.measurements, _without_agent_pcr), self.pcr_selection,
+                                   self.check_event_log)
+
+
+def _without_agent_pcr(measurements: Measurements) -> Measurements:
+    return measurements.with_pcrs({i: m for i, m in measurements.pcrs.items() if i != PCR_INDEX_AGENT})
 
 
 class EnrollmentValidator(VTPMValidator):
     """Validates a ``qemu-vtpm-ek`` document in full (signature, nonce, PCR policy, key binding)
-    except AK trust. Used only for the connection that carries EnrollAK, which sends nothing
-    secret: the enrollment itself then proves the AK, and only a new connection validated by
-    ``VTPMEKValidator`` is trusted with anything."""
+    except AK trust and the agent's PCR 13. Used only for the connection that carries EnrollAK, which sends
+    nothing secret: the enrollment itself then proves the AK, and only a new connection validated by
+    ``VTPMEKValidator`` (PCR 13 included) is trusted with anything. PCR 13 waits for that connection because
+    its expected value measures the verifier's trust configuration too (attestation/agent_measurement.py: the
+    EK CA bundle): a verifier given the wrong EK CAs would otherwise be told "PCR 13" and never reach the EK
+    chain, the real cause; now the enrollment names the chain, and a changed agent is refused by PCR 13 on
+    the next connection."""
 
     oid = QEMU_VTPM_EK.oid
     alias_oids = QEMU_VTPM_EK.alias_oids

@@ -25,25 +25,26 @@ import hashlib
 import json
 from typing import List, Mapping, Optional, Sequence
 
-from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import make_selection
+from ansible_collections.constellation.cluster.plugins.module_utils.attestation.tpm import make_selection, quiet_import
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError
 
 try:
-    from tpm2_pytss import (
-        ESYS_TR,
-        TPM2_ALG,
-        TPM2_RC,
-        TPM2_SE,
-        TPM2B_DIGEST,
-        TPM2B_PRIVATE,
-        TPM2B_PUBLIC,
-        TPM2B_SENSITIVE_CREATE,
-        TPM2B_SENSITIVE_DATA,
-        TPMA_OBJECT,
-        TPMS_SENSITIVE_CREATE,
-        TPMT_SYM_DEF,
-        TSS2_Exception,
-    )
+    with quiet_import():  # attestation/tpm.py: the library's import warnings stay quiet
+        from tpm2_pytss import (
+            ESYS_TR,
+            TPM2_ALG,
+            TPM2_RC,
+            TPM2_SE,
+            TPM2B_DIGEST,
+            TPM2B_PRIVATE,
+            TPM2B_PUBLIC,
+            TPM2B_SENSITIVE_CREATE,
+            TPM2B_SENSITIVE_DATA,
+            TPMA_OBJECT,
+            TPMS_SENSITIVE_CREATE,
+            TPMT_SYM_DEF,
+            TSS2_Exception,
+        )
 except ImportError:  # ansible-test's import sanity runs without third-party packages; callers check tpm.require_tpm2_pytss
     pass
 

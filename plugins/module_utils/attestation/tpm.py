@@ -10,6 +10,7 @@ TCTI strings as tpm2-tools spell them: ``device:/dev/tpmrm0`` (default) or
 from __future__ import annotations
 
 import threading
+import warnings
 from contextlib import contextmanager
 from typing import Dict, Iterable, Iterator, List, Optional
 
@@ -17,12 +18,24 @@ from ansible_collections.constellation.cluster.plugins.module_utils.constants im
     PCR_COUNT,
     PCR_INDEX_CLUSTER_ID,
 )
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError, MissingDependency
+
+
+@contextmanager
+def quiet_import() -> Iterator[None]:
+    """Around an import of tpm2-pytss: a library's warnings at its import (a CryptographyDeprecationWarning, as
+    tpm2-pytss gave on a newer cryptography) concern its maintainers, not whoever reads Ansible's output or the
+    agent's log. The import alone is quiet; what the code does afterwards is not filtered here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
 
 try:
-    from tpm2_pytss import ESAPI, ESYS_TR, TPM2_ALG, TPM2_CAP, TPM2_RC, TPMT_HA, TPML_DIGEST_VALUES
-    from tpm2_pytss import TPML_PCR_SELECTION, TPMS_PCR_SELECTION, TSS2_Exception
-    from tpm2_pytss.utils import NoSuchIndex
+    with quiet_import():
+        from tpm2_pytss import ESAPI, ESYS_TR, TPM2_ALG, TPM2_CAP, TPM2_RC, TPMT_HA, TPML_DIGEST_VALUES
+        from tpm2_pytss import TPML_PCR_SELECTION, TPMS_PCR_SELECTION, TSS2_Exception
+        from tpm2_pytss.utils import NoSuchIndex
     HAS_TPM2_PYTSS = True
     TPM2_PYTSS_IMPORT_ERROR = None
 except ImportError as _err:  # ansible-test's import sanity runs without third-party packages
@@ -40,7 +53,7 @@ DIGEST_SIZES = {0x0004: 20, 0x000B: 32, 0x000C: 48, 0x000D: 64}
 
 def require_tpm2_pytss() -> None:
     if not HAS_TPM2_PYTSS:
-        raise AttestationError("the Python package tpm2-pytss is required: %s" % TPM2_PYTSS_IMPORT_ERROR)
+        raise MissingDependency("tpm2-pytss (3.0.0 or later)", "TPM attestation", TPM2_PYTSS_IMPORT_ERROR)
 
 
 def bank_id(bank) -> int:

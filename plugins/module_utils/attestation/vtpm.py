@@ -28,6 +28,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     TPM,
     bitmap_indices,
     make_selection,
+    quiet_import,
     require_tpm2_pytss,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.variant import (
@@ -35,17 +36,18 @@ from ansible_collections.constellation.cluster.plugins.module_utils.attestation.
     Validation,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.encoding import load_json
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AttestationError, InputError, MissingDependency
 
 try:
-    from tpm2_pytss import (
-        ESYS_TR,
-        TPM2_ALG,
-        TPM2B_PUBLIC,
-        TPMA_OBJECT,
-        TPMT_PUBLIC,
-        TSS2_Exception,
-    )
+    with quiet_import():  # attestation/tpm.py: the library's import warnings stay quiet
+        from tpm2_pytss import (
+            ESYS_TR,
+            TPM2_ALG,
+            TPM2B_PUBLIC,
+            TPMA_OBJECT,
+            TPMT_PUBLIC,
+            TSS2_Exception,
+        )
     HAS_TPM2_PYTSS = True
 except ImportError:
     HAS_TPM2_PYTSS = False
@@ -428,7 +430,7 @@ class VTPMValidator:
                  check_event_log: bool = True):
         require_tpm2_pytss()
         if not HAS_CRYPTOGRAPHY:
-            raise AttestationError("the Python package cryptography is required")
+            raise MissingDependency("cryptography", "TPM attestation")
         if not isinstance(measurements, (Measurements, MeasurementSets)):
             raise InputError("measurements", "a Measurements policy", type(measurements).__name__)
         # Swapped as a whole when the accepted sets change (the agent's hot reload): one attribute write.

@@ -5,15 +5,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from ansible_collections.constellation.cluster.tests.unit.worker_fixtures import worker_fixture
 from lab.swtpm import SwTPM, free_port
+from tests.support.ek_vendor import Vendor, pem
+from tests.support.keys import measurements_key
+
+# The plain policy of the ``inv`` fixture's signed document.
+INVENTORY_PCRS = {"4": {"expected": "ab" * 32, "warnOnly": False}}
 
 os.environ.setdefault("TSS2_LOG", "all+none")
 
@@ -101,3 +108,19 @@ def ek_ca_path(swtpm_ek, tmp_path):
     path = tmp_path / "ek_ca.pem"
     path.write_bytes(b"".join(Path(p).read_bytes() for p in swtpm_ek.ca_cert_paths()))
     return str(path)
+
+
+@pytest.fixture
+def inv(tmp_path):
+    """An inventory's files: the EK CA, the signed plain policy (INVENTORY_PCRS), the signing key and the pinned
+    public key."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation import signature
+
+    (tmp_path / "ek_ca.pem").write_bytes(pem(Vendor("Test TPM vendor").root))
+    key = measurements_key(tmp_path / "measurements.pub")
+    (tmp_path / "measurements.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    doc = tmp_path / "measurements.json"
+    doc.write_text(json.dumps(INVENTORY_PCRS, indent=2) + "\n")
+    (tmp_path / "measurements.json.sig").write_text(signature.sign_blob(key, doc.read_bytes()) + "\n")
+    return tmp_path

@@ -17,26 +17,12 @@ from cryptography.hazmat.primitives import serialization
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement as am
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose, signature
+from ansible_collections.constellation.cluster.tests.unit.attestation.conftest import INVENTORY_PCRS as PCRS
 from tests.support import ROOT
-from tests.support.ek_vendor import Vendor, pem
 from tests.support.keys import measurements_key
 from tests.support.playbook import run_tasks
 
-PCRS = {"4": {"expected": "ab" * 32, "warnOnly": False}}
 WARNING = "Say which agent entry the measurements document should list"
-
-
-@pytest.fixture
-def inv(tmp_path):
-    """An inventory's files: the EK CA, the signed plain policy, the signing key and the pinned public key."""
-    (tmp_path / "ek_ca.pem").write_bytes(pem(Vendor("Test TPM vendor").root))
-    key = measurements_key(tmp_path / "measurements.pub")
-    (tmp_path / "measurements.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    doc = tmp_path / "measurements.json"
-    doc.write_text(json.dumps(PCRS, indent=2) + "\n")
-    (tmp_path / "measurements.json.sig").write_text(signature.sign_blob(key, doc.read_bytes()) + "\n")
-    return tmp_path
 
 
 def play(tmp_path, tasks, *args):

@@ -344,6 +344,32 @@ def test_ek_variant_refuses_a_wrong_pcr_before_enrolling(ek_server, swtpm_ek, tm
     assert ek_server.enrollments == 0  # nothing was sent to a host that fails its measurements
 
 
+def test_a_wrong_ek_ca_bundle_is_named_as_the_ek_chain_not_as_pcr_13(ek_server, swtpm_ek, swtpm_other_ca, tmp_path):
+    """A controller given the wrong EK CA bundle expects another PCR 13 (the agent's measurement covers the trust
+    configuration, the EK CAs included): it is told that the EK certificate does not chain, the real cause, not
+    "measurements mismatch: PCR 13". With the right bundle, an agent that differs is still refused by PCR 13
+    (on the connection after the enrollment, which sent nothing secret)."""
+    from ansible_collections.constellation.cluster.plugins.module_utils.attestation.agent_measurement import (
+        AgentMeasurement, enforce_agent_pcr)
+
+    def controller(bundle):  # as settings_from_args builds it: PCR 13 at the value of its own agent and trust
+        (tmp_path / "ca.pem").write_bytes(b"".join(Path(p).read_bytes() for p in bundle.ca_cert_paths()))
+        trust = choose.load_trust("qemu-vtpm-ek", str(tmp_path / "ca.pem"))
+        own = AgentMeasurement.of("qemu-vtpm-ek", trust.ek_ca_certs).value
+        return trust, [choose.validator("qemu-vtpm-ek", enforce_agent_pcr(_policy(swtpm_ek), own), trust)]
+
+    trust, validators = controller(swtpm_other_ca)
+    with pytest.raises(AttestationError) as err:
+        connect_enrolling(_connect(ek_server.endpoint), validators)
+    assert "EK certificate does not chain to the trusted CAs" in str(err.value), err.value
+    assert "PCR 13" not in str(err.value) and len(trust.certified_aks) == 0
+
+    trust, validators = controller(swtpm_ek)
+    with pytest.raises(AttestationError, match="measurements mismatch: PCR 13"):
+        connect_enrolling(_connect(ek_server.endpoint), validators)
+    assert len(trust.certified_aks) == 1  # the AK is genuine; the agent is not the one expected
+
+
 def test_enroll_ak_on_a_variant_without_ek_is_refused(swtpm):
     issuer = choose.issuer("qemu-vtpm", swtpm.tcti, event_log_path=None)
     tls = AgentServerContext(issuer)
