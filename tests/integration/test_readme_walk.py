@@ -59,6 +59,15 @@ def readme_walk(text: str) -> List[str]:
     return commands
 
 
+def readme_more(text: str) -> List[str]:
+    """The commands README "Running it" shows after its list: the --limit runs, and the run without a dead host."""
+    section = text.split("\n## Running it\n", 1)[1].split("\n## ", 1)[0]
+    after = re.split(r"(?m)^\d+\. ", section)[-1].split("\n\n", 1)[1]
+    blocks = re.findall(r"(?ms)^```sh\n(.*?)^```", after)
+    return [line.strip() for block in blocks for line in block.splitlines()
+            if "--limit" in line or "constellation_max_fail_percentage" in line]
+
+
 class Walk:
     def __init__(self, lab: Lab, lab_inv: Path, base: Path, vault_pass: Path):
         self.lab, self.lab_inv, self.base, self.vault_pass = lab, lab_inv, base, vault_pass
@@ -66,12 +75,13 @@ class Walk:
         self.steps = readme_walk(README.read_text())
         self.log: List[str] = []
 
-    def command(self, step: int) -> str:
-        """Step ``step``'s command with only the inventory path and the vault password file substituted."""
-        cmd = self.steps[step - 1].replace("inventories/mycluster", str(self.inv))
+    def command(self, step) -> str:
+        """Step ``step``'s command (or the command ``step``) with only the inventory path and the vault password
+        file substituted."""
+        cmd = (self.steps[step - 1] if isinstance(step, int) else step).replace("inventories/mycluster", str(self.inv))
         return re.sub(r"--vault-password-file \S+", "--vault-password-file %s" % self.vault_pass, cmd)
 
-    def run(self, step: int, *extra: str) -> subprocess.CompletedProcess:
+    def run(self, step, *extra: str) -> subprocess.CompletedProcess:
         cmd = " ".join([self.command(step)] + list(extra))
         env = dict(os.environ, **ansible_env())
         proc = subprocess.run(cmd, shell=True, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
@@ -138,6 +148,10 @@ def test_the_walk_is_one_numbered_list_of_one_command_each():
     assert [m.group(1) if m else step for m, step in zip(playbooks, steps[1:])] == [
         "playbooks/secrets.yml", "playbooks/bootstrap.yml", "site.yml", "playbooks/verify.yml",
         "playbooks/add_nodes.yml"]
+    more = readme_more(README.read_text())
+    assert [re.sub(r"^ansible-playbook (\S+) -i inventories/mycluster/hosts.yml --vault-password-file F ", r"\1 ", cmd)
+            for cmd in more] == ["site.yml --limit worker-1", "playbooks/verify.yml --limit worker-1",
+                                 "site.yml -e constellation_max_fail_percentage=25"], more
 
 
 def test_from_bare_hosts_to_a_verified_cluster(walk):
@@ -195,3 +209,40 @@ def test_a_host_is_added(walk):
     proc = walk.run(5)
     assert proc.returncode == 0, out(proc)
     assert set(recap(proc)) == set(NAMES) and all(row["failed"] == 0 for row in recap(proc).values()), recap(proc)
+
+
+def test_limit_runs_on_the_converged_cluster(walk):
+    """README: ``--limit`` on site.yml and verify.yml checks and configures only the host named."""
+    assert (walk.inv / "constellation-mastersecret.json").exists(), "needs the cluster of the tests before"
+    for cmd in [c for c in readme_more(README.read_text()) if "--limit" in c]:
+        proc = walk.run(cmd)
+        assert proc.returncode == 0, out(proc)
+        rows = recap(proc)
+        assert set(rows) == {"worker-1"}, rows
+        assert rows["worker-1"]["changed"] == 0 and rows["worker-1"]["failed"] == 0, rows
+
+
+def test_a_dead_host_fails_alone(walk):
+    """A host dies (its agent and its sshd stop: nothing answers): site.yml names it alone and stops before anything
+    is sent; with README's constellation_max_fail_percentage the others are checked and configured."""
+    from lab.procs import kill_all
+    from lab.ssh import sshd_pid
+
+    dead = walk.lab.host(NAMES["worker-2"])
+    walk.lab.stop_agent(dead.name)
+    kill_all([sshd_pid(dead)])
+    healthy = ("cp-0", "worker-0", "worker-1")
+    proc = walk.run(4)
+    assert proc.returncode != 0, out(proc)
+    rows = recap(proc)
+    assert rows["worker-2"]["failed"] + rows["worker-2"]["unreachable"] == 1, rows
+    assert all(rows[n]["failed"] == 0 and rows[n]["unreachable"] == 0 and rows[n]["changed"] == 0 for n in healthy), rows
+    assert "refused or unreachable: worker-2" in proc.stdout, out(proc)
+    assert "the run stops here" in proc.stdout, out(proc)
+    (cmd,) = [c for c in readme_more(README.read_text()) if "constellation_max_fail_percentage" in c]
+    proc = walk.run(cmd)
+    assert proc.returncode != 0, out(proc)
+    rows = recap(proc)
+    assert rows["worker-2"]["failed"] + rows["worker-2"]["unreachable"] == 1, rows
+    assert all(rows[n]["failed"] == 0 and rows[n]["unreachable"] == 0 and rows[n]["changed"] == 0 for n in healthy), rows
+    assert "the run goes on without them" in proc.stdout, out(proc)
