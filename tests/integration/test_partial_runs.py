@@ -25,8 +25,10 @@ HEALTHY = ("h1", "h2", "h3", "h5")  # once h5 joined and h4 died
 
 
 def tasks_run(run: PlayRun, host: str):
-    """The names of the tasks that ran on ``host`` (ok, changed or failed; not skipped)."""
-    return {name for name, res in run.results(host).items() if not res.get("skipped")}
+    """The names of the tasks that ran on ``host`` (ok, changed or failed; not skipped), from every result event
+    (a task imported twice, as coordinator_facts.yml is, may run once and be skipped once)."""
+    return {(e.get("event_data") or {}).get("task", "") for e in run.events
+            if e.get("event") in ("runner_on_ok", "runner_on_failed") and (e.get("event_data") or {}).get("host") == host}
 
 
 @pytest.fixture(scope="module")
@@ -81,21 +83,21 @@ def test_a_dead_host_fails_alone(cluster):
     rows = run.recap()
     assert run.rc != 0 and rows["h4"]["failed"] == 1, rows
     assert all(rows[h]["failed"] == 0 and rows[h]["changed"] == 0 for h in HEALTHY), rows
-    assert "refused or unreachable: h4 (1 of 5 hosts" in run.stdout and "the run stops here" in run.stdout
+    assert "refused or unreachable: h4 (1 of 5 hosts" in " ".join(run.stdout.split()) and "the run stops here" in " ".join(run.stdout.split())
     assert all(MESH_TASK not in tasks_run(run, h) for h in HEALTHY)
     # A percentage that one dead host of five is within: the others are activated (nothing to do) and verified.
     run = cluster.play("site.yml", "-e", "constellation_max_fail_percentage=25")
     rows = run.recap()
     assert run.rc != 0 and rows["h4"]["failed"] == 1, rows
     assert all(rows[h]["failed"] == 0 and rows[h]["changed"] == 0 for h in HEALTHY), rows
-    assert "the run goes on without them" in run.stdout
+    assert "the run goes on without them" in " ".join(run.stdout.split())
     for name in HEALTHY:
         assert MESH_TASK in tasks_run(run, name), name
     # The deprecated alias still works (warned): true is 100.
     run = cluster.play("site.yml", "-e", "constellation_attest_ignore_errors=true")
     rows = run.recap()
     assert rows["h4"]["failed"] == 1 and all(rows[h]["failed"] == 0 for h in HEALTHY), rows
-    assert "constellation_attest_ignore_errors is deprecated" in run.stdout
+    assert "constellation_attest_ignore_errors is deprecated" in " ".join(run.stdout.split())
     # verify.yml never stops: h4 is in the table, failed alone.
     run = cluster.play("playbooks/verify.yml")
     rows = run.recap()

@@ -236,12 +236,12 @@ def test_a_dead_host_fails_alone(walk):
     rows = recap(proc)
     assert rows["worker-2"]["failed"] + rows["worker-2"]["unreachable"] == 1, rows
     assert all(rows[n]["failed"] == 0 and rows[n]["unreachable"] == 0 and rows[n]["changed"] == 0 for n in healthy), rows
-    assert "refused or unreachable: worker-2" in proc.stdout, out(proc)
-    assert "the run stops here" in proc.stdout, out(proc)
+    flat = " ".join(proc.stdout.split())  # the callback wraps long messages
+    assert "refused or unreachable: worker-2" in flat and "the run stops here" in flat, out(proc)
     (cmd,) = [c for c in readme_more(README.read_text()) if "constellation_max_fail_percentage" in c]
     proc = walk.run(cmd)
     assert proc.returncode != 0, out(proc)
     rows = recap(proc)
     assert rows["worker-2"]["failed"] + rows["worker-2"]["unreachable"] == 1, rows
     assert all(rows[n]["failed"] == 0 and rows[n]["unreachable"] == 0 and rows[n]["changed"] == 0 for n in healthy), rows
-    assert "the run goes on without them" in proc.stdout, out(proc)
+    assert "the run goes on without them" in " ".join(proc.stdout.split()), out(proc)
