@@ -19,6 +19,8 @@ def main(argv=None) -> int:
     up.add_argument("--hosts", type=int, default=4)
     up.add_argument("--no-tpm", action="store_true", help="skip swtpm (network only)")
     up.add_argument("--agents", action="store_true", help="start the node agent on every host")
+    up.add_argument("--bare", action="store_true",
+                    help="bare hosts: no agent, an sshd on each (root, the lab's SSH key) for playbooks/bootstrap.yml")
     up.add_argument("--store", default="file", choices=LAB_STORES,
                     help="the Coordinator's store: file (default) or etcd (a real etcd in h1's namespace)")
     up.add_argument("--coordinators", type=int, default=1,
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
     try:
         if args.cmd == "up":
             lab.up(hosts=args.hosts, tpm=not args.no_tpm, agents=args.agents, variant=args.variant, store=args.store,
-                   coordinators=args.coordinators)
+                   coordinators=args.coordinators, bare=args.bare)
             print("lab %s: %d hosts up (%d Coordinators); inventory: %s"
                   % (lab.name, len(lab.hosts), len(lab.coordinators), lab.inventory_dir))
         elif args.cmd == "grow":

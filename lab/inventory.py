@@ -14,7 +14,7 @@ from typing import List
 
 import yaml
 
-from lab import snp
+from lab import snp, ssh
 from lab.names import ADMIN_IP, Host, bridge_netns
 from lab.state import LabState
 from lab.trust import LabTrust, write_text
@@ -52,6 +52,8 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
             # Where the host's installed agent lives (lab/agent.py's install_dir): upgrade_agent.yml replaces it.
             "node_agent_install_dir": str(h.dir / "install"),
         }
+        if state.sshd:  # bare hosts: the node_agent role's folders, TPM and service manager (lab/ssh.py)
+            host_vars[h.name].update(ssh.host_vars(h))
         source = snp.report_source(state.variant, h)
         if source is not None:  # an SEV-SNP variant: the host's platform service (lab/snp_platform.py)
             host_vars[h.name]["constellation_snp_report_source"] = source
@@ -111,6 +113,10 @@ def write_inventory(inv: Path, lab_name: str, state_dir: Path, state: LabState, 
         # opened in the admin machine's namespace (a real controller reaches nodes directly).
         "constellation_atls_netns": bridge_netns(lab_name),
     }
+    if state.sshd:  # bare hosts: playbooks/bootstrap.yml reaches them over SSH as root with the lab's key
+        lab_vars.update(ssh.inventory_vars(state_dir, lab_name))
+    else:  # the lab starts the agents itself (or a test does): bootstrap.yml leaves the hosts alone (no SSH here)
+        lab_vars["constellation_bootstrap"] = False
     if snp.uses_snp(state.variant):
         # The SEV-SNP variants: the lab's AMD is the root (a real fleet pins AMD's own, the built-in default).
         lab_vars["constellation_amd_roots_path"] = str(inv / "amd_roots.pem")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from lab import network, snp, tpms
+from lab import network, snp, ssh, tpms
 from lab.agent import agent_dir, install_agent, launch_agent, start_agent
 from lab.etcd import Etcd, tmpfs_dir
 from lab.image import LAB_IMAGE
@@ -134,7 +134,8 @@ class Lab:
 
     # -- up and grow ------------------------------------------------------------------
     def up(self, hosts: int = 3, tpm: bool = True, image: str = LAB_IMAGE, agents: bool = False,
-           variant: str = LAB_VARIANT, store: str = "file", coordinators: int = 1) -> "Lab":
+           variant: str = LAB_VARIANT, store: str = "file", coordinators: int = 1, bare: bool = False) -> "Lab":
+        """``bare``: bare hosts (no agent, an sshd each: lab/ssh.py), what playbooks/bootstrap.yml starts from."""
         from ansible_collections.constellation.cluster.plugins.module_utils.attestation import choose
 
         choose.spec(variant, "variant")
@@ -144,11 +145,14 @@ class Lab:
             raise LabError("hosts: expected 1..%d, got %d" % (MAX_HOSTS, hosts))
         if agents and not tpm:
             raise LabError("agents: the node agent needs a TPM (do not combine agents with --no-tpm)")
+        if bare and agents:
+            raise LabError("bare: bare hosts have no agent (playbooks/bootstrap.yml installs it); do not combine "
+                           "--bare with --agents")
         check_coordinators(coordinators, hosts, store)
         # trust: the agents the lab starts itself (--agents, the operator's lab) are provisioned with the lab's
         # init secret hash and its signed measurements (tests that start agents themselves opt in).
         wanted = LabState(phase="building", hosts=hosts, tpm=tpm, image=image, agents=agents, variant=variant,
-                          store=store, trust=agents, coordinators=coordinators)
+                          store=store, trust=agents, coordinators=coordinators, sshd=bare)
         self.state = LabState.load(self.state_dir)
         if self.state.phase == "up" and self.state.same_build(wanted) and self.healthy():
             return self
@@ -165,6 +169,7 @@ class Lab:
         if tpm:
             tpms.start_tpms(self.hosts, image, self.trust, self.host_python())
         self._start_platforms(self.hosts)
+        self._start_sshds(self.hosts)
         if agents:
             if store == "etcd":
                 self.start_etcd()
@@ -191,6 +196,7 @@ class Lab:
         if self.state.tpm:
             tpms.start_tpms(new, self.state.image, self.trust, self.host_python())
         self._start_platforms(new)
+        self._start_sshds(new)
         if self.state.agents:
             self._start_agents(new)
         self.state.phase = "up"
@@ -212,6 +218,14 @@ class Lab:
         the HCL report of the host's platform in NV 0x01400001, the VCEK cache)."""
         if self.variant in snp.HCL_VARIANTS and self.state.tpm:
             host_cmd(h, ["--tcti", h.tcti, "--azure-hcl", str(h.dir), str(h.state_dir)], self.host_python())
+
+    def _start_sshds(self, hosts: List[Host]) -> None:
+        """``up --bare``: the lab's SSH key (once) and an sshd on each host (lab/ssh.py)."""
+        if not self.state.sshd:
+            return
+        ssh.ensure_lab_key(self.state_dir, self.name, self.host_python())
+        for h in hosts:
+            ssh.start_sshd(h, self.state_dir)
 
     def _start_agents(self, hosts: List[Host]) -> None:
         """Starts the node agent on each host (in its namespaces; lab.down stops them)."""
@@ -378,6 +392,7 @@ class Lab:
             "mount_ns": str(h.mount_ns_file) in mounts,
             "tpm": self._tpm_alive(h),
             "agent": bool(self._agent_pids(h, existing)),
+            "sshd": bool(ssh.sshd_pid(h)),
         } for h in self.hosts]
         if self.state.phase and self.uses_snp:
             for row, h in zip(rows, self.hosts):
@@ -412,7 +427,8 @@ class Lab:
             return False
         for row in self.status():
             if not (row["netns"] and row["mount_ns"] and (row["tpm"] or not state.tpm)
-                    and (row["agent"] or not state.agents) and row.get("snp_platform", True)):
+                    and (row["agent"] or not state.agents) and (row["sshd"] or not state.sshd)
+                    and row.get("snp_platform", True)):
                 return False
         if state.agents and state.store == "etcd":
             return any(_comm(pid) == "etcd" for pid in pids_in_netns(self.hosts[0].netns))

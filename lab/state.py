@@ -33,6 +33,8 @@ class LabState:
     # The agents the lab starts itself are provisioned with the lab's init secret hash and signed policy.
     trust: bool = False
     coordinators: int = 1
+    # An sshd per host and no agent (`up --bare`): bare hosts for playbooks/bootstrap.yml (lab/ssh.py).
+    sshd: bool = False
     # Hosts rebooted into another image than ``image`` (`lab reimage`): host name -> image name.
     host_images: dict = dataclasses.field(default_factory=dict)
 
