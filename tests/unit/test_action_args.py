@@ -53,7 +53,8 @@ def test_bad_arguments_fail_naming_the_option_and_deprecated_names_warn(tmp_path
         _task("old option", "activate_coordinator", endpoint="127.0.0.1:1", kms_uri=SECRET, measurement_salt=SECRET,
               vpn_interface="wg0", measurements_file=str(tmp_path / "absent.json"), timeout=0.5),
     ]
-    run = run_tasks(tmp_path, tasks)
+    # ansible-test units turns deprecation warnings off (ANSIBLE_DEPRECATION_WARNINGS=false); an operator's run shows them.
+    run = run_tasks(tmp_path, tasks, env={"ANSIBLE_DEPRECATION_WARNINGS": "true"})
     results = run.results()
     expected = {"missing": "coordinator_public_endpoint", "unknown": "not_an_option", "choice": "variant",
                 "exclusive": "measurements|measurements_file", "type": "timeout", "secret file": "vault",
