@@ -44,7 +44,7 @@ def _report(site, name):
 def test_site_activates_the_cluster(snpa):
     run = snpa.play("site.yml", "--limit", CLUSTER)
     assert run.ok, run.stdout[-4000:]
-    assert run.recap()["h1"]["changed"] >= 3  # master secret, salt, activation
+    assert run.recap()["h1"]["changed"] >= 1  # the activation (it writes the master secret and salt)
     reports = {name: _report(snpa, name) for name in ("h1", "h2")}
     assert (reports["h1"].state, reports["h2"].state) == ("ActivatingNodes", "IsNode")
     # a vTPM variant: the PCRs are quoted, and both carry the same cluster ID in PCR 15

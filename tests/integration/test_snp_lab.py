@@ -50,7 +50,7 @@ def _report(site, name):
 def test_site_activates_the_cluster_and_a_second_run_changes_nothing(snpp):
     first = snpp.play("site.yml", "--limit", CLUSTER)
     assert first.ok, first.stdout[-4000:]
-    assert first.recap()["h1"]["changed"] >= 3  # master secret, salt, activation
+    assert first.recap()["h1"]["changed"] >= 1  # the activation (it writes the master secret and salt)
     second = snpp.play("site.yml", "--limit", CLUSTER)
     assert second.ok, second.stdout[-4000:]
     assert {host: row["changed"] for host, row in second.recap().items()} == {"h1": 0, "h2": 0}
