@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The README's way on the lab: ``inventories/example`` copied as it is, with only what the README tells an
 operator to change or put beside it: the hosts' endpoints (the lab's), the EK roots (the lab CA stands for the TPM
-vendor), the image's measurements with their signature and the pinned key, the vault-encrypted init secret and the vault-encrypted admin key in their default places
+vendor), the image's measurements with their signature and the pinned key, the vault-encrypted init secret and the vault-encrypted admin key in their
+default places
 (``init_secret``, ``admin_key``; HOME points into the test's directory). Two lab-only variables are added to
 the hosts file: the namespace the controller opens its sockets in, and Kubernetes off (kubeadm cannot be
 installed here). Everything else is the example's and the roles' defaults.

@@ -84,7 +84,8 @@ class Walk:
     def run(self, step, *extra: str) -> subprocess.CompletedProcess:
         cmd = " ".join([self.command(step)] + list(extra))
         env = dict(os.environ, **ansible_env())
-        proc = subprocess.run(cmd, shell=True, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, shell=True, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900,
+                              check=False)
         self.log.append("$ %s\n%s%s" % (cmd, proc.stdout[-3000:], proc.stderr[-2000:]))
         return proc
 

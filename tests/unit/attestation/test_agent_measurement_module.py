@@ -12,7 +12,6 @@ import io
 import json
 import tarfile
 
-import pytest
 from cryptography.hazmat.primitives import serialization
 
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation import agent_measurement as am

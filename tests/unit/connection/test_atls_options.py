@@ -16,6 +16,7 @@ from ansible_collections.constellation.cluster.plugins.connection.atls import (
     Connection, Settings, SettingsError, pipelined_module, settings_from_options)
 from tests.unit.connection.atls_options import POLICY, options
 
+
 @pytest.fixture
 def key_file(tmp_path):
     path = tmp_path / "admin.key"
