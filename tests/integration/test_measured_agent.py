@@ -213,10 +213,10 @@ def test_a_document_that_accepts_both_agents_keeps_a_node_on_the_changed_one(clu
     cluster.lab.reboot_tpm("h2")  # an agent upgrade reboots the host: PCR 13 starts from zero
     cluster.start("h2", trust=True, agent_root=changed_agent)
     assert _measured(cluster, "h2")["outcome"] == "measured"
-    until(lambda: cluster.state("h2")["state"] == "IsNode", timeout=30, what="h2 rejoined on the changed agent",
+    until(lambda: cluster.state("h2")["state"] == "IsNode", timeout=90, what="h2 rejoined on the changed agent",
           why=lambda: tail_log(cluster.hosts["h2"]))
     # Re-attested with the changed agent, round after round, and never evicted.
-    until(lambda: _set_measurements(cluster, tmp_path, None)["agents"].get(h2_vpn_ip) == "changed", timeout=30,
+    until(lambda: _set_measurements(cluster, tmp_path, None)["agents"].get(h2_vpn_ip) == "changed", timeout=90,
           what="h2 re-attested on the changed agent", why=lambda: tail_log(cluster.hosts["h1"]))
     for _round in range(5):  # a second each: the Coordinator's re-attestation interval here
         time.sleep(1)
