@@ -251,3 +251,22 @@ def test_peer_list_takes_pod_cidr():
              {"pub_key": KEYS[1], "vpn_ip": "10.118.0.12"}]
     requests = wgmod.parse_peer_list(items)
     assert [r.peer.pod_cidr for r in requests] == ["10.244.1.0/24", None]
+
+
+def test_store_round_trip_keeps_pod_cidrs_and_reservations():
+    from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
+    from ansible_collections.constellation.cluster.plugins.module_utils.store import MemoryStore
+
+    store = MemoryStore()
+    reg = _registry_with_pods()
+    reg.add(KEYS[0], "10.42.0.1", "coordinator")
+    reserved = reg.reserve()
+    state_store.save_peer_state(store, reg)
+    assert json.loads(store.get("peerPrefix10.118.0.1"))["PodCIDR"] == "10.244.0.0/24"
+    assert json.loads(store.get("podCIDRAllocator"))["reserved"] == {reserved: "10.244.1.0/24"}
+    assert state_store.load_peer_state(store) == reg.to_dict()
+    plain = PeerRegistry()
+    plain.add(KEYS[0], "10.42.0.1", "coordinator")
+    state_store.save_peer_state(store, plain)
+    assert store.get_default("podCIDRAllocator") is None
+    assert state_store.load_peer_state(store) == plain.to_dict()
