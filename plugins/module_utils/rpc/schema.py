@@ -247,6 +247,8 @@ Empty, StateAnswer = declare(
                 "image, whose boot chain measures it (details only)",
                 "host_root_trusted bool: true: the host's root can replay what the agent measures and read this "
                 "peer's secrets in a genuine boot (host); false in the image (details only)",
+                "node_pod_cidr str: this peer's own pod CIDR (the pod network; details only)",
+                "cluster_pod_cidr str: the cluster's pod range, routed into wg0 (the pod network; details only)",
                 name="StateAnswer"))
 
 ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer = declare(
@@ -262,7 +264,9 @@ ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer = declare(
                  "(restore.yml) instead of starting a cluster",
                  "peer_resource_version_floor int: with restore_state: the highest peer set version the Nodes "
                  "applied; the restored set continues above it"),
-    answer=spec("cluster_id b64(32)!", "coordinator_vpn_ip str!", "coordinator_vpn_pub_key str!", "state str!"))
+    answer=spec("cluster_id b64(32)!", "coordinator_vpn_ip str!", "coordinator_vpn_pub_key str!", "state str!",
+                "cluster_pod_cidr str: the cluster's pod range (cluster_config cluster_pod_cidr; the pod network)",
+                "coordinator_pod_cidr str: the Coordinator's own pod CIDR"))
 
 ActivateAsNodeRequest, ActivateAsNodeAnswer = declare(
     "ActivateAsNode", PUBAPI, STREAMS_EXCHANGE,
@@ -272,6 +276,8 @@ ActivateAsNodeRequest, ActivateAsNodeAnswer = declare(
                  "admin_pub_key str", "coordinator_vpn_ip str",
                  "init_proof b64(32): secret",
                  "coordinator_pub_key str: the Coordinators' Ed25519 signing key, pinned by the node",
+                 "node_pod_cidr str: the node's own pod CIDR (the pod network)",
+                 "cluster_pod_cidr str: the cluster's pod range, which the node routes into wg0",
                  doc="Types only: the Core checks the state first (a second activation is a StateError whatever it "
                  "sends), then that every field is there (core/records/tickets.py NodeActivationRequest)."),
     answer=spec("state str!", "node_vpn_ip str"))
@@ -404,6 +410,16 @@ AdmitNodesRequest, AdmitNodesAnswer = declare(
     answer=spec("changed bool!", "added strlist!", "removed strlist!", "renamed strlist!",
                 "admissions list!: [{ek_pub_sha256, name, joined}], after the change"))
 
+UsePodCIDRsRequest, UsePodCIDRsAnswer = declare(
+    "UsePodCIDRs", ADMIN, STREAMS_NONE,
+    Access(CALLER_ADMIN, SERVED_COORDINATOR),
+    "the admin turns the pod network on for a cluster activated without it: every Coordinator and Node gets a pod "
+    "CIDR in one new peer set version (the same range again changes nothing); check: only predicts",
+    request=spec("cluster_pod_cidr str!: the cluster's pod range", "node_pod_cidr_mask_size int: default 24",
+                 "check bool: predict only (check mode)"),
+    answer=spec("changed bool!", "cluster_pod_cidr str!", "coordinator_pod_cidr str",
+                "allocated list: [{vpn_ip, pod_cidr}] of the peers that got one", "resource_version int"))
+
 ResetAgentRequest, ResetAgentAnswer = declare(
     "ResetAgent", ADMIN, STREAMS_NONE,
     Access(CALLER_ADMIN, SERVED_ADMIN_KEY_PINNED),
@@ -434,7 +450,8 @@ GetUpdateRequest, GetUpdateAnswer = declare(
                 "long_poll bool: true: the Coordinator held the request (``wait``) until a change or the wait "
                 "passed",
                 "measurements_version int: the version of the accepted measurement sets (GetMeasurements when "
-                "above the node's)"))
+                "above the node's)",
+                "cluster_pod_cidr str: the cluster's pod range, signed with the peer set (the pod network)"))
 
 GetJoinArgsRequest, GetJoinArgsAnswer = declare(
     "GetJoinArgs", VPNAPI, STREAMS_NONE,
