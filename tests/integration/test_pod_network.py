@@ -129,8 +129,13 @@ def _route_out(b: Box, dev: str, address: str, dst: str = "default") -> None:
 def test_two_pods_on_the_bridge_ping_and_del_leaves_nothing(box, tmp_path):
     b = box("cnh1")
     net = PodNetwork(b.runner, conf_dir=str(tmp_path / "net.d"))
+    bridge_nf = net.sysctl("net.bridge.bridge-nf-call-iptables")
+    if bridge_nf is not None:  # br_netfilter loaded: off, so that apply turns it on (pods then ping through it)
+        b.run(["sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=0"])
     dummy_state, steps = net.apply(SPEC)
-    assert steps == ["ip_forward", "nftables", "bridge", "bridge_mtu", "bridge_address", "bridge_up", "conflist"]
+    assert steps == ["ip_forward"] + (["bridge_nf_call_iptables"] if bridge_nf is not None else []) + \
+        ["nftables", "bridge", "bridge_mtu", "bridge_address", "bridge_up", "conflist"]
+    assert net.sysctl("net.ipv4.ip_forward") == "1" and net.sysctl("net.bridge.bridge-nf-call-iptables") in (None, "1")
     assert net.apply(SPEC)[1] == []
     conflist = load_conflist(net.conflist_path)
     cni = CNI(b.runner, cache_dir=str(tmp_path / "cache"))
