@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.command import CommandRunner
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.pod_network import (
     CNI,
     NFTables,
@@ -198,6 +199,22 @@ def test_pod_range_traffic_never_leaves_by_a_non_wg0_interface(box, tmp_path):
     b.run(["ip", "netns", "exec", "cnp1", "ping", "-c2", "-W1", OTHER_POD], check=False)
     assert b.link_tx("wg0") >= wg_before + 2
     cni.delete(load_conflist(net.conflist_path), "cnp1", "/run/netns/cnp1")
+
+
+def test_nothing_is_written_before_every_check_passed(box, tmp_path):
+    b = box("cnh4")
+    conf_dir = tmp_path / "net.d"
+    no_plugins = PodNetwork(b.runner, conf_dir=str(conf_dir), cni_path=str(tmp_path / "none"))
+    with pytest.raises(StateError, match="CNI plugin bridge: not found in cni_path .*containernetworking-plugins"):
+        no_plugins.apply(SPEC)
+    b.run(["ip", "link", "add", "cni0", "type", "veth", "peer", "name", "cni0p"])  # the name taken by another kind
+    net = PodNetwork(b.runner, conf_dir=str(conf_dir))
+    with pytest.raises(StateError, match="cni0 exists but is a veth interface, not a bridge"):
+        net.apply(SPEC)
+    assert not conf_dir.exists() and NFTables(b.runner).live() is None
+    assert net.sysctl("net.ipv4.ip_forward") == "0"
+    assert net.remove()[1] == []  # absent leaves a cni0 it did not make alone
+    assert b.run(["ip", "link", "show", "cni0"], check=False).returncode == 0
 
 
 def _interpreter(b: Box, tmp_path: Path) -> str:
