@@ -113,7 +113,7 @@ def add(h: Host, name: str, python: List[str] = None) -> dict:
     if proc.returncode != 0:
         raise LabError("%s: pod add %s failed: %s" % (h.name, name, proc.stderr.strip()[-1500:]))
     result = json.loads(proc.stdout)
-    address = _first_ipv4(result)
+    address = next((a for a in result.pop("addresses", []) if "." in a), None)
     if address is None:
         raise LabError("%s: pod %s got no IPv4 address from the CNI plugins: %s" % (h.name, name, proc.stdout.strip()))
     return {"host": h.name, "pod": name, "netns": pod_netns(name), "ip": address.split("/")[0], "cidr": address,
@@ -153,14 +153,6 @@ def popen(h: Host, name: str, argv: List[str], **kw) -> subprocess.Popen:
     return h.popen(exec_argv(name, argv), **kw)
 
 
-def _first_ipv4(result: dict):
-    for ip in result.get("ips", []) if isinstance(result, dict) else []:
-        address = ip.get("address", "") if isinstance(ip, dict) else ""
-        if "." in address:
-            return address
-    return None
-
-
 # -- inside the host (python -m lab.pods) --------------------------------------------------------------------
 def _cni():
     from ansible_collections.constellation.cluster.plugins.module_utils.pod_network import cni
@@ -181,18 +173,19 @@ def _inside_add(name: str, conflist: str) -> int:
         sys.stderr.write("pod %s exists (its namespace %s)\n" % (name, _netns_path(name)))
         return 1
     cni = _cni()
-    subprocess.run(["ip", "netns", "add", pod_netns(name)], check=True)
+    doc = cni.load_conflist(conflist)
+    made = subprocess.run(["ip", "netns", "add", pod_netns(name)], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        sys.stderr.write("ip netns add %s: %s" % (pod_netns(name), made.stderr))
+        return 1
     try:
-        result = cni.add(conflist, CONTAINER_ID_PREFIX + name, _netns_path(name), POD_IFNAME)
+        # CNI.add tears the pod down with DEL when a plugin fails; the namespace is ours to remove.
+        result = cni.CNI().add(doc, CONTAINER_ID_PREFIX + name, _netns_path(name), POD_IFNAME)
     except Exception as err:  # pylint: disable=broad-except  # nothing left behind, then the error
-        try:
-            cni.delete(conflist, CONTAINER_ID_PREFIX + name, _netns_path(name), POD_IFNAME)
-        except Exception:  # pylint: disable=broad-except
-            pass
         subprocess.run(["ip", "netns", "del", pod_netns(name)], check=False)
         sys.stderr.write("CNI ADD of pod %s: %s\n" % (name, err))
         return 1
-    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.write(json.dumps(dict(result, addresses=cni.result_addresses(result))) + "\n")
     return 0
 
 
@@ -207,8 +200,9 @@ def _inside_del(name: str, conflist: str) -> int:
 
         kill_all([int(p) for p in pids if p.isdigit()])
     if os.path.exists(conflist):
+        cni = _cni()
         try:
-            _cni().delete(conflist, CONTAINER_ID_PREFIX + name, path, POD_IFNAME)
+            cni.CNI().delete(cni.load_conflist(conflist), CONTAINER_ID_PREFIX + name, path, POD_IFNAME)
         except Exception as err:  # pylint: disable=broad-except
             sys.stderr.write("CNI DEL of pod %s: %s\n" % (name, err))
             return 1

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.constellation.cluster.plugins.module_utils.pod_network import conflist
 from lab import pods
 from lab.capture import UnderlayCapture, not_wireguard, read_pcap, with_addresses_in
 from lab.lab import Lab
@@ -45,6 +47,36 @@ def test_pod_commands_name_what_is_missing(lab):
     with pytest.raises(LabError, match="no pod 'a'"):
         lab.pod_run("h1", "a", ["true"])
     lab.pod_del("h1", "a")  # a pod that is gone is no error
+
+
+def test_pods_by_the_cni_plugins_with_the_hosts_conflist(lab):
+    h1 = lab.hosts[0]
+    spec = conflist.parse_pod_network_spec(cluster_pod_cidr="10.244.0.0/16", pod_cidr="10.244.7.0/24")
+    target = pods.cni_dir(h1, "etc") / "net.d" / conflist.CONFLIST_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(conflist.dump_conflist(conflist.render_conflist(spec)))
+    leases = pods.cni_dir(h1, "lib") / "networks" / conflist.NETWORK_NAME
+    try:
+        a, b = lab.pod_add("h1", "a"), lab.pod_add("h1", "b")
+        assert {a["ip"], b["ip"]} <= set(str(ip) for ip in ipaddress.ip_network(spec.pod_cidr).hosts())
+        assert a["ip"] != b["ip"] and a["cidr"].endswith("/24")
+        assert lab.pods("h1") == ["a", "b"] and lab.pods("h2") == []
+        assert sorted(p.name for p in leases.iterdir() if p.name[0].isdigit()) == sorted([a["ip"], b["ip"]])
+        # The pods reach each other through cni0, and their host (the gateway).
+        assert lab.pod_run("h1", "a", ["ping", "-c", "1", "-W", "2", b["ip"]], check=False).returncode == 0
+        assert lab.pod_run("h1", "b", ["ping", "-c", "1", "-W", "2", spec.gateway], check=False).returncode == 0
+        assert "mtu %d" % spec.mtu in lab.pod_run("h1", "a", ["ip", "link", "show", "eth0"]).stdout
+        with pytest.raises(LabError, match="pod a exists"):
+            lab.pod_add("h1", "a")
+        lab.pod_del("h1", "a")
+        assert lab.pods("h1") == ["b"]
+        assert sorted(p.name for p in leases.iterdir() if p.name[0].isdigit()) == [b["ip"]]
+        assert lab.pod_run("h1", "b", ["ping", "-c", "1", "-W", "1", a["ip"]], check=False).returncode != 0
+    finally:
+        for name in lab.pods("h1"):
+            lab.pod_del("h1", name)
+        target.unlink()
+        h1.run(["ip", "link", "del", conflist.BRIDGE], check=False)
 
 
 def test_capture_on_the_underlay_sees_the_hosts_traffic(lab):
