@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import List
 
+from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.conflist import CONFLIST_PATH
 from lab.names import REPO_ROOT, Host, LabError, host_python
 
 POD_NETNS_PREFIX = "pod-"
@@ -42,7 +43,6 @@ CONTAINER_ID_PREFIX = "lab-pod-"
 POD_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,15}$")
 # (folder under <host dir>/cni, path inside the host): the folders the pod network writes.
 CNI_MOUNTS = (("etc", "/etc/cni"), ("lib", "/var/lib/cni"))
-CONFLIST_PATH = "/etc/cni/net.d/10-constellation.conflist"
 
 
 def check_pod_name(name: str) -> str:
