@@ -139,17 +139,22 @@ def exec_argv(name: str, argv: List[str]) -> List[str]:
     return ["ip", "netns", "exec", pod_netns(name)] + list(argv)
 
 
+def _existing(h: Host, name: str) -> str:
+    present = names(h)
+    if name not in present:
+        raise LabError("%s: no pod %r (pods: %s)" % (h.name, name, ", ".join(present) or "none"))
+    return name
+
+
 def run(h: Host, name: str, argv: List[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
     """Runs ``argv`` inside pod ``name`` of host ``h`` (LabError when there is no such pod)."""
-    if name not in names(h):
-        raise LabError("%s: no pod %r (pods: %s)" % (h.name, name, ", ".join(names(h)) or "none"))
+    _existing(h, name)
     return h.run(exec_argv(name, argv), check=check, **kw)
 
 
 def popen(h: Host, name: str, argv: List[str], **kw) -> subprocess.Popen:
     """Starts ``argv`` inside pod ``name`` of host ``h`` (``lab down`` stops it with the lab)."""
-    if name not in names(h):
-        raise LabError("%s: no pod %r (pods: %s)" % (h.name, name, ", ".join(names(h)) or "none"))
+    _existing(h, name)
     return h.popen(exec_argv(name, argv), **kw)
 
 
