@@ -120,7 +120,7 @@ def _probe_answers(probe: Optional[Mapping[str, Any]]) -> Dict[str, bool]:
     answers = {}
     for row in (probe or {}).get("results") or []:
         if isinstance(row, Mapping) and row.get("address"):
-            answers[str(row["address"])] = bool(row.get("ok"))
+            answers[str(row["address"])] = bool(row.get("reachable"))
     return answers
 
 

@@ -164,7 +164,7 @@ POD_HEALTHY = ("allowed K1=\t10.118.0.1/32 10.244.0.0/24", "allowed K3=\t10.118.
 def probe(*answered, failed=False, msg=""):
     if failed:
         return {"failed": True, "msg": msg}
-    return {"changed": False, "results": [{"address": address, "ok": address in answered}
+    return {"changed": False, "results": [{"address": address, "reachable": address in answered}
                                           for address in ("10.244.0.1", "10.244.2.1")]}
 
 
