@@ -9,3 +9,32 @@
   pod egress masqueraded), applied atomically.
 * ``network``: ``PodNetwork`` ties them on one host: what must change, apply, remove.
 """
+
+from __future__ import annotations
+
+# pylint: disable=unused-import
+from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.conflist import (  # noqa: F401
+    BRIDGE,
+    CLUSTER_POD_CIDR,
+    CONF_DIR,
+    CONFLIST_PATH,
+    NETWORK_NAME,
+    NODE_POD_CIDR_MASK_SIZE,
+    PodNetworkSpec,
+    dump_conflist,
+    parse_conflist,
+    parse_pod_network_spec,
+    render_conflist,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.cni import (  # noqa: F401
+    CNI,
+    CNI_PATH,
+    CNIError,
+    load_conflist,
+    result_addresses,
+)
+from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.nft import NFTables, render_table  # noqa: F401
+from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.network import (  # noqa: F401
+    PodNetwork,
+    PodNetworkState,
+)

@@ -26,7 +26,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.registr
 
 def parse_peers(raw: Any, field: str) -> List[PeerRecord]:
     """A peer list as a message carries it (activation requests, tickets): at most 65,536
-    ``{vpn_ip, vpn_pub_key, public_ip, role}`` objects; InputError naming ``field[index]`` otherwise."""
+    ``{vpn_ip, vpn_pub_key, public_ip, role[, pod_cidr]}`` objects; InputError naming ``field[index]`` otherwise."""
     if not isinstance(raw, list) or len(raw) > 65536:
         raise InputError(field, "a list of {vpn_ip, vpn_pub_key, public_ip, role}", type(raw).__name__)
     peers = []
@@ -35,7 +35,7 @@ def parse_peers(raw: Any, field: str) -> List[PeerRecord]:
         if not isinstance(item, Mapping):
             raise InputError(where, "an object", type(item).__name__)
         peers.append(PeerRecord.parse(item.get("vpn_ip"), item.get("vpn_pub_key"), item.get("public_ip"),
-                                      item.get("role", "node"), where))
+                                      item.get("role", "node"), where, pod_cidr=item.get("pod_cidr")))
     return peers
 
 
