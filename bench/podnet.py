@@ -130,9 +130,8 @@ def measure(args) -> dict:
             for p in paths:
                 gbps[p.name].append(p.iperf(args.seconds))
                 rtt[p.name].append(p.ping(args.pings))
-            print("round %d: %s" % (round_ + 1, ", ".join("%s %.3f Gbit/s %.3f ms" % (p.name, gbps[p.name][-1],
-                                                                                    rtt[p.name][-1]["p50"])
-                                                         for p in paths)))
+            done = ["%s %.3f Gbit/s %.3f ms" % (p.name, gbps[p.name][-1], rtt[p.name][-1]["p50"]) for p in paths]
+            print("round %d: %s" % (round_ + 1, ", ".join(done)))
         load_after = load()
         result = {"hosts": 2, "rounds": args.rounds, "seconds": args.seconds, "pings": args.pings,
                   "site_first_run_s": round(site_s, 1), "load_before": round(load_before, 2),
@@ -156,7 +155,7 @@ def measure(args) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=int, default=5, help="iperf3 duration per path and round")
     p.add_argument("--pings", type=int, default=200, help="pings per path and round (10 ms apart)")
