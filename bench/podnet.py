@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -72,7 +73,9 @@ class Path2:
 
     def iperf(self, seconds: int) -> float:
         """Gbit/s received by the server, TCP, one stream, ``seconds`` long."""
-        server = self.server_popen(["iperf3", "-s", "-1", "-B", self.server_ip, "-p", str(IPERF_PORT)],
+        # --forceflush: "Server listening" reaches the pipe at once (iperf3 buffers its output otherwise).
+        argv = ["iperf3", "-s", "-1", "--forceflush", "-B", self.server_ip, "-p", str(IPERF_PORT)]
+        server = self.server_popen(argv,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             for line in server.stdout:  # "Server listening on 5201"
@@ -164,6 +167,7 @@ def main() -> int:
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/podnet.py needs root (the lab's network namespaces)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench/podnet.py: terminated"))  # the lab comes down
     result = measure(args)
     print("%-9s %12s %12s %12s" % ("path", "Gbit/s", "rtt p50 ms", "rtt p99 ms"))
     for name in ("pod", "wg0", "underlay"):
