@@ -22,7 +22,10 @@ if grep -q "^ERROR" "$work/importer.log"; then
 fi
 echo "galaxy-importer: ok"
 
-PATH="$TOOLS:$PATH" ANSIBLE_COLLECTIONS_PATH=$ROOT/collections \
+# The collections galaxy.yml depends on (kubernetes.core, community.crypto, community.general) come with the
+# `ansible` package in .venv; antsibull-docs resolves references into them.
+BUNDLED=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+PATH="$TOOLS:$PATH" ANSIBLE_COLLECTIONS_PATH=$ROOT/collections:$BUNDLED \
     "$TOOLS/antsibull-docs" lint-collection-docs --plugin-docs collections/ansible_collections/constellation/cluster
 echo "antsibull-docs lint-collection-docs: ok"
 
