@@ -18,7 +18,8 @@ description:
     C(loopback), at the MTU of C(wg0).
   - Creates the bridge C(cni0) with the first address of O(pod_cidr), so the node's own pod CIDR is routed
     to its bridge and every other pod CIDR to C(wg0) (the route O(cluster_pod_cidr) dev C(wg0) that the agent
-    keeps), and turns on IPv4 forwarding.
+    keeps), and turns on IPv4 forwarding and, where C(br_netfilter) is loaded, C(net.bridge.bridge-nf-call-iptables)
+    (kube-proxy's Service rules then see traffic bridged between two pods of the node, hairpin included).
   - Applies the nftables table C(inet constellation_pod_network) in one transaction - packets to
     O(cluster_pod_cidr) that would leave by an interface other than C(wg0), C(cni0) or C(lo) are dropped, so
     pod traffic never goes out unencrypted; with O(masquerade), pod traffic to addresses outside the pod range
@@ -29,6 +30,8 @@ description:
   - NetworkPolicy is not enforced (no policy engine). Bring your own CNI by not running this module
     (C(constellation_pod_network=false)).
 author: Constellation cluster contributors (@constellation-cluster)
+extends_documentation_fragment:
+  - constellation.cluster.pod_network
 options:
   state:
     description:
@@ -59,14 +62,6 @@ options:
     description: Masquerade pod traffic to destinations outside O(cluster_pod_cidr) and O(vpn_cidr) (pod egress).
     type: bool
     default: true
-  conf_dir:
-    description: Where the container runtime reads CNI configuration lists.
-    type: path
-    default: /etc/cni/net.d
-  cni_path:
-    description: The folder(s) holding the CNI plugins (C(:)-separated, as C(CNI_PATH)).
-    type: str
-    default: /usr/lib/cni
 attributes:
   check_mode:
     support: full
@@ -77,8 +72,6 @@ attributes:
   idempotent:
     support: full
     description: A second run with the same arguments reports no change.
-notes:
-  - Needs root on the node, and the Debian packages C(containernetworking-plugins) and C(nftables).
 seealso:
   - module: constellation.cluster.pod_network_probe
 """
@@ -100,7 +93,7 @@ steps:
   returned: always
   type: list
   elements: str
-  sample: [ip_forward, nftables, bridge, bridge_mtu, bridge_address, bridge_up, conflist]
+  sample: [ip_forward, bridge_nf_call_iptables, nftables, bridge, bridge_mtu, bridge_address, bridge_up, conflist]
 conflist:
   description: The path of the conflist.
   returned: always

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import CLUSTER_POD_CIDR
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.keys import MTU, VPN_CIDR
 
@@ -29,8 +30,6 @@ CONFLIST_PATH = "%s/%s" % (CONF_DIR, CONFLIST_NAME)
 CONFLIST_MODE = 0o644
 CNI_VERSION = "1.0.0"
 BRIDGE = "cni0"
-CLUSTER_POD_CIDR = "10.244.0.0/16"
-NODE_POD_CIDR_MASK_SIZE = 24
 # The plugins the conflist names, in chain order (bridge delegates its IPAM to host-local).
 PLUGINS = ("bridge", "host-local", "portmap", "loopback")
 # An IPv4 packet needs 68 bytes (RFC 791); above 9000 no underlay carries it.
@@ -41,8 +40,8 @@ MTU_RANGE = (576, 9000)
 class PodNetworkSpec:
     """One node's pod network, validated (``parse_pod_network_spec``)."""
 
-    cluster_pod_cidr: str
     pod_cidr: str
+    cluster_pod_cidr: str = CLUSTER_POD_CIDR
     vpn_cidr: str = VPN_CIDR
     mtu: int = MTU
     masquerade: bool = True
@@ -95,7 +94,8 @@ def parse_pod_network_spec(cluster_pod_cidr: Any = CLUSTER_POD_CIDR, pod_cidr: A
         raise InputError("mtu", "an integer from %d to %d (wg0's MTU: 1420 on a 1500 underlay)" % MTU_RANGE, mtu)
     if not isinstance(masquerade, bool):
         raise InputError("masquerade", "a boolean", masquerade)
-    return PodNetworkSpec(str(cluster), str(own), str(vpn), mtu, masquerade)
+    return PodNetworkSpec(pod_cidr=str(own), cluster_pod_cidr=str(cluster), vpn_cidr=str(vpn), mtu=mtu,
+                          masquerade=masquerade)
 
 
 def render_conflist(spec: PodNetworkSpec) -> dict:
