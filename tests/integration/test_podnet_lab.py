@@ -1,0 +1,281 @@
+# -*- coding: utf-8 -*-
+# Copyright: constellation.cluster contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The pod network over the attested mesh, end to end (real agents, swtpm, wireguard-go, the real CNI plugins and
+nft; lab ``pnpods``: h1 the Coordinator, h2-h4 Nodes, built by site.yml with the defaults; two lab pods per host,
+made by the real plugins from each node's conflist; docs/podnet.md):
+
+* every pod pings every pod of the other hosts while tcpdump captures the lab's underlay bridge: the capture holds
+  WireGuard UDP between the hosts (and the Coordinator's attested TLS, its re-attestation), and no frame carries a
+  pod address or the pings' payload in the clear;
+* remove_node.yml frees h3's pod CIDR (gone from every ``wg show``), and the next new node (``lab grow``,
+  add_nodes.yml) gets it, and its pods reach the others';
+* ``lab tamper`` gets h4 evicted: within the re-attestation interval plus one peer update its pods are unreachable
+  from every other pod and its pod CIDR is gone from every ``wg show``, while the others still reach each other.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+import subprocess
+import time
+
+import pytest
+
+from lab.agent import tail_log
+from lab.lab import Lab
+from tests.support import ROOT, VENV_BIN
+from tests.support.playbook import LabPlaybooks, PlayRun
+from tests.support.wait import until
+from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
+
+pytestmark = pytest.mark.lab
+
+LAB = "pnpods"
+PODS = ("p1", "p2")
+CLUSTER_POD_CIDR = ipaddress.ip_network("10.244.0.0/16")  # the default (docs/podnet.md)
+WG_PORT = 51820
+ATLS_PORT = 9000
+# The lab agents' re-attestation interval (lab/agent.py) and peer update poll: the eviction's deadline.
+REATTEST_INTERVAL = 30.0
+UPDATE_INTERVAL = 0.5
+# A ping payload no encrypted frame carries by chance (16 bytes): found in a capture, a ping went in the clear.
+PATTERN = "c0ffee00d15ea5e0feedfacecafebabe"
+
+
+class PodLab(LabPlaybooks):
+    """The lab, its inventory, its pods (``python -m lab pod``) and what the hosts' WireGuard shows."""
+
+    def lab_cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        run = subprocess.run([str(VENV_BIN / "python"), "-m", "lab", "--name", LAB] + list(args), cwd=str(ROOT),
+                             capture_output=True, text=True, check=False)
+        if check and run.returncode != 0:
+            raise AssertionError("python -m lab %s: %s%s" % (" ".join(args), run.stdout, run.stderr))
+        return run
+
+    def add_pod(self, host: str, pod: str) -> str:
+        """A pod on ``host`` (CNI ADD with the node's conflist); its address."""
+        self.lab_cli("pod", "add", host, pod)
+        out = self.pod_exec(host, pod, "ip", "-j", "-4", "address", "show", "dev", "eth0").stdout
+        return json.loads(out)[0]["addr_info"][0]["local"]
+
+    def pod_exec(self, host: str, pod: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.lab_cli("pod", "exec", host, pod, "--", *argv, check=check)
+
+    def status(self, name: str):
+        return peer_report(self.lab.host(name).public_endpoint, self.attestation_settings(), None, self.admin_key())
+
+    def allowed_ips(self, name: str) -> dict:
+        """``wg show wg0 allowed-ips`` of ``name``: public key -> set of networks."""
+        out = self.lab.host(name).run(["wg", "show", "wg0", "allowed-ips"], check=False).stdout
+        rows = {}
+        for line in out.splitlines():
+            key, _, nets = line.partition("\t")
+            rows[key] = {n for n in nets.split() if n != "(none)"}
+        return rows
+
+    def routed(self, name: str) -> set:
+        """Every network in ``name``'s WireGuard AllowedIPs."""
+        return set().union(*self.allowed_ips(name).values()) if self.allowed_ips(name) else set()
+
+
+def _ok(run: PlayRun) -> str:
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def pods(tmp_path_factory):
+    inv = tmp_path_factory.mktemp("podnet-inventory")
+    lab = Lab(LAB, inventory_dir=inv)
+    try:
+        lab.up(hosts=4, tpm=True, agents=True)
+        made = PodLab(lab, inv)
+        _ok(made.play("site.yml"))
+        made.pod_ips = {}
+        for host in ("h1", "h2", "h3", "h4"):
+            for pod in PODS:
+                made.pod_ips[(host, pod)] = made.add_pod(host, pod)
+        yield made
+    finally:
+        lab.down()
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _ping_script(ips) -> str:
+    """A shell loop that pings each address once (the pattern as payload) and prints ``ok IP`` or ``fail IP``."""
+    return "; ".join("if ping -n -c 1 -W 2 -p %s %s >/dev/null 2>&1; then echo ok %s; else echo fail %s; fi"
+                     % (PATTERN, ip, ip, ip) for ip in ips)
+
+
+def ping_matrix(pods: PodLab, sources, targets) -> dict:
+    """(source pod, target pod) -> whether one ping from inside the source answered; every source pings each
+    target of another host (one ``lab pod exec`` per source)."""
+    results = {}
+    for src in sources:
+        dests = [dst for dst in targets if dst[0] != src[0]]
+        if not dests:
+            continue
+        out = pods.pod_exec(src[0], src[1], "sh", "-c", _ping_script(pods.pod_ips[d] for d in dests),
+                            check=False).stdout
+        answered = {line.split()[1] for line in out.splitlines() if line.startswith("ok ")}
+        for dst in dests:
+            results[(src, dst)] = pods.pod_ips[dst] in answered
+    return results
+
+
+def _failed(matrix: dict) -> list:
+    return ["%s/%s -> %s/%s" % (a + b) for (a, b), ok in sorted(matrix.items()) if not ok]
+
+
+def _pods_of(*hosts) -> list:
+    return [(h, p) for h in hosts for p in PODS]
+
+
+class Capture:
+    """tcpdump on the lab's underlay bridge (``br0`` in the bridge namespace) while the block runs; then
+    ``lines`` (its packets as ``tcpdump -n -q`` prints them) and ``raw`` (the capture file's bytes)."""
+
+    def __init__(self, lab: Lab, path):
+        self.lab, self.path = lab, path
+        self.lines, self.raw, self.proc = [], b"", None
+
+    def __enter__(self) -> "Capture":
+        self.proc = subprocess.Popen(["ip", "netns", "exec", self.lab.bridge_netns, "tcpdump", "-i", "br0", "-n",
+                                      "-U", "-s", "0", "-w", str(self.path)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        until(lambda: self.path.exists() and self.path.stat().st_size > 0, what="tcpdump capturing on br0")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        time.sleep(0.5)  # the last replies
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.raw = self.path.read_bytes()
+        read = subprocess.run(["tcpdump", "-n", "-q", "-r", str(self.path)], capture_output=True, text=True,
+                              check=True)
+        self.lines = read.stdout.splitlines()
+
+
+def _addresses(line: str) -> list:
+    """The IPv4 addresses of a ``tcpdump -n -q`` line (``10.42.0.11.51820`` is address and port)."""
+    found = []
+    for token in line.replace(",", " ").replace(":", " ").split():
+        parts = token.split(".")
+        if len(parts) in (4, 5) and all(p.isdigit() for p in parts):
+            found.append((ipaddress.ip_address(".".join(parts[:4])), int(parts[4]) if len(parts) == 5 else None))
+    return found
+
+
+def cleartext(capture: Capture) -> list:
+    """The frames that show a pod address, and the pings' payload wherever it appears: none when nothing of a
+    pod travels in the clear."""
+    bad = [line for line in capture.lines if any(a in CLUSTER_POD_CIDR for a, _ in _addresses(line))]
+    if bytes.fromhex(PATTERN) in capture.raw:
+        bad.append("the pings' payload %s is in the capture" % PATTERN)
+    return bad
+
+
+def between_hosts(capture: Capture, hosts) -> tuple:
+    """(WireGuard packets, other packets) among the IPv4 packets whose source and destination are both hosts;
+    the Coordinator's re-attestation (attested TLS to port 9000) counts as neither."""
+    publics = {ipaddress.ip_address(h.public_ip) for h in hosts}
+    wireguard, other = 0, []
+    for line in capture.lines:
+        if not line.split()[1:2] == ["IP"]:
+            continue
+        addrs = _addresses(line)
+        if len(addrs) < 2 or not {addrs[0][0], addrs[1][0]} <= publics:
+            continue
+        ports = {addrs[0][1], addrs[1][1]}
+        if ports == {WG_PORT} and " UDP" in line:
+            wireguard += 1
+        elif ATLS_PORT in ports and " tcp " in line:
+            continue
+        else:
+            other.append(line)
+    return wireguard, other
+
+
+def _pod_cidr(pods: PodLab, name: str, key: str, observer: str) -> str:
+    """The pod CIDR ``observer``'s WireGuard gives ``name``'s key: its AllowedIPs but its VPN IP's /32."""
+    nets = pods.allowed_ips(observer).get(key, set())
+    return "".join(n for n in nets if ipaddress.ip_network(n).prefixlen < 32)
+
+
+# ------------------------------------------------------------------------------------------------ the tests
+def test_every_pod_reaches_every_pod_of_the_other_hosts_and_nothing_leaves_in_the_clear(pods, tmp_path):
+    hosts = ("h1", "h2", "h3", "h4")
+    # Each peer's WireGuard holds every other peer's VPN IP and pod CIDR; the pods' addresses are in their node's.
+    cidrs = {}
+    for name in hosts:
+        status = pods.status(name)
+        for observer in hosts:
+            if observer != name:
+                cidrs.setdefault(name, set()).add(_pod_cidr(pods, name, status.vpn_pub_key, observer))
+    assert all(len(seen) == 1 and "" not in seen for seen in cidrs.values()), cidrs
+    cidrs = {name: ipaddress.ip_network(seen.pop()) for name, seen in cidrs.items()}
+    assert len(set(cidrs.values())) == 4 and all(c.subnet_of(CLUSTER_POD_CIDR) for c in cidrs.values()), cidrs
+    for (host, pod), ip in pods.pod_ips.items():
+        assert ipaddress.ip_address(ip) in cidrs[host], (host, pod, ip, cidrs[host])
+    # Every pod pings every pod of the other hosts (8 pods: 48 pings) under the capture.
+    with Capture(pods.lab, tmp_path / "pings.pcap") as capture:
+        matrix = ping_matrix(pods, _pods_of(*hosts), _pods_of(*hosts))
+    assert len(matrix) == 48 and not _failed(matrix), _failed(matrix)
+    assert not cleartext(capture), cleartext(capture)[:20]
+    wireguard, other = between_hosts(capture, pods.lab.hosts)
+    assert not other, other[:20]
+    assert wireguard >= 2 * len(matrix), (wireguard, len(capture.lines))  # a request and a reply each, at least
+
+
+def test_a_removed_nodes_cidr_is_freed_and_a_new_node_gets_it_and_reaches_the_others(pods):
+    h3 = pods.status("h3")
+    h3_cidr = _pod_cidr(pods, "h3", h3.vpn_pub_key, "h1")
+    assert h3_cidr
+    _ok(pods.play("playbooks/remove_node.yml", "-e", "node=h3"))
+    until(lambda: all(h3_cidr not in pods.routed(n) and h3.vpn_pub_key not in pods.allowed_ips(n)
+                      for n in ("h1", "h2", "h4")), what="h3's key and pod CIDR gone from every wg show")
+    assert [r["vpn_ip"] for r in pods.status("h1").removed] == [h3.vpn_ip]
+    # A new host boots; add_nodes.yml (h3, removed and reset, stays out of the run) activates it: it gets the
+    # freed pod CIDR (the lowest free one), every peer routes it to h5, and its pods reach the others'.
+    pods.lab.grow(5)
+    _ok(pods.play("playbooks/add_nodes.yml", "--limit", "all:!h3"))
+    h5 = pods.status("h5")
+    assert h5.state == "IsNode"
+    until(lambda: all(_pod_cidr(pods, "h5", h5.vpn_pub_key, n) == h3_cidr for n in ("h1", "h2", "h4")),
+          what="h5 holding h3's freed pod CIDR in every wg show")
+    for pod in PODS:
+        pods.pod_ips[("h5", pod)] = pods.add_pod("h5", pod)
+        assert ipaddress.ip_address(pods.pod_ips[("h5", pod)]) in ipaddress.ip_network(h3_cidr)
+    others = _pods_of("h1", "h2", "h4")
+    matrix = ping_matrix(pods, _pods_of("h5"), others)
+    matrix.update(ping_matrix(pods, others, _pods_of("h5")))
+    assert len(matrix) == 24 and not _failed(matrix), _failed(matrix)
+
+
+def test_an_evicted_nodes_pods_drop_off_within_the_reattestation_interval_plus_one_update(pods, tmp_path):
+    members = ("h1", "h2", "h5")
+    h4 = pods.status("h4")
+    h4_cidr = _pod_cidr(pods, "h4", h4.vpn_pub_key, "h1")
+    assert h4_cidr
+    before = ping_matrix(pods, _pods_of(*members), _pods_of("h4"))
+    assert not _failed(before), _failed(before)
+    pods.lab.tamper("h4")  # what `python -m lab tamper h4` does: its boot chain measured something else
+    until(lambda: all(h4_cidr not in pods.routed(n) for n in members),
+          timeout=REATTEST_INTERVAL + UPDATE_INTERVAL + 15, interval=0.2,
+          what="h4's pod CIDR gone from every member's wg show", why=lambda: tail_log(pods.lab.host("h1")))
+    evicted = pods.status("h1").evicted
+    assert [e["vpn_ip"] for e in evicted] == [h4.vpn_ip] and "PCR 9" in evicted[0]["reason"], evicted
+    # Its pods are unreachable from every other pod, and what is sent to them does not leave in the clear.
+    with Capture(pods.lab, tmp_path / "evicted.pcap") as capture:
+        after = ping_matrix(pods, _pods_of(*members), _pods_of("h4"))
+        back = ping_matrix(pods, _pods_of("h4"), _pods_of(*members))
+    assert after and not any(after.values()), after
+    assert back and not any(back.values()), back
+    assert not cleartext(capture), cleartext(capture)[:20]
+    # The members still reach each other.
+    rest = ping_matrix(pods, _pods_of(*members), _pods_of(*members))
+    assert not _failed(rest), _failed(rest)
