@@ -133,7 +133,7 @@ class _NullVPN:
 
     vpn_cidr = BENCH_VPN_CIDR
 
-    def setup(self, vpn_ip, priv_key):
+    def setup(self, vpn_ip, priv_key, cluster_pod_cidr=None):
         pass
 
     def set_peers(self, records, own_pub_key):

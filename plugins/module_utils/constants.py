@@ -29,6 +29,11 @@ ROLE_NODE = "node"
 ROLE_ADMIN = "admin"
 
 # Renamed options keep their old names as deprecated aliases until this release of the collection.
+# The pod network (docs/wireguard.md, "Pod CIDRs"): the cluster's pod range and each peer's share of it, as
+# kube-controller-manager's --cluster-cidr and --node-cidr-mask-size name them.
+CLUSTER_POD_CIDR = "10.244.0.0/16"
+NODE_POD_CIDR_MASK_SIZE = 24
+
 COLLECTION_NAME = "constellation.cluster"
 RENAMED_OPTIONS_REMOVED_IN = "2.0.0"
 

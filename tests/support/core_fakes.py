@@ -32,10 +32,12 @@ class RecordingVPN(ports.VPN):
         self.address = None
         self.priv_key = None
         self.peers: List = []
+        self.pod_route = None
         self.setups = 0
 
-    def setup(self, vpn_ip, priv_key):
+    def setup(self, vpn_ip, priv_key, cluster_pod_cidr=None):
         self.address, self.priv_key = vpn_ip, priv_key
+        self.pod_route = cluster_pod_cidr
         self.setups += 1
 
     def set_peers(self, records, own_pub_key):

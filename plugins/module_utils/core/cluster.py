@@ -145,7 +145,7 @@ class Cluster:
                     return self._known_coordinator(client, endpoint, row)
                 if membership != "fresh":
                     raise StateError("%s is locked to another cluster (PCR 15)" % endpoint)
-                vpn_ip = self.context.peer_registry.update(lambda r: r.allocator.allocate(ROLE_COORDINATOR))
+                vpn_ip = self.context.peer_registry.update(lambda r: r.reserve(ROLE_COORDINATOR))
                 request = self.registry.node_activation_request(vpn_ip)
 
                 def record_then_secrets(disk_uuid: str, vpn_pub_key: str) -> Dict[str, Any]:
@@ -218,7 +218,7 @@ class Cluster:
         self.context.log("node_lock", role=ROLE_COORDINATOR, pcr=15)
         try:
             self._pending_priv_key = priv_key
-            self.context.vpn.setup(request.node_vpn_ip, priv_key)
+            self.context.vpn.setup(request.node_vpn_ip, priv_key, request.cluster_pod_cidr)
             self.context.vpn.set_peers(list(request.peers), pub_key_from_priv_key(priv_key))
         except BaseException as err:
             self.abort_coordinator_activation(err)
@@ -264,7 +264,7 @@ class Cluster:
             cluster_id=request.cluster_id, measurement_salt=request.measurement_salt,
             admin_pub_key=request.admin_pub_key, coordinator_vpn_ip=request.node_vpn_ip, disk_uuid=self.context.disk_uuid,
             peers=tuple(p for p in records if p.role == ROLE_COORDINATOR and p.vpn_ip != request.node_vpn_ip),
-            state=int(State.ACTIVATING_NODES)))
+            state=int(State.ACTIVATING_NODES), cluster_pod_cidr=request.cluster_pod_cidr, pod_cidr=own.pod_cidr))
         self.context.keep_disk_key(kms_mod.state_disk_key(self.context.kms, self.context.disk_uuid))
         self._pending_coordinator = None
         self.context.advance(State.ACTIVATING_NODES)

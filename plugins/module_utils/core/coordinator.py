@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol
 from ansible_collections.constellation.cluster.plugins.module_utils import kms as kms_mod
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.measurements import expected_pcr15
 from ansible_collections.constellation.cluster.plugins.module_utils.attestation.policy import membership_without_pcrs
-from ansible_collections.constellation.cluster.plugins.module_utils.constants import PCR_INDEX_CLUSTER_ID
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import NODE_POD_CIDR_MASK_SIZE, PCR_INDEX_CLUSTER_ID
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.pod_cidrs import parse_cluster_pod_cidr
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records import state_store
 from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs import (
     b64,
@@ -110,10 +111,17 @@ class Coordinator:
         salt = parse_measurement_salt(measurement_salt)
         parse_admin_pub_key(admin_pub_key)
         config = dict(cluster_config or {})
-        unknown = set(config) - {"cluster_name", "vpn_cidr"}
+        unknown = set(config) - {"cluster_name", "vpn_cidr", "cluster_pod_cidr", "node_pod_cidr_mask_size"}
         if unknown:
-            raise InputError("cluster_config", "only cluster_name and vpn_cidr", sorted(unknown))
+            raise InputError("cluster_config", "only cluster_name, vpn_cidr, cluster_pod_cidr and node_pod_cidr_mask_size",
+                             sorted(unknown))
         vpn_cidr = config.get("vpn_cidr", VPN_CIDR)
+        # The pod network (docs/wireguard.md, "Pod CIDRs"): without cluster_pod_cidr, no peer gets a pod CIDR.
+        pod_range = None
+        if config.get("cluster_pod_cidr"):
+            mask = config.get("node_pod_cidr_mask_size", NODE_POD_CIDR_MASK_SIZE)
+            net, mask = parse_cluster_pod_cidr(config["cluster_pod_cidr"], mask, vpn_cidr, "cluster_config.")
+            pod_range = (str(net), mask)
         if vpn_cidr != getattr(ctx.vpn, "vpn_cidr", VPN_CIDR):
             raise InputError("cluster_config.vpn_cidr", "the agent's VPN CIDR %s" % getattr(ctx.vpn, "vpn_cidr", VPN_CIDR),
                              vpn_cidr)
@@ -125,9 +133,12 @@ class Coordinator:
             pub_key = pub_key_from_priv_key(priv_key)
 
             def add_self(registry):
+                if pod_range is not None:
+                    registry.use_pod_cidrs(*pod_range)
                 return registry.add(pub_key, ctx.public_ip, "coordinator")
 
             record = ctx.peer_registry.update(add_self, vpn_cidr)
+            cluster_pod_cidr = pod_range[0] if pod_range is not None else None
             self.peer_access.claim_disk_uuid(ctx.disk_uuid, record.vpn_ip, pub_key, method)  # no node may name ours
             state_store.save_kms_data(ctx.local_store, {"kms_uri": kms_uri, "storage_uri": storage_uri})
             if secret is not None:
@@ -135,18 +146,20 @@ class Coordinator:
                 ctx.init_secret = secret
             ctx.kms = kms
             ctx.set_role(ROLE_COORDINATOR)
-            ctx.vpn.setup(record.vpn_ip, priv_key)
+            ctx.vpn.setup(record.vpn_ip, priv_key, cluster_pod_cidr)
             self.shared_store.start_first(record.vpn_ip, kms)
             ctx.save_node(NodeState(role=ROLE_COORDINATOR, vpn_ip=record.vpn_ip, vpn_priv_key=priv_key,
                                     cluster_id=cluster_id, measurement_salt=salt, admin_pub_key=admin_pub_key,
                                     coordinator_vpn_ip=record.vpn_ip, cluster_name=str(config.get("cluster_name", "")),
-                                    disk_uuid=ctx.disk_uuid, state=int(State.ACTIVATING_NODES)))
+                                    disk_uuid=ctx.disk_uuid, state=int(State.ACTIVATING_NODES),
+                                    cluster_pod_cidr=cluster_pod_cidr, pod_cidr=record.pod_cidr))
             ctx.keep_disk_key(kms_mod.state_disk_key(kms, ctx.disk_uuid))
             ctx.advance(State.ACTIVATING_NODES)
         except BaseException as err:
             ctx.fail(method, err)
             raise
-        return CoordinatorActivation(cluster_id, record.vpn_ip, pub_key, ctx.state.wire_name)
+        return CoordinatorActivation(cluster_id, record.vpn_ip, pub_key, ctx.state.wire_name, cluster_pod_cidr,
+                                     record.pod_cidr)
 
     def require_coordinator(self, method: str) -> KMS:
         """The guard of every Coordinator request (the servers call it first): this peer is an activated
@@ -156,14 +169,11 @@ class Coordinator:
     # -- the peer registry
     def reserve_node_ip(self) -> str:
         self.context.require_coordinator("ActivateAdditionalNodes")
-        return self.context.peer_registry.update(lambda r: r.allocator.allocate("node"))
+        return self.context.peer_registry.update(lambda r: r.reserve("node"))  # and its pod CIDR
 
     def release_node_ip(self, vpn_ip: str) -> None:
-        def release(registry):
-            if registry.peers.get(vpn_ip) is None:
-                registry.allocator.release(vpn_ip)
-
-        self.context.peer_registry.update(release)
+        """Frees a reserved VPN IP (and pod CIDR) whose node was not recorded."""
+        self.context.peer_registry.update(lambda r: r.release_reserved(vpn_ip))
 
     def node_activation_request(self, node_vpn_ip: str) -> NodeActivationRequest:
         self.context.require_coordinator("ActivateAdditionalNodes")
@@ -171,8 +181,11 @@ class Coordinator:
         if registry is None:
             raise StateError("this Coordinator has no peer registry")
         node = self.context.stored_node()
+        pod_cidr = registry.pod_cidr_of(node_vpn_ip)
         return NodeActivationRequest(node_vpn_ip, tuple(registry.peers.peers.values()), node.cluster_id,
-                                     node.measurement_salt, node.admin_pub_key, node.vpn_ip, coordinator_pub_key=self.signing.coordinator_pub_key())
+                                     node.measurement_salt, node.admin_pub_key, node.vpn_ip, coordinator_pub_key=self.signing.coordinator_pub_key(),
+                                     node_pod_cidr=pod_cidr,
+                                     cluster_pod_cidr=str(registry.pod_cidrs.cidr) if pod_cidr is not None else None)
 
     def init_proof_for(self, public_ip: str) -> Dict[str, Any]:
         """The ``init_proof`` field for the node at ``public_ip`` (init_secret.py); empty when this
@@ -190,14 +203,7 @@ class Coordinator:
         self.context.require_coordinator("add node")
         record = PeerRecord.parse(vpn_ip, vpn_pub_key, public_ip, role)
 
-        def put(registry):
-            if registry.peers.by_pub_key(record.vpn_pub_key) not in (None, registry.peers.get(vpn_ip)):
-                raise StateError("WireGuard key of %s is already used by another peer" % vpn_ip)
-            if not registry.allocator.in_use(vpn_ip):
-                registry.allocator.reserve(vpn_ip)
-            return registry.peers.put(record)
-
-        version = self.context.peer_registry.update(put)
+        version = self.context.peer_registry.update(lambda registry: registry.put_node(record))  # with its pod CIDR
         self.apply_registry_peers()
         self.context.log("peer_added", vpn_ip=vpn_ip, public_ip=public_ip, resource_version=version)
         return version

@@ -108,7 +108,8 @@ class JoinService:
         return JoinTicket(request.cluster_id, request.measurement_salt, kms_mod.measurement_secret(kms),
                           kms_mod.state_disk_key(kms, normalize_disk_uuid(disk_uuid)), vpn_ip, request.peers,
                           request.coordinator_vpn_ip, request.admin_pub_key, kubeadm_args,
-                          coordinator_pub_key=request.coordinator_pub_key)
+                          coordinator_pub_key=request.coordinator_pub_key, node_pod_cidr=request.node_pod_cidr,
+                          cluster_pod_cidr=request.cluster_pod_cidr)
 
     def serve_join(self, disk_uuid: Any, node_vpn_pub_key: bytes, channel: JoinChannel,
                    validator: AttestationValidator, certificate_request: Optional[bytes] = None,

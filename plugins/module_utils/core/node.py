@@ -72,7 +72,7 @@ class Node:
         ctx.log("node_lock", role=ROLE_NODE, pcr=15)
         try:
             ctx.set_role(ROLE_NODE)
-            ctx.vpn.setup(request.node_vpn_ip, priv_key)
+            ctx.vpn.setup(request.node_vpn_ip, priv_key, request.cluster_pod_cidr)
             ctx.vpn.set_peers(list(request.peers), pub_key_from_priv_key(priv_key))
             ctx.advance(State.NODE_WAITING_FOR_CLUSTER_JOIN)
         except BaseException as err:
@@ -127,7 +127,8 @@ class Node:
                          admin_pub_key=request.admin_pub_key, coordinator_vpn_ip=request.coordinator_vpn_ip,
                          coordinator_vpn_pub_key=coordinator.vpn_pub_key if coordinator else None,
                          peers=tuple(request.peers), resource_version=-1, disk_uuid=ctx.disk_uuid, state=int(state),
-                         coordinator_pub_key=request.coordinator_pub_key)
+                         coordinator_pub_key=request.coordinator_pub_key, cluster_pod_cidr=request.cluster_pod_cidr,
+                         pod_cidr=request.node_pod_cidr)
 
     # -- join
     def join(self, ticket: JoinTicket, binding: Optional[bytes] = None) -> Dict[str, Any]:
@@ -160,7 +161,7 @@ class Node:
         try:
             priv_key = self._join_priv_key
             ctx.set_role(ROLE_NODE)
-            ctx.vpn.setup(ticket.node_vpn_ip, priv_key)
+            ctx.vpn.setup(ticket.node_vpn_ip, priv_key, ticket.cluster_pod_cidr)
             ctx.vpn.set_peers(list(ticket.peers), pub_key_from_priv_key(priv_key))
             ctx.keep_disk_key(ticket.state_disk_key)
             ctx.save_node(self._new_node_state(ticket.activation_request(), priv_key, State.IS_NODE).replace(

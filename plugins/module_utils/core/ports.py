@@ -34,8 +34,9 @@ class VPN(Protocol):
 
     vpn_cidr: str
 
-    def setup(self, vpn_ip: str, priv_key: str) -> None:
-        """Brings the interface up with this address and (base64) private key."""
+    def setup(self, vpn_ip: str, priv_key: str, cluster_pod_cidr: Optional[str] = None) -> None:
+        """Brings the interface up with this address and (base64) private key; with ``cluster_pod_cidr``, routes
+        the cluster's pod range into it (docs/wireguard.md, "Pod CIDRs")."""
 
     def set_peers(self, records: List[PeerRecord], own_pub_key: str) -> bool:
         """Makes the peers exactly ``records`` (minus ourselves); True if anything changed."""

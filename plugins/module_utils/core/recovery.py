@@ -127,7 +127,7 @@ class Recovery:
                 raise StateError("the store holds a Coordinator state without KMS settings")
             ctx.kms = kms_mod.open_kms(kms_data["kms_uri"])
             ctx.init_secret = state_store.load_init_secret(ctx.local_store)
-        ctx.vpn.setup(node.vpn_ip, node.vpn_priv_key)
+        ctx.vpn.setup(node.vpn_ip, node.vpn_priv_key, node.cluster_pod_cidr)
         if node.role == ROLE_COORDINATOR:
             self.shared_store.reopen(node)
             self.evictions.reload()

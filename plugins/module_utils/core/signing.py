@@ -116,13 +116,20 @@ def ticket_payload(ticket: Mapping[str, Any], binding: bytes) -> dict:
 
 
 def peers_payload(resource_version: int, peers: Iterable[Any]) -> dict:
-    """What a peer list's signature covers: the version and every peer (``PeerRecord`` or its dict), in VPN IP
-    order."""
+    """What a peer list's signature covers: the version and every peer (``PeerRecord`` or its dict, its pod CIDR
+    included), in VPN IP order."""
     rows = [p if isinstance(p, Mapping) else p.to_dict() for p in peers]
     rows.sort(key=lambda r: int(ipaddress.ip_address(r["vpn_ip"])))
-    return {"resource_version": int(resource_version),
-            "peers": [{"vpn_ip": r["vpn_ip"], "vpn_pub_key": r["vpn_pub_key"], "public_ip": r.get("public_ip"),
-                       "role": r.get("role", "node")} for r in rows]}
+    return {"resource_version": int(resource_version), "peers": [_signed_peer(r) for r in rows]}
+
+
+def _signed_peer(row: Mapping) -> dict:
+    """One peer as signed: its pod CIDR too when it has one (a set without pod CIDRs signs as before them)."""
+    out = {"vpn_ip": row["vpn_ip"], "vpn_pub_key": row["vpn_pub_key"], "public_ip": row.get("public_ip"),
+           "role": row.get("role", "node")}
+    if row.get("pod_cidr"):
+        out["pod_cidr"] = row["pod_cidr"]
+    return out
 
 
 class Signer:

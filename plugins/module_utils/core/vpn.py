@@ -34,13 +34,18 @@ class WireGuardVPN:
         self.wg = WireGuard(runner or CommandRunner())
         self._lock = threading.Lock()
 
-    def setup(self, vpn_ip: str, priv_key: str) -> None:
+    def setup(self, vpn_ip: str, priv_key: str, cluster_pod_cidr: Optional[str] = None) -> None:
+        """The interface up; with ``cluster_pod_cidr``, one route of the whole pod range into it (docs/wireguard.md,
+        "Pod CIDRs"): a pod CIDR no attested peer holds then ends in WireGuard, which drops it, instead of
+        leaving by the default route in the clear."""
         # The private key reaches wg on its standard input, never a file: at rest it is only in the sealed store.
         prefix = ipaddress.ip_network(self.vpn_cidr).prefixlen
         spec = parse_interface_spec(self.interface, "%s/%d" % (vpn_ip, prefix), self.listen_port,
                                     vpn_cidr=self.vpn_cidr)
         with self._lock:
             self.wg.ensure_interface(spec, None, pub_key_from_priv_key(priv_key), priv_key=priv_key)
+            if cluster_pod_cidr:
+                self.wg.route(self.interface, cluster_pod_cidr)
 
     def teardown(self) -> bool:
         """Deletes the interface (a reset: ResetAgent); False if there was none."""

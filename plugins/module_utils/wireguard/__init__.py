@@ -58,6 +58,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.co
     interface_changes,
     parse_interface_spec,
     parse_peer_list,
+    parse_pod_cidr,
     render_peers,
     validate_interface_name,
     wg_set_argv,

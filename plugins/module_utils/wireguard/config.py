@@ -6,6 +6,7 @@ renderings."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
@@ -52,9 +53,23 @@ def _parse_vpn_ip(value: object, field_name: str, vpn_cidr: ipaddress.IPv4Networ
     return str(address)
 
 
+def parse_pod_cidr(value: object, field_name: str) -> str:
+    """A peer's pod CIDR (docs/wireguard.md, "Pod CIDRs"): a network with no host bits set, never a default route."""
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        raise InputError(field_name, "a network with no host bits set, such as 10.244.1.0/24", value) from None
+    if net.prefixlen == 0:
+        raise InputError(field_name, "a network narrower than the default route", value)
+    return str(net)
+
+
 @dataclass(frozen=True)
 class Peer:
-    """One WireGuard peer as wanted: ``AllowedIPs`` is always exactly ``<vpn_ip>/32``.
+    """One WireGuard peer as wanted: ``AllowedIPs`` is exactly ``<vpn_ip>/32``, plus the peer's ``pod_cidr``
+    when it has one (docs/wireguard.md, "Pod CIDRs").
 
     ``endpoint`` None means "not known / roaming" (the admin has none): the live endpoint is then left
     as WireGuard learnt it.
@@ -64,18 +79,31 @@ class Peer:
     vpn_ip: str
     endpoint: str | None = None
     persistent_keepalive: int = PERSISTENT_KEEPALIVE
+    pod_cidr: str | None = None
+
+    @property
+    def allowed_ip_list(self) -> tuple[str, ...]:
+        """The AllowedIPs, sorted as ``parse_dump`` sorts the live ones (the order does not matter to WireGuard)."""
+        ips = ["%s/%d" % (self.vpn_ip, 128 if ":" in self.vpn_ip else 32)]
+        if self.pod_cidr:
+            ips.append(self.pod_cidr)
+        return tuple(sorted(ips))
 
     @property
     def allowed_ips(self) -> str:
-        return "%s/%d" % (self.vpn_ip, 128 if ":" in self.vpn_ip else 32)
+        """The AllowedIPs as ``wg set ... allowed-ips`` and ``wg setconf`` take them."""
+        return ",".join(self.allowed_ip_list)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "pub_key": self.pub_key,
             "vpn_ip": self.vpn_ip,
             "endpoint": self.endpoint,
             "persistent_keepalive": self.persistent_keepalive,
         }
+        if self.pod_cidr:
+            out["pod_cidr"] = self.pod_cidr
+        return out
 
 
 @dataclass(frozen=True)
@@ -91,9 +119,14 @@ class LivePeer:
     persistent_keepalive: int
 
     def to_peer(self) -> Peer:
-        """Best-effort view as a ``Peer`` (for diffs and reports)."""
-        vpn_ip = self.allowed_ips[0].split("/")[0] if len(self.allowed_ips) == 1 else ",".join(self.allowed_ips)
-        return Peer(self.pub_key, vpn_ip, self.endpoint, self.persistent_keepalive)
+        """Best-effort view as a ``Peer`` (for diffs and reports): one host address is the VPN IP, one network
+        beside it the pod CIDR; anything else shows as the joined list."""
+        hosts = [a for a in self.allowed_ips if a.endswith(("/32", "/128"))]
+        others = [a for a in self.allowed_ips if a not in hosts]
+        if len(hosts) == 1 and len(others) <= 1:
+            return Peer(self.pub_key, hosts[0].split("/")[0], self.endpoint, self.persistent_keepalive,
+                        others[0] if others else None)
+        return Peer(self.pub_key, ",".join(self.allowed_ips), self.endpoint, self.persistent_keepalive)
 
 
 @dataclass(frozen=True)
@@ -146,8 +179,8 @@ def parse_peer_list(
     """Validate a complete peer list before anything is touched.
 
     Each item: ``pub_key``, ``vpn_ip`` (address or /32), optional ``endpoint`` (IP:port),
-    ``persistent_keepalive`` (seconds, 0 = off, default 10) and ``state`` (present/absent).
-    Raises InputError naming ``peers[i].field``.
+    ``persistent_keepalive`` (seconds, 0 = off, default 10), ``pod_cidr`` (a network outside the VPN CIDR
+    and every other peer's pod CIDR) and ``state`` (present/absent). Raises InputError naming ``peers[i].field``.
     """
     try:
         cidr = ipaddress.ip_network(vpn_cidr, strict=True)
@@ -162,13 +195,14 @@ def parse_peer_list(
     result: list[PeerRequest] = []
     seen_keys: dict[str, int] = {}
     seen_ips: dict[str, int] = {}
+    seen_pod_cidrs: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int]] = []
     for index, item in enumerate(items):
         where = "peers[%d]" % index
         if not isinstance(item, Mapping):
             raise InputError(where, "a mapping with pub_key and vpn_ip", type(item).__name__)
-        unknown = set(item) - {"pub_key", "vpn_ip", "endpoint", "persistent_keepalive", "state"}
+        unknown = set(item) - {"pub_key", "vpn_ip", "endpoint", "persistent_keepalive", "pod_cidr", "state"}
         if unknown:
-            raise InputError(where, "only pub_key, vpn_ip, endpoint, persistent_keepalive, state", sorted(unknown))
+            raise InputError(where, "only pub_key, vpn_ip, endpoint, persistent_keepalive, pod_cidr, state", sorted(unknown))
         state = item.get("state", "present") or "present"
         if state not in ("present", "absent"):
             raise InputError(where + ".state", "present or absent", state)
@@ -183,6 +217,8 @@ def parse_peer_list(
             # peer (a node replaced by a new key keeps its address).
             if item.get("vpn_ip") not in (None, ""):
                 _parse_vpn_ip(item.get("vpn_ip"), where + ".vpn_ip", cidr)
+            if item.get("pod_cidr") not in (None, ""):
+                parse_pod_cidr(item.get("pod_cidr"), where + ".pod_cidr")
             result.append(PeerRequest(Peer(pub_key, ""), present=False))
             continue
         vpn_ip = _parse_vpn_ip(item.get("vpn_ip"), where + ".vpn_ip", cidr)
@@ -200,7 +236,20 @@ def parse_peer_list(
             raise InputError(where + ".persistent_keepalive", "seconds between 0 and 65535", keepalive) from None
         if isinstance(item.get("persistent_keepalive"), bool) or not 0 <= keepalive <= 65535:
             raise InputError(where + ".persistent_keepalive", "seconds between 0 and 65535", item.get("persistent_keepalive"))
-        result.append(PeerRequest(Peer(pub_key, vpn_ip, endpoint, keepalive), present=(state == "present")))
+        pod_cidr = item.get("pod_cidr")
+        if pod_cidr not in (None, ""):
+            pod_cidr = parse_pod_cidr(pod_cidr, where + ".pod_cidr")
+            net = ipaddress.ip_network(pod_cidr)
+            if net.version == cidr.version and net.overlaps(cidr):
+                raise InputError(where + ".pod_cidr", "a network not overlapping the VPN CIDR %s" % cidr, pod_cidr)
+            for other, other_index in seen_pod_cidrs:
+                if net.version == other.version and net.overlaps(other):
+                    raise InputError(where + ".pod_cidr", "a network not overlapping peers[%d].pod_cidr %s"
+                                     % (other_index, other), pod_cidr)
+            seen_pod_cidrs.append((net, index))
+        else:
+            pod_cidr = None
+        result.append(PeerRequest(Peer(pub_key, vpn_ip, endpoint, keepalive, pod_cidr), present=(state == "present")))
     return result
 
 
@@ -208,7 +257,7 @@ def parse_peer_list(
 
 
 def _peer_matches(wanted: Peer, live: LivePeer) -> bool:
-    if live.allowed_ips != (wanted.allowed_ips,):
+    if tuple(sorted(live.allowed_ips)) != wanted.allowed_ip_list:
         return False
     if live.persistent_keepalive != wanted.persistent_keepalive:
         return False
@@ -236,7 +285,7 @@ def diff_peers(requests: Iterable[PeerRequest], live: InterfaceState, exclusive:
                 removed[peer.pub_key] = live.peers[peer.pub_key].to_peer()
             continue
         wanted_keys.add(peer.pub_key)
-        wanted_ips.add(peer.allowed_ips)
+        wanted_ips.update(peer.allowed_ip_list)
         current = live.peers.get(peer.pub_key)
         if current is None:
             added.append(peer)
@@ -355,7 +404,7 @@ def apply_to_peers(current: Iterable[Peer], diff: PeerDiff) -> list[Peer]:
     for peer in diff.changed:
         old = by_key.get(peer.pub_key)
         if peer.endpoint is None and old is not None:
-            peer = Peer(peer.pub_key, peer.vpn_ip, old.endpoint, peer.persistent_keepalive)
+            peer = dataclasses.replace(peer, endpoint=old.endpoint)
         by_key[peer.pub_key] = peer
     for peer in diff.added:
         by_key[peer.pub_key] = peer

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from typing import Iterable
@@ -130,6 +131,11 @@ class WireGuard:
 
     def set_up(self, name: str) -> None:
         self.runner.run(["ip", "link", "set", "dev", name, "up"])
+
+    def route(self, name: str, network: str) -> None:
+        """Routes ``network`` into the interface: ONE route for the cluster's pod range, never one per peer
+        (docs/wireguard.md, "Pod CIDRs"). ``ip route replace`` is idempotent."""
+        self.runner.run(["ip", "route", "replace", str(ipaddress.ip_network(network)), "dev", name])
 
     def ensure_interface(self, spec: InterfaceSpec, key_file: str | None, pub_key: str | None,
                          priv_key: str | None = None) -> list[str]:

@@ -5,7 +5,7 @@
 (``state_store.save_node_state``: base64 for bytes, the same keys as before this class existed):
 
 * both roles: ``role, vpn_ip, vpn_priv_key, cluster_id, measurement_salt, admin_pub_key,
-  coordinator_vpn_ip, disk_uuid, state``;
+  coordinator_vpn_ip, disk_uuid, state``, and with the pod network ``cluster_pod_cidr, pod_cidr``;
 * Coordinator: ``cluster_name``; Node: ``coordinator_vpn_pub_key`` (may be null), ``peers``,
   ``resource_version``;
 * any other key is kept as it was read (``extra``).
@@ -26,10 +26,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ROLE_NODE, State
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import parse_pod_cidr
 
 _KNOWN = ("role", "vpn_ip", "vpn_priv_key", "cluster_id", "measurement_salt", "admin_pub_key", "coordinator_vpn_ip",
           "disk_uuid", "state", "cluster_name", "coordinator_vpn_pub_key", "peers", "resource_version",
-          "coordinator_pub_key")
+          "coordinator_pub_key", "cluster_pod_cidr", "pod_cidr")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class NodeState:
     resource_version: Optional[int] = None  # of ``peers``
     # A Node's pinned Coordinator signing key (core/signing.py): rejoin tickets and peer updates must verify with it.
     coordinator_pub_key: Optional[str] = None
+    # The pod network (docs/wireguard.md, "Pod CIDRs"): the cluster's pod range (routed into wg0) and this peer's own
+    # pod CIDR, as its activation gave them; None without the pod network.
+    cluster_pod_cidr: Optional[str] = None
+    pod_cidr: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -63,7 +68,7 @@ class NodeState:
         out.update(role=self.role, vpn_ip=self.vpn_ip, vpn_priv_key=self.vpn_priv_key, cluster_id=b64(self.cluster_id),
                    measurement_salt=b64(self.measurement_salt))
         for name in ("admin_pub_key", "coordinator_vpn_ip", "disk_uuid", "state", "cluster_name",
-                     "resource_version", "coordinator_pub_key"):
+                     "resource_version", "coordinator_pub_key", "cluster_pod_cidr", "pod_cidr"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -90,6 +95,9 @@ class NodeState:
             value = data.get(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise InputError("node_state." + name, "an integer", value)
+        for name in ("cluster_pod_cidr", "pod_cidr"):
+            if data.get(name) is not None:
+                parse_pod_cidr(data[name], "node_state." + name)
         return cls(role=data["role"], vpn_ip=data["vpn_ip"], vpn_priv_key=data["vpn_priv_key"],
                    cluster_id=b64d(data.get("cluster_id"), "node_state.cluster_id", CLUSTER_ID_LENGTH),
                    measurement_salt=b64d(data.get("measurement_salt"), "node_state.measurement_salt",
@@ -98,4 +106,5 @@ class NodeState:
                    disk_uuid=data.get("disk_uuid"), state=data.get("state"), cluster_name=data.get("cluster_name"),
                    coordinator_vpn_pub_key=data.get("coordinator_vpn_pub_key"), peers=peers,
                    resource_version=data.get("resource_version"), coordinator_pub_key=data.get("coordinator_pub_key"),
+                   cluster_pod_cidr=data.get("cluster_pod_cidr"), pod_cidr=data.get("pod_cidr"),
                    extra={k: v for k, v in data.items() if k not in _KNOWN})

@@ -16,7 +16,8 @@ core/eviction/eviction_store.py. (Named ``peerstore.py`` before 0.2.0; it always
 Key layout (values): ``peerPrefix<vpnIP>`` (Go JSON of the peer), ``peersResourceVersion`` (decimal),
 ``peersChangeLog`` (JSON: max_log_changes, log_floor, log), ``vpnCIDR`` (text),
 ``highestAvailableCoordinatorIP`` / ``highestAvailableNodeIP`` (the next unused address, 4 raw bytes),
-``freeCoordinatorVPNIPs<ip>`` / ``freeNodeVPNIPs<ip>`` (empty values).
+``freeCoordinatorVPNIPs<ip>`` / ``freeNodeVPNIPs<ip>`` (empty values), ``podCIDRAllocator`` (JSON of the pod CIDR
+allocator and its reservations; absent without the pod network).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ KEY_CHANGE_LOG = "peersChangeLog"
 KEY_VPN_CIDR = "vpnCIDR"
 KEY_NEXT_IP = {"coordinator": "highestAvailableCoordinatorIP", "node": "highestAvailableNodeIP"}
 KEY_FREE_PREFIX = {"coordinator": "freeCoordinatorVPNIPs", "node": "freeNodeVPNIPs"}
+KEY_POD_CIDRS = "podCIDRAllocator"
 KEY_NODE_STATE = "nodeState"
 KEY_KMS_DATA = "KMSData"
 KEY_MASTER_SECRET = "masterSecret"
@@ -84,6 +86,8 @@ def _peer_keys(registry: PeerRegistry) -> Dict[str, bytes]:
         out[KEY_NEXT_IP[kind]] = ipaddress.IPv4Address(alloc["next_%s_ip" % kind]).packed
         for ip in alloc["free_%s_ips" % kind]:
             out[KEY_FREE_PREFIX[kind] + ip] = b""
+    if "pod_cidrs" in state:
+        out[KEY_POD_CIDRS] = json.dumps(state["pod_cidrs"], sort_keys=True, separators=(",", ":")).encode("utf-8")
     return out
 
 
@@ -98,7 +102,7 @@ def write_peer_state(tx: Txn, state: Any) -> None:
     current: Dict[str, bytes] = {}
     for prefix in _owned_prefixes():
         current.update(tx.items(prefix))
-    for key in (KEY_RESOURCE_VERSION, KEY_CHANGE_LOG, KEY_VPN_CIDR) + tuple(KEY_NEXT_IP.values()):
+    for key in (KEY_RESOURCE_VERSION, KEY_CHANGE_LOG, KEY_VPN_CIDR, KEY_POD_CIDRS) + tuple(KEY_NEXT_IP.values()):
         value = tx.get_default(key)
         if value is not None:
             current[key] = value
@@ -126,6 +130,9 @@ def read_peer_state(tx: Txn) -> Optional[dict]:
         state = {"allocator": alloc,
                  "peers": {"resource_version": int(version.decode("ascii")), "max_log_changes": log["max_log_changes"],
                            "log_floor": log["log_floor"], "peers": peers, "log": log["log"]}}
+        pod_cidrs = tx.get_default(KEY_POD_CIDRS)
+        if pod_cidrs is not None:
+            state["pod_cidrs"] = json.loads(pod_cidrs)
         # Validates the whole (every peer's IP allocated, log consistent) and normalises the order.
         return PeerRegistry.from_dict(state).to_dict()
     except (InputError, KeyError, ValueError, TypeError, ipaddress.AddressValueError, UnicodeDecodeError) as err:

@@ -7,6 +7,7 @@ and step, and the join ticket (docs/protocol.md, "IssueJoinTicket", the parts th
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -22,11 +23,12 @@ from ansible_collections.constellation.cluster.plugins.module_utils.core.inputs 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.signing import parse_coordinator_pub_key
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import parse_pod_cidr
 
 
 def parse_peers(raw: Any, field: str) -> List[PeerRecord]:
     """A peer list as a message carries it (activation requests, tickets): at most 65,536
-    ``{vpn_ip, vpn_pub_key, public_ip, role}`` objects; InputError naming ``field[index]`` otherwise."""
+    ``{vpn_ip, vpn_pub_key, public_ip, role[, pod_cidr]}`` objects; InputError naming ``field[index]`` otherwise."""
     if not isinstance(raw, list) or len(raw) > 65536:
         raise InputError(field, "a list of {vpn_ip, vpn_pub_key, public_ip, role}", type(raw).__name__)
     peers = []
@@ -35,7 +37,7 @@ def parse_peers(raw: Any, field: str) -> List[PeerRecord]:
         if not isinstance(item, Mapping):
             raise InputError(where, "an object", type(item).__name__)
         peers.append(PeerRecord.parse(item.get("vpn_ip"), item.get("vpn_pub_key"), item.get("public_ip"),
-                                      item.get("role", "node"), where))
+                                      item.get("role", "node"), where, pod_cidr=item.get("pod_cidr")))
     return peers
 
 
@@ -45,10 +47,31 @@ class CoordinatorActivation:
     coordinator_vpn_ip: str
     coordinator_vpn_pub_key: str
     state: str
+    cluster_pod_cidr: Optional[str] = None
+    coordinator_pod_cidr: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"cluster_id": b64(self.cluster_id), "coordinator_vpn_ip": self.coordinator_vpn_ip,
-                "coordinator_vpn_pub_key": self.coordinator_vpn_pub_key, "state": self.state}
+        out = {"cluster_id": b64(self.cluster_id), "coordinator_vpn_ip": self.coordinator_vpn_ip,
+               "coordinator_vpn_pub_key": self.coordinator_vpn_pub_key, "state": self.state}
+        if self.cluster_pod_cidr is not None:
+            out.update(cluster_pod_cidr=self.cluster_pod_cidr, coordinator_pod_cidr=self.coordinator_pod_cidr)
+        return out
+
+
+def parse_node_pod_cidr(params: Mapping[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    """``(node_pod_cidr, cluster_pod_cidr)`` of an activation request or ticket (docs/wireguard.md, "Pod CIDRs"):
+    both or neither, the node's inside the cluster's."""
+    node, cluster = params.get("node_pod_cidr"), params.get("cluster_pod_cidr")
+    if node is None and cluster is None:
+        return None, None
+    if node is None or cluster is None:
+        raise InputError("node_pod_cidr" if node is None else "cluster_pod_cidr",
+                         "a network too (node_pod_cidr and cluster_pod_cidr go together)")
+    node, cluster = parse_pod_cidr(node, "node_pod_cidr"), parse_pod_cidr(cluster, "cluster_pod_cidr")
+    node_net, cluster_net = ipaddress.ip_network(node), ipaddress.ip_network(cluster)
+    if node_net.version != cluster_net.version or not node_net.subnet_of(cluster_net):
+        raise InputError("node_pod_cidr", "a network inside cluster_pod_cidr %s" % cluster, node)
+    return node, cluster
 
 
 @dataclass(frozen=True)
@@ -66,6 +89,9 @@ class NodeActivationRequest:
     # The Coordinators' signing key (core/signing.py), pinned by the node: every ticket and peer update it
     # gets later must carry a signature that verifies with it.
     coordinator_pub_key: Optional[str] = None
+    # The node's own pod CIDR and the cluster's pod range (docs/wireguard.md, "Pod CIDRs"); None without the pod network.
+    node_pod_cidr: Optional[str] = None
+    cluster_pod_cidr: Optional[str] = None
 
     @classmethod
     def from_dict(cls, params: Mapping[str, Any]) -> "NodeActivationRequest":
@@ -82,7 +108,9 @@ class NodeActivationRequest:
         init_proof = b64d(proof, "init_proof", 32) if proof is not None else None
         pinned = params.get("coordinator_pub_key")
         pinned = parse_coordinator_pub_key(pinned) if pinned is not None else None
-        return cls(node_vpn_ip, tuple(peers), cluster_id, salt, admin_pub_key, coordinator_vpn_ip, init_proof, pinned)
+        node_pod_cidr, cluster_pod_cidr = parse_node_pod_cidr(params)
+        return cls(node_vpn_ip, tuple(peers), cluster_id, salt, admin_pub_key, coordinator_vpn_ip, init_proof, pinned,
+                   node_pod_cidr, cluster_pod_cidr)
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"node_vpn_ip": self.node_vpn_ip, "peers": [p.to_dict() for p in self.peers],
@@ -92,12 +120,12 @@ class NodeActivationRequest:
             out["init_proof"] = b64(self.init_proof)
         if self.coordinator_pub_key is not None:
             out["coordinator_pub_key"] = self.coordinator_pub_key
+        if self.node_pod_cidr is not None:
+            out.update(node_pod_cidr=self.node_pod_cidr, cluster_pod_cidr=self.cluster_pod_cidr)
         return out
 
     def without_proof(self) -> "NodeActivationRequest":
-        return NodeActivationRequest(self.node_vpn_ip, self.peers, self.cluster_id, self.measurement_salt,
-                                     self.admin_pub_key, self.coordinator_vpn_ip,
-                                     coordinator_pub_key=self.coordinator_pub_key)
+        return dataclasses.replace(self, init_proof=None)
 
 
 @dataclass(frozen=True)
@@ -126,6 +154,9 @@ class JoinTicket:
     coordinator_pub_key: Optional[str] = None
     # The Coordinators' signature (core/signing.py) over the ticket and the request and connection it answers.
     signature: Optional[str] = None
+    # The node's own pod CIDR and the cluster's pod range (signed with the rest); None without the pod network.
+    node_pod_cidr: Optional[str] = None
+    cluster_pod_cidr: Optional[str] = None
 
     def __repr__(self) -> str:
         return "JoinTicket(node_vpn_ip=%r, <secrets>)" % self.node_vpn_ip
@@ -141,6 +172,8 @@ class JoinTicket:
                "kubeadm": dict(self.kubeadm)}
         if self.coordinator_pub_key is not None:
             out["coordinator_pub_key"] = self.coordinator_pub_key
+        if self.node_pod_cidr is not None:
+            out.update(node_pod_cidr=self.node_pod_cidr, cluster_pod_cidr=self.cluster_pod_cidr)
         if self.signature is not None:
             out["signature"] = self.signature
         return out
@@ -155,13 +188,15 @@ class JoinTicket:
                    b64d(data.get("measurement_secret"), "measurement_secret", 32),
                    b64d(data.get("state_disk_key"), "state_disk_key", kms_mod.STATE_DISK_KEY_LENGTH),
                    request.node_vpn_ip, request.peers, request.coordinator_vpn_ip, request.admin_pub_key,
-                   dict(kubeadm), request.coordinator_pub_key, _signature(data))
+                   dict(kubeadm), request.coordinator_pub_key, _signature(data), request.node_pod_cidr,
+                   request.cluster_pod_cidr)
 
     def activation_request(self) -> NodeActivationRequest:
         """The ticket's non-secret part, as the activation request it replaces."""
         return NodeActivationRequest(self.node_vpn_ip, self.peers, self.cluster_id, self.measurement_salt,
                                      self.admin_pub_key, self.coordinator_vpn_ip,
-                                     coordinator_pub_key=self.coordinator_pub_key)
+                                     coordinator_pub_key=self.coordinator_pub_key, node_pod_cidr=self.node_pod_cidr,
+                                     cluster_pod_cidr=self.cluster_pod_cidr)
 
 
 @dataclass(frozen=True, repr=False)

@@ -8,7 +8,8 @@
   did). Constellation's ``GetUpdate`` sent the whole peer list on any change; here the answer grows with
   the change, not with the cluster. A caller too far behind (or ahead, after a restore) gets the full
   set, flagged ``full`` so it replaces rather than merges.
-* ``PeerRegistry``: the set with its VPN IP allocator (core/registry/vpn_ips.py), as the Coordinator keeps it.
+* ``PeerRegistry``: the set with its VPN IP allocator (core/registry/vpn_ips.py) and, with the pod network, its
+  pod CIDR allocator (core/registry/pod_cidrs.py), as the Coordinator keeps it.
 
 Pure in-memory logic; the agent's file and etcd stores persist it through ``to_dict``/``from_dict``.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.pod_cidrs import PodCIDRAllocator
 from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.vpn_ips import VPNIPAllocator
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import VPN_CIDR, normalize_pub_key
@@ -234,48 +236,157 @@ class VersionedPeerSet:
 
 
 class PeerRegistry:
-    """The Coordinator's view: allocate a VPN IP, record the peer, version the change."""
+    """The Coordinator's view: allocate a VPN IP (and, with the pod network, a pod CIDR), record the peer, version
+    the change. ``pod_cidrs`` is None when the cluster has no pod network (its peers have no pod CIDR).
+    ``reserved_pod_cidrs``: the pod CIDRs of VPN IPs reserved for a node being activated (``reserve``), by VPN IP,
+    until the node is recorded (``put_node``) or the reservation is released (``release_reserved``)."""
 
     def __init__(self, vpn_cidr: str = VPN_CIDR, max_log_changes: int = DEFAULT_MAX_LOG_CHANGES):
         self.allocator = VPNIPAllocator(vpn_cidr)
         self.peers = VersionedPeerSet(max_log_changes)
+        self.pod_cidrs: PodCIDRAllocator | None = None
+        self.reserved_pod_cidrs: dict[str, str] = {}
+
+    def _gets_pod_cidr(self, role: str) -> bool:
+        return self.pod_cidrs is not None and role != "admin"
+
+    def use_pod_cidrs(self, cluster_pod_cidr: str, node_pod_cidr_mask_size: int) -> list[PeerRecord]:
+        """Turns the pod network on (the first Coordinator's activation, or a cluster activated before pod CIDRs
+        existed): every Coordinator and Node without a pod CIDR gets one, in one new version. The same range
+        again changes nothing; another range is a StateError (the allocated CIDRs would not fit it). The
+        records that got a pod CIDR."""
+        wanted = PodCIDRAllocator(cluster_pod_cidr, node_pod_cidr_mask_size, str(self.allocator.cidr))
+        if self.pod_cidrs is not None:
+            if (self.pod_cidrs.cidr, self.pod_cidrs.mask_size) != (wanted.cidr, wanted.mask_size):
+                raise StateError("the cluster's pod CIDRs are /%d blocks of %s, not /%d blocks of %s: the range cannot "
+                                 "change once allocated" % (self.pod_cidrs.mask_size, self.pod_cidrs.cidr,
+                                                            wanted.mask_size, wanted.cidr))
+            wanted = self.pod_cidrs
+        else:
+            for record in self.peers.peers.values():
+                if record.pod_cidr is not None:
+                    wanted.reserve(record.pod_cidr)
+        missing = [r for r in self._sorted_records() if r.pod_cidr is None and r.role != "admin"]
+        updated = [r.with_pod_cidr(wanted.allocate()) for r in missing]  # StateError if they do not fit: nothing changes
+        self.pod_cidrs = wanted
+        if updated:
+            self.peers.apply(put=updated)
+        return updated
+
+    def _sorted_records(self) -> list[PeerRecord]:
+        peers = self.peers.peers
+        return [peers[ip] for ip in sorted(peers, key=lambda a: int(ipaddress.ip_address(a)))]
 
     def add(self, vpn_pub_key: str, public_ip: str | None, role: str) -> PeerRecord:
-        """Allocate an IP and add the peer; a key already present keeps its record (idempotent)."""
+        """Allocate an IP (and a pod CIDR) and add the peer; a key already present keeps its record (idempotent;
+        a Coordinator or Node recorded without a pod CIDR gets one)."""
         key = normalize_pub_key(vpn_pub_key, "vpn_pub_key")
         existing = self.peers.by_pub_key(key)
         if existing is not None:
-            if existing.role != role or existing.public_ip != (public_ip or None):
-                record = PeerRecord.parse(existing.vpn_ip, key, public_ip, role)
+            pod_cidr = existing.pod_cidr
+            if pod_cidr is None and self._gets_pod_cidr(role):
+                pod_cidr = self.pod_cidrs.allocate()
+            if existing.role != role or existing.public_ip != (public_ip or None) or pod_cidr != existing.pod_cidr:
                 if self.allocator._kind(role) != self.allocator._kind(existing.role):
                     raise StateError("peer %s cannot change from %s to %s" % (existing.vpn_ip, existing.role, role))
+                record = PeerRecord.parse(existing.vpn_ip, key, public_ip, role, pod_cidr=pod_cidr)
                 self.peers.put(record)
                 return record
             return existing
         ip = self.allocator.allocate(role)
+        pod_cidr = None
         try:
-            record = PeerRecord.parse(ip, key, public_ip, role)
+            pod_cidr = self.pod_cidrs.allocate() if self._gets_pod_cidr(role) else None
+            record = PeerRecord.parse(ip, key, public_ip, role, pod_cidr=pod_cidr)
             self.peers.put(record)
         except Exception:
             self.allocator.release(ip)
+            if pod_cidr is not None:
+                self.pod_cidrs.release(pod_cidr)
             raise
         return record
 
-    def remove(self, vpn_ip: str) -> None:
+    def reserve(self, role: str = "node") -> str:
+        """A VPN IP (and pod CIDR) for a node about to be activated at it; ``put_node`` records it."""
+        ip = self.allocator.allocate(role)
+        if self._gets_pod_cidr(role):
+            try:
+                self.reserved_pod_cidrs[ip] = self.pod_cidrs.allocate()
+            except Exception:
+                self.allocator.release(ip)
+                raise
+        return ip
+
+    def pod_cidr_of(self, vpn_ip: str) -> str | None:
+        """The pod CIDR reserved for or held by the peer at ``vpn_ip`` (None: none)."""
+        if vpn_ip in self.reserved_pod_cidrs:
+            return self.reserved_pod_cidrs[vpn_ip]
+        record = self.peers.get(vpn_ip)
+        return record.pod_cidr if record is not None else None
+
+    def release_reserved(self, vpn_ip: str) -> None:
+        """Gives back a reservation whose node was not recorded (its activation failed)."""
         if self.peers.get(vpn_ip) is None:
+            self.allocator.release(vpn_ip)
+            pod_cidr = self.reserved_pod_cidrs.pop(vpn_ip, None)
+            if pod_cidr is not None and self.pod_cidrs is not None:
+                self.pod_cidrs.release(pod_cidr)
+
+    def put_node(self, record: PeerRecord) -> int:
+        """Records an activated peer at its reserved (or a fixed) VPN IP; its pod CIDR is the reserved one, the one
+        it holds already, the record's own (reserved here), or a new one. The new version."""
+        if self.peers.by_pub_key(record.vpn_pub_key) not in (None, self.peers.get(record.vpn_ip)):
+            raise StateError("WireGuard key of %s is already used by another peer" % record.vpn_ip)
+        if not self.allocator.in_use(record.vpn_ip):
+            self.allocator.reserve(record.vpn_ip)
+        if self._gets_pod_cidr(record.role):
+            pod_cidr = self.reserved_pod_cidrs.pop(record.vpn_ip, None)
+            current = self.peers.get(record.vpn_ip)
+            if pod_cidr is None and current is not None:
+                pod_cidr = current.pod_cidr
+            if pod_cidr is None and record.pod_cidr is not None:
+                self.pod_cidrs.reserve(record.pod_cidr)
+                pod_cidr = record.pod_cidr
+            if pod_cidr is None:
+                pod_cidr = self.pod_cidrs.allocate()
+            record = record.with_pod_cidr(pod_cidr)
+        return self.peers.put(record)
+
+    def remove(self, vpn_ip: str) -> None:
+        """Takes the peer out of the set and frees its VPN IP and pod CIDR."""
+        record = self.peers.get(vpn_ip)
+        if record is None:
             return
         self.peers.remove(vpn_ip)
         self.allocator.release(vpn_ip)
+        if record.pod_cidr is not None and self.pod_cidrs is not None and self.pod_cidrs.in_use(record.pod_cidr):
+            self.pod_cidrs.release(record.pod_cidr)
 
     def to_dict(self) -> dict:
-        return {"allocator": self.allocator.to_dict(), "peers": self.peers.to_dict()}
+        out = {"allocator": self.allocator.to_dict(), "peers": self.peers.to_dict()}
+        if self.pod_cidrs is not None:
+            out["pod_cidrs"] = dict(self.pod_cidrs.to_dict(), reserved=dict(sorted(self.reserved_pod_cidrs.items())))
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "PeerRegistry":
         reg = cls.__new__(cls)
         reg.allocator = VPNIPAllocator.from_dict(data["allocator"])
         reg.peers = VersionedPeerSet.from_dict(data["peers"])
+        reg.pod_cidrs = None
+        reg.reserved_pod_cidrs = {}
         for ip in reg.peers.peers:
             if not reg.allocator.in_use(ip):
                 raise InputError("allocator", "every peer's VPN IP marked in use", ip)
+        pods = data.get("pod_cidrs")
+        if pods is not None:
+            reg.pod_cidrs = PodCIDRAllocator.from_dict(pods, str(reg.allocator.cidr))
+            reg.reserved_pod_cidrs = {str(ipaddress.ip_address(ip)): cidr for ip, cidr in dict(pods.get("reserved") or {}).items()}
+            held = [r.pod_cidr for r in reg.peers.peers.values() if r.pod_cidr is not None]
+            held += list(reg.reserved_pod_cidrs.values())
+            for cidr in held:
+                if not reg.pod_cidrs.in_use(cidr):
+                    raise InputError("pod_cidrs", "every peer's pod CIDR marked in use", cidr)
+            if len(set(held)) != len(held):
+                raise InputError("pod_cidrs", "one peer per pod CIDR", sorted(c for c in held if held.count(c) > 1)[0])
         return reg
