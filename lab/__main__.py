@@ -1,4 +1,4 @@
-"""python -m lab {up,grow,down,status,tamper,reimage,reboot,stop,foreign-tpm,exec,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
+"""python -m lab {up,grow,down,status,tamper,reimage,reboot,stop,foreign-tpm,exec,pod,prove}: the lab of simulated hosts (make demo runs site.yml on it)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,13 @@ def main(argv=None) -> int:
     e = sub.add_parser("exec", help="run a command inside HOST (or 'admin')")
     e.add_argument("host")
     e.add_argument("argv", nargs=argparse.REMAINDER)
+    pod = sub.add_parser("pod", help="pods (lab/pods.py): add|del HOST NAME (a network namespace inside HOST "
+                                     "attached by the CNI plugins with HOST's conflist), exec HOST NAME -- ARGV, "
+                                     "list HOST")
+    pod.add_argument("action", choices=("add", "del", "exec", "list"))
+    pod.add_argument("host")
+    pod.add_argument("pod", nargs="?")
+    pod.add_argument("argv", nargs=argparse.REMAINDER)
     sub.add_parser("prove", help="verify every host's TPM quote and ping all pairs")
     args = p.parse_args(argv)
     lab = Lab(args.name)
@@ -94,6 +101,8 @@ def main(argv=None) -> int:
             run = lab.admin_run if args.host == "admin" else lab.host(args.host).run
             proc = run(argv_, check=False, capture_output=False)
             return proc.returncode
+        elif args.cmd == "pod":
+            return _pod(lab, args)
         elif args.cmd == "prove":
             from lab.prove import prove, print_report
             report = prove(lab)
@@ -102,6 +111,25 @@ def main(argv=None) -> int:
     except LabError as err:
         print("lab: error: %s" % err, file=sys.stderr)
         return 2
+    return 0
+
+
+def _pod(lab: Lab, args) -> int:
+    if args.action == "list":
+        print("\n".join(lab.pods(args.host)))
+        return 0
+    if not args.pod:
+        raise LabError("pod %s: expected HOST NAME" % args.action)
+    if args.action == "add":
+        print(json.dumps(lab.pod_add(args.host, args.pod), indent=2))
+    elif args.action == "del":
+        lab.pod_del(args.host, args.pod)
+        print("lab %s: pod %s of %s deleted" % (lab.name, args.pod, args.host))
+    else:
+        argv_ = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not argv_:
+            raise LabError("pod exec: expected HOST NAME -- ARGV")
+        return lab.pod_run(args.host, args.pod, argv_, check=False, capture_output=False).returncode
     return 0
 
 

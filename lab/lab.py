@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from lab import network, snp, ssh, tpms
+from lab import network, pods, snp, ssh, tpms
 from lab.agent import agent_dir, install_agent, launch_agent, start_agent
 from lab.etcd import Etcd, tmpfs_dir
 from lab.image import LAB_IMAGE
@@ -343,6 +343,21 @@ class Lab:
         if agent_pids:
             self._start_agents([h])
 
+    # -- pods (lab/pods.py) ------------------------------------------------------------------
+    def pod_add(self, host: str, name: str) -> dict:
+        """Pod ``name`` on ``host``: a network namespace attached by the CNI plugins with the host's conflist."""
+        return pods.add(self.host(host), name, self.host_python())
+
+    def pod_del(self, host: str, name: str) -> None:
+        pods.delete(self.host(host), name, self.host_python())
+
+    def pod_run(self, host: str, name: str, argv: List[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+        """Runs ``argv`` inside pod ``name`` of ``host``."""
+        return pods.run(self.host(host), name, argv, check=check, **kw)
+
+    def pods(self, host: str) -> List[str]:
+        return pods.names(self.host(host))
+
     # -- trust material (lab/trust.py) ------------------------------------------------------
     @property
     def init_secret_path(self) -> Path:
@@ -390,6 +405,7 @@ class Lab:
             "netns": h.netns in existing,
             "public_ip": h.public_ip,
             "mount_ns": str(h.mount_ns_file) in mounts,
+            "cni_dirs": str(h.mount_ns_file) in mounts and pods.has_cni_mounts(h),
             "tpm": self._tpm_alive(h),
             "agent": bool(self._agent_pids(h, existing)),
             "sshd": bool(ssh.sshd_pid(h)),
@@ -426,7 +442,7 @@ class Lab:
         if state.phase != "up" or self.bridge_netns not in netns_list():
             return False
         for row in self.status():
-            if not (row["netns"] and row["mount_ns"] and (row["tpm"] or not state.tpm)
+            if not (row["netns"] and row["mount_ns"] and row["cni_dirs"] and (row["tpm"] or not state.tpm)
                     and (row["agent"] or not state.agents) and (row["sshd"] or not state.sshd)
                     and row.get("snp_platform", True)):
                 return False

@@ -2,8 +2,9 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The lab's network: a bridge namespace (the admin machine, .1) and per host a network namespace joined to
-it by a veth pair, plus a private mount namespace with its own ``/run``. Nothing is created in the root
-network namespace: no veth, no address, no route, so nothing is ever routed out."""
+it by a veth pair, plus a private mount namespace with its own ``/run`` and its own ``/etc/cni`` and
+``/var/lib/cni`` (lab/pods.py). Nothing is created in the root network namespace: no veth, no address, no
+route, so nothing is ever routed out."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import List
 
 from lab.names import ADMIN_IP, SUBNET, Host
+from lab.pods import cni_mount_script, pids_in_pods, prepare_cni_dirs
 from lab.procs import kill_all, mountpoints, netns_list, pids_in_netns, run
 
 # Linux keeps ONE ARP table for all network namespaces; its hard limit gc_thresh3 (default 1024) is
@@ -74,10 +76,13 @@ def make_host(h: Host, br: str) -> None:
     h.dir.mkdir(parents=True, exist_ok=True)
     (h.dir / "agent").mkdir(exist_ok=True)
     # A private mount namespace with its own /run: wireguard-go's UAPI sockets
-    # (/run/wireguard), the agent's runtime files and pid files stay per host.
+    # (/run/wireguard), the agent's runtime files and pid files stay per host; and its own /etc/cni and
+    # /var/lib/cni (the pod network's conflist and IPAM leases, lab/pods.py).
+    prepare_cni_dirs(h)
     h.mount_ns_file.touch()
     run(["unshare", "--mount=%s" % h.mount_ns_file, "--propagation", "private", "sh", "-c",
-         "mount -t tmpfs -o mode=0755 lab-run /run && mkdir -p /run/wireguard /run/sshd"])
+         "mount -t tmpfs -o mode=0755 lab-run /run && mkdir -p /run/wireguard /run/sshd && "
+         + cni_mount_script(h)])
 
 
 def remove(prefix: str, state_dir: Path) -> None:
@@ -87,8 +92,12 @@ def remove(prefix: str, state_dir: Path) -> None:
     pids = []
     for ns in namespaces:
         pids += pids_in_netns(ns)
-    kill_all(sorted(set(pids)))
     mnt = str(state_dir / "mnt")
+    mounted = mountpoints()
+    for ns_file in sorted((state_dir / "mnt").glob("*")) if (state_dir / "mnt").is_dir() else []:
+        if str(ns_file) in mounted:
+            pids += pids_in_pods(ns_file)  # processes in the hosts' pods (lab/pods.py)
+    kill_all(sorted(set(pids)))
     for point in sorted((p for p in mountpoints() if p == mnt or p.startswith(mnt + "/")), reverse=True):
         run(["umount", "-l", point], check=False)
     for ns in namespaces:

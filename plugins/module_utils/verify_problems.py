@@ -10,10 +10,15 @@ runs on the peer for its WireGuard interface
 (lines "allowed KEY IPS", "address ADDR/PREFIX", "noip", "ping IP ok|failed", "noping", "now EPOCH",
 "handshake KEY EPOCH"; a failed `wg show` exits with its status and stderr). Lines it does not know are
 ignored; a value that is not a number counts as 0, as it did in the Jinja template this replaces.
+
+The pod network (docs/site.md, "The pod network"): every other peer that has a pod CIDR (its attested GetState's ``node_pod_cidr``)
+must have it among its allowed IPs on this peer's WireGuard interface, and with ``verify_pod_network`` a probe pod on
+this peer (module pod_network_probe) must reach its pod gateway, the first address of that CIDR (the ``cni0`` bridge).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -51,6 +56,7 @@ def _address(text: str) -> str:
 class MeshReport:
     """What the mesh command printed."""
     allowed: Dict[str, List[str]] = field(default_factory=dict)  # peer key -> allowed IPs (prefixes dropped)
+    routes: Dict[str, List[str]] = field(default_factory=dict)  # peer key -> allowed IPs as wg prints them (CIDRs)
     addresses: List[str] = field(default_factory=list)  # the interface's addresses (prefixes dropped)
     pings: Dict[str, str] = field(default_factory=dict)  # IP -> "ok" | "failed"
     handshakes: Dict[str, int] = field(default_factory=dict)  # peer key -> epoch of the latest handshake
@@ -65,6 +71,7 @@ def parse_mesh_output(lines: Sequence[str]) -> MeshReport:
         fields = str(line).split()
         if len(fields) >= 2 and fields[0] == "allowed":
             report.allowed[fields[1]] = [_address(ip) for ip in fields[2:]]
+            report.routes[fields[1]] = fields[2:]
         elif len(fields) == 2 and fields[0] == "address":
             report.addresses.append(_address(fields[1]))
         elif fields == ["noip"]:
@@ -99,10 +106,78 @@ def state_problems(me: str, peer: Mapping[str, Any], *, coordinator: bool, clust
     return problems
 
 
+def pod_gateway(pod_cidr: Any) -> str:
+    """The pod gateway of a pod CIDR: its first address, which the CNI bridge plugin (isGateway) gives ``cni0``."""
+    try:
+        network = ipaddress.ip_network(str(pod_cidr), strict=True)
+    except ValueError:
+        return ""
+    return str(network.network_address + 1) if network.num_addresses > 2 else ""
+
+
+def _probe_answers(probe: Optional[Mapping[str, Any]]) -> Dict[str, bool]:
+    """The pod_network_probe result: address -> answered."""
+    answers = {}
+    for row in (probe or {}).get("results") or []:
+        if isinstance(row, Mapping) and row.get("address"):
+            answers[str(row["address"])] = bool(row.get("reachable"))
+    return answers
+
+
+def podnet_view(result: Optional[Mapping[str, Any]], others: Sequence[Mapping[str, Any]],
+                probe: Optional[Mapping[str, Any]] = None) -> Dict[str, str]:
+    """What this peer sees of each other peer's pod CIDR: name -> ``ok``, ``not routed`` (its pod CIDR is not among
+    the peer's allowed IPs here), ``no answer`` (the probe pod here did not reach its pod gateway) or ``not checked``
+    (the mesh command or the probe did not run or failed). Peers without a pod CIDR are left out."""
+    ran = bool(result) and not result.get("skipped") and not result.get("unreachable") and result.get("rc", 1) == 0
+    routes = parse_mesh_output(result.get("stdout_lines") or []).routes if ran else {}
+    probed = bool(probe) and not probe.get("skipped")
+    answers = _probe_answers(probe) if probed and not probe.get("failed") else {}
+    view = {}
+    for other in others:
+        cidr = other.get("pod_cidr")
+        if not cidr:
+            continue
+        name = str(other.get("name"))
+        if not ran:
+            view[name] = "not checked"
+        elif str(cidr) not in routes.get(other.get("key"), []):
+            view[name] = "not routed"
+        elif not probed:
+            view[name] = "ok"
+        elif probe.get("failed"):
+            view[name] = "not checked"
+        else:
+            view[name] = "ok" if answers.get(pod_gateway(cidr)) else "no answer"
+    return view
+
+
+def pod_problems(me: str, result: Mapping[str, Any], others: Sequence[Mapping[str, Any]],
+                 probe: Optional[Mapping[str, Any]] = None, iface: str = "wg0") -> List[str]:
+    """The other peers' pod CIDRs on this peer's WireGuard interface, and (with a probe) the pod traffic to them."""
+    report = parse_mesh_output(result.get("stdout_lines") or [])
+    problems = []
+    if probe and not probe.get("skipped") and probe.get("failed"):
+        problems.append("%s: no pod traffic check: the probe pod failed: %s"
+                        % (me, _text(probe.get("msg"), "no message").strip()))
+    for name, seen in podnet_view(result, others, probe).items():
+        other = next(o for o in others if str(o.get("name")) == name)
+        if seen == "not routed" and other.get("key") in report.routes:  # no peer at all: reported by mesh_problems
+            problems.append("%s: WireGuard peer %s (key %s) does not route its pod CIDR %s on %s (allowed IPs: %s)"
+                            % (me, name, other.get("key"), other.get("pod_cidr"), iface,
+                               " ".join(report.routes.get(other.get("key"), [])) or "none"))
+        elif seen == "no answer":
+            problems.append("%s: no pod traffic to %s: a probe pod here got no answer from its pod gateway %s (pod CIDR %s)"
+                            % (me, name, pod_gateway(other.get("pod_cidr")), other.get("pod_cidr")))
+    return problems
+
+
 def mesh_problems(me: str, result: Mapping[str, Any], *, iface: str, vpn_ip: str,
-                  others: Sequence[Mapping[str, Any]], handshake_max_age: int = DEFAULT_HANDSHAKE_MAX_AGE) -> List[str]:
+                  others: Sequence[Mapping[str, Any]], handshake_max_age: int = DEFAULT_HANDSHAKE_MAX_AGE,
+                  pod_probe: Optional[Mapping[str, Any]] = None) -> List[str]:
     """The mesh command's result (a registered command result) against the other peers' attested VPN
-    identities (name, key, ip)."""
+    identities (name, key, ip, and pod_cidr when the peer has one); ``pod_probe``: the pod_network_probe result
+    (with verify_pod_network), None or skipped without."""
     if result.get("unreachable") or result.get("rc", 1) != 0:
         reason = _text(result.get("stderr"), "") or _text(result.get("msg"), "no output")
         return ["%s: cannot read WireGuard %s: %s" % (me, iface, reason.strip())]
@@ -135,7 +210,7 @@ def mesh_problems(me: str, result: Mapping[str, Any], *, iface: str, vpn_ip: str
             elif report.now - latest > handshake_max_age:
                 problems.append("%s: no recent WireGuard handshake with %s (the latest was %d s ago, more than %d s)"
                                 % (me, name, report.now - latest, handshake_max_age))
-    return problems
+    return problems + pod_problems(me, result, others, pod_probe, iface)
 
 
 def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending: bool, coordinator: bool,
@@ -143,7 +218,8 @@ def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending
                     unverified: Optional[Mapping[str, Any]] = None, mesh_self: Optional[Mapping[str, Any]] = None,
                     mesh_result: Optional[Mapping[str, Any]] = None,
                     mesh_others: Sequence[Mapping[str, Any]] = (), iface: str = "wg0",
-                    handshake_max_age: int = DEFAULT_HANDSHAKE_MAX_AGE) -> List[str]:
+                    handshake_max_age: int = DEFAULT_HANDSHAKE_MAX_AGE,
+                    pod_probe: Optional[Mapping[str, Any]] = None) -> List[str]:
     """Every problem of peer ``me``, in the order verify.yml reports them.
 
     ``attested``: agent_state passed and returned a state; ``pending``: check mode and the run would
@@ -175,5 +251,5 @@ def verify_problems(me: str, *, peer: Mapping[str, Any], attested: bool, pending
                                    cluster_id_missing=cluster_id_missing)
     if mesh_self and mesh_result is not None and not mesh_result.get("skipped"):
         problems += mesh_problems(me, mesh_result, iface=iface, vpn_ip=mesh_self.get("ip"), others=mesh_others,
-                                  handshake_max_age=handshake_max_age)
+                                  handshake_max_age=handshake_max_age, pod_probe=pod_probe)
     return problems

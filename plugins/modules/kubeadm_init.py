@@ -56,6 +56,14 @@ options:
   pod_cidr:
     description: The pod network, when the CNI needs kubeadm to know it.
     type: str
+  allocate_node_cidrs:
+    description:
+      - Whether the controller-manager allocates each node's pod CIDR from O(pod_cidr) (kubeadm turns it on with a
+        pod network). V(false) renders C(allocate-node-cidrs) V(false), for a cluster whose node pod CIDRs are
+        allocated elsewhere (the Coordinator, with the collection's pod network).
+    type: bool
+    default: true
+    version_added: 0.5.0
   apiserver_cert_sans:
     description: Extra subject alternative names for the API server certificate (IPs or DNS names).
     type: list
@@ -233,6 +241,7 @@ def main():
         control_plane_endpoint=dict(type="str"),
         service_cidr=dict(type="str", default="10.96.0.0/12"),
         pod_cidr=dict(type="str"),
+        allocate_node_cidrs=dict(type="bool", default=True),
         apiserver_cert_sans=dict(type="list", elements="str", default=[]),
         skip_phases=dict(type="list", elements="str", default=[]),
         kube_proxy=dict(type="bool", default=False),
@@ -258,7 +267,8 @@ def main():
         params = InitParams(
             kubernetes_version=p["kubernetes_version"], node_name=p["node_name"], node_vpn_ip=p["node_vpn_ip"],
             cluster_name=p["cluster_name"], control_plane_endpoint=p["control_plane_endpoint"],
-            service_cidr=p["service_cidr"], pod_cidr=p["pod_cidr"], apiserver_cert_sans=p["apiserver_cert_sans"],
+            service_cidr=p["service_cidr"], pod_cidr=p["pod_cidr"],
+            allocate_node_cidrs=p["allocate_node_cidrs"], apiserver_cert_sans=p["apiserver_cert_sans"],
             cloud_provider=p["cloud_provider"], provider_id=p["provider_id"], cri_socket=p["cri_socket"],
             patches_dir=p["patches_dir"] or None, kubelet_tls_cert_file=p["kubelet_tls_cert_file"],
             kubelet_tls_key_file=p["kubelet_tls_key_file"], skip_phases=p["skip_phases"], kube_proxy=p["kube_proxy"], token=p["token"],

@@ -464,7 +464,7 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     peers = ("h1", "h2", "h3", "h4", "h6")
     for name in peers:
         for pcr in ("4", "9", "11", "13"):  # 13: the agent's (docs/attestation.md)
-            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+host\s+trusted\s+-\s+-\s+(ActivatingNodes|IsNode)\s+pcr15=ours"
+            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+host\s+trusted\s+-\s+-\s+(?:-|\S+/\d+\s+ok)\s+(ActivatingNodes|IsNode)\s+pcr15=ours"
                              % (name, pcr), proc.stdout), (name, pcr)
     assert "every peer passed: attested, in its role's state, PCR 15 ours, the mesh complete" in proc.stdout
     # deployment_mode host: the table, and a warning per peer, say that host root is trusted there.
@@ -558,7 +558,7 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
         for name, line in expected.items():
             assert any(problem.startswith(line) for problem in lines), (name, lines)
             assert re.search(r"^\s*%s\s.*\sFAIL\s" % name, proc.stdout, re.M), name
-        assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+-\s+-\s+-\s+-\s+refused$" % re.escape(h4.public_endpoint), proc.stdout, re.M)
+        assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+-\s+-\s+-\s+-\s+-\s+refused$" % re.escape(h4.public_endpoint), proc.stdout, re.M)
         # Each broken peer fails, naming itself and what is wrong; the others pass.
         rows = proc.recap()
         assert {name: rows[name]["failed"] for name in rows} == {"h1": 0, "h2": 1, "h3": 1, "h4": 1, "h6": 0}

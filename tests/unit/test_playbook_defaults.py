@@ -64,3 +64,33 @@ def test_the_default_variant_name_is_written_once_for_the_playbooks_and_roles():
     assert sorted(set(written)) == ["roles/node_agent/defaults/main.yml"], sorted(set(written))
     role_defaults = yaml.safe_load((ROOT / "roles" / "node_agent" / "defaults" / "main.yml").read_text())
     assert role_defaults["node_agent_variant"] == "{{ constellation_attestation_variant | default('%s') }}" % name
+
+
+def test_the_pod_network_defaults_are_the_cores_wherever_the_inventory_variable_is_read():
+    """constellation_pod_network and friends have no shared vars file (the roles are used alone too): every read of
+    the inventory variable gives the same default, the Core's for the pod range and the prefix length."""
+    from ansible_collections.constellation.cluster.plugins.module_utils import constants
+
+    read = re.compile(r"\bconstellation_(pod_network|pod_network_masquerade|cluster_pod_cidr|node_pod_cidr_mask_size)"
+                      r"\s*\|\s*default\(([^)]*)\)")
+    defaults = {}
+    for path in PLAYBOOKS + sorted((ROOT / "playbooks").rglob("*.yml")) + sorted((ROOT / "roles").rglob("*.yml")):
+        for match in read.finditer(path.read_text()):
+            defaults.setdefault(match.group(1), set()).add(match.group(2).strip())
+    assert defaults == {
+        "pod_network": {"true"},
+        "pod_network_masquerade": {"true"},
+        "cluster_pod_cidr": {"'%s'" % constants.CLUSTER_POD_CIDR},
+        "node_pod_cidr_mask_size": {str(constants.NODE_POD_CIDR_MASK_SIZE)},
+    }, defaults
+
+
+def test_the_roles_apply_the_pod_network_before_kubeadm_and_tag_it_podnet():
+    """The kubelet reports Ready once the conflist is there: the pod network comes before kubeadm in both roles."""
+    for role, kubeadm in (("coordinator", "constellation.cluster.kubeadm_control_plane"),
+                          ("node", "constellation.cluster.kubeadm_worker")):
+        tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / "main.yml").read_text())
+        names = [(task.get("ansible.builtin.include_role") or {}).get("name") for task in tasks]
+        assert names.index("constellation.cluster.pod_network") < names.index(kubeadm), role
+        task = tasks[names.index("constellation.cluster.pod_network")]
+        assert task["tags"] == ["podnet"] and task["ansible.builtin.include_role"]["apply"]["tags"] == ["podnet"]

@@ -79,6 +79,7 @@ class InitParams:
     control_plane_endpoint: Optional[str] = None
     service_cidr: str = DEFAULT_SERVICE_CIDR
     pod_cidr: Optional[str] = None
+    allocate_node_cidrs: bool = True
     apiserver_cert_sans: Sequence[str] = ()
     cloud_provider: str = ""
     provider_id: Optional[str] = None
@@ -109,6 +110,8 @@ class InitParams:
         self.service_cidr = validate_cidr(self.service_cidr, "service_cidr")
         if self.pod_cidr:
             self.pod_cidr = validate_cidr(self.pod_cidr, "pod_cidr")
+        if not isinstance(self.allocate_node_cidrs, bool):
+            raise InputError("allocate_node_cidrs", "true or false", self.allocate_node_cidrs)
         self.apiserver_cert_sans = [validate_host(san, "apiserver_cert_sans")
                                     for san in _validate_str_list(self.apiserver_cert_sans, "apiserver_cert_sans")]
         if not isinstance(self.cloud_provider, str):
@@ -224,6 +227,12 @@ def _kubelet_extra_args(params, with_provider_id: bool) -> list:
     return args
 
 
+def _node_cidr_args(params: InitParams) -> list:
+    """The controller-manager's node CIDRs: kubeadm turns ``allocate-node-cidrs`` on with a pod network; off where
+    another allocator owns them (the Coordinator, docs/kubeadm.md, "The pod network")."""
+    return [] if params.allocate_node_cidrs else [("allocate-node-cidrs", "false")]
+
+
 def render_init(params: InitParams) -> list:
     """InitConfiguration, ClusterConfiguration and KubeletConfiguration as plain dicts."""
     api = params.api_version
@@ -295,7 +304,7 @@ def render_init(params: InitParams) -> list:
             ("configure-cloud-routes", "false"),
             ("profiling", "false"),
             ("terminated-pod-gc-threshold", "1000"),
-        ], api)},
+        ] + _node_cidr_args(params), api)},
         "scheduler": {"extraArgs": _extra_args([("profiling", "false")], api)},
     }
     if params.version_tuple >= KUBELET_LOCAL_MODE_MIN_VERSION:

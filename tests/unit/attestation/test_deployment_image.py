@@ -191,6 +191,6 @@ def test_the_verify_table_shows_each_peers_deployment_mode():
     table = env.get_template("cluster_table.j2").render(verify_peers=["h1", "img"], hostvars=hostvars)
     lines = [line for line in table.splitlines() if line.strip()]
     assert lines[0].split() == ["peer", "endpoint", "PCR", "expected", "found", "match", "verdict", "disk", "mode",
-                                "root", "tcb", "launch", "state"]
+                                "root", "tcb", "launch", "podnet", "state"]
     assert lines[1].split()[7:10] == ["plain", "host", "trusted"] and lines[2].split()[7:10] == ["plain", "image", "no"]
     assert "host root is trusted on this peer: h1 (host)" in table and "img (image)" not in table

@@ -174,6 +174,21 @@ def test_v1beta4_refused_before_v1_31():
     assert err.value.field == "api_version"
 
 
+def test_node_cidrs_left_to_kubeadm_unless_another_allocator_owns_them():
+    """With the Coordinator allocating each peer's pod CIDR the controller-manager must not allocate its own."""
+    def cm_args(**kwargs):
+        params = kubeadm.InitParams(kubernetes_version="v1.31.1", node_name="cp", node_vpn_ip="10.118.0.1",
+                                    pod_cidr="10.244.0.0/16", **kwargs)
+        return {arg["name"]: arg["value"] for arg in kubeadm.render_init(params)[1]["controllerManager"]["extraArgs"]}
+    assert "allocate-node-cidrs" not in cm_args()
+    args = cm_args(allocate_node_cidrs=False)
+    assert args["allocate-node-cidrs"] == "false"
+    assert args["terminated-pod-gc-threshold"] == "1000"
+    with pytest.raises(kubeadm.InputError) as err:
+        cm_args(allocate_node_cidrs="no")
+    assert err.value.field == "allocate_node_cidrs"
+
+
 def test_defaults_endpoint_is_the_vpn_ip_and_optional_fields_absent():
     docs = kubeadm.render_init(kubeadm.InitParams(kubernetes_version="v1.31.1", node_name="cp", node_vpn_ip="10.118.0.1",
                                                   service_cidr="10.96.0.0/16", pod_cidr="10.244.0.0/16"))

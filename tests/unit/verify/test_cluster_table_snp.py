@@ -41,13 +41,13 @@ def test_an_snp_peers_row_shows_its_reported_tcb_and_launch_measurement():
         verify_peers=["h1", "h2"], hostvars=_hostvars(h1=SNP_ROW, h2=TPM_ROW))
     lines = [line.split() for line in table.splitlines() if line.strip()]
     assert lines[0] == ["peer", "endpoint", "PCR", "expected", "found", "match", "verdict", "disk", "mode", "root",
-                        "tcb", "launch", "state"]
+                        "tcb", "launch", "podnet", "state"]
     assert lines[1] == ["h1", "192.0.2.2:9000", "-", "-", "-", "-", "ok", "plain", "host", "trusted", "b3.t0.s8.m115",
-                        MEASUREMENT[:16] + "..", "ActivatingNodes", "pcr15=ours"]
-    assert lines[2][7:13] == ["plain", "host", "trusted", "-", "-", "IsNode"]
+                        MEASUREMENT[:16] + "..", "-", "ActivatingNodes", "pcr15=ours"]
+    assert lines[2][7:14] == ["plain", "host", "trusted", "-", "-", "-", "IsNode"]
     # tests/integration/test_site.py's pattern for a TPM peer's row still matches
-    assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+host\s+trusted\s+-\s+-\s+(ActivatingNodes|IsNode)"
-                     r"\s+pcr15=ours" % ("h2", "13"), table)
+    assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+host\s+trusted\s+-\s+-\s+(?:-|\S+/\d+\s+ok)\s+"
+                     r"(ActivatingNodes|IsNode)\s+pcr15=ours" % ("h2", "13"), table)
 
 
 def test_turins_fmc_level_comes_first():
@@ -73,5 +73,21 @@ def test_a_refused_peers_row_keeps_its_dashes_where_test_site_reads_them():
                        ["h4: not attested: cannot connect"], "constellation_public_endpoint": "10.42.0.14:9000"}}
     table = _env().get_template("cluster_table.j2").render(verify_peers=["h4"], hostvars=hostvars)
     # tests/integration/test_site.py's pattern for a refused peer's row
-    assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+-\s+-\s+-\s+-\s+refused$" % re.escape("10.42.0.14:9000"), table,
+    assert re.search(r"^\s*h4\s+%s\s.*FAIL\s+-\s+-\s+-\s+-\s+-\s+-\s+refused$" % re.escape("10.42.0.14:9000"), table,
                      re.M)
+
+
+def test_the_podnet_column_says_whether_every_other_peer_routes_the_peers_pod_cidr():
+    hostvars = _hostvars(h1=SNP_ROW, h2=TPM_ROW, h3=dict(TPM_ROW, endpoint="192.0.2.3:9000"))
+    for name, cidr in (("h1", "10.244.0.0/24"), ("h2", "10.244.1.0/24"), ("h3", "")):
+        hostvars[name]["constellation_mesh_self"] = {"name": name, "pod_cidr": cidr}
+    hostvars["h1"]["constellation_podnet"] = {"h2": "ok"}
+    hostvars["h2"]["constellation_podnet"] = {"h1": "not routed"}
+    hostvars["h3"]["constellation_podnet"] = {"h1": "ok", "h2": "ok"}
+    table = _env().get_template("cluster_table.j2").render(verify_peers=["h1", "h2", "h3"], hostvars=hostvars)
+    rows = {line.split()[0]: line for line in table.splitlines()[1:] if line.strip()}
+    assert " 10.244.0.0/24 NO " in rows["h1"]  # h2 does not route it
+    assert " 10.244.1.0/24 ok " in rows["h2"]  # h1 and h3 do
+    assert re.search(r"\s-\s+-\s+-\s+IsNode", rows["h3"])  # no pod CIDR
+    report = json.loads(_env().get_template("verify_report.json.j2").render(verify_peers=["h2"], hostvars=hostvars))
+    assert report["peers"][0]["podnet_seen"] == {"h1": "not routed"}

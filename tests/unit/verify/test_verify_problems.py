@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.constellation.cluster.plugins.filter.verify import verify_problems
+from ansible_collections.constellation.cluster.plugins.filter.verify import pod_gateway, verify_podnet, verify_problems
 from ansible_collections.constellation.cluster.plugins.module_utils.verify_problems import parse_mesh_output
 
 NODE = {"state": "IsNode", "role": "node", "membership": "ours", "pcr15": "ab" * 32, "vpn_ip": "10.118.0.12"}
@@ -155,3 +155,51 @@ def test_bad_input_names_the_argument(changes, message):
     with pytest.raises(AnsibleFilterError) as err:
         node(**changes)
     assert str(err.value) == message
+
+
+POD_OTHERS = [dict(OTHERS[0], pod_cidr="10.244.0.0/24"), dict(OTHERS[1], pod_cidr="10.244.2.0/24")]
+POD_HEALTHY = ("allowed K1=\t10.118.0.1/32 10.244.0.0/24", "allowed K3=\t10.118.0.13/32 10.244.2.0/24") + HEALTHY[2:]
+
+
+def probe(*answered, failed=False, msg=""):
+    if failed:
+        return {"failed": True, "msg": msg}
+    return {"changed": False, "results": [{"address": address, "reachable": address in answered}
+                                          for address in ("10.244.0.1", "10.244.2.1")]}
+
+
+def test_every_other_peers_pod_cidr_is_routed_over_wireguard():
+    assert node(mesh(*POD_HEALTHY), mesh_others=POD_OTHERS) == []
+    assert verify_podnet(POD_OTHERS, mesh_result=mesh(*POD_HEALTHY)) == {"h1": "ok", "h3": "ok"}
+    withdrawn = ("allowed K1=\t10.118.0.1/32", POD_HEALTHY[1]) + POD_HEALTHY[2:]
+    assert node(mesh(*withdrawn), mesh_others=POD_OTHERS) == [
+        "h2: WireGuard peer h1 (key K1=) does not route its pod CIDR 10.244.0.0/24 on wg0 (allowed IPs: 10.118.0.1/32)"]
+    assert verify_podnet(POD_OTHERS, mesh_result=mesh(*withdrawn)) == {"h1": "not routed", "h3": "ok"}
+    # A peer without a pod CIDR (bring your own CNI) is not checked for one.
+    assert node(mesh(*HEALTHY)) == [] and verify_podnet(OTHERS, mesh_result=mesh(*HEALTHY)) == {}
+
+
+def test_a_peer_missing_from_wireguard_is_one_problem_not_two():
+    lines = (POD_HEALTHY[1],) + POD_HEALTHY[2:]
+    assert node(mesh(*lines), mesh_others=POD_OTHERS) == ["h2: no WireGuard peer h1 (key K1=, VPN IP 10.118.0.1) on wg0"]
+
+
+def test_the_probe_pod_reaches_every_other_peers_pod_gateway():
+    assert pod_gateway("10.244.2.0/24") == "10.244.2.1" and pod_gateway("10.244.3.128/25") == "10.244.3.129"
+    assert node(mesh(*POD_HEALTHY), mesh_others=POD_OTHERS, pod_probe=probe("10.244.0.1", "10.244.2.1")) == []
+    assert node(mesh(*POD_HEALTHY), mesh_others=POD_OTHERS, pod_probe=probe("10.244.2.1")) == [
+        "h2: no pod traffic to h1: a probe pod here got no answer from its pod gateway 10.244.0.1 (pod CIDR 10.244.0.0/24)"]
+    assert verify_podnet(POD_OTHERS, mesh_result=mesh(*POD_HEALTHY), pod_probe=probe("10.244.2.1")) == {
+        "h1": "no answer", "h3": "ok"}
+    failed = probe(failed=True, msg="no conflist /etc/cni/net.d/10-constellation.conflist")
+    assert node(mesh(*POD_HEALTHY), mesh_others=POD_OTHERS, pod_probe=failed) == [
+        "h2: no pod traffic check: the probe pod failed: no conflist /etc/cni/net.d/10-constellation.conflist"]
+    assert verify_podnet(POD_OTHERS, mesh_result=mesh(*POD_HEALTHY), pod_probe=failed) == {
+        "h1": "not checked", "h3": "not checked"}
+    assert verify_podnet(POD_OTHERS, mesh_result={"skipped": True}) == {"h1": "not checked", "h3": "not checked"}
+
+
+@pytest.mark.parametrize("cidr", ["10.244.0.1/24", "not-a-cidr", "10.244.0.0/31", ""])
+def test_pod_gateway_names_what_it_got(cidr):
+    with pytest.raises(AnsibleFilterError, match="pod_gateway: expected a pod CIDR"):
+        pod_gateway(cidr)
