@@ -17,16 +17,13 @@ made by the real plugins from each node's conflist; docs/podnet.md):
 from __future__ import annotations
 
 import ipaddress
-import itertools
-import json
-import subprocess
-import time
 
 import pytest
 
+from lab import pods as lab_pods
 from lab.agent import tail_log
+from lab.capture import UnderlayCapture, contains_bytes, not_wireguard, with_addresses_in
 from lab.lab import Lab
-from tests.support import ROOT, VENV_BIN
 from tests.support.playbook import LabPlaybooks, PlayRun
 from tests.support.wait import until
 from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import peer_report
@@ -46,23 +43,14 @@ PATTERN = "c0ffee00d15ea5e0feedfacecafebabe"
 
 
 class PodLab(LabPlaybooks):
-    """The lab, its inventory, its pods (``python -m lab pod``) and what the hosts' WireGuard shows."""
-
-    def lab_cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        run = subprocess.run([str(VENV_BIN / "python"), "-m", "lab", "--name", LAB] + list(args), cwd=str(ROOT),
-                             capture_output=True, text=True, check=False)
-        if check and run.returncode != 0:
-            raise AssertionError("python -m lab %s: %s%s" % (" ".join(args), run.stdout, run.stderr))
-        return run
+    """The lab, its inventory, its pods (lab/pods.py, what ``python -m lab pod`` runs) and the hosts' WireGuard."""
 
     def add_pod(self, host: str, pod: str) -> str:
-        """A pod on ``host`` (CNI ADD with the node's conflist); its address."""
-        self.lab_cli("pod", "add", host, pod)
-        out = self.pod_exec(host, pod, "ip", "-j", "-4", "address", "show", "dev", "eth0").stdout
-        return json.loads(out)[0]["addr_info"][0]["local"]
+        """A pod on ``host`` (CNI ADD with the node's conflist, the real plugins); its address."""
+        return lab_pods.add(self.lab.host(host), pod)["ip"]
 
-    def pod_exec(self, host: str, pod: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-        return self.lab_cli("pod", "exec", host, pod, "--", *argv, check=check)
+    def pod_exec(self, host: str, pod: str, *argv: str):
+        return lab_pods.run(self.lab.host(host), pod, list(argv), check=False)
 
     def status(self, name: str):
         return peer_report(self.lab.host(name).public_endpoint, self.attestation_settings(), None, self.admin_key())
@@ -119,8 +107,7 @@ def ping_matrix(pods: PodLab, sources, targets) -> dict:
         dests = [dst for dst in targets if dst[0] != src[0]]
         if not dests:
             continue
-        out = pods.pod_exec(src[0], src[1], "sh", "-c", _ping_script(pods.pod_ips[d] for d in dests),
-                            check=False).stdout
+        out = pods.pod_exec(src[0], src[1], "sh", "-c", _ping_script(pods.pod_ips[d] for d in dests)).stdout
         answered = {line.split()[1] for line in out.splitlines() if line.startswith("ok ")}
         for dst in dests:
             results[(src, dst)] = pods.pod_ips[dst] in answered
@@ -135,69 +122,20 @@ def _pods_of(*hosts) -> list:
     return [(h, p) for h in hosts for p in PODS]
 
 
-class Capture:
-    """tcpdump on the lab's underlay bridge (``br0`` in the bridge namespace) while the block runs; then
-    ``lines`` (its packets as ``tcpdump -n -q`` prints them) and ``raw`` (the capture file's bytes)."""
-
-    def __init__(self, lab: Lab, path):
-        self.lab, self.path = lab, path
-        self.lines, self.raw, self.proc = [], b"", None
-
-    def __enter__(self) -> "Capture":
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.lab.bridge_netns, "tcpdump", "-i", "br0", "-n",
-                                      "-U", "-s", "0", "-w", str(self.path)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        until(lambda: self.path.exists() and self.path.stat().st_size > 0, what="tcpdump capturing on br0")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        time.sleep(0.5)  # the last replies
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        self.raw = self.path.read_bytes()
-        read = subprocess.run(["tcpdump", "-n", "-q", "-r", str(self.path)], capture_output=True, text=True,
-                              check=True)
-        self.lines = read.stdout.splitlines()
-
-
-def _addresses(line: str) -> list:
-    """The IPv4 addresses of a ``tcpdump -n -q`` line (``10.42.0.11.51820`` is address and port)."""
-    found = []
-    for token in line.replace(",", " ").replace(":", " ").split():
-        parts = token.split(".")
-        if len(parts) in (4, 5) and all(p.isdigit() for p in parts):
-            found.append((ipaddress.ip_address(".".join(parts[:4])), int(parts[4]) if len(parts) == 5 else None))
-    return found
-
-
-def cleartext(capture: Capture) -> list:
-    """The frames that show a pod address, and the pings' payload wherever it appears: none when nothing of a
+def cleartext(packets) -> list:
+    """The frames that name a pod address in their headers, or carry the pings' payload: none when nothing of a
     pod travels in the clear."""
-    bad = [line for line in capture.lines if any(a in CLUSTER_POD_CIDR for a, _ in _addresses(line))]
-    if bytes.fromhex(PATTERN) in capture.raw:
-        bad.append("the pings' payload %s is in the capture" % PATTERN)
-    return bad
+    return [str(p) for p in with_addresses_in(packets, str(CLUSTER_POD_CIDR))] \
+        + ["the pings' payload in %s" % p for p in contains_bytes(packets, bytes.fromhex(PATTERN))]
 
 
-def between_hosts(capture: Capture, hosts) -> tuple:
-    """(WireGuard packets, other packets) among the IPv4 packets whose source and destination are both hosts;
-    the Coordinator's re-attestation (attested TLS to port 9000) counts as neither."""
-    publics = {ipaddress.ip_address(h.public_ip) for h in hosts}
-    wireguard, other = 0, []
-    for line in capture.lines:
-        if not line.split()[1:2] == ["IP"]:
-            continue
-        addrs = _addresses(line)
-        if len(addrs) < 2 or not {addrs[0][0], addrs[1][0]} <= publics:
-            continue
-        ports = {addrs[0][1], addrs[1][1]}
-        if ports == {WG_PORT} and " UDP" in line:
-            wireguard += 1
-        elif ATLS_PORT in ports and " tcp " in line:
-            continue
-        else:
-            other.append(line)
-    return wireguard, other
+def between_hosts(packets, hosts) -> tuple:
+    """(how many WireGuard frames, the other IPv4 frames) between two hosts' public addresses; the Coordinator's
+    re-attestation (attested TLS, port 9000) is neither."""
+    publics = {h.public_ip for h in hosts}
+    among = [p for p in packets if p.kind == "ipv4" and {p.src, p.dst} <= publics]
+    other = [p for p in not_wireguard(among, WG_PORT) if not (p.proto == "tcp" and ATLS_PORT in (p.sport, p.dport))]
+    return len(among) - len(not_wireguard(among, WG_PORT)), [str(p) for p in other]
 
 
 def _pod_cidr(pods: PodLab, name: str, key: str, observer: str) -> str:
@@ -222,13 +160,13 @@ def test_every_pod_reaches_every_pod_of_the_other_hosts_and_nothing_leaves_in_th
     for (host, pod), ip in pods.pod_ips.items():
         assert ipaddress.ip_address(ip) in cidrs[host], (host, pod, ip, cidrs[host])
     # Every pod pings every pod of the other hosts (8 pods: 48 pings) under the capture.
-    with Capture(pods.lab, tmp_path / "pings.pcap") as capture:
+    with UnderlayCapture(pods.lab, tmp_path / "pings.pcap") as capture:
         matrix = ping_matrix(pods, _pods_of(*hosts), _pods_of(*hosts))
     assert len(matrix) == 48 and not _failed(matrix), _failed(matrix)
-    assert not cleartext(capture), cleartext(capture)[:20]
-    wireguard, other = between_hosts(capture, pods.lab.hosts)
+    assert not cleartext(capture.packets), cleartext(capture.packets)[:20]
+    wireguard, other = between_hosts(capture.packets, pods.lab.hosts)
     assert not other, other[:20]
-    assert wireguard >= 2 * len(matrix), (wireguard, len(capture.lines))  # a request and a reply each, at least
+    assert wireguard >= 2 * len(matrix), (wireguard, len(capture.packets))  # a request and a reply each, at least
 
 
 def test_a_removed_nodes_cidr_is_freed_and_a_new_node_gets_it_and_reaches_the_others(pods):
@@ -270,12 +208,12 @@ def test_an_evicted_nodes_pods_drop_off_within_the_reattestation_interval_plus_o
     evicted = pods.status("h1").evicted
     assert [e["vpn_ip"] for e in evicted] == [h4.vpn_ip] and "PCR 9" in evicted[0]["reason"], evicted
     # Its pods are unreachable from every other pod, and what is sent to them does not leave in the clear.
-    with Capture(pods.lab, tmp_path / "evicted.pcap") as capture:
+    with UnderlayCapture(pods.lab, tmp_path / "evicted.pcap") as capture:
         after = ping_matrix(pods, _pods_of(*members), _pods_of("h4"))
         back = ping_matrix(pods, _pods_of("h4"), _pods_of(*members))
     assert after and not any(after.values()), after
     assert back and not any(back.values()), back
-    assert not cleartext(capture), cleartext(capture)[:20]
+    assert not cleartext(capture.packets), cleartext(capture.packets)[:20]
     # The members still reach each other.
     rest = ping_matrix(pods, _pods_of(*members), _pods_of(*members))
     assert not _failed(rest), _failed(rest)
