@@ -49,6 +49,8 @@ class ActionModule(ClusterAction):
         config = {"vpn_cidr": args["vpn_cidr"]}
         if args["cluster_name"]:
             config["cluster_name"] = args["cluster_name"]
+        if args["cluster_pod_cidr"]:  # the Coordinator validates them before its node lock
+            config.update(cluster_pod_cidr=args["cluster_pod_cidr"], node_pod_cidr_mask_size=args["node_pod_cidr_mask_size"])
         out = activate_coordinator(args["endpoint"], settings, kms_uri,
                                    decode_salt(salt), pub_key, admin_priv_key=priv_key,
                                    storage_uri=args["storage_uri"], cluster_config=config,

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from ansible_collections.constellation.cluster.plugins.module_utils.constants import deprecated_alias
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import (
+    CLUSTER_POD_CIDR,
+    NODE_POD_CIDR_MASK_SIZE,
+    deprecated_alias,
+)
 
 
 # The options of the controller-side actions beyond the shared attestation options
@@ -32,6 +36,10 @@ ACTIVATE_COORDINATOR_ARGS: Dict[str, Dict[str, Any]] = dict(
     admin_priv_key_file=dict(type="path"),
     cluster_name=dict(type="str", default=""),
     vpn_cidr=dict(type="str", default="10.118.0.0/16"),
+    # The pod network (docs/wireguard.md, "Pod CIDRs"): the Coordinator hands every Coordinator and Node a block of
+    # cluster_pod_cidr; empty: no pod CIDRs (bring your own CNI).
+    cluster_pod_cidr=dict(type="str", default=CLUSTER_POD_CIDR),
+    node_pod_cidr_mask_size=dict(type="int", default=NODE_POD_CIDR_MASK_SIZE),
     init_secret=dict(type="str", no_log=True),
     # Unused since GetState reports the VPN IP and key; accepted with a deprecation until 2.0.0.
     vpn_interface=dict(type="str", removed_in_version="2.0.0", removed_from_collection="constellation.cluster"),

@@ -81,6 +81,23 @@ options:
     description: The VPN network; must match the agent's.
     type: str
     default: 10.118.0.0/16
+  cluster_pod_cidr:
+    description:
+      - The cluster's pod range. The Coordinator gives every Coordinator and Node a block of it next to its VPN IP,
+        carried in the signed peer sets and in every other peer's WireGuard C(AllowedIPs) (docs/wireguard.md).
+      - Must not overlap O(vpn_cidr) (nor the Kubernetes service range). An empty string hands out no pod CIDRs
+        (bring your own CNI).
+      - Read at the first activation only; an activated Coordinator keeps the range it was activated with.
+    type: str
+    default: 10.244.0.0/16
+    version_added: "0.5.0"
+  node_pod_cidr_mask_size:
+    description:
+      - The prefix length of each peer's block of O(cluster_pod_cidr) (kube-controller-manager's
+        C(--node-cidr-mask-size)); at most 30.
+    type: int
+    default: 24
+    version_added: "0.5.0"
   init_secret:
     description:
       - SECRET. The cluster's init secret, standard base64 of 32 bytes (the file the lab or the operator made, Vault).
@@ -138,6 +155,18 @@ coordinator_vpn_ip:
 coordinator_vpn_pub_key:
   description: The Coordinator's WireGuard public key.
   returned: success
+  type: str
+cluster_pod_cidr:
+  description: The cluster's pod range (none without the pod network, or in check mode before activation).
+  returned: success
+  type: str
+  sample: 10.244.0.0/16
+  version_added: "0.5.0"
+coordinator_pod_cidr:
+  description: The Coordinator's own pod CIDR (none without the pod network, or in check mode before activation).
+  returned: success
+  sample: 10.244.0.0/24
+  version_added: "0.5.0"
   type: str
 state_before:
   description: The agent's state before this task.

@@ -98,6 +98,20 @@ vpn_pub_key:
   description: The peer's WireGuard public key (only with O(admin_priv_key_file), once activated).
   returned: success
   type: str
+node_pod_cidr:
+  description:
+    - The peer's own pod CIDR (only with O(admin_priv_key_file), once activated; none without the pod network).
+      Every other peer's WireGuard holds it next to the peer's VPN IP (docs/wireguard.md).
+  returned: success
+  type: str
+  sample: 10.244.1.0/24
+  version_added: "0.5.0"
+cluster_pod_cidr:
+  description: The cluster's pod range, routed into C(wg0) on the peer (only with O(admin_priv_key_file), once activated).
+  returned: success
+  type: str
+  sample: 10.244.0.0/16
+  version_added: "0.5.0"
 evicted:
   description: An activated Coordinator's evicted peers (only with O(admin_priv_key_file)).
   returned: success

@@ -40,9 +40,17 @@ options:
         required: true
       vpn_ip:
         description:
-          - The peer's VPN IP, as an address or C(<address>/32); becomes the peer's only AllowedIPs entry.
+          - The peer's VPN IP, as an address or C(<address>/32); becomes the peer's AllowedIPs entry (with
+            O(peers[].pod_cidr) its second one).
           - Required for present peers.
         type: str
+      pod_cidr:
+        description:
+          - The peer's pod CIDR (a network such as C(10.244.1.0/24)); added to its AllowedIPs, so pod traffic to and
+            from it rides the tunnel (docs/wireguard.md). Omit for a peer without pods (an admin).
+          - It must overlap neither O(vpn_cidr) nor another entry's pod CIDR; AllowedIPs are compared as a set.
+        type: str
+        version_added: "0.5.0"
       endpoint:
         description:
           - The peer's public endpoint C(IP:port) (C([IPv6]:port)). Omit for peers without a fixed address
@@ -177,6 +185,7 @@ def main():
                 options=dict(
                     pub_key=dict(type="str", required=True, no_log=False),
                     vpn_ip=dict(type="str"),
+                    pod_cidr=dict(type="str"),
                     endpoint=dict(type="str"),
                     persistent_keepalive=dict(type="int", default=10),
                     state=dict(type="str", choices=["present", "absent"], default="present"),

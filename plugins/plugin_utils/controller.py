@@ -77,6 +77,9 @@ class PeerReport:
     host_root_trusted: Optional[bool] = None
     # An SEV-SNP peer's verified report (Validation.snp: AMD's field names, product, signing_key); None for a TPM one.
     snp: Optional[Dict[str, Any]] = None
+    # The pod network (docs/wireguard.md, "Pod CIDRs"): the peer's own pod CIDR and the cluster's pod range (details).
+    node_pod_cidr: Optional[str] = None
+    cluster_pod_cidr: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"endpoint": self.endpoint, "state": self.state, "role": self.role, "membership": self.membership,
@@ -88,7 +91,7 @@ class PeerReport:
                 "agent_measurement": self.agent_measurement, "secrets_at_rest": self.secrets_at_rest,
                 "peer_resource_version": self.peer_resource_version,
                 "deployment_mode": self.deployment_mode, "host_root_trusted": self.host_root_trusted,
-                "snp": self.snp}
+                "snp": self.snp, "node_pod_cidr": self.node_pod_cidr, "cluster_pod_cidr": self.cluster_pod_cidr}
 
 
 class Planned(NamedTuple):
@@ -182,7 +185,9 @@ def report_of(client, endpoint: str, cluster_id: Optional[bytes], admin_priv_key
                       peer_resource_version=_opt_int(state.get("peer_resource_version")),
                       deployment_mode=_opt_str(state.get("deployment_mode")),
                       host_root_trusted=state["host_root_trusted"] if isinstance(state.get("host_root_trusted"), bool) else None,
-                      snp=dict(validation.snp) if validation.snp else None)
+                      snp=dict(validation.snp) if validation.snp else None,
+                      node_pod_cidr=_opt_str(state.get("node_pod_cidr")),
+                      cluster_pod_cidr=_opt_str(state.get("cluster_pod_cidr")))
 
 
 def _opt_dict(value: Any) -> Optional[Dict[str, Any]]:
@@ -237,7 +242,8 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
             result["state"] = report.state
             if admin_priv_key is not None:
                 client.admin_auth(admin_priv_key)  # the admin key pinned at activation is still ours
-            result.update(coordinator_vpn_ip=report.vpn_ip, coordinator_vpn_pub_key=report.vpn_pub_key)
+            result.update(coordinator_vpn_ip=report.vpn_ip, coordinator_vpn_pub_key=report.vpn_pub_key,
+                          cluster_pod_cidr=report.cluster_pod_cidr, coordinator_pod_cidr=report.node_pod_cidr)
             return result
         if report.membership == OTHER:
             raise StateError("%s is locked to another cluster (PCR 15 %s does not hold the cluster ID derived from "
@@ -248,7 +254,8 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
                              % (endpoint, report.state))
         result["changed"] = True
         if check_mode:
-            result.update(state=report.state, coordinator_vpn_ip=None, coordinator_vpn_pub_key=None)
+            result.update(state=report.state, coordinator_vpn_ip=None, coordinator_vpn_pub_key=None,
+                          cluster_pod_cidr=None, coordinator_pod_cidr=None)
             return result
         answer = client.activate_as_coordinator(kms_uri, measurement_salt, admin_pub_key, storage_uri=storage_uri,
                                                 cluster_config=dict(cluster_config or {}), init_secret=secret)
@@ -256,7 +263,8 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
     if not hmac.compare_digest(answered, cluster_id):
         raise StateError("%s answered another cluster ID than the one derived on the controller" % endpoint)
     result.update(state=answer.get("state"), coordinator_vpn_ip=answer.get("coordinator_vpn_ip"),
-                  coordinator_vpn_pub_key=answer.get("coordinator_vpn_pub_key"))
+                  coordinator_vpn_pub_key=answer.get("coordinator_vpn_pub_key"),
+                  cluster_pod_cidr=answer.get("cluster_pod_cidr"), coordinator_pod_cidr=answer.get("coordinator_pod_cidr"))
     return result
 
 

@@ -222,10 +222,10 @@ def _forget_holdings(tx: Txn, vpn_ip: str, vpn_pub_key: str, disk_uuid: Optional
 
 
 def _remove_and_free(registry, vpn_ip: str) -> int:
-    """The entry goes (a new version) and its address is free again, also when it was evicted (out of the
-    set, its address kept for it)."""
+    """The entry goes (a new version) and its address and pod CIDR are free again, also when it was evicted (out
+    of the set, both kept for it)."""
     if registry.peers.get(vpn_ip) is not None:
         registry.remove(vpn_ip)
     elif registry.allocator.in_use(vpn_ip):
-        registry.allocator.release(vpn_ip)
+        registry.release_reserved(vpn_ip)
     return registry.peers.version

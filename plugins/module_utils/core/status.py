@@ -76,6 +76,9 @@ class Status:
         answer["vpn_pub_key"] = ctx.vpn_pub_key if active and node is not None and node.vpn_priv_key else None
         # The disk UUID reported at activation (what the Coordinator derives this node's disk key for).
         answer["state_disk_uuid"] = (node.disk_uuid or ctx.disk_uuid) if active and node is not None else None
+        # The pod network (docs/wireguard.md, "Pod CIDRs"): this peer's own pod CIDR and the range routed into wg0.
+        answer["node_pod_cidr"] = node.pod_cidr if active and node is not None else None
+        answer["cluster_pod_cidr"] = node.cluster_pod_cidr if active and node is not None else None
         answer["state_disk"] = ctx.state_disk.status() if ctx.state_disk is not None else dict(NOT_ENCRYPTED)
         # What this peer runs (PCR 13's two events, replayable) and whether its secrets at rest are sealed.
         answer["agent_measurement"] = ctx.agent_measurement

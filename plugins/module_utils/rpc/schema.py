@@ -247,6 +247,8 @@ Empty, StateAnswer = declare(
                 "image, whose boot chain measures it (details only)",
                 "host_root_trusted bool: true: the host's root can replay what the agent measures and read this "
                 "peer's secrets in a genuine boot (host); false in the image (details only)",
+                "node_pod_cidr str: this peer's own pod CIDR (the pod network; details only)",
+                "cluster_pod_cidr str: the cluster's pod range, routed into wg0 (the pod network; details only)",
                 name="StateAnswer"))
 
 ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer = declare(
@@ -262,7 +264,9 @@ ActivateAsCoordinatorRequest, ActivateAsCoordinatorAnswer = declare(
                  "(restore.yml) instead of starting a cluster",
                  "peer_resource_version_floor int: with restore_state: the highest peer set version the Nodes "
                  "applied; the restored set continues above it"),
-    answer=spec("cluster_id b64(32)!", "coordinator_vpn_ip str!", "coordinator_vpn_pub_key str!", "state str!"))
+    answer=spec("cluster_id b64(32)!", "coordinator_vpn_ip str!", "coordinator_vpn_pub_key str!", "state str!",
+                "cluster_pod_cidr str: the cluster's pod range (cluster_config cluster_pod_cidr; the pod network)",
+                "coordinator_pod_cidr str: the Coordinator's own pod CIDR"))
 
 ActivateAsNodeRequest, ActivateAsNodeAnswer = declare(
     "ActivateAsNode", PUBAPI, STREAMS_EXCHANGE,
@@ -272,6 +276,8 @@ ActivateAsNodeRequest, ActivateAsNodeAnswer = declare(
                  "admin_pub_key str", "coordinator_vpn_ip str",
                  "init_proof b64(32): secret",
                  "coordinator_pub_key str: the Coordinators' Ed25519 signing key, pinned by the node",
+                 "node_pod_cidr str: the node's own pod CIDR (the pod network)",
+                 "cluster_pod_cidr str: the cluster's pod range, which the node routes into wg0",
                  doc="Types only: the Core checks the state first (a second activation is a StateError whatever it "
                  "sends), then that every field is there (core/records/tickets.py NodeActivationRequest)."),
     answer=spec("state str!", "node_vpn_ip str"))

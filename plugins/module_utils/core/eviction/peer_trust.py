@@ -233,9 +233,8 @@ class PeerTrust:
 
     def _remove_evicted(self, vpn_ip: str) -> int:
         def remove(reg):
-            # The peer goes, its address stays allocated: re-admission gives it back its VPN IP.
-            if reg.peers.get(vpn_ip) is not None:
-                reg.peers.remove(vpn_ip)
+            # The peer goes, its address and pod CIDR stay allocated: re-admission gives them back.
+            reg.withdraw(vpn_ip)
             return reg.peers.version
 
         version = self.context.peer_registry.update(remove)

@@ -352,6 +352,16 @@ class PeerRegistry:
             record = record.with_pod_cidr(pod_cidr)
         return self.peers.put(record)
 
+    def withdraw(self, vpn_ip: str) -> None:
+        """An eviction: the peer leaves the set (its VPN IP and pod CIDR leave every peer's WireGuard) but both stay
+        allocated to it: re-admission gives them back (``put_node``), a removal frees them (``release_reserved``)."""
+        record = self.peers.get(vpn_ip)
+        if record is None:
+            return
+        self.peers.remove(vpn_ip)
+        if record.pod_cidr is not None and self.pod_cidrs is not None:
+            self.reserved_pod_cidrs[vpn_ip] = record.pod_cidr
+
     def remove(self, vpn_ip: str) -> None:
         """Takes the peer out of the set and frees its VPN IP and pod CIDR."""
         record = self.peers.get(vpn_ip)
