@@ -9,6 +9,9 @@ ROOT=$(pwd)
 # tests/unit/test_node_packages.py keeps them in step): a lab host runs its agent on /usr/bin/python3 with these.
 AGENT_PACKAGES="python3-cryptography python3-yaml python3-tpm2-pytss python3-grpcio python3-protobuf python3-etcd3gw python3-kubernetes"
 DEB_PACKAGES="iputils-ping swtpm swtpm-tools tpm2-tools shellcheck libtss2-dev pkg-config python3-apt $AGENT_PACKAGES wireguard-tools wireguard-go etcd-server iproute2 openssh-server openssl make git cryptsetup-bin"
+# The pod network: Debian's CNI plugins (bridge, host-local, portmap, loopback) and nft, as on a node
+# (tests/integration/test_pod_network.py); iperf3 and tcpdump for the lab's pod benchmark and underlay capture.
+DEB_PACKAGES="$DEB_PACKAGES containernetworking-plugins nftables iperf3 tcpdump"
 # Tests only: an independent Authenticode digest (tests/unit/attestation/test_image_prediction.py).
 DEB_PACKAGES="$DEB_PACKAGES osslsigncode"
 # The node image (python -m image build / boot, docs/image.md): the root file system, dm-verity, the UKI's stub and

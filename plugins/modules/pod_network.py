@@ -84,13 +84,9 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: Read the node's pod CIDR from its agent
-  constellation.cluster.agent_state:
-  register: node_state
-
-- name: Pod network over the mesh
+- name: Pod network over the mesh (pod_cidr as agent_state reports the node's node_pod_cidr)
   constellation.cluster.pod_network:
-    pod_cidr: "{{ node_state.node_pod_cidr }}"
+    pod_cidr: 10.244.1.0/24
     cluster_pod_cidr: 10.244.0.0/16
 
 - name: Remove it (reset)

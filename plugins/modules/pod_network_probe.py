@@ -95,7 +95,7 @@ results:
       description: Answers received.
       type: int
       sample: 3
-unreachable:
+unanswered:
   description: The addresses that did not answer.
   returned: always
   type: list
@@ -126,7 +126,7 @@ def main():
         found = net.probe(params["addresses"], params["count"], params["wait"])
     except (ConstellationError, OSError) as err:
         module.fail_json(msg=str(err))
-    module.exit_json(changed=False, unreachable=[r["address"] for r in found["results"] if not r["reachable"]],
+    module.exit_json(changed=False, unanswered=[r["address"] for r in found["results"] if not r["reachable"]],
                      **found)
 
 

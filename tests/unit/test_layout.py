@@ -77,9 +77,9 @@ def test_the_core_imports_no_transport_and_is_composed_not_a_mixin_tower():
 # --------------------------------------------------------------------------- rooms (docs/architecture.md)
 PKG = "ansible_collections.constellation.cluster."
 FOUNDATION = {"errors", "constants", "encoding", "fileutil", "command", "netns", "x509compat"}
-LIBRARIES = {"attestation", "kms", "wireguard", "kubeadm", "disk", "atls"}
+LIBRARIES = {"attestation", "kms", "wireguard", "kubeadm", "disk", "atls", "pod_network"}
 MODULE_UTILS_ROOMS = FOUNDATION | LIBRARIES | {"store", "core", "rpc", "agent", "controller_options", "verify_problems"}
-_BELOW_CORE = {"foundation"} | {"mu." + name for name in ("attestation", "kms", "wireguard", "disk", "store")}
+_BELOW_CORE = {"foundation"} | {"mu." + name for name in ("attestation", "kms", "wireguard", "disk", "store", "pod_network")}
 _ALL_MODULE_UTILS = {"foundation"} | {"mu." + name for name in MODULE_UTILS_ROOMS - FOUNDATION}
 _CONTROLLER = _ALL_MODULE_UTILS - {"mu.agent"}
 # What each room may import (docs/architecture.md says why); a room always imports itself.
@@ -87,6 +87,7 @@ MAY_IMPORT = {
     "foundation": set(),
     **{"mu." + name: {"foundation"} for name in LIBRARIES | {"controller_options", "verify_problems"}},
     "mu.atls": {"foundation", "mu.attestation"},
+    "mu.pod_network": {"foundation", "mu.wireguard"},
     "mu.store": {"foundation", "mu.attestation", "mu.kms", "mu.wireguard", "mu.disk"},
     "mu.core": _BELOW_CORE,
     "mu.rpc": {"foundation", "mu.atls", "mu.attestation", "mu.wireguard"},
