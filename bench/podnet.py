@@ -12,10 +12,10 @@ matter more than the absolute figures: ``pod_vs_wg0`` is the price of the pod ho
 side), ``wg0_vs_underlay`` the price of WireGuard in userspace.
 
 Setup: a lab of 2 hosts with agents, site.yml (which applies the pod network, tag podnet), then one pod per
-host. Without the pod network (a checkout whose site.yml does not apply it) the ``pod`` path is left out and
-said so; the baselines still run.
+host. ``--no-pods``: site.yml with ``constellation_pod_network=false`` and the baselines alone; without a conflist
+on the hosts after site.yml the ``pod`` path is left out too, and the result says so.
 
-    python bench/podnet.py [--rounds 3] [--seconds 5] [--pings 200] [--keep]
+    python bench/podnet.py [--rounds 3] [--seconds 5] [--pings 200] [--no-pods] [--keep]
 
 Last line: one JSON object.
 """
@@ -106,12 +106,14 @@ def measure(args) -> dict:
     inv = Path(lab.inventory_dir)
     try:
         lab.up(hosts=2, tpm=True, agents=True)
-        site_s = play(inv, ROOT / "site.yml")
+        site_s = play(inv, ROOT / "site.yml", *(["-e", "constellation_pod_network=false"] if args.no_pods else []))
         h1, h2 = lab.hosts
         paths = [Path2("underlay", h1.run, h2.popen, h2.public_ip),
                  Path2("wg0", h1.run, h2.popen, address(h2, "wg0"))]
         missing = None
-        if h1.run(["test", "-e", pods.CONFLIST_PATH], check=False).returncode != 0:
+        if args.no_pods:
+            missing = "--no-pods: site.yml without the pod network; pod path left out"
+        elif h1.run(["test", "-e", pods.CONFLIST_PATH], check=False).returncode != 0:
             missing = "no %s on the hosts after site.yml: the pod network is not applied; pod path left out" \
                       % pods.CONFLIST_PATH
         else:
@@ -128,9 +130,8 @@ def measure(args) -> dict:
             for p in paths:
                 gbps[p.name].append(p.iperf(args.seconds))
                 rtt[p.name].append(p.ping(args.pings))
-            print("round %d: %s" % (round_ + 1, ", ".join("%s %.3f Gbit/s %.3f ms" % (p.name, gbps[p.name][-1],
-                                                                                    rtt[p.name][-1]["p50"])
-                                                         for p in paths)))
+            done = ["%s %.3f Gbit/s %.3f ms" % (p.name, gbps[p.name][-1], rtt[p.name][-1]["p50"]) for p in paths]
+            print("round %d: %s" % (round_ + 1, ", ".join(done)))
         load_after = load()
         result = {"hosts": 2, "rounds": args.rounds, "seconds": args.seconds, "pings": args.pings,
                   "site_first_run_s": round(site_s, 1), "load_before": round(load_before, 2),
@@ -154,10 +155,11 @@ def measure(args) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=int, default=5, help="iperf3 duration per path and round")
     p.add_argument("--pings", type=int, default=200, help="pings per path and round (10 ms apart)")
+    p.add_argument("--no-pods", action="store_true", help="the baselines alone (site.yml without the pod network)")
     p.add_argument("--keep", action="store_true", help="leave the lab (bpod) up afterwards")
     args = p.parse_args()
     if os.geteuid() != 0:
