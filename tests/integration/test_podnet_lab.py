@@ -7,7 +7,8 @@ made by the real plugins from each node's conflist; docs/podnet.md):
 
 * every pod pings every pod of the other hosts while tcpdump captures the lab's underlay bridge: the capture holds
   WireGuard UDP between the hosts (and the Coordinator's attested TLS, its re-attestation), and no frame carries a
-  pod address or the pings' payload in the clear;
+  pod address or the pings' payload in the clear (and, as a control, the same checks see a ping that does go in
+  the clear: a pod's egress to another host's public address, masqueraded by design);
 * remove_node.yml frees h3's pod CIDR (gone from every ``wg show``), and the next new node (``lab grow``,
   add_nodes.yml) gets it, and its pods reach the others';
 * ``lab tamper`` gets h4 evicted: within the re-attestation interval plus one peer update its pods are unreachable
@@ -167,6 +168,15 @@ def test_every_pod_reaches_every_pod_of_the_other_hosts_and_nothing_leaves_in_th
     wireguard, other = between_hosts(capture.packets, pods.lab.hosts)
     assert not other, other[:20]
     assert wireguard >= 2 * len(matrix), (wireguard, len(capture.packets))  # a request and a reply each, at least
+    # The control: a ping that does go in the clear (a pod's egress to another host's public address, masqueraded
+    # to its host's address by design) is seen by the same checks, payload and all, without a pod address.
+    with UnderlayCapture(pods.lab, tmp_path / "egress.pcap") as egress:
+        answered = pods.pod_exec("h1", "p1", "ping", "-n", "-c", "1", "-W", "2", "-p", PATTERN,
+                                 pods.lab.host("h2").public_ip)
+    assert answered.returncode == 0, answered.stdout + answered.stderr
+    seen = contains_bytes(egress.packets, bytes.fromhex(PATTERN))
+    assert {(p.src, p.dst) for p in seen} >= {(pods.lab.host("h1").public_ip, pods.lab.host("h2").public_ip)}, seen
+    assert not with_addresses_in(egress.packets, str(CLUSTER_POD_CIDR))
 
 
 def test_a_removed_nodes_cidr_is_freed_and_a_new_node_gets_it_and_reaches_the_others(pods):
