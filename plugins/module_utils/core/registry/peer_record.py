@@ -2,7 +2,8 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A peer of the cluster (``PeerRecord``, docs/store.md, "Typed records") and its store and WireGuard forms. The VPN IP
-allocation is core/registry/vpn_ips.py, the pod CIDR allocation core/registry/pod_cidrs.py, the versioned peer set and the registry core/registry/peer_set.py."""
+allocation is core/registry/vpn_ips.py, the pod CIDR allocation core/registry/pod_cidrs.py, the versioned peer set
+and the registry core/registry/peer_set.py."""
 
 from __future__ import annotations
 
