@@ -29,6 +29,8 @@ description:
   - NetworkPolicy is not enforced (no policy engine). Bring your own CNI by not running this module
     (C(constellation_pod_network=false)).
 author: Constellation cluster contributors (@constellation-cluster)
+extends_documentation_fragment:
+  - constellation.cluster.pod_network
 options:
   state:
     description:
@@ -59,14 +61,6 @@ options:
     description: Masquerade pod traffic to destinations outside O(cluster_pod_cidr) and O(vpn_cidr) (pod egress).
     type: bool
     default: true
-  conf_dir:
-    description: Where the container runtime reads CNI configuration lists.
-    type: path
-    default: /etc/cni/net.d
-  cni_path:
-    description: The folder(s) holding the CNI plugins (C(:)-separated, as C(CNI_PATH)).
-    type: str
-    default: /usr/lib/cni
 attributes:
   check_mode:
     support: full
@@ -77,8 +71,6 @@ attributes:
   idempotent:
     support: full
     description: A second run with the same arguments reports no change.
-notes:
-  - Needs root on the node, and the Debian packages C(containernetworking-plugins) and C(nftables).
 seealso:
   - module: constellation.cluster.pod_network_probe
 """

@@ -19,6 +19,8 @@ description:
     of its pod CIDR) or pod travels pod to pod over C(wg0).
   - An address that does not answer is reported, not a failure; the caller decides (verify.yml).
 author: Constellation cluster contributors (@constellation-cluster)
+extends_documentation_fragment:
+  - constellation.cluster.pod_network
 options:
   addresses:
     description: The IP addresses to ping from the probe pod.
@@ -33,14 +35,6 @@ options:
     description: Seconds to wait for each answer (1-60).
     type: int
     default: 2
-  conf_dir:
-    description: Where the node's conflist C(10-constellation.conflist) is.
-    type: path
-    default: /etc/cni/net.d
-  cni_path:
-    description: The folder(s) holding the CNI plugins (C(:)-separated, as C(CNI_PATH)).
-    type: str
-    default: /usr/lib/cni
 attributes:
   check_mode:
     support: full
@@ -50,8 +44,6 @@ attributes:
   idempotent:
     support: full
     description: Never reports a change.
-notes:
-  - Needs root on the node.
 seealso:
   - module: constellation.cluster.pod_network
 """

@@ -50,8 +50,8 @@ class CNIError(ExternalCommandError):
         self.command = command
         self.code = code
         self.msg = msg
-        text = "CNI plugin %s %s failed (code %s): %s%s" % (plugin, command, code, msg,
-                                                          " (%s)" % details if details else "")
+        suffix = " (%s)" % details if details else ""
+        text = "CNI plugin %s %s failed (code %s): %s%s" % (plugin, command, code, msg, suffix)
         super().__init__([plugin, command], rc, text)
         self.args = (text,)
 

@@ -41,8 +41,8 @@ MTU_RANGE = (576, 9000)
 class PodNetworkSpec:
     """One node's pod network, validated (``parse_pod_network_spec``)."""
 
-    cluster_pod_cidr: str
     pod_cidr: str
+    cluster_pod_cidr: str = CLUSTER_POD_CIDR
     vpn_cidr: str = VPN_CIDR
     mtu: int = MTU
     masquerade: bool = True
@@ -95,7 +95,8 @@ def parse_pod_network_spec(cluster_pod_cidr: Any = CLUSTER_POD_CIDR, pod_cidr: A
         raise InputError("mtu", "an integer from %d to %d (wg0's MTU: 1420 on a 1500 underlay)" % MTU_RANGE, mtu)
     if not isinstance(masquerade, bool):
         raise InputError("masquerade", "a boolean", masquerade)
-    return PodNetworkSpec(str(cluster), str(own), str(vpn), mtu, masquerade)
+    return PodNetworkSpec(pod_cidr=str(own), cluster_pod_cidr=str(cluster), vpn_cidr=str(vpn), mtu=mtu,
+                          masquerade=masquerade)
 
 
 def render_conflist(spec: PodNetworkSpec) -> dict:

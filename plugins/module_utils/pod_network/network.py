@@ -45,6 +45,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.
     render_conflist,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.nft import NFTables, render_table
+from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.live import WireGuard
 
 IP_FORWARD = "net.ipv4.ip_forward"
 PROBE_PREFIX = "cprobe-"
@@ -110,19 +111,15 @@ class PodNetwork:
 
     # -- reading
     def bridge(self) -> BridgeState:
-        res = self.runner.run(["ip", "-j", "-d", "address", "show", "dev", BRIDGE], check=False)
-        if res.rc != 0:
-            if "does not exist" in res.stderr or "Cannot find device" in res.stderr:
-                return BridgeState(exists=False)
-            raise ExternalCommandError(list(res.argv), res.rc, res.stderr)
+        link = WireGuard(self.runner).link(BRIDGE)  # ip's view of any link: exists, up, MTU, addresses
+        if not link.exists:
+            return BridgeState(exists=False)
+        detail = self.runner.run(["ip", "-j", "-d", "link", "show", "dev", BRIDGE])
         try:
-            info = json.loads(res.stdout)[0]
-        except (ValueError, IndexError) as err:
-            raise ExternalCommandError(list(res.argv), 0, "unreadable output: %s" % err) from None
-        kind = (info.get("linkinfo") or {}).get("info_kind")
-        addresses = tuple(sorted("%s/%s" % (a["local"], a["prefixlen"]) for a in info.get("addr_info", [])
-                                 if a.get("family") == "inet"))
-        return BridgeState(True, kind, "UP" in info.get("flags", []), info.get("mtu"), addresses)
+            kind = (json.loads(detail.stdout)[0].get("linkinfo") or {}).get("info_kind")
+        except (ValueError, IndexError, AttributeError) as err:
+            raise ExternalCommandError(list(detail.argv), 0, "unreadable output: %s" % err) from None
+        return BridgeState(True, kind, link.up, link.mtu, link.addresses)
 
     def ip_forward(self) -> bool:
         return self.runner.run(["sysctl", "-n", IP_FORWARD]).stdout.strip() == "1"

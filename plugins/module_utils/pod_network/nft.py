@@ -27,12 +27,11 @@ from ansible_collections.constellation.cluster.plugins.module_utils.command impo
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import ExternalCommandError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.conflist import BRIDGE, PodNetworkSpec
 
-FAMILY = "inet"
-TABLE = "constellation_pod_network"
+FAMILY, TABLE = "inet", "constellation_pod_network"
 VPN_INTERFACE = "wg0"
 PACKAGE = "nftables"
-_COUNTER = re.compile(r"counter packets \d+ bytes \d+")
-_SET = re.compile(r"\{ ([^{}]*) \}")
+# What normalize() drops and sorts: a rule's counter values, the elements of an anonymous set.
+_COUNTER, _SET = re.compile(r"counter packets \d+ bytes \d+"), re.compile(r"\{ ([^{}]*) \}")
 
 
 def render_table(spec: PodNetworkSpec) -> str:

@@ -67,8 +67,8 @@ def recorded(tmp_path):
 def test_add_chains_prev_result_and_del_runs_in_reverse_with_the_cached_result(recorded):
     make, calls, tmp_path = recorded
     cni = make()
-    result = cni.add(CONFLIST, "pod-1", "/run/netns/cnpod", capability_args={"portMappings": [{"hostPort": 80}],
-                                                                                "bandwidth": {}})
+    capabilities = {"portMappings": [{"hostPort": 80}], "bandwidth": {}}
+    result = cni.add(CONFLIST, "pod-1", "/run/netns/cnpod", capability_args=capabilities)
     assert [i["name"] for i in result["interfaces"]] == ["bridge", "portmap", "loopback"]
     assert result_addresses(result) == ["10.244.1.2/24"]
     added = calls()
