@@ -1,4 +1,4 @@
-"""The pod network over the attested mesh (docs/podnet.md): pod-to-pod throughput (iperf3) and latency (ping)
+"""The pod network over the attested mesh: pod-to-pod throughput (iperf3) and latency (ping)
 across two hosts, beside two baselines measured in the same run, on the same two hosts:
 
 - ``pod``: pod a on h1 to pod b on h2 (lab pods, lab/pods.py: the CNI plugins with each node's conflist):
