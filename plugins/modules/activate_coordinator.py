@@ -87,7 +87,9 @@ options:
         carried in the signed peer sets and in every other peer's WireGuard C(AllowedIPs) (docs/wireguard.md).
       - Must not overlap O(vpn_cidr) (nor the Kubernetes service range). An empty string hands out no pod CIDRs
         (bring your own CNI).
-      - Read at the first activation only; an activated Coordinator keeps the range it was activated with.
+      - An activated Coordinator without pod CIDRs (a cluster activated before 0.5.0, or with an empty
+        O(cluster_pod_cidr)) is given the range (every Coordinator and Node gets a block in one new peer set
+        version; C(changed=true)); this needs O(admin_priv_key_file). Another range than the one in use is refused.
     type: str
     default: 10.244.0.0/16
     version_added: "0.5.0"
@@ -168,6 +170,13 @@ coordinator_pod_cidr:
   sample: 10.244.0.0/24
   version_added: "0.5.0"
   type: str
+pod_cidrs_allocated:
+  description: The peers an activated Coordinator gave a pod CIDR now (O(cluster_pod_cidr) on a cluster without one).
+  returned: when the pod network was turned on for an activated cluster
+  type: list
+  elements: dict
+  sample: [{vpn_ip: 10.118.0.11, pod_cidr: 10.244.1.0/24}]
+  version_added: "0.5.0"
 state_before:
   description: The agent's state before this task.
   returned: success

@@ -244,6 +244,7 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
                 client.admin_auth(admin_priv_key)  # the admin key pinned at activation is still ours
             result.update(coordinator_vpn_ip=report.vpn_ip, coordinator_vpn_pub_key=report.vpn_pub_key,
                           cluster_pod_cidr=report.cluster_pod_cidr, coordinator_pod_cidr=report.node_pod_cidr)
+            _use_pod_cidrs(client, report, dict(cluster_config or {}), admin_priv_key, check_mode, result)
             return result
         if report.membership == OTHER:
             raise StateError("%s is locked to another cluster (PCR 15 %s does not hold the cluster ID derived from "
@@ -266,6 +267,21 @@ def activate_coordinator(endpoint: str, settings: AttestationSettings, kms_uri: 
                   coordinator_vpn_pub_key=answer.get("coordinator_vpn_pub_key"),
                   cluster_pod_cidr=answer.get("cluster_pod_cidr"), coordinator_pod_cidr=answer.get("coordinator_pod_cidr"))
     return result
+
+
+def _use_pod_cidrs(client, report: PeerReport, config: Mapping[str, Any], admin_priv_key, check_mode: bool,
+                   result: Dict[str, Any]) -> None:
+    """An activated Coordinator without the pod range asked for (a cluster activated before pod CIDRs existed):
+    UsePodCIDRs gives every Coordinator and Node one (docs/wireguard.md, "Pod CIDRs"). Nothing is sent when it has
+    that range already, or without the admin's key (which reads and changes it); another range is refused by the
+    Coordinator."""
+    wanted = config.get("cluster_pod_cidr")
+    if not wanted or admin_priv_key is None or report.cluster_pod_cidr == wanted:
+        return
+    answer = client.invoke("UsePodCIDRs", cluster_pod_cidr=wanted,
+                           node_pod_cidr_mask_size=config.get("node_pod_cidr_mask_size"), check=bool(check_mode))
+    result.update(changed=bool(answer.get("changed")), cluster_pod_cidr=answer.get("cluster_pod_cidr"),
+                  coordinator_pod_cidr=answer.get("coordinator_pod_cidr"), pod_cidrs_allocated=answer.get("allocated") or [])
 
 
 def activate_nodes(coordinator_public_endpoint: str, node_public_endpoints: List[str], settings: AttestationSettings,

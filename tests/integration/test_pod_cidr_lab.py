@@ -8,7 +8,10 @@
   route, and an address of h2's pod CIDR reaches one of h3's through the tunnel (no CNI: addresses on ``lo``);
 * ``lab tamper`` on h3: re-attestation evicts it, its VPN IP and pod CIDR leave every other ``wg show``, h2's
   packets to h3's pod CIDR still route into ``wg0`` (where WireGuard drops them) and get no answer;
-* RemovePeer (what remove_node.yml sends) frees h3's VPN IP and pod CIDR: h4, activated next, gets both.
+* RemovePeer (what remove_node.yml sends) frees h3's VPN IP and pod CIDR: h4, activated next, gets both;
+* a cluster activated without pod CIDRs (lab ``pcold``, as 0.4.0 did) gets them with UsePodCIDRs (what
+  activate_coordinator sends an activated Coordinator): every peer's block in every other ``wg show``, the Nodes'
+  from their next signed update, with the range routed into ``wg0``.
 """
 
 from __future__ import annotations
@@ -116,3 +119,39 @@ def test_removal_frees_the_pod_cidr_and_the_next_node_reuses_it(cluster):
     for name in ("h1", "h2"):
         until(lambda n=name: cluster.allowed_ips(n).get(h4["vpn_pub_key"]) == {h4["vpn_ip"] + "/32", h4["node_pod_cidr"]},
               timeout=20, what="h4 in %s's wg show" % name, why=lambda n=name: str(cluster.allowed_ips(n)))
+
+
+@pytest.fixture(scope="module")
+def old_cluster():
+    with lab_cluster("pcold", 3, PodCIDRs, variant="qemu-vtpm") as made:
+        for name in PEERS:
+            made.start(name)
+        with made.client("h1") as c:
+            answer = c.activate_as_coordinator(made.secret.to_uri(), made.salt, made.admin_pem,
+                                               init_secret=base64.b64decode(made.lab.init_secret()))
+        assert answer.get("cluster_pod_cidr") is None
+        rows = made.activate_nodes("h2", "h3")
+        assert [(r["ok"], r["action"]) for r in rows] == [(True, "activated")] * 2, rows
+        yield made
+
+
+def test_a_cluster_activated_without_pod_cidrs_gets_them_with_use_pod_cidrs(old_cluster):
+    cluster = old_cluster
+    assert all(cluster.state(n)["node_pod_cidr"] is None for n in PEERS)
+    with cluster.client("h1") as c:
+        c.admin_auth(cluster.admin_key)
+        check = dict(c.invoke("UsePodCIDRs", cluster_pod_cidr="10.244.0.0/16", check=True))
+        assert check["changed"] and cluster.state("h1")["node_pod_cidr"] is None, check
+        done = dict(c.invoke("UsePodCIDRs", cluster_pod_cidr="10.244.0.0/16", node_pod_cidr_mask_size=24))
+    assert [a["pod_cidr"] for a in done["allocated"]] == ["10.244.0.0/24", "10.244.1.0/24", "10.244.2.0/24"], done
+    until(lambda: all(cluster.state(n)["node_pod_cidr"] for n in PEERS), timeout=20, what="every peer learnt its block")
+    cluster.before = {name: cluster.state(name) for name in PEERS}
+    for name in PEERS:
+        assert cluster.before[name]["cluster_pod_cidr"] == "10.244.0.0/16"
+        want = {cluster.before[m]["vpn_pub_key"]: ips for m, ips in _expected(cluster, PEERS).items() if m != name}
+        until(lambda n=name, w=want: cluster.allowed_ips(n) == w, timeout=20, what="%s's wg show" % name,
+              why=lambda n=name: str(cluster.allowed_ips(n)))
+        assert " dev wg0 " in cluster.hosts[name].run(["ip", "route", "get", "10.244.9.1"]).stdout
+    with cluster.client("h1") as c:
+        c.admin_auth(cluster.admin_key)
+        assert not dict(c.invoke("UsePodCIDRs", cluster_pod_cidr="10.244.0.0/16"))["changed"]

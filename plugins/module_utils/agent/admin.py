@@ -2,7 +2,7 @@
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The admin channel's cluster-admin RPCs (docs/protocol.md): ``AdminAuth``, ``Attest``, ``ExportState``,
-``RemovePeer``, ``ResetAgent``, ``SetMeasurements``, ``AdmitNodes``. The remote execution on the same channel
+``RemovePeer``, ``ResetAgent``, ``SetMeasurements``, ``AdmitNodes``, ``UsePodCIDRs``. The remote execution on the same channel
 (``Exec``, ``ExecModule``, ``PutFile``, ``FetchFile``) is agent/remote_exec.py.
 
 Refused before activation. A connection becomes an admin connection only by signing a fresh
@@ -24,6 +24,7 @@ except ImportError:  # ansible-test's import sanity runs without third-party pac
 else:
     HAS_CRYPTOGRAPHY = True
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import NODE_POD_CIDR_MASK_SIZE
 from ansible_collections.constellation.cluster.plugins.module_utils.core.state import ACTIVATED, State
 from ansible_collections.constellation.cluster.plugins.module_utils.core import signing
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError, StateError
@@ -50,7 +51,7 @@ class AdminHandlers:
     ``context`` (state, the pinned admin key) and ``status`` (the pinned Coordinators' key, core/status.py)."""
 
     def __init__(self, log=None, issue=None, variant_oid: str = "", *, context=None, status=None, backup=None,
-                 removal=None, reset=None, accepted_measurements=None, admissions=None):
+                 removal=None, reset=None, accepted_measurements=None, admissions=None, coordinator=None):
         self.context = context
         self.status = status
         self.backup = backup  # core/backup.py: ExportState
@@ -59,6 +60,7 @@ class AdminHandlers:
         self.reset = reset
         self.accepted_measurements = accepted_measurements  # core/accepted_measurements.py (SetMeasurements)
         self.admissions = admissions  # core/admissions.py (AdmitNodes)
+        self.coordinator = coordinator  # core/coordinator.py (UsePodCIDRs)
         self._issue = issue
         self._variant_oid = variant_oid
         self._log = log or (lambda event, **fields: None)
@@ -66,7 +68,7 @@ class AdminHandlers:
     def handlers(self) -> Dict[str, Any]:
         return {"AdminAuth": self.admin_auth, "Attest": self.attest, "ExportState": self.export_state,
                 "RemovePeer": self.remove_peer, "ResetAgent": self.reset_agent, "SetMeasurements": self.set_measurements,
-                "AdmitNodes": self.admit_nodes}
+                "AdmitNodes": self.admit_nodes, "UsePodCIDRs": self.use_pod_cidrs}
 
     def _require_activated(self, method: str) -> None:
         if self.context.state not in ACTIVATED:
@@ -161,6 +163,17 @@ class AdminHandlers:
         answer = self.admissions.admit_nodes(request.nodes, bool(request.check))
         self._log("admit_nodes", peer=conn.peer_ip, check=bool(request.check), changed=answer["changed"])
         conn.stream.send_result(schema.AdmitNodesAnswer.decode(answer).encode())
+
+    def use_pod_cidrs(self, conn: Connection, request: schema.UsePodCIDRsRequest) -> None:
+        """The admin turns the pod network on (core/coordinator.py ``use_pod_cidrs``): admin only, on an activated
+        Coordinator (declared in the schema, enforced by the server; the Core checks the role too)."""
+        if self.coordinator is None:
+            raise AccessDenied("UsePodCIDRs: this agent hands out no pod CIDRs")
+        mask = request.node_pod_cidr_mask_size
+        answer = self.coordinator.use_pod_cidrs(request.cluster_pod_cidr, NODE_POD_CIDR_MASK_SIZE if mask is None else mask,
+                                                bool(request.check))
+        self._log("use_pod_cidrs", peer=conn.peer_ip, check=bool(request.check), changed=answer["changed"])
+        conn.stream.send_result(schema.UsePodCIDRsAnswer.decode(answer).encode())
 
     def reset_agent(self, conn: Connection, request: schema.ResetAgentRequest) -> None:
         """The admin resets this agent (agent/reset.py ``AgentReset.request``): ``confirm`` must be this peer's

@@ -72,7 +72,7 @@ def vpnapi_handlers(core: Core, log=None) -> VPNAPI:
 def admin_handlers(core: Core, log=None, *, issue=None, variant_oid: str = "", reset=None) -> AdminHandlers:
     return AdminHandlers(log, issue, variant_oid, context=core.context, status=core.status, backup=core.backup,
                          removal=core.removal, reset=reset, accepted_measurements=core.accepted_measurements,
-                         admissions=core.admissions)
+                         admissions=core.admissions, coordinator=core.coordinator)
 
 
 # --------------------------------------------------------------------------- the listeners

@@ -46,6 +46,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
     StateError,
 )
 from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_record import PeerRecord
+from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import PeerRegistry
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     VPN_CIDR,
     generate_priv_key,
@@ -76,8 +77,8 @@ class Signatures(Protocol):
     def coordinator_pub_key(self) -> str:
         """The key Nodes pin."""
 
-    def signed_update(self, peer_set: Any, resource_version: int) -> dict:
-        """GetUpdate's answer, signed when there is anything to apply."""
+    def signed_update(self, peer_set: Any, resource_version: int, cluster_pod_cidr: Optional[str] = None) -> dict:
+        """GetUpdate's answer, signed when there is anything to apply (the pod range with it)."""
 
 
 class Coordinator:
@@ -228,7 +229,53 @@ class Coordinator:
             registry = self.context.peer_registry.current()
             if registry is None:
                 return False
-            return self.context.vpn.set_peers(list(registry.peers.peers.values()), self.context.vpn_pub_key)
+            changed = self.context.vpn.set_peers(list(registry.peers.peers.values()), self.context.vpn_pub_key)
+            return self._own_pod_network(registry) or changed
+
+    def _own_pod_network(self, registry: Any) -> bool:
+        """This Coordinator's own pod CIDR and the cluster's range, as the registry has them: kept in its node state
+        and the range routed into wg0 (a Coordinator activated before the cluster had pod CIDRs, or a further
+        Coordinator that sees another one turn them on). True if anything changed."""
+        node = self.context.node
+        if registry.pod_cidrs is None or node is None:
+            return False
+        own = registry.peers.get(node.vpn_ip)
+        pod_cidr, cluster = (own.pod_cidr if own is not None else None), str(registry.pod_cidrs.cidr)
+        if pod_cidr is None or (pod_cidr, cluster) == (node.pod_cidr, node.cluster_pod_cidr):
+            return False
+        if cluster != node.cluster_pod_cidr:
+            self.context.vpn.setup(node.vpn_ip, node.vpn_priv_key, cluster)
+        self.context.save_node(pod_cidr=pod_cidr, cluster_pod_cidr=cluster)
+        self.context.log("pod_cidr_learnt", pod_cidr=pod_cidr, cluster_pod_cidr=cluster)
+        return True
+
+    def use_pod_cidrs(self, cluster_pod_cidr: Any, node_pod_cidr_mask_size: Any = NODE_POD_CIDR_MASK_SIZE,
+                      check: bool = False) -> Dict[str, Any]:
+        """UsePodCIDRs (the admin, ``activate_coordinator`` on an activated Coordinator): turns the pod network on for
+        a cluster activated without it; every Coordinator and Node gets a block in one new peer set version, which
+        the Nodes take with their next update. The same range again changes nothing; another one is refused
+        (``PeerRegistry.use_pod_cidrs``). ``check``: only reports."""
+        method = "UsePodCIDRs"
+        ctx = self.context
+        ctx.require_coordinator(method)
+        net, mask = parse_cluster_pod_cidr(cluster_pod_cidr, node_pod_cidr_mask_size,
+                                           getattr(ctx.vpn, "vpn_cidr", VPN_CIDR))
+        current = ctx.peer_registry.current()
+        if current is None:
+            raise StateError("%s: this Coordinator has no peer registry" % method)
+        if check:
+            updated = PeerRegistry.from_dict(current.to_dict()).use_pod_cidrs(str(net), mask)
+            version = current.peers.version
+        else:
+            updated = ctx.peer_registry.update(lambda registry: registry.use_pod_cidrs(str(net), mask))
+            version = ctx.peer_registry.current().peers.version
+            self.apply_registry_peers()
+            if updated:
+                ctx.log("pod_cidrs_allocated", cluster_pod_cidr=str(net), peers=len(updated), resource_version=version)
+        own = next((r.pod_cidr for r in updated if r.vpn_ip == ctx.vpn_ip), None) or ctx.stored_node().pod_cidr
+        return {"changed": bool(updated), "cluster_pod_cidr": str(net), "coordinator_pod_cidr": own,
+                "allocated": [{"vpn_ip": r.vpn_ip, "pod_cidr": r.pod_cidr} for r in updated],
+                "resource_version": version}
 
     def membership(self, client: NodeClient) -> str:
         """'fresh', 'ours' or 'other', from PCR 15 of the peer's verified attestation. A peer whose variant quotes
@@ -271,7 +318,8 @@ class Coordinator:
             raise StateError("GetUpdate: this Coordinator has no peer registry")
         if resource_version > registry.peers.version:
             registry = self._continue_above(resource_version, registry.peers.version)
-        return self.signing.signed_update(registry.peers, resource_version)  # core/signing.py
+        pod_range = str(registry.pod_cidrs.cidr) if registry.pod_cidrs is not None else None
+        return self.signing.signed_update(registry.peers, resource_version, pod_range)  # core/signing.py
 
     def _continue_above(self, resource_version: int, version: int) -> Any:
         """A Node holds a newer peer set than this Coordinator: a Coordinator restored from an older backup, or

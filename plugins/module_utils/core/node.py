@@ -33,6 +33,7 @@ from ansible_collections.constellation.cluster.plugins.module_utils.errors impor
 from ansible_collections.constellation.cluster.plugins.module_utils.core.registry.peer_set import PeerUpdate
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import (
     generate_priv_key,
+    parse_pod_cidr,
     pub_key_from_priv_key,
 )
 
@@ -129,6 +130,20 @@ class Node:
                          peers=tuple(request.peers), resource_version=-1, disk_uuid=ctx.disk_uuid, state=int(state),
                          coordinator_pub_key=request.coordinator_pub_key, cluster_pod_cidr=request.cluster_pod_cidr,
                          pod_cidr=request.node_pod_cidr)
+
+    def _pod_network(self, node: NodeState, peers: Mapping[str, Any], pod_range: Any) -> Dict[str, Any]:
+        """A Node activated before its cluster had pod CIDRs learns them from a signed peer set: its own block (its
+        record in the set) and the cluster's range (signed with the set), which it routes into wg0 at once. The
+        node state changes to save (none when it has them already)."""
+        own = peers.get(node.vpn_ip)
+        pod_cidr = own.pod_cidr if own is not None and own.pod_cidr else node.pod_cidr
+        cluster = parse_pod_cidr(pod_range, "cluster_pod_cidr") if pod_range else node.cluster_pod_cidr
+        if (pod_cidr, cluster) == (node.pod_cidr, node.cluster_pod_cidr):
+            return {}
+        if cluster != node.cluster_pod_cidr:
+            self.context.vpn.setup(node.vpn_ip, node.vpn_priv_key, cluster)
+        self.context.log("pod_cidr_learnt", pod_cidr=pod_cidr, cluster_pod_cidr=cluster)
+        return {"pod_cidr": pod_cidr, "cluster_pod_cidr": cluster}
 
     # -- join
     def join(self, ticket: JoinTicket, binding: Optional[bytes] = None) -> Dict[str, Any]:
@@ -227,18 +242,20 @@ class Node:
                     applied_resource_version=version, reason=reason)
             raise StateError(reason)
         # Whoever answers at the Coordinator's VPN address, the peers are taken only if the Coordinators
-        # signed this peer set at this version (core/signing.py).
+        # signed this peer set at this version (core/signing.py), with the cluster's pod range when it has one.
+        pod_range = update.get("cluster_pod_cidr")
         try:
             signing.verify(node.coordinator_pub_key, signing.CONTEXT_PEERS,
-                           signing.peers_payload(parsed.resource_version, new.values()), update.get("signature"),
+                           signing.peers_payload(parsed.resource_version, new.values(), pod_range), update.get("signature"),
                            "GetUpdate")
         except AccessDenied as err:
             ctx.log("update_refused", level="warning", resource_version=parsed.resource_version,
                     reason=str(err)[:300])
             raise
+        pods = self._pod_network(node, new, pod_range)
         ctx.vpn.set_peers(list(new.values()), ctx.vpn_pub_key)
         ctx.save_node(peers=tuple(new[ip] for ip in sorted(new, key=lambda a: int(ipaddress.ip_address(a)))),
-                      resource_version=parsed.resource_version)
+                      resource_version=parsed.resource_version, **pods)
         changed = new != current
         if changed:
             ctx.log("peers_updated", resource_version=parsed.resource_version, peers=len(new))

@@ -115,12 +115,15 @@ def ticket_payload(ticket: Mapping[str, Any], binding: bytes) -> dict:
             "ticket": {k: v for k, v in ticket.items() if k != SIGNATURE_FIELD}}
 
 
-def peers_payload(resource_version: int, peers: Iterable[Any]) -> dict:
+def peers_payload(resource_version: int, peers: Iterable[Any], cluster_pod_cidr: Optional[str] = None) -> dict:
     """What a peer list's signature covers: the version and every peer (``PeerRecord`` or its dict, its pod CIDR
-    included), in VPN IP order."""
+    included), in VPN IP order; and the cluster's pod range when it has one (docs/wireguard.md, "Pod CIDRs")."""
     rows = [p if isinstance(p, Mapping) else p.to_dict() for p in peers]
     rows.sort(key=lambda r: int(ipaddress.ip_address(r["vpn_ip"])))
-    return {"resource_version": int(resource_version), "peers": [_signed_peer(r) for r in rows]}
+    payload = {"resource_version": int(resource_version), "peers": [_signed_peer(r) for r in rows]}
+    if cluster_pod_cidr:
+        payload["cluster_pod_cidr"] = cluster_pod_cidr
+    return payload
 
 
 def _signed_peer(row: Mapping) -> dict:
@@ -154,12 +157,13 @@ class Signer:
         """AdminAuth as the Coordinators (role coordinator) on the connection with this server key."""
         return self._priv_key.sign(auth_message(challenge, server_spki_hash))
 
-    def peers_signature(self, peer_set: Any) -> str:
-        """``peer_set``: a ``VersionedPeerSet`` (its ``version`` and ``peers``)."""
-        version = peer_set.version
+    def peers_signature(self, peer_set: Any, cluster_pod_cidr: Optional[str] = None) -> str:
+        """``peer_set``: a ``VersionedPeerSet`` (its ``version`` and ``peers``); ``cluster_pod_cidr``: the pod range."""
+        version = (peer_set.version, cluster_pod_cidr)
         cached = self._peers
         if cached[0] != version:
-            cached = (version, sign(self._priv_key, CONTEXT_PEERS, peers_payload(version, peer_set.peers.values())))
+            cached = (version, sign(self._priv_key, CONTEXT_PEERS,
+                                    peers_payload(peer_set.version, peer_set.peers.values(), cluster_pod_cidr)))
             self._peers = cached
         return cached[1]
 
@@ -194,12 +198,14 @@ class Signing:
     def signed_rejoin_ticket(self, ticket: Any, binding: bytes) -> Any:
         return ticket.signed(self.signer().sign_ticket(CONTEXT_REJOIN_TICKET, ticket.to_dict(), binding))
 
-    def signed_update(self, peer_set: Any, resource_version: int) -> dict:
+    def signed_update(self, peer_set: Any, resource_version: int, cluster_pod_cidr: Optional[str] = None) -> dict:
         """GetUpdate's answer: what changed since ``resource_version``; when there is anything to apply, with
-        the signature of the peer set at its version, so a Node takes peers only from a Coordinator whatever
-        answered at the Coordinator's VPN address."""
+        the signature of the peer set at its version (and of the cluster's pod range, which the answer then
+        carries), so a Node takes peers only from a Coordinator whatever answered at the Coordinator's VPN address."""
         update = peer_set.updates_since(resource_version)
         answer = update.to_dict()
         if update or update.resource_version != resource_version:
-            answer[SIGNATURE_FIELD] = self.signer().peers_signature(peer_set)
+            answer[SIGNATURE_FIELD] = self.signer().peers_signature(peer_set, cluster_pod_cidr)
+            if cluster_pod_cidr:
+                answer["cluster_pod_cidr"] = cluster_pod_cidr
         return answer

@@ -410,6 +410,16 @@ AdmitNodesRequest, AdmitNodesAnswer = declare(
     answer=spec("changed bool!", "added strlist!", "removed strlist!", "renamed strlist!",
                 "admissions list!: [{ek_pub_sha256, name, joined}], after the change"))
 
+UsePodCIDRsRequest, UsePodCIDRsAnswer = declare(
+    "UsePodCIDRs", ADMIN, STREAMS_NONE,
+    Access(CALLER_ADMIN, SERVED_COORDINATOR),
+    "the admin turns the pod network on for a cluster activated without it: every Coordinator and Node gets a pod "
+    "CIDR in one new peer set version (the same range again changes nothing); check: only predicts",
+    request=spec("cluster_pod_cidr str!: the cluster's pod range", "node_pod_cidr_mask_size int: default 24",
+                 "check bool: predict only (check mode)"),
+    answer=spec("changed bool!", "cluster_pod_cidr str!", "coordinator_pod_cidr str",
+                "allocated list: [{vpn_ip, pod_cidr}] of the peers that got one", "resource_version int"))
+
 ResetAgentRequest, ResetAgentAnswer = declare(
     "ResetAgent", ADMIN, STREAMS_NONE,
     Access(CALLER_ADMIN, SERVED_ADMIN_KEY_PINNED),
@@ -440,7 +450,8 @@ GetUpdateRequest, GetUpdateAnswer = declare(
                 "long_poll bool: true: the Coordinator held the request (``wait``) until a change or the wait "
                 "passed",
                 "measurements_version int: the version of the accepted measurement sets (GetMeasurements when "
-                "above the node's)"))
+                "above the node's)",
+                "cluster_pod_cidr str: the cluster's pod range, signed with the peer set (the pod network)"))
 
 GetJoinArgsRequest, GetJoinArgsAnswer = declare(
     "GetJoinArgs", VPNAPI, STREAMS_NONE,

@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.constellation.cluster.plugins.module_utils import core, kms
 from ansible_collections.constellation.cluster.plugins.module_utils.core.records.tickets import NodeActivationRequest
 from ansible_collections.constellation.cluster.plugins.module_utils.core.removal import _remove_and_free
-from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import AccessDenied, InputError, StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard import generate_priv_key, pub_key_from_priv_key
 from ansible_collections.constellation.cluster.tests.support.core_fakes import MemoryTPM, admin_pem
 
@@ -159,3 +159,35 @@ def test_a_failed_activation_gives_the_block_back(make_core, secret):
     coord.coordinator.release_node_ip(ip)
     assert not coord.context.peer_registry.current().pod_cidrs.in_use("10.244.1.0/24")
     assert coord.coordinator.node_activation_request(coord.coordinator.reserve_node_ip()).node_pod_cidr == "10.244.1.0/24"
+
+
+def test_a_cluster_activated_without_pod_cidrs_gets_them_later_through_signed_updates(make_core, secret):
+    """UsePodCIDRs (activate_coordinator on an activated Coordinator): a 0.4.0 cluster turns the pod network on;
+    the Nodes learn their block and the range from the next signed peer set and route the range into wg0."""
+    coord, coord_vpn, _result = _coordinator(make_core, secret, config={})
+    node, node_vpn, ip, _ticket = _join(coord, make_core, secret)
+    node.node.apply_update(coord.coordinator.get_update(node.context.resource_version))
+    version = coord.coordinator.peer_version()
+    check = coord.coordinator.use_pod_cidrs("10.244.0.0/16", 24, check=True)
+    assert check["changed"] and [a["pod_cidr"] for a in check["allocated"]] == ["10.244.0.0/24", "10.244.1.0/24"]
+    assert coord.coordinator.peer_version() == version and coord_vpn.pod_route is None  # check: nothing changed
+    done = coord.coordinator.use_pod_cidrs("10.244.0.0/16", 24)
+    assert (done["changed"], done["coordinator_pod_cidr"], done["resource_version"]) == (True, "10.244.0.0/24", version + 1)
+    assert coord_vpn.pod_route == "10.244.0.0/16"
+    assert coord.get_state()["node_pod_cidr"] == "10.244.0.0/24"
+    assert [(p.vpn_ip, p.pod_cidr) for p in coord_vpn.peers] == [(ip, "10.244.1.0/24")]
+    update = coord.coordinator.get_update(node.context.resource_version)
+    assert update["cluster_pod_cidr"] == "10.244.0.0/16"
+    with pytest.raises(AccessDenied):  # the range is signed with the set: another one does not verify
+        node.node.apply_update(dict(update, cluster_pod_cidr="10.245.0.0/16"))
+    assert node.node.apply_update(update)
+    assert node_vpn.pod_route == "10.244.0.0/16"
+    assert (node.get_state()["node_pod_cidr"], node.get_state()["cluster_pod_cidr"]) == ("10.244.1.0/24", "10.244.0.0/16")
+    assert [(p.vpn_ip, p.pod_cidr) for p in node_vpn.peers] == [("10.118.0.1", "10.244.0.0/24")]
+    # Again: nothing changes; another range is refused.
+    assert not coord.coordinator.use_pod_cidrs("10.244.0.0/16", 24)["changed"]
+    with pytest.raises(StateError, match="cannot change"):
+        coord.coordinator.use_pod_cidrs("10.245.0.0/16", 24)
+    with pytest.raises(InputError) as err:
+        coord.coordinator.use_pod_cidrs("10.118.0.0/16", 24)
+    assert err.value.field == "cluster_pod_cidr"
