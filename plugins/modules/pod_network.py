@@ -18,7 +18,8 @@ description:
     C(loopback), at the MTU of C(wg0).
   - Creates the bridge C(cni0) with the first address of O(pod_cidr), so the node's own pod CIDR is routed
     to its bridge and every other pod CIDR to C(wg0) (the route O(cluster_pod_cidr) dev C(wg0) that the agent
-    keeps), and turns on IPv4 forwarding.
+    keeps), and turns on IPv4 forwarding and, where C(br_netfilter) is loaded, C(net.bridge.bridge-nf-call-iptables)
+    (kube-proxy's Service rules then see traffic bridged between two pods of the node, hairpin included).
   - Applies the nftables table C(inet constellation_pod_network) in one transaction - packets to
     O(cluster_pod_cidr) that would leave by an interface other than C(wg0), C(cni0) or C(lo) are dropped, so
     pod traffic never goes out unencrypted; with O(masquerade), pod traffic to addresses outside the pod range
@@ -92,7 +93,7 @@ steps:
   returned: always
   type: list
   elements: str
-  sample: [ip_forward, nftables, bridge, bridge_mtu, bridge_address, bridge_up, conflist]
+  sample: [ip_forward, bridge_nf_call_iptables, nftables, bridge, bridge_mtu, bridge_address, bridge_up, conflist]
 conflist:
   description: The path of the conflist.
   returned: always

@@ -41,6 +41,7 @@ attributes:
     description: Probes in check mode too; the probe leaves nothing behind.
   diff_mode:
     support: none
+    description: Changes nothing, so there is nothing to show.
   idempotent:
     support: full
     description: Never reports a change.

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.constellation.cluster.plugins.module_utils.command import CommandRunner
+from ansible_collections.constellation.cluster.plugins.module_utils.errors import StateError
 from ansible_collections.constellation.cluster.plugins.module_utils.pod_network import (
     CNI,
     NFTables,
@@ -129,8 +130,13 @@ def _route_out(b: Box, dev: str, address: str, dst: str = "default") -> None:
 def test_two_pods_on_the_bridge_ping_and_del_leaves_nothing(box, tmp_path):
     b = box("cnh1")
     net = PodNetwork(b.runner, conf_dir=str(tmp_path / "net.d"))
+    bridge_nf = net.sysctl("net.bridge.bridge-nf-call-iptables")
+    if bridge_nf is not None:  # br_netfilter loaded: off, so that apply turns it on (pods then ping through it)
+        b.run(["sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=0"])
     dummy_state, steps = net.apply(SPEC)
-    assert steps == ["ip_forward", "nftables", "bridge", "bridge_mtu", "bridge_address", "bridge_up", "conflist"]
+    assert steps == ["ip_forward"] + (["bridge_nf_call_iptables"] if bridge_nf is not None else []) + \
+        ["nftables", "bridge", "bridge_mtu", "bridge_address", "bridge_up", "conflist"]
+    assert net.sysctl("net.ipv4.ip_forward") == "1" and net.sysctl("net.bridge.bridge-nf-call-iptables") in (None, "1")
     assert net.apply(SPEC)[1] == []
     conflist = load_conflist(net.conflist_path)
     cni = CNI(b.runner, cache_dir=str(tmp_path / "cache"))
@@ -193,6 +199,22 @@ def test_pod_range_traffic_never_leaves_by_a_non_wg0_interface(box, tmp_path):
     b.run(["ip", "netns", "exec", "cnp1", "ping", "-c2", "-W1", OTHER_POD], check=False)
     assert b.link_tx("wg0") >= wg_before + 2
     cni.delete(load_conflist(net.conflist_path), "cnp1", "/run/netns/cnp1")
+
+
+def test_nothing_is_written_before_every_check_passed(box, tmp_path):
+    b = box("cnh4")
+    conf_dir = tmp_path / "net.d"
+    no_plugins = PodNetwork(b.runner, conf_dir=str(conf_dir), cni_path=str(tmp_path / "none"))
+    with pytest.raises(StateError, match="CNI plugin bridge: not found in cni_path .*containernetworking-plugins"):
+        no_plugins.apply(SPEC)
+    b.run(["ip", "link", "add", "cni0", "type", "veth", "peer", "name", "cni0p"])  # the name taken by another kind
+    net = PodNetwork(b.runner, conf_dir=str(conf_dir))
+    with pytest.raises(StateError, match="cni0 exists but is a veth interface, not a bridge"):
+        net.apply(SPEC)
+    assert not conf_dir.exists() and NFTables(b.runner).live() is None
+    assert net.sysctl("net.ipv4.ip_forward") == "0"
+    assert net.remove()[1] == []  # absent leaves a cni0 it did not make alone
+    assert b.run(["ip", "link", "show", "cni0"], check=False).returncode == 0
 
 
 def _interpreter(b: Box, tmp_path: Path) -> str:

@@ -15,11 +15,9 @@ from __future__ import annotations
 # pylint: disable=unused-import
 from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.conflist import (  # noqa: F401
     BRIDGE,
-    CLUSTER_POD_CIDR,
     CONF_DIR,
     CONFLIST_PATH,
     NETWORK_NAME,
-    NODE_POD_CIDR_MASK_SIZE,
     PodNetworkSpec,
     dump_conflist,
     parse_conflist,

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ansible_collections.constellation.cluster.plugins.module_utils.constants import CLUSTER_POD_CIDR
 from ansible_collections.constellation.cluster.plugins.module_utils.errors import InputError
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.keys import MTU, VPN_CIDR
 
@@ -29,8 +30,6 @@ CONFLIST_PATH = "%s/%s" % (CONF_DIR, CONFLIST_NAME)
 CONFLIST_MODE = 0o644
 CNI_VERSION = "1.0.0"
 BRIDGE = "cni0"
-CLUSTER_POD_CIDR = "10.244.0.0/16"
-NODE_POD_CIDR_MASK_SIZE = 24
 # The plugins the conflist names, in chain order (bridge delegates its IPAM to host-local).
 PLUGINS = ("bridge", "host-local", "portmap", "loopback")
 # An IPv4 packet needs 68 bytes (RFC 791); above 9000 no underlay carries it.

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""``PodNetwork``: a node's pod network as a whole - IPv4 forwarding, the nftables table, the bridge ``cni0``
+"""``PodNetwork``: a node's pod network as a whole - IPv4 forwarding (and, with br_netfilter loaded, bridged
+traffic through the netfilter hooks, which kube-proxy's Service rules need), the nftables table, the bridge ``cni0``
 with the node's gateway address, and the conflist the kubelet reads.
 
 Conditions decide, operations do (the WireGuard pattern): ``read`` gathers the live state, ``changes`` (pure)
@@ -48,6 +49,9 @@ from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.
 from ansible_collections.constellation.cluster.plugins.module_utils.wireguard.live import WireGuard
 
 IP_FORWARD = "net.ipv4.ip_forward"
+# With br_netfilter loaded: traffic bridged between two pods of the node passes the iptables/nftables hooks, so
+# kube-proxy's Service rules (DNAT, and the masquerade of a pod reaching itself through a Service: hairpin) see it.
+BRIDGE_NF = "net.bridge.bridge-nf-call-iptables"
 PROBE_PREFIX = "cprobe-"
 _PING_COUNTS = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
 
@@ -71,6 +75,7 @@ class PodNetworkState:
     bridge: BridgeState
     ip_forward: bool
     other_conflists: Tuple[str, ...] = field(default=())
+    bridge_nf: Optional[bool] = None  # None: br_netfilter is not loaded (kubeadm's preflight asks for it)
 
 
 def changes(spec: PodNetworkSpec, state: PodNetworkState, table_differs: bool) -> List[str]:
@@ -78,6 +83,8 @@ def changes(spec: PodNetworkSpec, state: PodNetworkState, table_differs: bool) -
     steps = []
     if not state.ip_forward:
         steps.append("ip_forward")
+    if state.bridge_nf is False:
+        steps.append("bridge_nf_call_iptables")
     if table_differs:
         steps.append("nftables")
     bridge = state.bridge
@@ -121,8 +128,10 @@ class PodNetwork:
             raise ExternalCommandError(list(detail.argv), 0, "unreadable output: %s" % err) from None
         return BridgeState(True, kind, link.up, link.mtu, link.addresses)
 
-    def ip_forward(self) -> bool:
-        return self.runner.run(["sysctl", "-n", IP_FORWARD]).stdout.strip() == "1"
+    def sysctl(self, name: str) -> Optional[str]:
+        """The value of a kernel setting of the host's network namespace, None if the kernel has no such setting."""
+        res = self.runner.run(["sysctl", "-n", name], check=False)
+        return res.stdout.strip() if res.rc == 0 else None
 
     def read(self) -> PodNetworkState:
         try:
@@ -136,7 +145,9 @@ class PodNetwork:
         except FileNotFoundError:
             names = []
         others = tuple(n for n in names if n.endswith((".conflist", ".conf", ".json")) and n < CONFLIST_NAME)
-        return PodNetworkState(conflist, mode, self.nft.live(), self.bridge(), self.ip_forward(), others)
+        bridge_nf = self.sysctl(BRIDGE_NF)
+        return PodNetworkState(conflist, mode, self.nft.live(), self.bridge(), self.sysctl(IP_FORWARD) == "1", others,
+                               None if bridge_nf is None else bridge_nf == "1")
 
     # -- changing
     def plan(self, spec: PodNetworkSpec) -> Tuple[PodNetworkState, List[str]]:
@@ -157,6 +168,8 @@ class PodNetwork:
         run = self.runner.run
         if "ip_forward" in steps:
             run(["sysctl", "-q", "-w", "%s=1" % IP_FORWARD])
+        if "bridge_nf_call_iptables" in steps:
+            run(["sysctl", "-q", "-w", "%s=1" % BRIDGE_NF])
         if "nftables" in steps:
             self.nft.apply(render_table(spec))
         if "bridge" in steps:

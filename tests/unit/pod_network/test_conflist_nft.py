@@ -135,8 +135,10 @@ def _state(**kwargs):
 def test_changes_lists_only_what_differs_in_order():
     assert changes(SPEC, _state(), table_differs=False) == []
     assert changes(SPEC, _state(conflist=None, conflist_mode=None, table=None, bridge=BridgeState(False),
-                                ip_forward=False), table_differs=True) == \
-        ["ip_forward", "nftables", "bridge", "bridge_mtu", "bridge_address", "bridge_up", "conflist"]
+                                ip_forward=False, bridge_nf=False), table_differs=True) == \
+        ["ip_forward", "bridge_nf_call_iptables", "nftables", "bridge", "bridge_mtu", "bridge_address", "bridge_up",
+         "conflist"]
+    assert changes(SPEC, _state(bridge_nf=None), table_differs=False) == []  # no br_netfilter: left to kubeadm
     assert changes(SPEC, _state(conflist_mode=0o600), table_differs=False) == ["conflist"]
     assert changes(SPEC, _state(bridge=BridgeState(True, "bridge", False, 1500, ("10.244.9.1/24",))),
                    table_differs=False) == ["bridge_mtu", "bridge_address", "bridge_up"]
