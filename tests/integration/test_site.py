@@ -464,8 +464,8 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     peers = ("h1", "h2", "h3", "h4", "h6")
     for name in peers:
         for pcr in ("4", "9", "11", "13"):  # 13: the agent's (docs/attestation.md)
-            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+host\s+trusted\s+-\s+-\s+(?:-|\S+/\d+\s+ok)\s+(ActivatingNodes|IsNode)\s+pcr15=ours"
-                             % (name, pcr), proc.stdout), (name, pcr)
+            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+host\s+trusted\s+-\s+-\s+(?:-|\S+/\d+\s+ok)\s+"
+                             r"(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr), proc.stdout), (name, pcr)
     assert "every peer passed: attested, in its role's state, PCR 15 ours, the mesh complete" in proc.stdout
     # deployment_mode host: the table, and a warning per peer, say that host root is trusted there.
     assert "host root is trusted on this peer: " in proc.stdout and "[WARNING]" in proc.stdout
