@@ -18,6 +18,7 @@ made by the real plugins from each node's conflist; docs/podnet.md):
 from __future__ import annotations
 
 import ipaddress
+import json
 import time
 
 import pytest
@@ -161,6 +162,12 @@ def test_every_pod_reaches_every_pod_of_the_other_hosts_and_nothing_leaves_in_th
     assert len(set(cidrs.values())) == 4 and all(c.subnet_of(CLUSTER_POD_CIDR) for c in cidrs.values()), cidrs
     for (host, pod), ip in pods.pod_ips.items():
         assert ipaddress.ip_address(ip) in cidrs[host], (host, pod, ip, cidrs[host])
+    # One route for the whole pod range into wg0 (none per peer), the host's own pod CIDR on cni0.
+    for name in hosts:
+        routes = json.loads(pods.lab.host(name).run(["ip", "-j", "-4", "route", "show"]).stdout)
+        in_range = sorted((r["dst"], r.get("dev")) for r in routes
+                          if r["dst"] != "default" and ipaddress.ip_network(r["dst"]).subnet_of(CLUSTER_POD_CIDR))
+        assert in_range == sorted([(str(CLUSTER_POD_CIDR), "wg0"), (str(cidrs[name]), "cni0")]), (name, in_range)
     # Every pod pings every pod of the other hosts (8 pods: 48 pings) under the capture.
     with UnderlayCapture(pods.lab, tmp_path / "pings.pcap") as capture:
         matrix = ping_matrix(pods, _pods_of(*hosts), _pods_of(*hosts))
