@@ -533,7 +533,9 @@ def test_verify_fails_naming_each_broken_peer_and_what_is_wrong(site, tmp_path):
     entry = next(line.split("\t") for line in site.lab.host("h3").run(["wg", "show", "wg0", "dump"]).stdout.splitlines()[1:]
                  if line.startswith(h2_key + "\t"))
     endpoint, allowed_ips, keepalive = entry[2], entry[3], entry[7]
-    assert allowed_ips == ips["h2"] + "/32"
+    # h2's VPN IP and its pod CIDR (activate_coordinator's default cluster_pod_cidr, docs/wireguard.md "Pod CIDRs").
+    vpn, pods = sorted(allowed_ips.split(","))
+    assert vpn == ips["h2"] + "/32" and re.fullmatch(r"10\.244\.[0-9]+\.0/24", pods), allowed_ips
     h4 = site.lab.host("h4")
     (agent_pid,) = site.lab._agent_pids(h4)  # pylint: disable=protected-access
     try:

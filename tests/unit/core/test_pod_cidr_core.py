@@ -191,3 +191,37 @@ def test_a_cluster_activated_without_pod_cidrs_gets_them_later_through_signed_up
     with pytest.raises(InputError) as err:
         coord.coordinator.use_pod_cidrs("10.118.0.0/16", 24)
     assert err.value.field == "cluster_pod_cidr"
+
+
+class _Client:
+    """What ``activate_coordinator`` sends an activated Coordinator (plugin_utils/controller.py)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def invoke(self, name, **fields):
+        self.calls.append((name, fields))
+        return {"changed": True, "cluster_pod_cidr": fields["cluster_pod_cidr"],
+                "coordinator_pod_cidr": "10.244.0.0/24", "allocated": [{"vpn_ip": "10.118.0.1", "pod_cidr": "10.244.0.0/24"}]}
+
+
+@pytest.mark.parametrize("has, key, config, sent", [
+    (None, object(), POD_CONFIG, True),  # an activated Coordinator without pod CIDRs: UsePodCIDRs
+    ("10.244.0.0/16", object(), POD_CONFIG, False),  # it has the range: nothing is sent
+    (None, None, POD_CONFIG, False),  # without the admin key nothing is read or changed
+    (None, object(), {"cluster_pod_cidr": ""}, False),  # the pod network off
+])
+def test_activate_coordinator_turns_the_pod_network_on_only_where_it_is_missing(has, key, config, sent):
+    from ansible_collections.constellation.cluster.plugins.plugin_utils.controller import PeerReport, _use_pod_cidrs
+
+    client, result = _Client(), {"changed": False}
+    report = PeerReport(endpoint="10.42.0.11:9000", state="ActivatingNodes", role="coordinator", membership="ours",
+                        cluster_pod_cidr=has)
+    _use_pod_cidrs(client, report, config, key, True, result)
+    assert bool(client.calls) == sent
+    if sent:
+        assert client.calls == [("UsePodCIDRs", {"cluster_pod_cidr": "10.244.0.0/16", "node_pod_cidr_mask_size": 24,
+                                                 "check": True})]
+        assert result["changed"] and result["pod_cidrs_allocated"] == [{"vpn_ip": "10.118.0.1", "pod_cidr": "10.244.0.0/24"}]
+    else:
+        assert result == {"changed": False}

@@ -153,6 +153,15 @@ def test_registry_allocates_with_vpn_ip_and_frees_on_removal():
     assert copy.to_dict() == reg.to_dict() and copy.pod_cidr_of(again) == "10.244.1.0/24"
 
 
+def test_a_further_coordinator_gets_one_with_its_reserved_ip():
+    reg = _registry_with_pods()
+    reg.add(KEYS[0], "10.42.0.1", "coordinator")
+    ip = reg.reserve("coordinator")
+    assert (ip, reg.pod_cidr_of(ip)) == ("10.118.0.2", "10.244.1.0/24")
+    reg.put_node(PeerRecord.parse(ip, KEYS[1], "10.42.0.2", "coordinator"))
+    assert reg.peers.get(ip).pod_cidr == "10.244.1.0/24" and reg.peers.get(ip).role == "coordinator"
+
+
 def test_put_node_keeps_the_cidr_it_holds():
     reg = _registry_with_pods()
     ip = reg.reserve()
