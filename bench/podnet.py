@@ -7,7 +7,8 @@ across two hosts, beside two baselines measured in the same run, on the same two
 - ``underlay``: h1 to h2 over their public IPs (the lab's plain veth pairs and bridge, nothing encrypted).
 
 The three paths run interleaved, round after round (``--rounds``), so that the machine's load falls on all
-of them alike; each figure is the median of its rounds. The lab runs wireguard-go in userspace, so the ratios
+of them alike; each figure is the median of its rounds. Then 50 more pod pings while tcpdump captures the
+underlay (lab/capture.py): how many frames it saw, how many were WireGuard, how many named a pod address. The lab runs wireguard-go in userspace, so the ratios
 matter more than the absolute figures: ``pod_vs_wg0`` is the price of the pod hop (a veth and a bridge on each
 side), ``wg0_vs_underlay`` the price of WireGuard in userspace.
 
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,7 +36,9 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "collections"), str(Path(__file__).resolve().parents[1])]
 
+from ansible_collections.constellation.cluster.plugins.module_utils.pod_network.conflist import CLUSTER_POD_CIDR  # noqa: E402
 from lab import pods  # noqa: E402
+from lab.capture import UnderlayCapture, not_wireguard, with_addresses_in  # noqa: E402
 from lab.lab import Lab  # noqa: E402
 from lab.names import LabError  # noqa: E402
 
@@ -72,7 +76,9 @@ class Path2:
 
     def iperf(self, seconds: int) -> float:
         """Gbit/s received by the server, TCP, one stream, ``seconds`` long."""
-        server = self.server_popen(["iperf3", "-s", "-1", "-B", self.server_ip, "-p", str(IPERF_PORT)],
+        # --forceflush: "Server listening" reaches the pipe at once (iperf3 buffers its output otherwise).
+        argv = ["iperf3", "-s", "-1", "--forceflush", "-B", self.server_ip, "-p", str(IPERF_PORT)]
+        server = self.server_popen(argv,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             for line in server.stdout:  # "Server listening on 5201"
@@ -133,6 +139,15 @@ def measure(args) -> dict:
             done = ["%s %.3f Gbit/s %.3f ms" % (p.name, gbps[p.name][-1], rtt[p.name][-1]["p50"]) for p in paths]
             print("round %d: %s" % (round_ + 1, ", ".join(done)))
         load_after = load()
+        seen = {}
+        if paths[0].name == "pod":  # what the underlay carried of the pods' pings: WireGuard only
+            with UnderlayCapture(lab) as capture:
+                paths[0].ping(50)
+            packets = capture.packets
+            seen = {"capture_frames": len(packets), "capture_wireguard_frames": len(packets) - len(not_wireguard(packets)),
+                    "capture_frames_with_pod_addresses": len(with_addresses_in(packets, CLUSTER_POD_CIDR))}
+            print("underlay during 50 pod pings: %(capture_frames)d frames, %(capture_wireguard_frames)d WireGuard, "
+                  "%(capture_frames_with_pod_addresses)d with a pod address" % seen)
         result = {"hosts": 2, "rounds": args.rounds, "seconds": args.seconds, "pings": args.pings,
                   "site_first_run_s": round(site_s, 1), "load_before": round(load_before, 2),
                   "load_after": round(load_after, 2)}
@@ -146,6 +161,7 @@ def measure(args) -> dict:
             result["pod_vs_wg0_rtt"] = round(result["pod_rtt_p50_ms"] / result["wg0_rtt_p50_ms"], 3)
         result["wg0_vs_underlay_throughput"] = round(result["wg0_gbps"] / result["underlay_gbps"], 3)
         result["wg0_vs_underlay_rtt"] = round(result["wg0_rtt_p50_ms"] / result["underlay_rtt_p50_ms"], 3)
+        result.update(seen)
         if missing:
             result["pod_missing"] = missing
         return result
@@ -164,6 +180,7 @@ def main() -> int:
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/podnet.py needs root (the lab's network namespaces)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench/podnet.py: terminated"))  # the lab comes down
     result = measure(args)
     print("%-9s %12s %12s %12s" % ("path", "Gbit/s", "rtt p50 ms", "rtt p99 ms"))
     for name in ("pod", "wg0", "underlay"):

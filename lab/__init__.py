@@ -11,6 +11,8 @@ Molecule, the tests and the benchmarks; it imports the collection's module_utils
 - ``amd``, ``snp_platform``, ``snp``: the SEV-SNP variants' AMD (ARK, ASK, ASVK, VCEKs), each host's platform that
   signs reports (and its socket service), and how the lab uses them;
 - ``agent``, ``etcd``, ``netns``: the node agent on a host, a real etcd, sockets from another namespace;
+- ``pods``, ``capture``: pods (network namespaces inside a host, attached by the CNI plugins with its conflist) and
+  each host's own CNI folders; tcpdump on the underlay bridge and the frames it saw;
 - ``prove``, ``__main__``: ``python -m lab prove`` and the command line.
 """
 
