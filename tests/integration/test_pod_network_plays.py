@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: constellation.cluster contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The pod network's plays end to end on one lab (real agents, swtpm, wireguard-go, the real CNI plugins and nft;
+"""The pod network's plays end to end on a lab (real agents, swtpm, wireguard-go, the real CNI plugins and nft;
 lab ``plnet``: h1 the Coordinator, h2 and h3 Nodes; each host's own /etc/cni). What the inventory's defaults give:
 
 * site.yml gives every peer the conflist of the pod CIDR its attested GetState names (distinct, inside the cluster's
@@ -12,7 +12,9 @@ lab ``plnet``: h1 the Coordinator, h2 and h3 Nodes; each host's own /etc/cni). W
 * verify.yml with ``verify_pod_network`` pings every other peer's pod gateway from a probe pod on each peer, and its
   table's podnet column says ``ok`` for every peer;
 * remove_node.yml takes h3's pod network away with its agent's state (conflist, table, ``cni0``), and its pod CIDR
-  leaves the other peers' WireGuard.
+  leaves the other peers' WireGuard;
+* on a second lab (``plbyo``, 2 hosts), ``constellation_pod_network: false`` brings no pod network at all, and the
+  next site.yml with the default gives the activated cluster its pod range and every peer its pod network.
 """
 
 from __future__ import annotations
@@ -141,3 +143,28 @@ def test_remove_node_takes_the_pod_network_away_and_its_cidr_leaves_every_mesh(c
     for name in ("h1", "h2"):
         until(lambda name=name: h3_cidr not in cluster.allowed_ips(name), what="h3's pod CIDR leaves %s" % name)
         assert cluster.conflist_path(name).exists() and cluster.has_table(name)
+
+
+def test_bring_your_own_cni_then_the_pod_network_on_the_next_run(tmp_path):
+    """constellation_pod_network false: no pod CIDRs, no conflist, no table, verify passes with "-" in its podnet
+    column. The next site.yml with the default (on) gives the activated cluster its pod range and every peer its
+    pod network."""
+    inv = tmp_path / "inventory"
+    lab = Lab("plbyo", inventory_dir=inv)
+    try:
+        lab.up(hosts=2, tpm=True, agents=True)
+        byo = Cluster(lab, inv)
+        out = _ok(byo.play("site.yml", "-e", "constellation_pod_network=false"))
+        assert "Read the peer's pod CIDR" not in out  # the role pod_network did not run
+        for name in ("h1", "h2"):
+            assert not byo.conflist_path(name).exists() and not byo.has_table(name) and not byo.bridge(name)
+            assert "10.244." not in byo.allowed_ips(name)
+        out = _ok(byo.play("playbooks/verify.yml", "-e", "constellation_pod_network=false"))
+        assert re.search(r"^\s*h2\s.*\s-\s+IsNode", out, re.M), out[-3000:]
+        _ok(byo.play("site.yml"))
+        cidrs = {name: byo.pod_cidr(name) for name in ("h1", "h2")}
+        assert len(set(cidrs.values())) == 2
+        assert cidrs["h1"] in byo.allowed_ips("h2") and cidrs["h2"] in byo.allowed_ips("h1")
+        assert all(byo.has_table(name) for name in ("h1", "h2"))
+    finally:
+        lab.down()

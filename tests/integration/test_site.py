@@ -217,9 +217,9 @@ def test_first_run_activates_everything_and_leaks_nothing(site):
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in rows.values())
     assert rows["h1"]["changed"] >= 1  # the activation, which wrote the master secret and the salt
     assert secret_files(site.inv) == ["constellation-mastersecret.json", "constellation-measurement-salt.json"]
-    for name in ("h2", "h3", "h4"):  # one line per node, the activation credited to it
+    for name in ("h2", "h3", "h4"):  # one line per node, the activation credited to it, then its pod network
         assert re.search(r"%s: activated by the Coordinator \(VPN IP 10\.118\.[0-9.]+\)" % name, out), name
-        assert rows[name]["changed"] == 1, (name, rows[name])
+        assert rows[name]["changed"] == 2, (name, rows[name])
     # The lab's inventory turns Kubernetes off (constellation_kubernetes: false): no kubeadm role ran.
     assert "kubeadm_control_plane :" not in out and "kubeadm_worker :" not in out
 
@@ -430,8 +430,8 @@ def test_add_nodes_joins_one_host_and_changes_nothing_else(site):
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = proc.recap()
     assert set(rows) == {"h1", "h2", "h3", "h4", "h6"}
-    # The one activation, credited to the node activated (one line per node), nothing else.
-    assert {h: r["changed"] for h, r in rows.items()} == {"h1": 0, "h2": 0, "h3": 0, "h4": 0, "h6": 1}
+    # The one activation, credited to the node activated (one line per node), and its pod network; nothing else.
+    assert {h: r["changed"] for h, r in rows.items()} == {"h1": 0, "h2": 0, "h3": 0, "h4": 0, "h6": 2}
     assert re.search(r"h6: activated by the Coordinator \(VPN IP 10\.118\.[0-9.]+\)", proc.stdout)
     for name in ("h2", "h3", "h4"):
         assert re.search(r"%s: already active \(VPN IP 10\.118\." % name, proc.stdout), name
@@ -464,8 +464,8 @@ def test_verify_prints_one_table_and_writes_the_ci_reports(site, tmp_path):
     peers = ("h1", "h2", "h3", "h4", "h6")
     for name in peers:
         for pcr in ("4", "9", "11", "13"):  # 13: the agent's (docs/attestation.md)
-            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+host\s+trusted\s+-\s+-\s+(?:-|\S+/\d+\s+ok)\s+(ActivatingNodes|IsNode)\s+pcr15=ours"
-                             % (name, pcr), proc.stdout), (name, pcr)
+            assert re.search(r"%s\s+\S+\s+%s\s+\S+\s+\S+\s+yes\s+ok\s+plain\s+host\s+trusted\s+-\s+-\s+(?:-|\S+/\d+\s+ok)\s+"
+                             r"(ActivatingNodes|IsNode)\s+pcr15=ours" % (name, pcr), proc.stdout), (name, pcr)
     assert "every peer passed: attested, in its role's state, PCR 15 ours, the mesh complete" in proc.stdout
     # deployment_mode host: the table, and a warning per peer, say that host root is trusted there.
     assert "host root is trusted on this peer: " in proc.stdout and "[WARNING]" in proc.stdout
